@@ -1,0 +1,340 @@
+//! Configuration: `config.toml` in the config dir, overridden by environment
+//! variables (DESIGN §8). A bad file is an error that names the file and the
+//! key; the sidecar shows it and keeps serving the host.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::redact::redact;
+
+pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
+
+/// The contents of `config.toml`. Every key is optional; unknown keys are an
+/// error so that a typo does not silently do nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "agent-relay config.toml")]
+pub struct ConfigFile {
+    /// The bot token from @BotFather (`<bot id>:<secret>`). Env: `TELEGRAM_BOT_TOKEN`.
+    pub bot_token: Option<String>,
+    /// The chat that holds the topics: a forum supergroup (`-100…`) or the
+    /// private chat with the user when the bot has topics enabled.
+    /// Env: `AGENT_RELAY_CHAT_ID`.
+    pub chat_id: Option<i64>,
+    /// Telegram user ids allowed to drive sessions. Empty: pair with
+    /// `/telegram-connect`. Env: `AGENT_RELAY_ALLOWED_USERS` (comma-separated).
+    pub allowed_users: Option<Vec<i64>>,
+    /// Bot API base URL. Env: `AGENT_RELAY_API_URL`.
+    pub api_url: Option<String>,
+    /// Join the bus as soon as the host is initialized (default true); when
+    /// false the session waits for `/telegram-connect`.
+    pub auto_connect: Option<bool>,
+}
+
+/// The id of a bot: the digits before `:` in its token. It names the bot's bus
+/// and database, so two bots never share either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BotId(pub u64);
+
+impl fmt::Display for BotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A bot token. Its `Debug` and `Display` never show the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BotToken {
+    secret: String,
+    id: BotId,
+}
+
+impl BotToken {
+    /// Checks the token's shape: `<digits>:<[A-Za-z0-9_-]+>`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (id, rest) = text
+            .split_once(':')
+            .ok_or("expected <bot id>:<secret>, found no ':'")?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| "the part before ':' must be the bot's numeric id".to_string())?;
+        if rest.is_empty()
+            || !rest
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err("the part after ':' must be letters, digits, '_' or '-'".into());
+        }
+        Ok(Self {
+            secret: text.to_string(),
+            id: BotId(id),
+        })
+    }
+
+    pub fn bot_id(&self) -> BotId {
+        self.id
+    }
+
+    /// The whole token, for building request URLs only.
+    pub fn expose(&self) -> &str {
+        &self.secret
+    }
+}
+
+impl fmt::Debug for BotToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BotToken({}:<redacted>)", self.id)
+    }
+}
+
+impl fmt::Display for BotToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:<redacted>", self.id)
+    }
+}
+
+/// The effective configuration: file merged with environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub token: Option<BotToken>,
+    pub chat_id: Option<i64>,
+    pub allowed_users: Vec<i64>,
+    pub api_url: String,
+    pub auto_connect: bool,
+    /// The file that was read (it may not exist).
+    pub file: PathBuf,
+}
+
+/// Why the configuration could not be used. Every variant names where the
+/// problem is; none of them ever contains the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {message}", path.display())]
+    Read { path: PathBuf, message: String },
+    #[error("{}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("{origin}: `{key}` {message}")]
+    Invalid {
+        /// The file path or the environment variable the value came from.
+        origin: String,
+        key: String,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads `file` (a missing file is an empty config) and applies the process
+    /// environment on top.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(file, |k| std::env::var(k).ok())
+    }
+
+    /// Like [`Config::load`] with an explicit environment lookup.
+    pub fn load_with(
+        file: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let parsed = match std::fs::read_to_string(file) {
+            Ok(text) => toml::from_str::<ConfigFile>(&text).map_err(|e| ConfigError::Parse {
+                path: file.to_path_buf(),
+                message: redact(e.message()).into_owned() + &location(&text, e.span()),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
+            Err(e) => {
+                return Err(ConfigError::Read {
+                    path: file.to_path_buf(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        Self::merge(file, parsed, env)
+    }
+
+    fn merge(
+        file: &Path,
+        parsed: ConfigFile,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let from_file = file.display().to_string();
+        let env = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+        let invalid = |origin: &str, key: &str, message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            key: key.to_string(),
+            message,
+        };
+
+        let token = match env("TELEGRAM_BOT_TOKEN") {
+            Some(t) => Some(
+                BotToken::parse(&t).map_err(|m| invalid("environment", "TELEGRAM_BOT_TOKEN", m))?,
+            ),
+            None => parsed
+                .bot_token
+                .as_deref()
+                .map(|t| BotToken::parse(t).map_err(|m| invalid(&from_file, "bot_token", m)))
+                .transpose()?,
+        };
+        let chat_id = match env("AGENT_RELAY_CHAT_ID") {
+            Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
+                invalid(
+                    "environment",
+                    "AGENT_RELAY_CHAT_ID",
+                    "must be an integer chat id".into(),
+                )
+            })?),
+            None => parsed.chat_id,
+        };
+        let allowed_users = match env("AGENT_RELAY_ALLOWED_USERS") {
+            Some(v) => v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<i64>().map_err(|_| {
+                        invalid(
+                            "environment",
+                            "AGENT_RELAY_ALLOWED_USERS",
+                            format!("must be comma-separated user ids, found {s:?}"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => parsed.allowed_users.unwrap_or_default(),
+        };
+        let (api_origin, api_key, api_url) = match env("AGENT_RELAY_API_URL") {
+            Some(v) => ("environment".to_string(), "AGENT_RELAY_API_URL", v),
+            None => (
+                from_file.clone(),
+                "api_url",
+                parsed
+                    .api_url
+                    .unwrap_or_else(|| DEFAULT_API_URL.to_string()),
+            ),
+        };
+        let api_url = api_url.trim().trim_end_matches('/').to_string();
+        if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
+            return Err(invalid(
+                &api_origin,
+                api_key,
+                format!("must be an http(s) URL, found {:?}", redact(&api_url)),
+            ));
+        }
+        Ok(Self {
+            token,
+            chat_id,
+            allowed_users,
+            api_url,
+            auto_connect: parsed.auto_connect.unwrap_or(true),
+            file: file.to_path_buf(),
+        })
+    }
+
+    /// The bot this configuration drives, when a token is set.
+    pub fn bot_id(&self) -> Option<BotId> {
+        self.token.as_ref().map(BotToken::bot_id)
+    }
+}
+
+/// ` (line N, column M)` for a byte span in `text`, or nothing.
+fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    let Some(span) = span else {
+        return String::new();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!(" (line {line}, column {column})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, text).unwrap();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load_with(&file, |k| {
+            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn missing_file_is_an_unconfigured_default() {
+        let c = Config::load_with(Path::new("/nonexistent/config.toml"), |_| None).unwrap();
+        assert!(c.token.is_none());
+        assert_eq!(c.api_url, DEFAULT_API_URL);
+        assert!(c.auto_connect);
+    }
+
+    #[test]
+    fn file_values_and_env_overrides() {
+        let text = format!("bot_token = \"{TOKEN}\"\nchat_id = -1001\nallowed_users = [1, 2]\n");
+        let c = load(&text, &[]).unwrap();
+        assert_eq!(c.bot_id(), Some(BotId(123456789)));
+        assert_eq!(c.chat_id, Some(-1001));
+        assert_eq!(c.allowed_users, vec![1, 2]);
+
+        let c = load(
+            &text,
+            &[
+                ("AGENT_RELAY_CHAT_ID", "-1002"),
+                ("AGENT_RELAY_ALLOWED_USERS", "7, 8"),
+                ("AGENT_RELAY_API_URL", "http://127.0.0.1:9/"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.chat_id, Some(-1002));
+        assert_eq!(c.allowed_users, vec![7, 8]);
+        assert_eq!(c.api_url, "http://127.0.0.1:9");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key_and_never_the_token() {
+        let err = load("chat_id = \"abc\"\n", &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("config.toml") && err.contains("line 1"),
+            "{err}"
+        );
+
+        let err = load("chat = 1\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `chat`"), "{err}");
+
+        let err = load(&format!("bot_token = {TOKEN}\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !err.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_"),
+            "{err}"
+        );
+
+        let err = load("bot_token = \"nope\"\n", &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("`bot_token`") && err.contains("config.toml"),
+            "{err}"
+        );
+
+        let err = load("", &[("AGENT_RELAY_ALLOWED_USERS", "1,x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("AGENT_RELAY_ALLOWED_USERS"), "{err}");
+    }
+
+    #[test]
+    fn token_is_never_displayed() {
+        let t = BotToken::parse(TOKEN).unwrap();
+        assert_eq!(
+            format!("{t} {t:?}"),
+            "123456789:<redacted> BotToken(123456789:<redacted>)"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The host protocol (DESIGN §3): JSON-RPC 2.0 params and results between a
+//! coding agent and its sidecar. Field names are camelCase on the wire;
+//! unknown fields are ignored so hosts can be newer than we are.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The host protocol version this sidecar speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The status-line key the sidecar writes (`ui/setStatus`).
+pub const STATUS_KEY: &str = "relay";
+
+pub mod method {
+    //! Method names, one place.
+    pub const INITIALIZE: &str = "initialize";
+    pub const INITIALIZED: &str = "initialized";
+    pub const SESSION_STARTED: &str = "session/started";
+    pub const SESSION_SHUTDOWN: &str = "session/shutdown";
+    pub const COMMAND_EXECUTE: &str = "command/execute";
+    pub const AGENT_STARTED: &str = "agent/started";
+    pub const AGENT_ENDED: &str = "agent/ended";
+    pub const TURN_STARTED: &str = "turn/started";
+    pub const TURN_ENDED: &str = "turn/ended";
+    pub const TOOL_STARTED: &str = "tool/started";
+    pub const TOOL_ENDED: &str = "tool/ended";
+    pub const INPUT_RECEIVED: &str = "input/received";
+    pub const SHUTDOWN: &str = "shutdown";
+    pub const UI_SET_STATUS: &str = "ui/setStatus";
+    pub const UI_NOTIFY: &str = "ui/notify";
+    pub const UI_CONFIRM: &str = "ui/confirm";
+    pub const AGENT_SEND_USER_MESSAGE: &str = "agent/sendUserMessage";
+    pub const AGENT_ABORT: &str = "agent/abort";
+}
+
+// ---------------------------------------------------------------- host → sidecar
+
+/// `initialize` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeParams {
+    /// The newest protocol version the host speaks.
+    pub protocol_version: u32,
+    pub host: HostInfo,
+    /// The host's process id.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// The session's working directory.
+    pub cwd: String,
+    pub session: SessionInfo,
+    /// Whether the host can show dialogs (`ui/confirm`).
+    #[serde(default)]
+    pub has_ui: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HostInfo {
+    pub name: String,
+    #[serde(default)]
+    pub version: String,
+}
+
+/// The agent session the host runs. `file` names it across restarts when the
+/// host persists sessions; `name` is what the user calls it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `initialize` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeResult {
+    pub protocol_version: u32,
+    pub sidecar: SidecarInfo,
+    pub commands: Vec<CommandSpec>,
+    pub status_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SidecarInfo {
+    pub name: String,
+    pub version: String,
+}
+
+/// A command the host should offer its user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CommandSpec {
+    /// Without the leading slash, e.g. `telegram-connect` or `relay`.
+    pub name: String,
+    pub description: String,
+    /// Usage of the arguments, e.g. `status | restart`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
+}
+
+/// `initialized` params (nothing is required).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InitializedParams {}
+
+/// `session/started` params: the host began (or switched to) a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionStartedParams {
+    /// e.g. `startup`, `new`, `resume`, `fork`, `reload`.
+    pub reason: String,
+    /// The session now running, when it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionInfo>,
+}
+
+/// `session/shutdown` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionShutdownParams {
+    pub reason: String,
+}
+
+/// `command/execute` params. `name` is with or without the leading slash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExecuteParams {
+    pub name: String,
+    #[serde(default)]
+    pub args: String,
+}
+
+/// `command/execute` result: `message` is shown to the user as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExecuteResult {
+    pub ok: bool,
+    pub message: String,
+}
+
+/// `agent/started`, `turn/started` params (nothing is required).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EmptyParams {}
+
+/// `agent/ended` params.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentEndedParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_assistant_text: Option<String>,
+}
+
+/// `turn/ended` params.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnEndedParams {
+    #[serde(default)]
+    pub assistant_text: String,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolCall {
+    pub name: String,
+}
+
+/// `tool/started` and `tool/ended` params.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolParams {
+    #[serde(default)]
+    pub tool_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_error: Option<bool>,
+}
+
+/// `input/received` params: the user (or an extension) gave the agent input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InputReceivedParams {
+    pub text: String,
+    /// `interactive`, `rpc` or `extension`; input from `extension` that we
+    /// injected ourselves is not echoed back to Telegram.
+    #[serde(default)]
+    pub source: String,
+}
+
+/// `shutdown` params.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShutdownParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+// ---------------------------------------------------------------- sidecar → host
+
+/// How a status text should be coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Tone {
+    Info,
+    Success,
+    Warning,
+    Error,
+    Muted,
+}
+
+/// `ui/setStatus` params; `text: null` clears the entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SetStatusParams {
+    pub key: String,
+    pub text: Option<String>,
+    pub tone: Tone,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyLevel {
+    Info,
+    Warning,
+    Error,
+}
+
+/// `ui/notify` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NotifyParams {
+    pub message: String,
+    pub level: NotifyLevel,
+}
+
+/// `ui/confirm` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfirmParams {
+    pub title: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `ui/confirm` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ConfirmResult {
+    pub confirmed: bool,
+}
+
+/// How a prompt reaches a busy agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DeliverAs {
+    /// Interrupt the current turn.
+    Steer,
+    /// Queue after the current turn.
+    FollowUp,
+}
+
+/// Where a relayed prompt came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageOrigin {
+    pub chat_id: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<i64>,
+    pub user_id: i64,
+    pub update_id: i64,
+}
+
+/// `agent/sendUserMessage` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendUserMessageParams {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_as: Option<DeliverAs>,
+    pub origin: MessageOrigin,
+}
+
+/// `agent/sendUserMessage` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SendUserMessageResult {
+    pub accepted: bool,
+}
+
+/// `agent/abort` params and result (both empty objects).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AbortParams {}
