@@ -1,0 +1,90 @@
+//! The versioned schema. `PRAGMA user_version` records how many steps of
+//! [`MIGRATIONS`] a file has applied; each step runs in its own transaction
+//! together with the version bump, so a crash mid-migration leaves the file at
+//! the previous version rather than half-migrated.
+//!
+//! Steps are append-only: once released, a step is never edited, because
+//! files in the field have already applied it.
+
+/// Marks a file as ours (`PRAGMA application_id`, "ARLY"), so that pointing
+/// the relay at some other program's SQLite file fails instead of migrating
+/// it.
+pub(super) const APPLICATION_ID: i32 = 0x4152_4C59;
+
+/// Step `n` (counting from 1) brings a file from version `n - 1` to `n`.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    //
+    // STRICT tables make SQLite reject a value of the wrong type instead of
+    // storing it, and the CHECKs keep every enum column decodable: a value the
+    // code cannot read back can only come from outside the relay.
+    r"
+    CREATE TABLE meta (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch       INTEGER NOT NULL CHECK (epoch >= 0),
+        -- The next getUpdates offset; NULL until the first batch. Never
+        -- negative: a negative offset makes Telegram drop the backlog.
+        next_offset INTEGER CHECK (next_offset IS NULL OR next_offset >= 0)
+    ) STRICT;
+    INSERT INTO meta (id, epoch, next_offset) VALUES (1, 0, NULL);
+
+    CREATE TABLE bindings (
+        profile_key  TEXT PRIMARY KEY NOT NULL,
+        instance_id  TEXT NOT NULL,
+        session_name TEXT NOT NULL,
+        cwd          TEXT NOT NULL,
+        chat_id      INTEGER,
+        thread_id    INTEGER CHECK (thread_id IS NULL OR chat_id IS NOT NULL),
+        slot         TEXT NOT NULL UNIQUE
+                     CHECK (length(slot) = 1 AND slot BETWEEN 'A' AND 'Z'),
+        topic_name   TEXT NOT NULL,
+        status       TEXT NOT NULL CHECK (status IN
+                     ('active', 'stale', 'offline', 'probe-required', 'create-unknown')),
+        announced    INTEGER NOT NULL CHECK (announced IN (0, 1)),
+        created_ms   INTEGER NOT NULL CHECK (created_ms >= 0),
+        updated_ms   INTEGER NOT NULL CHECK (updated_ms >= 0)
+    ) STRICT;
+    CREATE UNIQUE INDEX bindings_by_thread ON bindings (chat_id, thread_id)
+        WHERE thread_id IS NOT NULL;
+
+    -- update_id is the rowid: unique, and the natural delivery order.
+    CREATE TABLE journal (
+        update_id   INTEGER PRIMARY KEY CHECK (update_id >= 0),
+        owner       TEXT,
+        chat_id     INTEGER NOT NULL,
+        thread_id   INTEGER,
+        user_id     INTEGER NOT NULL,
+        message_id  INTEGER NOT NULL,
+        text        TEXT NOT NULL,
+        state       TEXT NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending', 'delivered', 'dropped')),
+        attempts    INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        drop_reason TEXT,
+        received_ms INTEGER NOT NULL CHECK (received_ms >= 0)
+    ) STRICT;
+    CREATE INDEX journal_pending ON journal (owner, update_id)
+        WHERE state = 'pending';
+
+    -- AUTOINCREMENT: ids are never reused, so a stale id held by a caller can
+    -- never finish somebody else's intent.
+    CREATE TABLE cleanups (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        chat_id     INTEGER NOT NULL,
+        thread_id   INTEGER NOT NULL,
+        profile_key TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL CHECK (created_ms >= 0),
+        attempts    INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        UNIQUE (chat_id, thread_id)
+    ) STRICT;
+
+    CREATE TABLE allowed_users (
+        user_id   INTEGER PRIMARY KEY,
+        paired_ms INTEGER NOT NULL CHECK (paired_ms >= 0)
+    ) STRICT;
+    ",
+];
+
+/// The schema version this binary writes. (The list is a handful of entries;
+/// the cast cannot truncate.)
+pub(super) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
