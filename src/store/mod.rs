@@ -13,6 +13,8 @@
 //! topic and losing the journal would drop messages, so a person has to look.
 
 mod schema;
+#[cfg(test)]
+mod tests;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,701 @@
+use std::fs;
+
+use tempfile::TempDir;
+
+use super::*;
+
+fn temp_db() -> (TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bot.sqlite3");
+    (dir, path)
+}
+
+fn slot(letter: char) -> Slot {
+    Slot::try_from(letter.to_string()).expect("slot letter")
+}
+
+fn binding(profile_key: &str, slot_letter: char, thread_id: Option<i64>) -> Binding {
+    Binding {
+        profile_key: profile_key.to_owned(),
+        instance_id: format!("inst-{profile_key}"),
+        session_name: format!("session {profile_key}"),
+        cwd: format!("/src/{profile_key}"),
+        chat_id: Some(-1001),
+        thread_id,
+        slot: slot(slot_letter),
+        topic_name: format!("{slot_letter} · {profile_key}"),
+        status: BindingStatus::Active,
+        announced: false,
+        created_ms: 0,
+        updated_ms: 0,
+    }
+}
+
+fn update(update_id: i64, owner: Option<&str>) -> NewUpdate {
+    NewUpdate {
+        update_id,
+        owner: owner.map(str::to_owned),
+        chat_id: -1001,
+        thread_id: Some(7),
+        user_id: 42,
+        message_id: 1000 + update_id,
+        text: format!("message {update_id}"),
+    }
+}
+
+fn ids(entries: &[JournalEntry]) -> Vec<i64> {
+    entries.iter().map(|e| e.update_id).collect()
+}
+
+/// Reads a header value with a plain connection, beside the store.
+fn raw_pragma(path: &Path, name: &str) -> i64 {
+    let conn = Connection::open(path).expect("raw open");
+    conn.pragma_query_value(None, name, |row| row.get(0))
+        .expect("pragma")
+}
+
+#[test]
+fn a_new_file_is_created_private_and_fully_migrated() {
+    let (_dir, path) = temp_db();
+    let store = Store::open(&path).expect("open");
+    assert_eq!(store.epoch().expect("epoch"), 0);
+    assert_eq!(store.offset().expect("offset"), None);
+    assert!(store.bindings().expect("bindings").is_empty());
+    assert!(store.pending_cleanups().expect("cleanups").is_empty());
+    assert!(store.allowed_users().expect("users").is_empty());
+    drop(store);
+
+    assert_eq!(raw_pragma(&path, "user_version"), CURRENT_VERSION);
+    assert_eq!(
+        raw_pragma(&path, "application_id"),
+        i64::from(APPLICATION_ID)
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&path).expect("metadata").permissions().mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "mode {mode:o} lets others read the database"
+        );
+    }
+}
+
+#[test]
+fn a_missing_parent_directory_is_an_io_error() {
+    let (dir, _) = temp_db();
+    let path = dir.path().join("absent").join("bot.sqlite3");
+    assert!(matches!(Store::open(&path), Err(StoreError::Io { .. })));
+}
+
+#[test]
+fn reopening_keeps_everything() {
+    let (_dir, path) = temp_db();
+    {
+        let mut store = Store::open(&path).expect("open");
+        store.bump_epoch().expect("bump");
+        store
+            .upsert_binding(&binding("api", 'A', Some(7)))
+            .expect("upsert");
+        store
+            .journal_batch(&[update(10, Some("api"))], 11)
+            .expect("journal");
+        store.add_allowed_user(42).expect("user");
+        store
+            .add_cleanup(&NewCleanup {
+                chat_id: -1001,
+                thread_id: 9,
+                profile_key: "old".into(),
+                reason: "disconnect".into(),
+            })
+            .expect("cleanup");
+    }
+    let store = Store::open(&path).expect("reopen");
+    assert_eq!(store.epoch().expect("epoch"), 1);
+    assert_eq!(store.offset().expect("offset"), Some(11));
+    let bound = store.binding("api").expect("binding").expect("present");
+    assert_eq!(
+        bound.target(),
+        Some(Target {
+            chat_id: -1001,
+            thread_id: 7
+        })
+    );
+    assert_eq!(ids(&store.pending_for("api").expect("pending")), [10]);
+    assert_eq!(store.allowed_users().expect("users"), [42]);
+    assert_eq!(store.pending_cleanups().expect("cleanups").len(), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_left_alone() {
+    let (_dir, path) = temp_db();
+    drop(Store::open(&path).expect("open"));
+    let newer = CURRENT_VERSION + 1;
+    Connection::open(&path)
+        .expect("raw open")
+        .pragma_update(None, "user_version", newer)
+        .expect("set version");
+
+    for result in [Store::open(&path), Store::open_read_only(&path)] {
+        match result {
+            Err(StoreError::TooNew {
+                found, supported, ..
+            }) => assert_eq!((found, supported), (newer, CURRENT_VERSION)),
+            other => panic!("expected TooNew, got {other:?}"),
+        }
+    }
+    assert_eq!(raw_pragma(&path, "user_version"), newer);
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_corrupt_and_kept_byte_for_byte() {
+    let (dir, path) = temp_db();
+    let garbage: Vec<u8> = b"definitely not a database\n".repeat(400);
+    fs::write(&path, &garbage).expect("write garbage");
+
+    for result in [Store::open(&path), Store::open_read_only(&path)] {
+        let err = result.expect_err("garbage must not open");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        let shown = err.to_string();
+        assert!(shown.contains(&path.display().to_string()), "{shown}");
+        assert!(shown.contains("left untouched"), "{shown}");
+    }
+    assert_eq!(fs::read(&path).expect("read back"), garbage);
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, [path.file_name().expect("name")]);
+}
+
+#[test]
+fn a_damaged_database_is_corrupt_and_kept_byte_for_byte() {
+    let (_dir, path) = temp_db();
+    {
+        let mut store = Store::open(&path).expect("open");
+        // Enough rows to spread the journal over many pages, so the damage
+        // below lands inside the journal's b-tree.
+        let updates: Vec<NewUpdate> = (1..=400)
+            .map(|id| NewUpdate {
+                text: "x".repeat(900),
+                ..update(id, Some("api"))
+            })
+            .collect();
+        store.journal_batch(&updates, 401).expect("journal");
+    } // closing the last connection checkpoints the WAL into the file
+
+    let page_size = usize::try_from(raw_pragma(&path, "page_size")).expect("page size");
+    let mut bytes = fs::read(&path).expect("read db");
+    let pages = bytes.len() / page_size;
+    assert!(
+        pages > 40,
+        "only {pages} pages: the damage would miss the journal"
+    );
+    for page in pages / 2..pages / 2 + 4 {
+        bytes[page * page_size..(page + 1) * page_size].fill(0xA5);
+    }
+    fs::write(&path, &bytes).expect("write damage");
+
+    let err = Store::open(&path).expect_err("damaged file must not open");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains(&path.display().to_string()));
+    assert_eq!(fs::read(&path).expect("read back"), bytes);
+}
+
+#[test]
+fn another_programs_database_is_refused_and_left_alone() {
+    let (_dir, path) = temp_db();
+    Connection::open(&path)
+        .expect("raw open")
+        .execute_batch("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('keep me');")
+        .expect("foreign schema");
+    let before = fs::read(&path).expect("read");
+
+    let err = Store::open(&path).expect_err("foreign file must not open");
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err:?}");
+    assert_eq!(fs::read(&path).expect("read back"), before);
+}
+
+#[test]
+fn the_epoch_bump_is_durable() {
+    let (_dir, path) = temp_db();
+    {
+        let mut store = Store::open(&path).expect("open");
+        assert_eq!(store.bump_epoch().expect("bump"), 1);
+        assert_eq!(store.bump_epoch().expect("bump"), 2);
+    }
+    let mut store = Store::open(&path).expect("reopen");
+    assert_eq!(store.epoch().expect("epoch"), 2);
+    assert_eq!(store.bump_epoch().expect("bump"), 3);
+}
+
+#[test]
+fn journal_batches_skip_duplicates_and_only_grow_the_offset() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+
+    let first = [
+        update(5, Some("api")),
+        update(3, Some("api")),
+        update(4, Some("web")),
+    ];
+    assert_eq!(store.journal_batch(&first, 6).expect("batch"), [5, 3, 4]);
+    assert_eq!(store.offset().expect("offset"), Some(6));
+
+    // Telegram resends 5 (say the offset confirmation was lost) alongside 7.
+    let second = [update(5, Some("web")), update(7, Some("api"))];
+    assert_eq!(store.journal_batch(&second, 8).expect("batch"), [7]);
+    let kept = store.journal_entry(5).expect("entry").expect("present");
+    assert_eq!(
+        kept.owner.as_deref(),
+        Some("api"),
+        "a duplicate must not overwrite"
+    );
+
+    // A smaller offset never moves it back; an empty batch still advances it.
+    assert!(store.journal_batch(&[], 2).expect("batch").is_empty());
+    assert_eq!(store.offset().expect("offset"), Some(8));
+    assert!(store.journal_batch(&[], 12).expect("batch").is_empty());
+    assert_eq!(store.offset().expect("offset"), Some(12));
+
+    assert_eq!(ids(&store.pending_for("api").expect("pending")), [3, 5, 7]);
+    assert_eq!(ids(&store.pending_for("web").expect("pending")), [4]);
+    assert!(store.pending_for("nobody").expect("pending").is_empty());
+}
+
+#[test]
+fn a_journal_entry_round_trips_every_field() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let unowned = NewUpdate {
+        thread_id: None,
+        ..update(9, None)
+    };
+    store
+        .journal_batch(std::slice::from_ref(&unowned), 10)
+        .expect("batch");
+    let entry = store.journal_entry(9).expect("entry").expect("present");
+    assert_eq!(
+        (entry.owner, entry.chat_id, entry.thread_id, entry.user_id),
+        (None, unowned.chat_id, None, unowned.user_id)
+    );
+    assert_eq!(
+        (entry.message_id, entry.text),
+        (unowned.message_id, unowned.text)
+    );
+    assert_eq!(
+        (entry.state, entry.attempts, entry.drop_reason),
+        (JournalState::Pending, 0, None)
+    );
+    assert!(entry.received_ms > 0);
+    assert_eq!(ids(&store.pending_unowned().expect("unowned")), [9]);
+    assert_eq!(store.journal_entry(10).expect("entry"), None);
+}
+
+#[test]
+fn delivery_states_move_forward_only() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .journal_batch(&[update(1, Some("api")), update(2, Some("api"))], 3)
+        .expect("batch");
+
+    store.record_attempt(1).expect("attempt");
+    store.record_attempt(1).expect("attempt");
+    assert!(store.mark_delivered(1).expect("deliver"));
+    assert!(
+        !store.mark_delivered(1).expect("deliver again"),
+        "second ack changes nothing"
+    );
+    assert!(!store.mark_dropped(1, "late").expect("drop delivered"));
+    store.record_attempt(1).expect("attempt after delivery");
+    let delivered = store.journal_entry(1).expect("entry").expect("present");
+    assert_eq!(
+        (delivered.state, delivered.attempts),
+        (JournalState::Delivered, 2)
+    );
+
+    assert!(store.mark_dropped(2, "session gone").expect("drop"));
+    assert!(!store.mark_delivered(2).expect("deliver dropped"));
+    let dropped = store.journal_entry(2).expect("entry").expect("present");
+    assert_eq!(dropped.state, JournalState::Dropped);
+    assert_eq!(dropped.drop_reason.as_deref(), Some("session gone"));
+
+    assert!(store.pending_for("api").expect("pending").is_empty());
+    assert!(!store.mark_delivered(99).expect("unknown id"));
+}
+
+#[test]
+fn a_batch_that_fails_midway_leaves_journal_and_offset_unchanged() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .journal_batch(&[update(1, Some("api"))], 2)
+        .expect("batch");
+
+    // Update 2 is inserted first; the negative id then violates the schema's
+    // CHECK, so the statement for it fails after 2 is already in the
+    // transaction.
+    let batch = [update(2, Some("api")), update(-3, Some("api"))];
+    let err = store
+        .journal_batch(&batch, 10)
+        .expect_err("invalid id must fail");
+    assert!(matches!(err, StoreError::Sqlite { .. }), "{err:?}");
+
+    assert_eq!(store.offset().expect("offset"), Some(2));
+    assert_eq!(store.journal_entry(2).expect("entry"), None);
+    assert_eq!(ids(&store.pending_for("api").expect("pending")), [1]);
+
+    // The same batch without the bad update goes through afterwards.
+    assert_eq!(store.journal_batch(&batch[..1], 3).expect("retry"), [2]);
+    assert_eq!(store.offset().expect("offset"), Some(3));
+}
+
+#[test]
+fn a_negative_first_offset_is_refused() {
+    // A negative getUpdates offset drops Telegram's backlog; it must never be stored.
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    assert!(store.journal_batch(&[update(1, None)], -1).is_err());
+    assert_eq!(store.offset().expect("offset"), None);
+    assert_eq!(store.journal_entry(1).expect("entry"), None);
+}
+
+#[test]
+fn pending_entries_move_to_another_owner() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .journal_batch(
+            &[
+                update(1, Some("old")),
+                update(2, Some("old")),
+                update(3, Some("other")),
+            ],
+            4,
+        )
+        .expect("batch");
+    store.mark_delivered(1).expect("deliver");
+
+    assert_eq!(store.reassign_pending("old", "new").expect("reassign"), 1);
+    assert_eq!(ids(&store.pending_for("new").expect("pending")), [2]);
+    assert!(store.pending_for("old").expect("pending").is_empty());
+    let delivered = store.journal_entry(1).expect("entry").expect("present");
+    assert_eq!(
+        delivered.owner.as_deref(),
+        Some("old"),
+        "settled history is not rewritten"
+    );
+}
+
+#[test]
+fn pruning_keeps_pending_and_the_newest_settled_entries() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let updates: Vec<_> = (1..=10).map(|id| update(id, Some("api"))).collect();
+    store.journal_batch(&updates, 11).expect("batch");
+    for id in 1..=6 {
+        store.mark_delivered(id).expect("deliver");
+    }
+    store.mark_dropped(8, "gone").expect("drop");
+
+    // Settled: 1..=6 and 8. Keep the newest two of them: 6 and 8.
+    assert_eq!(store.prune_journal(2).expect("prune"), 5);
+    let left: Vec<i64> = (1..=10)
+        .filter(|id| store.journal_entry(*id).expect("entry").is_some())
+        .collect();
+    assert_eq!(left, [6, 7, 8, 9, 10]);
+    assert_eq!(store.prune_journal(2).expect("prune again"), 0);
+    assert_eq!(store.prune_journal(0).expect("prune all settled"), 2);
+    assert_eq!(ids(&store.pending_for("api").expect("pending")), [7, 9, 10]);
+}
+
+#[test]
+fn bindings_are_stored_updated_listed_and_removed() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let web = binding("web", 'C', Some(8));
+    let api = binding("api", 'A', Some(7));
+    let pending = Binding {
+        chat_id: None,
+        status: BindingStatus::CreateUnknown,
+        ..binding("docs", 'B', None)
+    };
+    for b in [&web, &api, &pending] {
+        store.upsert_binding(b).expect("upsert");
+    }
+
+    let slots: Vec<char> = store
+        .bindings()
+        .expect("bindings")
+        .iter()
+        .map(|b| b.slot.letter())
+        .collect();
+    assert_eq!(slots, ['A', 'B', 'C']);
+
+    let stored = store.binding("docs").expect("binding").expect("present");
+    assert_eq!(stored.target(), None);
+    assert_eq!(
+        Binding {
+            created_ms: 0,
+            updated_ms: 0,
+            ..stored.clone()
+        },
+        pending
+    );
+    assert!(stored.created_ms > 0 && stored.updated_ms >= stored.created_ms);
+
+    let found = store
+        .binding_by_thread(-1001, 7)
+        .expect("by thread")
+        .expect("present");
+    assert_eq!(found.profile_key, "api");
+    assert_eq!(store.binding_by_thread(-1001, 99).expect("by thread"), None);
+    assert_eq!(store.binding_by_thread(-2002, 7).expect("by thread"), None);
+
+    // The topic got provisioned: an upsert replaces the fields, not created_ms.
+    let provisioned = Binding {
+        chat_id: Some(-1001),
+        thread_id: Some(11),
+        status: BindingStatus::Active,
+        announced: true,
+        instance_id: "inst-2".into(),
+        ..pending.clone()
+    };
+    store.upsert_binding(&provisioned).expect("upsert again");
+    let updated = store.binding("docs").expect("binding").expect("present");
+    assert_eq!(updated.created_ms, stored.created_ms);
+    assert_eq!(
+        (
+            updated.thread_id,
+            updated.status,
+            updated.announced,
+            updated.instance_id.as_str()
+        ),
+        (Some(11), BindingStatus::Active, true, "inst-2")
+    );
+
+    assert!(
+        store
+            .set_binding_status("docs", BindingStatus::Offline)
+            .expect("status")
+    );
+    assert!(
+        !store
+            .set_binding_status("docs", BindingStatus::Offline)
+            .expect("same status")
+    );
+    assert!(
+        !store
+            .set_binding_status("nobody", BindingStatus::Stale)
+            .expect("missing")
+    );
+    let offline = store.binding("docs").expect("binding").expect("present");
+    assert_eq!(offline.status, BindingStatus::Offline);
+
+    assert!(store.remove_binding("docs").expect("remove"));
+    assert!(!store.remove_binding("docs").expect("remove again"));
+    assert_eq!(store.binding("docs").expect("binding"), None);
+    assert_eq!(store.bindings().expect("bindings").len(), 2);
+}
+
+#[test]
+fn every_binding_status_round_trips() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .upsert_binding(&binding("api", 'A', Some(7)))
+        .expect("upsert");
+    for status in [
+        BindingStatus::Stale,
+        BindingStatus::Offline,
+        BindingStatus::ProbeRequired,
+        BindingStatus::CreateUnknown,
+        BindingStatus::Active,
+    ] {
+        store.set_binding_status("api", status).expect("status");
+        let stored = store.binding("api").expect("binding").expect("present");
+        assert_eq!(stored.status, status);
+        assert_eq!(BindingStatus::parse(status.as_str()), Some(status));
+    }
+}
+
+#[test]
+fn a_topic_and_a_slot_belong_to_one_binding() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .upsert_binding(&binding("api", 'A', Some(7)))
+        .expect("upsert");
+
+    match store.upsert_binding(&binding("web", 'B', Some(7))) {
+        Err(StoreError::ThreadTaken {
+            chat_id: -1001,
+            thread_id: 7,
+            holder,
+        }) => assert_eq!(holder, "api"),
+        other => panic!("expected ThreadTaken, got {other:?}"),
+    }
+    match store.upsert_binding(&binding("web", 'A', Some(8))) {
+        Err(StoreError::SlotTaken {
+            slot: taken,
+            holder,
+        }) => {
+            assert_eq!((taken.letter(), holder.as_str()), ('A', "api"));
+        }
+        other => panic!("expected SlotTaken, got {other:?}"),
+    }
+    // An offline holder still owns its slot: its topic's name shows it.
+    store
+        .set_binding_status("api", BindingStatus::Offline)
+        .expect("status");
+    assert!(matches!(
+        store.upsert_binding(&binding("web", 'A', Some(8))),
+        Err(StoreError::SlotTaken { .. })
+    ));
+    assert_eq!(store.binding("web").expect("binding"), None);
+
+    // The same thread id in another chat is another topic; a session may
+    // move to a new slot and topic of its own.
+    let elsewhere = Binding {
+        chat_id: Some(-2002),
+        ..binding("web", 'B', Some(7))
+    };
+    store.upsert_binding(&elsewhere).expect("other chat");
+    store
+        .upsert_binding(&binding("api", 'D', Some(9)))
+        .expect("re-slot");
+    store
+        .upsert_binding(&binding("web", 'A', Some(8)))
+        .expect("freed slot");
+}
+
+#[test]
+fn cleanup_intents_live_until_finished() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let intent = NewCleanup {
+        chat_id: -1001,
+        thread_id: 7,
+        profile_key: "api".into(),
+        reason: "disconnect".into(),
+    };
+    let id = store.add_cleanup(&intent).expect("add");
+    let again = NewCleanup {
+        reason: "retry".into(),
+        ..intent.clone()
+    };
+    assert_eq!(
+        store.add_cleanup(&again).expect("add again"),
+        id,
+        "one intent per topic"
+    );
+    let other = store
+        .add_cleanup(&NewCleanup {
+            thread_id: 8,
+            ..intent.clone()
+        })
+        .expect("add other");
+    assert_ne!(other, id);
+
+    store.record_cleanup_attempt(id).expect("attempt");
+    store.record_cleanup_attempt(id).expect("attempt");
+    let pending = store.pending_cleanups().expect("pending");
+    assert_eq!(
+        pending.iter().map(|c| c.id).collect::<Vec<_>>(),
+        [id, other]
+    );
+    let first = &pending[0];
+    assert_eq!(
+        (first.chat_id, first.thread_id, first.profile_key.as_str()),
+        (-1001, 7, "api")
+    );
+    assert_eq!((first.reason.as_str(), first.attempts), ("disconnect", 2));
+    assert!(first.created_ms > 0);
+
+    store.finish_cleanup(id).expect("finish");
+    store.finish_cleanup(id).expect("finish twice");
+    assert_eq!(
+        store
+            .pending_cleanups()
+            .expect("pending")
+            .iter()
+            .map(|c| c.id)
+            .collect::<Vec<_>>(),
+        [other]
+    );
+    // A finished topic's id is never handed out again.
+    assert!(store.add_cleanup(&intent).expect("re-add") > other);
+}
+
+#[test]
+fn allowed_users_are_a_set() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    for user in [42, 7, 42] {
+        store.add_allowed_user(user).expect("add");
+    }
+    assert_eq!(store.allowed_users().expect("users"), [7, 42]);
+}
+
+#[test]
+fn a_read_only_handle_reads_beside_the_leader_and_cannot_write() {
+    let (_dir, path) = temp_db();
+    let mut leader = Store::open(&path).expect("open");
+    leader.bump_epoch().expect("bump");
+
+    let mut reader = Store::open_read_only(&path).expect("read-only");
+    assert_eq!(reader.epoch().expect("epoch"), 1);
+    assert!(matches!(
+        reader.bump_epoch(),
+        Err(StoreError::Sqlite { .. })
+    ));
+
+    // The reader sees the leader's later commits.
+    leader.add_allowed_user(5).expect("add");
+    assert_eq!(reader.allowed_users().expect("users"), [5]);
+    drop(leader);
+    drop(reader);
+
+    // Also when no leader has the file open.
+    let reader = Store::open_read_only(&path).expect("read-only");
+    assert_eq!(reader.epoch().expect("epoch"), 1);
+}
+
+#[test]
+fn a_read_only_handle_needs_an_existing_migrated_file() {
+    let (_dir, path) = temp_db();
+    assert!(matches!(
+        Store::open_read_only(&path),
+        Err(StoreError::Sqlite { .. })
+    ));
+    assert!(!path.exists(), "a read-only open must not create the file");
+
+    fs::write(&path, b"").expect("empty file");
+    assert!(matches!(
+        Store::open_read_only(&path),
+        Err(StoreError::Outdated { found: 0, .. })
+    ));
+}
+
+#[test]
+fn a_value_the_schema_would_not_hold_reads_as_corrupt() {
+    // Something other than the relay rewrote a row with the CHECKs turned off.
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .upsert_binding(&binding("api", 'A', Some(7)))
+        .expect("upsert");
+    let raw = Connection::open(&path).expect("raw open");
+    raw.execute_batch(
+        "PRAGMA ignore_check_constraints = ON; \
+         UPDATE bindings SET status = 'haunted' WHERE profile_key = 'api';",
+    )
+    .expect("tamper");
+    drop(raw);
+
+    let err = store.binding("api").expect_err("unknown status");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("haunted"), "{err}");
+}
