@@ -5,6 +5,13 @@
 //! to the jsonrpsee `RpcModule`, notifications to [`Handler::notify`] as a
 //! typed [`HostEvent`], and responses to the table of our own pending
 //! outbound requests. The [`Handler`] (the session) never sees bytes.
+//!
+//! Lines that are not valid messages are answered, never fatal: not JSON or
+//! not UTF-8 → -32700; a batch, a wrong `jsonrpc`, an id or method of the
+//! wrong type → -32600, echoing the id only when it is a valid one; a line
+//! over 1 MiB → -32600 with id `null` (the host sent it, so it is an invalid
+//! request rather than a server error). A handler that panics answers
+//! -32603. Notifications are never answered, whatever they hold.
 
 mod dispatch;
 mod message;
