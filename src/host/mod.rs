@@ -5,16 +5,39 @@
 //! to the jsonrpsee `RpcModule`, notifications to [`Handler::notify`] as a
 //! typed [`HostEvent`], and responses to the table of our own pending
 //! outbound requests. The [`Handler`] (the session) never sees bytes.
+//!
+//! Lines that are not valid messages are answered, never fatal: not JSON or
+//! not UTF-8 → -32700; a batch, a wrong `jsonrpc`, an id or method of the
+//! wrong type → -32600, echoing the id only when it is a valid one; a line
+//! over 1 MiB → -32600 with id `null` (the host sent it, so it is an invalid
+//! request rather than a server error). A handler that panics answers
+//! -32603. Notifications are never answered, whatever they hold.
+
+mod dispatch;
+mod message;
+mod outbound;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{SinkExt, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, FramedWrite};
 
+use crate::framing::{Frame, LineCodec};
 use crate::protocol::host::*;
+use message::Incoming;
+use outbound::{Outbox, PendingEntry};
 
 /// What the sidecar does with the host's messages.
 pub trait Handler: Send + Sync + 'static {
@@ -72,42 +95,338 @@ pub enum OutboundError {
     },
     #[error("the host's answer to {method} is malformed: {message}")]
     Decode { method: String, message: String },
+    /// Our own params did not serialize; a bug on our side, never the host's.
+    #[error("the params of {method} cannot be encoded: {message}")]
+    Encode { method: String, message: String },
+}
+
+impl HostEvent {
+    /// The typed event for a notification from the host; `Ok(None)` when the
+    /// method is not one we know (newer hosts may send more).
+    fn from_notification(method: &str, params: Option<Value>) -> serde_json::Result<Option<Self>> {
+        // Absent and `null` params mean "nothing to say"; every params type
+        // whose fields are all optional then still parses.
+        let params = match params {
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(params) => params,
+        };
+        Ok(Some(match method {
+            method::INITIALIZED => Self::Initialized,
+            method::SESSION_STARTED => Self::SessionStarted(serde_json::from_value(params)?),
+            method::SESSION_SHUTDOWN => Self::SessionShutdown(serde_json::from_value(params)?),
+            method::AGENT_STARTED => Self::AgentStarted,
+            method::AGENT_ENDED => Self::AgentEnded(serde_json::from_value(params)?),
+            method::TURN_STARTED => Self::TurnStarted,
+            method::TURN_ENDED => Self::TurnEnded(serde_json::from_value(params)?),
+            method::TOOL_STARTED => Self::ToolStarted(serde_json::from_value(params)?),
+            method::TOOL_ENDED => Self::ToolEnded(serde_json::from_value(params)?),
+            method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_value(params)?),
+            _ => return Ok(None),
+        }))
+    }
 }
 
 /// A cheap, cloneable handle for talking to the host.
 #[derive(Clone)]
 pub struct HostLink {
-    _private: (),
+    outbox: Arc<Outbox>,
+}
+
+impl std::fmt::Debug for HostLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostLink").finish_non_exhaustive()
+    }
 }
 
 impl HostLink {
     /// Sends a notification. Never blocks; dropped silently once the host is gone.
-    pub fn notify<P: Serialize>(&self, _method: &str, _params: &P) {
-        unimplemented!("host transport")
+    pub fn notify<P: Serialize>(&self, method: &str, params: &P) {
+        let params = match serde_json::to_value(params) {
+            Ok(params) => params,
+            Err(e) => {
+                tracing::error!(method, "notification params cannot be encoded: {e}");
+                return;
+            }
+        };
+        let line = json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string();
+        if !self.outbox.send(line) {
+            tracing::trace!(method, "the host is gone; notification dropped");
+        }
     }
 
     /// Sends a request and waits for the answer, at most `timeout`.
     /// Dropping the returned future cancels it (the pending entry is removed).
     pub async fn request<P: Serialize, R: DeserializeOwned>(
         &self,
-        _method: &str,
-        _params: &P,
-        _timeout: Duration,
+        method: &str,
+        params: &P,
+        timeout: Duration,
     ) -> Result<R, OutboundError> {
-        unimplemented!("host transport")
+        let params = serde_json::to_value(params).map_err(|e| OutboundError::Encode {
+            method: method.to_owned(),
+            message: e.to_string(),
+        })?;
+        let (id, answer) = self
+            .outbox
+            .register()
+            .map_err(|outbound::Closed| OutboundError::Closed)?;
+        let _entry = PendingEntry {
+            outbox: &self.outbox,
+            id,
+        };
+        let line =
+            json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
+        if !self.outbox.send(line) {
+            return Err(OutboundError::Closed);
+        }
+        let answer = match tokio::time::timeout(timeout, answer).await {
+            Err(_elapsed) => {
+                return Err(OutboundError::Timeout {
+                    method: method.to_owned(),
+                    timeout,
+                });
+            }
+            // The sender was dropped: the transport closed under us.
+            Ok(Err(_)) => return Err(OutboundError::Closed),
+            Ok(Ok(answer)) => answer,
+        };
+        match answer {
+            Ok(result) => serde_json::from_value(result).map_err(|e| OutboundError::Decode {
+                method: method.to_owned(),
+                message: e.to_string(),
+            }),
+            Err(error) => Err(rpc_error(method, &error)),
+        }
+    }
+
+    /// `ui/setStatus`.
+    pub fn set_status(&self, params: &SetStatusParams) {
+        self.notify(method::UI_SET_STATUS, params);
+    }
+
+    /// `ui/notify`: a message shown to the user in the host.
+    pub fn notify_user(&self, params: &NotifyParams) {
+        self.notify(method::UI_NOTIFY, params);
+    }
+
+    /// `ui/confirm`. `timeout` bounds our wait and should exceed the dialog's
+    /// own `timeoutMs`, if any, so the host's answer to an expired dialog is
+    /// still heard.
+    pub async fn confirm(
+        &self,
+        params: &ConfirmParams,
+        timeout: Duration,
+    ) -> Result<ConfirmResult, OutboundError> {
+        self.request(method::UI_CONFIRM, params, timeout).await
+    }
+
+    /// `agent/sendUserMessage`: hands a relayed prompt to the agent.
+    pub async fn send_user_message(
+        &self,
+        params: &SendUserMessageParams,
+        timeout: Duration,
+    ) -> Result<SendUserMessageResult, OutboundError> {
+        self.request(method::AGENT_SEND_USER_MESSAGE, params, timeout)
+            .await
+    }
+
+    /// `agent/abort`: stops the agent's current turn.
+    pub async fn abort(&self, timeout: Duration) -> Result<(), OutboundError> {
+        // The result carries nothing; any shape (`{}`, `null`) is accepted.
+        self.request::<_, Value>(method::AGENT_ABORT, &AbortParams {}, timeout)
+            .await
+            .map(drop)
+    }
+
+    #[cfg(test)]
+    fn pending_len(&self) -> usize {
+        self.outbox.pending_len()
     }
 }
 
+/// The host's `error` object as an [`OutboundError`].
+fn rpc_error(method: &str, error: &Value) -> OutboundError {
+    let code = error.get("code").and_then(Value::as_i64);
+    let message = error.get("message").and_then(Value::as_str);
+    match (code, message) {
+        (Some(code), message) => OutboundError::Rpc {
+            method: method.to_owned(),
+            code,
+            message: message.unwrap_or_default().to_owned(),
+        },
+        (None, _) => OutboundError::Decode {
+            method: method.to_owned(),
+            message: format!("error object without an integer code: {error}"),
+        },
+    }
+}
+
+/// How long, after the host closed stdin, answers still being computed may
+/// take before they are abandoned, and queued lines may take to be written.
+/// Long enough for an answer that is already on its way, short enough that a
+/// host waiting for us to exit does not notice.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
 /// Serves one host on `input`/`output` until `input` reaches EOF.
+///
+/// At EOF (with or without a `shutdown` first) outbound requests still
+/// waiting fail with [`OutboundError::Closed`], answers in flight get
+/// [`DRAIN_GRACE`] to be computed and written, and the function returns
+/// `Ok(())`. A read error ends serving the same way and is returned.
 pub async fn serve<H, R, W>(
-    _input: R,
-    _output: W,
-    _make_handler: impl FnOnce(HostLink) -> Arc<H>,
+    input: R,
+    output: W,
+    make_handler: impl FnOnce(HostLink) -> Arc<H>,
 ) -> std::io::Result<()>
 where
     H: Handler,
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    unimplemented!("host transport")
+    let (lines, queued) = mpsc::unbounded_channel();
+    let outbox = Arc::new(Outbox::new(lines));
+    let handler = make_handler(HostLink {
+        outbox: Arc::clone(&outbox),
+    });
+    let writer = tokio::spawn(write_lines(output, queued));
+    let mut demux = Demultiplexer {
+        module: Arc::new(dispatch::rpc_module(Arc::clone(&handler))),
+        handler,
+        outbox: Arc::clone(&outbox),
+        requests: JoinSet::new(),
+    };
+
+    let mut frames = FramedRead::new(input, LineCodec::default());
+    let outcome = loop {
+        match frames.next().await {
+            Some(Ok(frame)) => demux.route(frame),
+            None => break Ok(()),
+            Some(Err(e)) => {
+                tracing::warn!("reading from the host failed: {e}");
+                break Err(e);
+            }
+        }
+    };
+    tracing::debug!("host input closed");
+    drop(frames);
+    demux.drain(writer).await;
+    outcome
+}
+
+/// Routes each classified line to where it belongs.
+struct Demultiplexer<H: Handler> {
+    module: Arc<jsonrpsee::RpcModule<H>>,
+    handler: Arc<H>,
+    outbox: Arc<Outbox>,
+    /// Requests being answered, each in a task of its own so a long
+    /// `command/execute` holds up neither other requests nor the answers to
+    /// our own requests that it may be waiting for.
+    requests: JoinSet<()>,
+}
+
+impl<H: Handler> Demultiplexer<H> {
+    fn route(&mut self, frame: Frame) {
+        match message::classify(frame) {
+            Incoming::Request { id, method, params } => {
+                tracing::trace!(%id, method, "request");
+                self.requests.spawn(dispatch::answer(
+                    Arc::clone(&self.module),
+                    Arc::clone(&self.outbox),
+                    id,
+                    method,
+                    params,
+                ));
+            }
+            Incoming::Notification { method, params } => self.notification(&method, params),
+            Incoming::Response { id, outcome } => {
+                if !self.outbox.complete(&id, outcome) {
+                    tracing::debug!(%id, "answer to no pending request (late or unknown); ignored");
+                }
+            }
+            Incoming::Rejection(rejection) => {
+                tracing::debug!(
+                    code = rejection.code,
+                    "rejected a line: {}",
+                    rejection.message
+                );
+                self.outbox.send(rejection.to_line());
+            }
+        }
+        while let Some(done) = self.requests.try_join_next() {
+            log_join(done);
+        }
+    }
+
+    fn notification(&self, method: &str, params: Option<Value>) {
+        match HostEvent::from_notification(method, params) {
+            Ok(Some(event)) => {
+                // A panicking handler must not take the transport down with it.
+                let handler = &self.handler;
+                if std::panic::catch_unwind(AssertUnwindSafe(|| handler.notify(event))).is_err() {
+                    tracing::error!(method, "the handler panicked on a notification");
+                }
+            }
+            Ok(None) => tracing::trace!(method, "unknown notification ignored"),
+            Err(e) => tracing::warn!(method, "notification with unreadable params dropped: {e}"),
+        }
+    }
+
+    /// The end after EOF: see [`serve`].
+    async fn drain(mut self, mut writer: JoinHandle<()>) {
+        self.outbox.close_pending();
+        let deadline = Instant::now() + DRAIN_GRACE;
+        let finished = tokio::time::timeout_at(deadline, async {
+            while let Some(done) = self.requests.join_next().await {
+                log_join(done);
+            }
+        })
+        .await;
+        if finished.is_err() {
+            tracing::info!(
+                abandoned = self.requests.len(),
+                "host closed input; abandoning unanswered requests"
+            );
+            self.requests.abort_all();
+        }
+        // The writer ends once the queue is closed and empty.
+        self.outbox.close_lines();
+        if tokio::time::timeout_at(deadline, &mut writer)
+            .await
+            .is_err()
+        {
+            tracing::warn!("output not drained in time; remaining lines dropped");
+            writer.abort();
+        }
+    }
+}
+
+fn log_join(done: Result<(), JoinError>) {
+    if let Err(e) = done
+        && e.is_panic()
+    {
+        tracing::error!("a request task panicked: {e}");
+    }
+}
+
+/// The writer loop: lines from the queue to `output`, one flush per burst.
+async fn write_lines<W: AsyncWrite + Unpin>(
+    output: W,
+    mut queued: mpsc::UnboundedReceiver<String>,
+) {
+    let mut sink: FramedWrite<W, LineCodec> = FramedWrite::new(output, LineCodec::default());
+    while let Some(line) = queued.recv().await {
+        let mut written = sink.feed(line).await;
+        while written.is_ok()
+            && let Ok(line) = queued.try_recv()
+        {
+            written = sink.feed(line).await;
+        }
+        if let Err(e) = written.and(SinkExt::<String>::flush(&mut sink).await) {
+            tracing::warn!("writing to the host failed; output stops: {e}");
+            return;
+        }
+    }
+    if let Err(e) = SinkExt::<String>::close(&mut sink).await {
+        tracing::debug!("closing the host output failed: {e}");
+    }
 }
