@@ -1,1 +1,33 @@
-//! (not yet written)
+//! Everything that speaks to the Telegram Bot API. Only the leader uses it.
+//!
+//! * [`client`] — [`BotApi`], a thin reqwest client: one POST per call, no
+//!   retries of its own, client-side refusals (the General topic, negative
+//!   offsets).
+//! * [`error`] — [`TelegramError`], the one classifier of failed calls:
+//!   retryable or not, `commit_unknown` for ambiguous non-idempotent calls,
+//!   `retry_after` for 429s. Every message in it is redacted.
+//! * [`types`] — the Bot API objects the relay reads; updates decode one at
+//!   a time and unknown kinds are skipped, never fatal.
+//! * [`ratelimit`] — [`RateLimiter`], the leader's outbox pacing: per-chat
+//!   windows, a global cap and `retry_after` penalties.
+//! * [`render`] — Markdown → Telegram HTML, split into chunks that each fit
+//!   one message, and the plain-text fallback.
+//!
+//! The durable poller (`poller`: long poll from the stored offset, journal
+//! and offset in one transaction, 409/backoff handling) joins this module
+//! once the store exists; it builds on [`BotApi::get_updates`] and
+//! [`Update::decode`].
+
+pub mod client;
+pub mod error;
+pub mod ratelimit;
+pub mod render;
+pub mod types;
+
+pub use client::{BotApi, DEFAULT_TIMEOUT, SetupError};
+pub use error::{TelegramError, is_idempotent};
+pub use ratelimit::RateLimiter;
+pub use types::{
+    BotCommand, BotInfo, CallbackQuery, Chat, ChatKind, ChatMember, ChatMemberStatus, DecodeError,
+    ForumTopic, Message, Update, UpdateKind, User,
+};

@@ -1,0 +1,413 @@
+//! The HTTP face of the fake: Bot API calls (with faults and the call record) and
+//! the control routes for tests in other processes.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::methods::{self, ApiError};
+use super::{BotRights, CallRecord, CallbackInject, FakeBotApi, Fault, Inject};
+
+/// Bodies bigger than this are refused; the relay never sends uploads to the fake.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+pub(super) fn router(api: FakeBotApi) -> Router {
+    Router::new()
+        .route("/control/inject_message", post(inject_message))
+        .route("/control/inject_update", post(inject_update))
+        .route(
+            "/control/inject_callback_query",
+            post(inject_callback_query),
+        )
+        .route("/control/fault", post(fault))
+        .route("/control/calls", get(calls))
+        .route("/control/topics", get(topics))
+        .route("/control/messages", get(messages))
+        .route("/control/wait_messages", get(wait_messages))
+        .route("/control/delete_topic", post(delete_topic))
+        .route("/control/chat", post(add_chat))
+        .route("/{bot_token}/{method}", any(bot_call))
+        .fallback(|| async { telegram_answer(Err(ApiError::new(404, "Not Found"))).0 })
+        .with_state(api)
+}
+
+// ---- Bot API ----
+
+/// Answers with Telegram's envelope; also returns what goes into the call record.
+fn telegram_answer(answer: Result<Value, ApiError>) -> (Response, u16, bool) {
+    let (status, ok, body) = match answer {
+        Ok(result) => (200, true, json!({"ok": true, "result": result})),
+        Err(error) => (error.code, false, error.json()),
+    };
+    (
+        raw_answer(status, "application/json", body.to_string()),
+        status,
+        ok,
+    )
+}
+
+fn raw_answer(status: u16, content_type: &'static str, body: String) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn bot_call(
+    State(api): State<FakeBotApi>,
+    Path((bot_token, method)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let started_ms = api.now_ms();
+    let params = read_params(request).await;
+    let canonical = methods::canonical(&method);
+    let seq = api.mutate(|inner| {
+        let seq = inner.calls.len() as u64 + 1;
+        inner.calls.push(CallRecord {
+            seq,
+            method: canonical.map_or_else(|| method.clone(), str::to_owned),
+            params: params.clone().unwrap_or(Value::Null),
+            started_ms,
+            finished_ms: None,
+            status: None,
+            ok: false,
+            fault: None,
+        });
+        seq
+    });
+    let (response, status, ok) = answer_bot_call(&api, seq, &bot_token, canonical, params).await;
+    let finished_ms = api.now_ms();
+    api.mutate(|inner| {
+        if let Some(record) = usize::try_from(seq - 1)
+            .ok()
+            .and_then(|i| inner.calls.get_mut(i))
+        {
+            record.finished_ms = Some(finished_ms);
+            record.status = Some(status);
+            record.ok = ok;
+        }
+    });
+    response
+}
+
+async fn answer_bot_call(
+    api: &FakeBotApi,
+    seq: u64,
+    bot_token: &str,
+    method: Option<&'static str>,
+    params: Result<Value, ApiError>,
+) -> (Response, u16, bool) {
+    if bot_token.strip_prefix("bot") != Some(api.token().as_str()) {
+        return telegram_answer(Err(ApiError::new(401, "Unauthorized")));
+    }
+    let Some(method) = method else {
+        return telegram_answer(Err(ApiError::new(404, "Not Found")));
+    };
+    let params = match params {
+        Ok(params) => params,
+        Err(error) => return telegram_answer(Err(error)),
+    };
+    let fault = api.mutate(|inner| {
+        let fault = inner.take_fault(method);
+        if let (Some(fault), Some(record)) = (
+            &fault,
+            usize::try_from(seq - 1)
+                .ok()
+                .and_then(|i| inner.calls.get_mut(i)),
+        ) {
+            record.fault = Some(format!("{fault:?}"));
+        }
+        fault
+    });
+    let shutdown = api.shared.shutdown.clone();
+    match fault {
+        None => telegram_answer(methods::dispatch(api, method, &params).await),
+        Some(Fault::TooManyRequests { retry_after }) => {
+            telegram_answer(Err(ApiError::too_many_requests(retry_after)))
+        }
+        Some(Fault::ServerError { code }) => {
+            let description = match code {
+                502 => "Bad Gateway",
+                503 => "Service Unavailable",
+                504 => "Gateway Timeout",
+                _ => "Internal Server Error",
+            };
+            telegram_answer(Err(ApiError::new(code, description)))
+        }
+        Some(Fault::Delay(delay)) => {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => telegram_answer(methods::dispatch(api, method, &params).await),
+                () = shutdown.cancelled() => telegram_answer(Err(ApiError::new(503, "Service Unavailable"))),
+            }
+        }
+        Some(Fault::Hang) => {
+            // Hangs until the client gives up; the server's shutdown must still
+            // be able to finish, so it ends the hang.
+            shutdown.cancelled().await;
+            telegram_answer(Err(ApiError::new(503, "Service Unavailable")))
+        }
+        Some(Fault::GarbageBody) => (
+            raw_answer(
+                200,
+                "text/html",
+                "<html><body><h1>502 Bad Gateway</h1></body></html>".to_owned(),
+            ),
+            200,
+            false,
+        ),
+        Some(Fault::TruncatedJson) => {
+            let (status, body) = match methods::dispatch(api, method, &params).await {
+                Ok(result) => (200, json!({"ok": true, "result": result})),
+                Err(error) => (error.code, error.json()),
+            };
+            let text = body.to_string();
+            let mut cut = text.len() / 2;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            (
+                raw_answer(status, "application/json", text[..cut].to_owned()),
+                status,
+                false,
+            )
+        }
+        Some(Fault::Conflict) => telegram_answer(Err(ApiError::conflict())),
+        Some(Fault::BadRequest { description }) => {
+            telegram_answer(Err(ApiError::new(400, description)))
+        }
+    }
+}
+
+/// Merges query-string and body parameters into one JSON object, body winning,
+/// as Telegram accepts either.
+async fn read_params(request: Request) -> Result<Value, ApiError> {
+    let mut params = Map::new();
+    let (parts, body) = request.into_parts();
+    if parts.uri.query().is_some() {
+        let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+            .map_err(|_| ApiError::bad_request("can't parse query string"))?;
+        params.extend(pairs.into_iter().map(|(k, v)| (k, Value::String(v))));
+    }
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| ApiError::new(413, "Request Entity Too Large"))?;
+    if bytes.is_empty() {
+        return Ok(Value::Object(params));
+    }
+    if content_type.starts_with("application/x-www-form-urlencoded") {
+        let request = Request::from_parts(parts, Body::from(bytes));
+        let axum::Form(pairs) = axum::Form::<Vec<(String, String)>>::from_request(request, &())
+            .await
+            .map_err(|_| ApiError::bad_request("can't parse form body"))?;
+        params.extend(pairs.into_iter().map(|(k, v)| (k, Value::String(v))));
+    } else if content_type.starts_with("multipart/") {
+        return Err(ApiError::bad_request(
+            "multipart bodies are not supported by the fake",
+        ));
+    } else {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(body)) => params.extend(body),
+            _ => return Err(ApiError::bad_request("can't parse JSON object")),
+        }
+    }
+    Ok(Value::Object(params))
+}
+
+// ---- control ----
+
+fn control_error(error: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": error.to_string()})),
+    )
+        .into_response()
+}
+
+async fn inject_message(
+    State(api): State<FakeBotApi>,
+    axum::Json(inject): axum::Json<Inject>,
+) -> Response {
+    let update_id = api.inject_message(inject);
+    axum::Json(json!({"update_id": update_id})).into_response()
+}
+
+async fn inject_update(
+    State(api): State<FakeBotApi>,
+    axum::Json(update): axum::Json<Value>,
+) -> Response {
+    if !update.is_object() {
+        return control_error("an update must be a JSON object");
+    }
+    let update_id = api.inject_raw_update(update);
+    axum::Json(json!({"update_id": update_id})).into_response()
+}
+
+async fn inject_callback_query(
+    State(api): State<FakeBotApi>,
+    axum::Json(press): axum::Json<CallbackInject>,
+) -> Response {
+    let (update_id, callback_query_id) = api.inject_callback_query(press);
+    axum::Json(json!({"update_id": update_id, "callback_query_id": callback_query_id}))
+        .into_response()
+}
+
+/// The wire form of [`Fault`] (a `Duration` has no natural JSON spelling).
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum FaultSpec {
+    TooManyRequests { retry_after: u64 },
+    ServerError { code: u16 },
+    Delay { ms: u64 },
+    Hang,
+    GarbageBody,
+    TruncatedJson,
+    Conflict,
+    BadRequest { description: String },
+}
+
+impl From<FaultSpec> for Fault {
+    fn from(spec: FaultSpec) -> Self {
+        match spec {
+            FaultSpec::TooManyRequests { retry_after } => Self::TooManyRequests { retry_after },
+            FaultSpec::ServerError { code } => Self::ServerError { code },
+            FaultSpec::Delay { ms } => Self::Delay(Duration::from_millis(ms)),
+            FaultSpec::Hang => Self::Hang,
+            FaultSpec::GarbageBody => Self::GarbageBody,
+            FaultSpec::TruncatedJson => Self::TruncatedJson,
+            FaultSpec::Conflict => Self::Conflict,
+            FaultSpec::BadRequest { description } => Self::BadRequest { description },
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct FaultRequest {
+    method: String,
+    fault: FaultSpec,
+    #[serde(default = "one")]
+    times: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn fault(
+    State(api): State<FakeBotApi>,
+    axum::Json(request): axum::Json<FaultRequest>,
+) -> Response {
+    api.inject_fault(&request.method, request.fault.into(), request.times);
+    axum::Json(json!({})).into_response()
+}
+
+async fn calls(State(api): State<FakeBotApi>) -> Response {
+    axum::Json(api.calls()).into_response()
+}
+
+#[derive(Deserialize)]
+struct ChatQuery {
+    chat_id: i64,
+    thread_id: Option<i64>,
+}
+
+async fn topics(State(api): State<FakeBotApi>, Query(query): Query<ChatQuery>) -> Response {
+    axum::Json(api.topics(query.chat_id)).into_response()
+}
+
+async fn messages(State(api): State<FakeBotApi>, Query(query): Query<ChatQuery>) -> Response {
+    axum::Json(api.messages(query.chat_id, query.thread_id)).into_response()
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    chat_id: i64,
+    thread_id: Option<i64>,
+    count: usize,
+    timeout_ms: u64,
+}
+
+async fn wait_messages(State(api): State<FakeBotApi>, Query(query): Query<WaitQuery>) -> Response {
+    let timeout = Duration::from_millis(query.timeout_ms);
+    match api
+        .wait_for_messages(query.chat_id, query.thread_id, query.count, timeout)
+        .await
+    {
+        Ok(found) => axum::Json(found).into_response(),
+        Err(error) => (
+            StatusCode::REQUEST_TIMEOUT,
+            axum::Json(json!({"error": error.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct TopicRef {
+    chat_id: i64,
+    thread_id: i64,
+}
+
+async fn delete_topic(
+    State(api): State<FakeBotApi>,
+    axum::Json(topic): axum::Json<TopicRef>,
+) -> Response {
+    match api.delete_topic_externally(topic.chat_id, topic.thread_id) {
+        Ok(()) => axum::Json(json!({})).into_response(),
+        Err(error) => control_error(error),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum ChatSpec {
+    ForumSupergroup {
+        chat_id: i64,
+        title: String,
+        #[serde(flatten)]
+        rights: BotRights,
+    },
+    Supergroup {
+        chat_id: i64,
+        title: String,
+        #[serde(flatten)]
+        rights: BotRights,
+    },
+    Private {
+        user_id: i64,
+        first_name: String,
+    },
+}
+
+async fn add_chat(
+    State(api): State<FakeBotApi>,
+    axum::Json(spec): axum::Json<ChatSpec>,
+) -> Response {
+    match spec {
+        ChatSpec::ForumSupergroup {
+            chat_id,
+            title,
+            rights,
+        } => api.add_forum_supergroup(chat_id, &title, rights),
+        ChatSpec::Supergroup {
+            chat_id,
+            title,
+            rights,
+        } => api.add_supergroup(chat_id, &title, rights),
+        ChatSpec::Private {
+            user_id,
+            first_name,
+        } => api.add_private_chat(user_id, &first_name),
+    }
+    axum::Json(json!({})).into_response()
+}

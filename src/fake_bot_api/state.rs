@@ -1,0 +1,369 @@
+//! The simulated Telegram side: chats, topics, messages, the update queue, the
+//! fault plan and the call record. Everything lives behind one mutex that is never
+//! held across an `.await`.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::{BotRights, CallRecord, FakeConfig, Fault, SentMessage, TopicInfo};
+
+/// Icon colours Telegram accepts for forum topics.
+pub(super) const ICON_COLORS: [i64; 6] =
+    [0x6FB9F0, 0xFFD67E, 0xCB86DB, 0x8EEE98, 0xFF93B2, 0xFB6F5F];
+
+/// The thread id of the General topic in a forum supergroup.
+pub(super) const GENERAL_THREAD_ID: i64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ChatKind {
+    Private { first_name: String },
+    Supergroup { title: String, is_forum: bool },
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Topic {
+    pub name: String,
+    pub icon_color: i64,
+    pub closed: bool,
+    pub deleted: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum Author {
+    Bot,
+    User(i64),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct StoredMessage {
+    pub message_id: i64,
+    pub thread_id: Option<i64>,
+    pub author: Author,
+    /// The text as the sender wrote it (markup included).
+    pub raw_text: String,
+    pub parse_mode: Option<String>,
+    pub text: String,
+    pub entities: Vec<Value>,
+    pub date: i64,
+    pub edited: bool,
+    pub reply_markup: Option<Value>,
+    /// Service messages (`forum_topic_created`, …) carry their payload here.
+    pub service: Option<(&'static str, Value)>,
+}
+
+#[derive(Debug)]
+pub(super) struct Chat {
+    pub id: i64,
+    pub kind: ChatKind,
+    pub rights: BotRights,
+    /// Telegram numbers messages per chat; a topic's thread id is the id of its
+    /// `forum_topic_created` message, so both come from this counter.
+    pub next_message_id: i64,
+    pub topics: BTreeMap<i64, Topic>,
+    pub messages: Vec<StoredMessage>,
+    /// Bot sends accepted in this chat, for the rate limiter.
+    pub sends: VecDeque<Instant>,
+}
+
+impl Chat {
+    pub fn new(id: i64, kind: ChatKind, rights: BotRights) -> Self {
+        Self {
+            id,
+            kind,
+            rights,
+            // Message 1 is the chat's creation; it keeps topic ids clear of the
+            // General topic's id 1.
+            next_message_id: 2,
+            topics: BTreeMap::new(),
+            messages: Vec::new(),
+            sends: VecDeque::new(),
+        }
+    }
+
+    pub fn allocate_message_id(&mut self) -> i64 {
+        let id = self.next_message_id;
+        self.next_message_id += 1;
+        id
+    }
+
+    /// Whether topics can exist here: a forum supergroup, or a private chat when
+    /// the bot has topics enabled.
+    pub fn has_topics(&self, bot_has_topics: bool) -> bool {
+        match &self.kind {
+            ChatKind::Private { .. } => bot_has_topics,
+            ChatKind::Supergroup { is_forum, .. } => *is_forum,
+        }
+    }
+
+    pub fn is_private(&self) -> bool {
+        matches!(self.kind, ChatKind::Private { .. })
+    }
+
+    pub fn json(&self) -> Value {
+        match &self.kind {
+            ChatKind::Private { first_name } => {
+                json!({"id": self.id, "type": "private", "first_name": first_name})
+            }
+            ChatKind::Supergroup { title, is_forum } => {
+                let mut chat = json!({"id": self.id, "type": "supergroup", "title": title});
+                if *is_forum {
+                    chat["is_forum"] = json!(true);
+                }
+                chat
+            }
+        }
+    }
+
+    pub fn message_json(
+        &self,
+        message: &StoredMessage,
+        bot: &Value,
+        users: &HashMap<i64, String>,
+    ) -> Value {
+        let from = match message.author {
+            Author::Bot => bot.clone(),
+            Author::User(id) => user_json(id, users),
+        };
+        let mut out = json!({
+            "message_id": message.message_id,
+            "from": from,
+            "chat": self.json(),
+            "date": message.date,
+        });
+        if let Some(thread_id) = message.thread_id {
+            out["message_thread_id"] = json!(thread_id);
+            out["is_topic_message"] = json!(true);
+            // Telegram shows a topic message as a reply to the topic's creation
+            // unless it replies to something else.
+            if message.service.is_none()
+                && let Some(topic) = self.topics.get(&thread_id)
+            {
+                out["reply_to_message"] = json!({
+                    "message_id": thread_id,
+                    "from": bot,
+                    "chat": self.json(),
+                    "date": message.date,
+                    "message_thread_id": thread_id,
+                    "forum_topic_created": {"name": topic.name, "icon_color": topic.icon_color},
+                    "is_topic_message": true,
+                });
+            }
+        }
+        if let Some((kind, payload)) = &message.service {
+            out[*kind] = payload.clone();
+        } else {
+            out["text"] = json!(message.text);
+            if !message.entities.is_empty() {
+                out["entities"] = json!(message.entities);
+            }
+        }
+        if message.edited {
+            out["edit_date"] = json!(message.date);
+        }
+        if let Some(markup) = &message.reply_markup {
+            out["reply_markup"] = markup.clone();
+        }
+        out
+    }
+
+    pub fn topic_info(&self) -> Vec<TopicInfo> {
+        self.topics
+            .iter()
+            .map(|(&thread_id, t)| TopicInfo {
+                thread_id,
+                name: t.name.clone(),
+                icon_color: t.icon_color,
+                closed: t.closed,
+                deleted: t.deleted,
+            })
+            .collect()
+    }
+
+    pub fn sent_messages(&self, thread_id: Option<i64>) -> Vec<SentMessage> {
+        self.messages
+            .iter()
+            .filter(|m| {
+                matches!(m.author, Author::Bot) && m.service.is_none() && m.thread_id == thread_id
+            })
+            .map(|m| SentMessage {
+                message_id: m.message_id,
+                thread_id: m.thread_id,
+                text: m.raw_text.clone(),
+                parse_mode: m.parse_mode.clone(),
+                plain_text: m.text.clone(),
+                entities: m.entities.clone(),
+                date: m.date,
+                edited: m.edited,
+            })
+            .collect()
+    }
+}
+
+pub(super) fn user_json(id: i64, users: &HashMap<i64, String>) -> Value {
+    let first_name = users
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| format!("User {id}"));
+    json!({"id": id, "is_bot": false, "first_name": first_name})
+}
+
+pub(super) fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The long poll currently waiting inside `getUpdates`; a newer poll fires
+/// `terminate` so the older one answers 409, as Telegram does.
+pub(super) struct ActivePoll {
+    pub id: u64,
+    pub terminate: oneshot::Sender<()>,
+}
+
+pub(super) struct PlannedFault {
+    /// Lower-case method name, or `*` for every method.
+    pub method: String,
+    pub fault: Fault,
+    pub remaining: u32,
+}
+
+pub(super) struct Inner {
+    pub config: FakeConfig,
+    pub bot_id: i64,
+    pub chats: BTreeMap<i64, Chat>,
+    pub users: HashMap<i64, String>,
+    /// Unconfirmed updates, oldest first: (update_id, update).
+    pub updates: VecDeque<(i64, Value)>,
+    pub next_update_id: i64,
+    pub allowed_updates: Option<Vec<String>>,
+    pub active_poll: Option<ActivePoll>,
+    pub next_poll_id: u64,
+    pub faults: Vec<PlannedFault>,
+    pub calls: Vec<CallRecord>,
+    pub commands: Value,
+    pub callback_query_ids: HashSet<String>,
+    pub next_callback_query_id: u64,
+    /// Accepted bot sends across all chats, for the 30/s limit.
+    pub sends: VecDeque<Instant>,
+}
+
+/// Update kinds Telegram leaves out while `allowed_updates` is unset or empty.
+const OPT_IN_KINDS: [&str; 3] = ["chat_member", "message_reaction", "message_reaction_count"];
+
+impl Inner {
+    pub fn new(config: FakeConfig) -> Self {
+        let bot_id = bot_id_of(&config.token).unwrap_or(0);
+        Self {
+            config,
+            bot_id,
+            chats: BTreeMap::new(),
+            users: HashMap::new(),
+            updates: VecDeque::new(),
+            // Update ids are not small integers in real life; starting high and
+            // unpredictably catches code that assumes they start at 1.
+            next_update_id: 100_000_000 + fastrand::i64(0..100_000_000),
+            allowed_updates: None,
+            active_poll: None,
+            next_poll_id: 1,
+            faults: Vec::new(),
+            calls: Vec::new(),
+            commands: json!([]),
+            callback_query_ids: HashSet::new(),
+            next_callback_query_id: 1,
+            sends: VecDeque::new(),
+        }
+    }
+
+    pub fn bot_user_json(&self) -> Value {
+        json!({
+            "id": self.bot_id,
+            "is_bot": true,
+            "first_name": self.config.bot_first_name,
+            "username": self.config.bot_username,
+        })
+    }
+
+    /// Queues an update unless `allowed_updates` excludes its kind (Telegram
+    /// filters when an update is created, not when it is fetched). The id is
+    /// spent either way, so ids still reveal that something happened.
+    pub fn push_update(&mut self, mut update: Value) -> i64 {
+        let update_id = self.next_update_id;
+        self.next_update_id += 1;
+        let kind = update
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "update_id").cloned())
+            .unwrap_or_default();
+        let allowed = match &self.allowed_updates {
+            Some(list) => list.iter().any(|k| *k == kind),
+            None => !OPT_IN_KINDS.contains(&kind.as_str()),
+        };
+        if allowed {
+            update["update_id"] = json!(update_id);
+            self.updates.push_back((update_id, update));
+        }
+        update_id
+    }
+
+    /// Applies `getUpdates`' offset: a positive offset confirms (forgets) every
+    /// lower id; a negative one keeps only the last |offset| updates.
+    pub fn confirm(&mut self, offset: i64) {
+        if offset > 0 {
+            while self.updates.front().is_some_and(|(id, _)| *id < offset) {
+                self.updates.pop_front();
+            }
+        } else if offset < 0 {
+            let keep = usize::try_from(offset.unsigned_abs()).unwrap_or(usize::MAX);
+            while self.updates.len() > keep {
+                self.updates.pop_front();
+            }
+        }
+    }
+
+    pub fn take_fault(&mut self, method: &str) -> Option<Fault> {
+        let lower = method.to_ascii_lowercase();
+        let index = self
+            .faults
+            .iter()
+            .position(|f| f.method == lower || f.method == "*")?;
+        let planned = &mut self.faults[index];
+        planned.remaining = planned.remaining.saturating_sub(1);
+        let fault = planned.fault.clone();
+        if planned.remaining == 0 {
+            self.faults.remove(index);
+        }
+        Some(fault)
+    }
+}
+
+/// The chat a user writes in; one the fake did not know is registered as Telegram
+/// would already know it (private if `chat_id > 0`, else a plain supergroup).
+pub(super) fn chat_entry<'a>(
+    chats: &'a mut BTreeMap<i64, Chat>,
+    users: &HashMap<i64, String>,
+    chat_id: i64,
+    user_id: i64,
+) -> &'a mut Chat {
+    chats.entry(chat_id).or_insert_with(|| {
+        let kind = if chat_id > 0 {
+            let first_name = users
+                .get(&user_id)
+                .cloned()
+                .unwrap_or_else(|| format!("User {user_id}"));
+            ChatKind::Private { first_name }
+        } else {
+            ChatKind::Supergroup {
+                title: format!("Group {chat_id}"),
+                is_forum: false,
+            }
+        };
+        Chat::new(chat_id, kind, BotRights::default())
+    })
+}
+
+/// The bot's user id is the digits before the colon of its token.
+pub(super) fn bot_id_of(token: &str) -> Option<i64> {
+    token.split_once(':')?.0.parse().ok()
+}

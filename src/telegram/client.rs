@@ -1,0 +1,629 @@
+//! A thin Bot API client: one POST per call, JSON in, `result` out, every
+//! failure classified by [`TelegramError`].
+//!
+//! It does no retrying and no pacing of its own: the leader's outbox decides
+//! when a call may go ([`super::RateLimiter`]) and whether a failed one may
+//! be sent again ([`TelegramError::is_retryable`]), so both happen in one
+//! place for every session.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::error::{TelegramError, is_idempotent};
+use super::types::{BotCommand, BotInfo, Chat, ChatMember, ForumTopic, Message};
+use crate::config::BotToken;
+use crate::redact::redact;
+
+/// Per-request deadline for everything but long polls.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How much longer than its own `timeout` a long poll may take before the
+/// client gives up on it: Telegram answers at the poll timeout, plus latency.
+const POLL_GRACE: Duration = Duration::from_secs(10);
+
+/// The General topic of a forum supergroup; the relay never writes there.
+const GENERAL_THREAD: i64 = 1;
+
+/// The update kinds the relay reads. Sent with every poll because Telegram
+/// otherwise keeps whatever a previous consumer asked for.
+const ALLOWED_UPDATES: [&str; 3] = ["message", "edited_message", "callback_query"];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    #[error("invalid Bot API base URL {url:?}: {reason}")]
+    BaseUrl { url: String, reason: &'static str },
+    #[error("cannot build the HTTP client: {message}")]
+    Http { message: String },
+}
+
+#[derive(Clone)]
+pub struct BotApi {
+    http: reqwest::Client,
+    /// `{base}/bot{token}/`: holds the secret, so `Debug` prints only the base.
+    endpoint: String,
+    base: String,
+    timeout: Duration,
+}
+
+impl fmt::Debug for BotApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BotApi")
+            .field("base", &self.base)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BotApi {
+    /// `base_url` is `https://api.telegram.org` in production, the fake's
+    /// `http://127.0.0.1:<port>` in tests.
+    pub fn new(base_url: &str, token: &BotToken) -> Result<Self, SetupError> {
+        let base = base_url.trim().trim_end_matches('/').to_string();
+        let invalid = |reason| SetupError::BaseUrl {
+            url: redact(base_url).into_owned(),
+            reason,
+        };
+        let parsed = reqwest::Url::parse(&base).map_err(|_| invalid("not a URL"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(invalid("the scheme must be http or https"));
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(invalid(
+                "a query or fragment cannot be extended with a path",
+            ));
+        }
+        // reqwest is built without a bundled crypto provider; it builds its
+        // TLS configuration even for plain-http clients, so install ring
+        // before the first client exists. Losing the race to another
+        // installer is fine: any provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("agent-relay/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|error| SetupError::Http {
+                message: redact(&error.without_url().to_string()).into_owned(),
+            })?;
+        Ok(Self {
+            http,
+            endpoint: format!("{base}/bot{}/", token.expose()),
+            base,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Replaces the per-request deadline of ordinary calls.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Calls `method` with `params` (a JSON object) and returns its `result`.
+    ///
+    /// Calls addressed to the General topic (`message_thread_id` 1) and
+    /// `getUpdates` with a negative offset (which silently drops the backlog)
+    /// are refused without a request.
+    pub async fn call(&self, method: &str, params: &Value) -> Result<Value, TelegramError> {
+        self.call_with_timeout(method, params, self.timeout).await
+    }
+
+    async fn call_with_timeout(
+        &self,
+        method: &str,
+        params: &Value,
+        timeout: Duration,
+    ) -> Result<Value, TelegramError> {
+        check(method, params)?;
+        let response = self
+            .http
+            .post(format!("{}{method}", self.endpoint))
+            .json(params)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|error| TelegramError::classify_transport(method, error))?;
+        let status = response.status().as_u16();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| TelegramError::classify_transport(method, error))?;
+        TelegramError::classify_response(method, status, &body)
+    }
+
+    async fn call_as<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &Value,
+    ) -> Result<T, TelegramError> {
+        let result = self.call(method, params).await?;
+        decode(method, result)
+    }
+
+    pub async fn get_me(&self) -> Result<BotInfo, TelegramError> {
+        self.call_as("getMe", &json!({})).await
+    }
+
+    /// Polling and a webhook exclude each other; `drop_pending` is false in
+    /// every relay path (the backlog is the user's messages).
+    pub async fn delete_webhook(&self, drop_pending: bool) -> Result<(), TelegramError> {
+        self.call(
+            "deleteWebhook",
+            &json!({"drop_pending_updates": drop_pending}),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// One long poll. The updates come back raw: the caller journals them
+    /// and decodes each with [`super::Update::decode`].
+    pub async fn get_updates(
+        &self,
+        offset: Option<i64>,
+        timeout_s: u32,
+        limit: u8,
+    ) -> Result<Vec<Value>, TelegramError> {
+        let mut params = json!({
+            "timeout": timeout_s,
+            "limit": limit.clamp(1, 100),
+            "allowed_updates": ALLOWED_UPDATES,
+        });
+        if let Some(offset) = offset {
+            params["offset"] = json!(offset);
+        }
+        let deadline = Duration::from_secs(u64::from(timeout_s)) + POLL_GRACE;
+        let result = self
+            .call_with_timeout("getUpdates", &params, deadline)
+            .await?;
+        decode("getUpdates", result)
+    }
+
+    /// Sends `text` (already rendered and split) with link previews off: an
+    /// agent's answer quoting a URL should not grow a card.
+    pub async fn send_message(
+        &self,
+        chat: i64,
+        thread: Option<i64>,
+        text: &str,
+        parse_mode: Option<&str>,
+    ) -> Result<Message, TelegramError> {
+        let mut params = json!({
+            "chat_id": chat,
+            "text": text,
+            "link_preview_options": {"is_disabled": true},
+        });
+        put(&mut params, "message_thread_id", thread);
+        put(&mut params, "parse_mode", parse_mode);
+        self.call_as("sendMessage", &params).await
+    }
+
+    pub async fn send_chat_action(
+        &self,
+        chat: i64,
+        thread: Option<i64>,
+        action: &str,
+    ) -> Result<(), TelegramError> {
+        let mut params = json!({"chat_id": chat, "action": action});
+        put(&mut params, "message_thread_id", thread);
+        self.call("sendChatAction", &params).await.map(drop)
+    }
+
+    pub async fn create_forum_topic(
+        &self,
+        chat: i64,
+        name: &str,
+        icon_color: Option<u32>,
+    ) -> Result<ForumTopic, TelegramError> {
+        let mut params = json!({"chat_id": chat, "name": name});
+        put(&mut params, "icon_color", icon_color);
+        self.call_as("createForumTopic", &params).await
+    }
+
+    pub async fn edit_forum_topic(
+        &self,
+        chat: i64,
+        thread: i64,
+        name: &str,
+    ) -> Result<(), TelegramError> {
+        let params = json!({"chat_id": chat, "message_thread_id": thread, "name": name});
+        self.call("editForumTopic", &params).await.map(drop)
+    }
+
+    pub async fn close_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
+        let params = json!({"chat_id": chat, "message_thread_id": thread});
+        self.call("closeForumTopic", &params).await.map(drop)
+    }
+
+    pub async fn reopen_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
+        let params = json!({"chat_id": chat, "message_thread_id": thread});
+        self.call("reopenForumTopic", &params).await.map(drop)
+    }
+
+    pub async fn delete_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
+        let params = json!({"chat_id": chat, "message_thread_id": thread});
+        self.call("deleteForumTopic", &params).await.map(drop)
+    }
+
+    pub async fn get_chat(&self, chat: i64) -> Result<Chat, TelegramError> {
+        self.call_as("getChat", &json!({"chat_id": chat})).await
+    }
+
+    pub async fn get_chat_member(
+        &self,
+        chat: i64,
+        user_id: i64,
+    ) -> Result<ChatMember, TelegramError> {
+        self.call_as(
+            "getChatMember",
+            &json!({"chat_id": chat, "user_id": user_id}),
+        )
+        .await
+    }
+
+    pub async fn set_my_commands(&self, commands: &[BotCommand]) -> Result<(), TelegramError> {
+        self.call("setMyCommands", &json!({"commands": commands}))
+            .await
+            .map(drop)
+    }
+}
+
+/// Refusals that must hold for every call, including the ones followers
+/// proxy through the leader with arbitrary parameters.
+fn check(method: &str, params: &Value) -> Result<(), TelegramError> {
+    if method.is_empty() || !method.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(TelegramError::Refused {
+            reason: "a method name is letters and digits only",
+        });
+    }
+    let Some(params) = params.as_object() else {
+        return Err(TelegramError::Refused {
+            reason: "parameters must be a JSON object",
+        });
+    };
+    let thread = params.get("message_thread_id");
+    if thread.and_then(Value::as_i64) == Some(GENERAL_THREAD)
+        || thread.and_then(Value::as_str).map(str::trim) == Some("1")
+    {
+        return Err(TelegramError::Refused {
+            reason: "message_thread_id 1 is the General topic",
+        });
+    }
+    if method == "getUpdates"
+        && params
+            .get("offset")
+            .and_then(Value::as_i64)
+            .is_some_and(|offset| offset < 0)
+    {
+        return Err(TelegramError::Refused {
+            reason: "a negative getUpdates offset drops the backlog",
+        });
+    }
+    Ok(())
+}
+
+fn decode<T: DeserializeOwned>(method: &str, result: Value) -> Result<T, TelegramError> {
+    serde_json::from_value(result).map_err(|error| TelegramError::Malformed {
+        message: redact(&format!("unexpected {method} result: {error}")).into_owned(),
+        commit_unknown: !is_idempotent(method),
+    })
+}
+
+/// Sets an optional parameter; Telegram wants absent rather than `null`.
+fn put<T: serde::Serialize>(params: &mut Value, key: &str, value: Option<T>) {
+    if let Some(value) = value {
+        params[key] = json!(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::extract::State;
+    use axum::http::{StatusCode, Uri};
+    use axum::response::{IntoResponse, Response};
+    use bytes::Bytes;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
+    const SECRET: &str = "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
+    /// Bounds every test against a hung server or client.
+    const TEST_DEADLINE: Duration = Duration::from_secs(10);
+
+    enum Reply {
+        Answer(StatusCode, &'static str),
+        Hang,
+    }
+
+    type Script = fn(&str) -> Reply;
+
+    #[derive(Clone)]
+    struct Server {
+        script: Script,
+        calls: Arc<Mutex<Vec<(String, Value)>>>,
+    }
+
+    impl Server {
+        fn calls(&self) -> Vec<(String, Value)> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    async fn answer(State(server): State<Server>, uri: Uri, body: Bytes) -> Response {
+        let Some(method) = uri.path().strip_prefix(&format!("/bot{TOKEN}/")) else {
+            return (StatusCode::NOT_FOUND, "wrong path").into_response();
+        };
+        let params = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        server
+            .calls
+            .lock()
+            .unwrap()
+            .push((method.to_string(), params));
+        match (server.script)(method) {
+            Reply::Answer(status, body) => (status, body).into_response(),
+            Reply::Hang => std::future::pending().await,
+        }
+    }
+
+    async fn start(script: Script) -> (BotApi, Server) {
+        let server = Server {
+            script,
+            calls: Arc::default(),
+        };
+        let router = Router::new().fallback(answer).with_state(server.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (api(addr), server)
+    }
+
+    fn api(addr: SocketAddr) -> BotApi {
+        let token = BotToken::parse(TOKEN).unwrap();
+        BotApi::new(&format!("http://{addr}/"), &token).unwrap()
+    }
+
+    async fn within<T>(future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(TEST_DEADLINE, future)
+            .await
+            .expect("test deadline")
+    }
+
+    fn assert_redacted(error: &TelegramError) {
+        let text = format!("{error} {error:?}");
+        assert!(!text.contains(SECRET), "{text}");
+    }
+
+    fn script(method: &str) -> Reply {
+        match method {
+            "getMe" => Reply::Answer(
+                StatusCode::OK,
+                r#"{"ok":true,"result":{"id":123456789,"is_bot":true,"first_name":"Relay","username":"relay_bot","has_topics_enabled":true}}"#,
+            ),
+            "sendMessage" => Reply::Answer(
+                StatusCode::OK,
+                r#"{"ok":true,"result":{"message_id":5,"date":1,"chat":{"id":-100,"type":"supergroup"},"message_thread_id":9,"is_topic_message":true,"text":"hi"}}"#,
+            ),
+            "getUpdates" => Reply::Answer(
+                StatusCode::OK,
+                r#"{"ok":true,"result":[{"update_id":1,"poll":{}},{"update_id":2,"message":{"message_id":1,"date":1,"chat":{"id":5,"type":"private"}}}]}"#,
+            ),
+            "createForumTopic" => Reply::Answer(
+                StatusCode::OK,
+                r#"{"ok":true,"result":{"message_thread_id":77,"name":"A · api","icon_color":7322096}}"#,
+            ),
+            "deleteForumTopic" => Reply::Answer(
+                StatusCode::BAD_REQUEST,
+                r#"{"ok":false,"error_code":400,"description":"Bad Request: message thread not found"}"#,
+            ),
+            "getChat" => Reply::Answer(StatusCode::OK, "<html>surprise</html>"),
+            "getChatMember" => Reply::Answer(StatusCode::OK, r#"{"ok":true,"result":{"status":"#),
+            "sendChatAction" => Reply::Answer(
+                StatusCode::TOO_MANY_REQUESTS,
+                r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 3","parameters":{"retry_after":3}}"#,
+            ),
+            _ => Reply::Hang,
+        }
+    }
+
+    #[tokio::test]
+    async fn typed_calls_send_the_right_parameters() {
+        let (api, server) = start(script).await;
+        let me = within(api.get_me()).await.unwrap();
+        assert_eq!(me.username, "relay_bot");
+        assert!(me.has_topics_enabled);
+
+        let sent = within(api.send_message(-100, Some(9), "<b>hi</b>", Some("HTML")))
+            .await
+            .unwrap();
+        assert_eq!((sent.message_id, sent.topic()), (5, Some(9)));
+
+        let topic = within(api.create_forum_topic(-100, "A · api", None))
+            .await
+            .unwrap();
+        assert_eq!(topic.message_thread_id, 77);
+
+        let calls = server.calls();
+        assert_eq!(calls[1].0, "sendMessage");
+        assert_eq!(
+            calls[1].1,
+            json!({
+                "chat_id": -100, "message_thread_id": 9, "text": "<b>hi</b>",
+                "parse_mode": "HTML", "link_preview_options": {"is_disabled": true}
+            })
+        );
+        assert_eq!(calls[2].1, json!({"chat_id": -100, "name": "A · api"}));
+    }
+
+    #[tokio::test]
+    async fn updates_come_back_raw_and_the_poll_asks_for_our_kinds() {
+        let (api, server) = start(script).await;
+        let updates = within(api.get_updates(Some(41), 0, 100)).await.unwrap();
+        assert_eq!(updates.len(), 2);
+        assert_eq!(
+            server.calls()[0].1,
+            json!({"offset": 41, "timeout": 0, "limit": 100,
+                   "allowed_updates": ["message", "edited_message", "callback_query"]})
+        );
+    }
+
+    #[tokio::test]
+    async fn api_errors_are_classified() {
+        let (api, _server) = start(script).await;
+        let gone = within(api.delete_forum_topic(-100, 9)).await.unwrap_err();
+        assert!(matches!(gone, TelegramError::ThreadGone { .. }), "{gone:?}");
+
+        let limited = within(api.send_chat_action(5, None, "typing"))
+            .await
+            .unwrap_err();
+        assert_eq!(limited.retry_after(), Some(Duration::from_secs(3)));
+    }
+
+    #[tokio::test]
+    async fn garbage_and_truncated_json_are_malformed() {
+        let (api, _server) = start(script).await;
+        for error in [
+            within(api.get_chat(-100)).await.unwrap_err(),
+            within(api.get_chat_member(-100, 1)).await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    error,
+                    TelegramError::Malformed {
+                        commit_unknown: false,
+                        ..
+                    }
+                ),
+                "{error:?}"
+            );
+            assert_redacted(&error);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_send_that_times_out_is_commit_unknown_and_redacted() {
+        let (api, _server) = start(|_| Reply::Hang).await;
+        let api = api.with_timeout(Duration::from_millis(200));
+        let error = within(api.send_message(5, None, "hi", None))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            TelegramError::Timeout {
+                commit_unknown: true
+            }
+        );
+        assert!(!error.is_retryable());
+        assert_redacted(&error);
+
+        let error = within(api.get_me()).await.unwrap_err();
+        assert!(error.is_retryable(), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_was_never_sent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let error = within(api(addr).send_message(5, None, "hi", None))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TelegramError::Network {
+                    commit_unknown: false,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert_redacted(&error);
+    }
+
+    /// A body cut short of its Content-Length: the send may have happened.
+    #[tokio::test]
+    async fn a_truncated_body_is_malformed_and_commit_unknown() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_request(&mut stream).await;
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n";
+            stream.write_all(head.as_bytes()).await.unwrap();
+            stream.write_all(br#"{"ok":true,"res"#).await.unwrap();
+            stream.shutdown().await.unwrap();
+        });
+        let error = within(api(addr).send_message(5, None, "hi", None))
+            .await
+            .unwrap_err();
+        assert!(error.commit_unknown(), "{error:?}");
+        assert!(
+            matches!(error, TelegramError::Malformed { .. }),
+            "{error:?}"
+        );
+        assert_redacted(&error);
+    }
+
+    /// Reads one request (head and a Content-Length body) so the reply is
+    /// only written once the client has finished sending.
+    async fn read_request(stream: &mut tokio::net::TcpStream) {
+        let mut buffer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let read = stream.read(&mut chunk).await.unwrap();
+            assert!(read > 0, "client closed early");
+            buffer.extend_from_slice(&chunk[..read]);
+            let text = String::from_utf8_lossy(&buffer).to_ascii_lowercase();
+            let Some(head_end) = text.find("\r\n\r\n") else {
+                continue;
+            };
+            let length: usize = text
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0);
+            if buffer.len() >= head_end + 4 + length {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_general_topic_and_negative_offsets_are_refused_without_a_request() {
+        let (api, server) = start(script).await;
+        let general = within(api.send_message(-100, Some(1), "hi", None))
+            .await
+            .unwrap_err();
+        assert!(matches!(general, TelegramError::Refused { .. }));
+        let proxied = within(api.call(
+            "sendChatAction",
+            &json!({"chat_id": -100, "message_thread_id": "1", "action": "typing"}),
+        ))
+        .await
+        .unwrap_err();
+        assert!(matches!(proxied, TelegramError::Refused { .. }));
+        let backlog = within(api.get_updates(Some(-1), 0, 100)).await.unwrap_err();
+        assert!(matches!(backlog, TelegramError::Refused { .. }));
+        let path = within(api.call("../getMe", &json!({}))).await.unwrap_err();
+        assert!(matches!(path, TelegramError::Refused { .. }));
+        assert!(server.calls().is_empty());
+    }
+
+    #[test]
+    fn setup_rejects_bad_base_urls_and_debug_hides_the_token() {
+        let token = BotToken::parse(TOKEN).unwrap();
+        for base in ["api.telegram.org", "ftp://x", "http://x/?q=1"] {
+            assert!(BotApi::new(base, &token).is_err(), "{base}");
+        }
+        let api = BotApi::new("https://api.telegram.org", &token).unwrap();
+        let debug = format!("{api:?}");
+        assert!(!debug.contains(SECRET), "{debug}");
+    }
+}

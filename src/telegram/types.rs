@@ -1,0 +1,405 @@
+//! The parts of the Bot API's objects the relay reads.
+//!
+//! Every struct ignores fields it does not name: Telegram adds fields with
+//! every Bot API release, and an old relay must keep decoding new answers.
+//! Updates are decoded one at a time ([`Update::decode`]) so one odd update
+//! never poisons the batch it came in.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One entry of a `getUpdates` answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    pub update_id: i64,
+    pub kind: UpdateKind,
+}
+
+/// What an update carries. Kinds the relay does not handle are kept as
+/// [`UpdateKind::Unknown`] so the caller can confirm and skip them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateKind {
+    Message(Message),
+    EditedMessage(Message),
+    CallbackQuery(CallbackQuery),
+    /// The field names the update carried besides `update_id`, e.g.
+    /// `["chat_member"]`.
+    Unknown {
+        kinds: Vec<String>,
+    },
+}
+
+/// Why one update could not be decoded. The update id is kept when it was
+/// readable: the poller must still advance its offset past a broken update,
+/// or it would be fetched again forever.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("update is not an object with a numeric update_id")]
+    MissingUpdateId,
+    #[error("update {update_id}: malformed {kind}: {message}")]
+    Malformed {
+        update_id: i64,
+        kind: &'static str,
+        message: String,
+    },
+}
+
+impl DecodeError {
+    pub fn update_id(&self) -> Option<i64> {
+        match self {
+            Self::MissingUpdateId => None,
+            Self::Malformed { update_id, .. } => Some(*update_id),
+        }
+    }
+}
+
+impl Update {
+    /// Decodes one raw update. Unknown kinds are not an error; a known kind
+    /// whose payload does not match its shape is.
+    pub fn decode(value: &Value) -> Result<Update, DecodeError> {
+        let object = value.as_object().ok_or(DecodeError::MissingUpdateId)?;
+        let update_id = object
+            .get("update_id")
+            .and_then(Value::as_i64)
+            .ok_or(DecodeError::MissingUpdateId)?;
+        let malformed = |kind: &'static str, error: serde_json::Error| DecodeError::Malformed {
+            update_id,
+            kind,
+            message: error.to_string(),
+        };
+        let kind = if let Some(payload) = object.get("message") {
+            UpdateKind::Message(Message::deserialize(payload).map_err(|e| malformed("message", e))?)
+        } else if let Some(payload) = object.get("edited_message") {
+            UpdateKind::EditedMessage(
+                Message::deserialize(payload).map_err(|e| malformed("edited_message", e))?,
+            )
+        } else if let Some(payload) = object.get("callback_query") {
+            UpdateKind::CallbackQuery(
+                CallbackQuery::deserialize(payload).map_err(|e| malformed("callback_query", e))?,
+            )
+        } else {
+            UpdateKind::Unknown {
+                kinds: object
+                    .keys()
+                    .filter(|key| key.as_str() != "update_id")
+                    .cloned()
+                    .collect(),
+            }
+        };
+        Ok(Update { update_id, kind })
+    }
+
+    /// The message this update carries, new or edited.
+    pub fn message(&self) -> Option<&Message> {
+        match &self.kind {
+            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => Some(message),
+            UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct User {
+    pub id: i64,
+    pub is_bot: bool,
+    pub first_name: String,
+    #[serde(default)]
+    pub username: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatKind {
+    Private,
+    Group,
+    Supergroup,
+    Channel,
+    /// A chat type newer than this relay.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Chat {
+    pub id: i64,
+    #[serde(rename = "type")]
+    pub kind: ChatKind,
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Telegram omits the field unless it is true (and only `getChat`
+    /// reports it reliably).
+    #[serde(default)]
+    pub is_forum: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Message {
+    pub message_id: i64,
+    #[serde(default)]
+    pub from: Option<User>,
+    pub chat: Chat,
+    /// Unix time; 0 for a message the bot can no longer access.
+    pub date: i64,
+    #[serde(default)]
+    pub edit_date: Option<i64>,
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(default)]
+    pub message_thread_id: Option<i64>,
+    #[serde(default)]
+    pub is_topic_message: bool,
+    #[serde(default)]
+    pub forum_topic_created: Option<ForumTopicCreated>,
+    #[serde(default)]
+    pub forum_topic_edited: Option<ForumTopicEdited>,
+    #[serde(default)]
+    pub forum_topic_closed: Option<ForumTopicClosed>,
+    #[serde(default)]
+    pub forum_topic_reopened: Option<ForumTopicReopened>,
+}
+
+impl Message {
+    /// The topic this message belongs to. A `message_thread_id` without
+    /// `is_topic_message` is a reply thread in a non-forum chat, not a topic.
+    pub fn topic(&self) -> Option<i64> {
+        self.message_thread_id.filter(|_| self.is_topic_message)
+    }
+}
+
+/// Service message: a topic was created (an observation, not proof that it
+/// still exists).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForumTopicCreated {
+    pub name: String,
+    #[serde(default)]
+    pub icon_color: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForumTopicEdited {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForumTopicClosed {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForumTopicReopened {}
+
+/// The answer of `createForumTopic`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForumTopic {
+    pub message_thread_id: i64,
+    pub name: String,
+    pub icon_color: u32,
+}
+
+/// The answer of `getMe`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BotInfo {
+    pub id: i64,
+    pub first_name: String,
+    /// Every bot has one; the deep link `t.me/<username>` is built from it.
+    pub username: String,
+    /// Bot API 9.4: the bot may create topics in private chats.
+    #[serde(default)]
+    pub has_topics_enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatMemberStatus {
+    Creator,
+    Administrator,
+    Member,
+    Restricted,
+    Left,
+    Kicked,
+    #[serde(other)]
+    Other,
+}
+
+/// The answer of `getChatMember`; only the rights the relay depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ChatMember {
+    pub status: ChatMemberStatus,
+    pub user: User,
+    #[serde(default)]
+    pub can_manage_topics: Option<bool>,
+    #[serde(default)]
+    pub can_delete_messages: Option<bool>,
+}
+
+impl ChatMember {
+    /// The creator holds every right without Telegram listing them.
+    pub fn may_manage_topics(&self) -> bool {
+        self.status == ChatMemberStatus::Creator
+            || (self.status == ChatMemberStatus::Administrator
+                && self.can_manage_topics == Some(true))
+    }
+
+    pub fn may_delete_messages(&self) -> bool {
+        self.status == ChatMemberStatus::Creator
+            || (self.status == ChatMemberStatus::Administrator
+                && self.can_delete_messages == Some(true))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CallbackQuery {
+    pub id: String,
+    pub from: User,
+    /// The message with the button; Telegram sends an "inaccessible" stub
+    /// (date 0) for old ones, which still decodes here.
+    #[serde(default)]
+    pub message: Option<Message>,
+    #[serde(default)]
+    pub data: Option<String>,
+}
+
+/// One entry of the `/` menu published with `setMyCommands`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BotCommand {
+    pub command: String,
+    pub description: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn topic_message() -> Value {
+        json!({
+            "update_id": 900,
+            "message": {
+                "message_id": 17,
+                "from": {"id": 42, "is_bot": false, "first_name": "Ada", "language_code": "en"},
+                "chat": {"id": -1001, "type": "supergroup", "title": "agents", "is_forum": true},
+                "date": 1_700_000_000,
+                "message_thread_id": 5,
+                "is_topic_message": true,
+                "text": "run the tests",
+                "entities": [{"type": "bold", "offset": 0, "length": 3}]
+            }
+        })
+    }
+
+    #[test]
+    fn decodes_a_topic_message_ignoring_unknown_fields() {
+        let update = Update::decode(&topic_message()).unwrap();
+        assert_eq!(update.update_id, 900);
+        let message = update.message().unwrap();
+        assert_eq!(message.text.as_deref(), Some("run the tests"));
+        assert_eq!(message.topic(), Some(5));
+        assert_eq!(message.chat.kind, ChatKind::Supergroup);
+        assert!(message.chat.is_forum);
+        assert_eq!(message.from.as_ref().map(|u| u.id), Some(42));
+    }
+
+    #[test]
+    fn edited_messages_and_service_messages_decode() {
+        let raw = json!({
+            "update_id": 1,
+            "edited_message": {
+                "message_id": 3, "date": 5, "edit_date": 6,
+                "chat": {"id": 7, "type": "private", "first_name": "Ada"},
+                "message_thread_id": 9, "is_topic_message": true,
+                "forum_topic_created": {"name": "A · api", "icon_color": 7_322_096},
+                "forum_topic_closed": {}
+            }
+        });
+        let update = Update::decode(&raw).unwrap();
+        let UpdateKind::EditedMessage(message) = &update.kind else {
+            panic!("{update:?}")
+        };
+        assert_eq!(message.chat.kind, ChatKind::Private);
+        assert_eq!(
+            message
+                .forum_topic_created
+                .as_ref()
+                .map(|c| c.name.as_str()),
+            Some("A · api")
+        );
+        assert!(message.forum_topic_closed.is_some());
+        assert!(message.forum_topic_reopened.is_none());
+    }
+
+    #[test]
+    fn a_reply_thread_outside_a_forum_is_not_a_topic() {
+        let mut raw = topic_message();
+        raw["message"]["is_topic_message"] = json!(false);
+        let update = Update::decode(&raw).unwrap();
+        assert_eq!(update.message().unwrap().topic(), None);
+    }
+
+    #[test]
+    fn callback_queries_decode_with_an_inaccessible_message() {
+        let raw = json!({
+            "update_id": 2,
+            "callback_query": {
+                "id": "abc", "chat_instance": "x", "data": "approve:1",
+                "from": {"id": 42, "is_bot": false, "first_name": "Ada"},
+                "message": {"message_id": 4, "date": 0, "chat": {"id": 42, "type": "private"}}
+            }
+        });
+        let UpdateKind::CallbackQuery(query) = Update::decode(&raw).unwrap().kind else {
+            panic!("not a callback query")
+        };
+        assert_eq!(query.data.as_deref(), Some("approve:1"));
+        assert_eq!(query.message.map(|m| m.date), Some(0));
+    }
+
+    #[test]
+    fn unknown_kinds_are_reported_not_fatal() {
+        let raw = json!({"update_id": 3, "message_reaction": {"whatever": true}});
+        let update = Update::decode(&raw).unwrap();
+        assert_eq!(
+            update.kind,
+            UpdateKind::Unknown {
+                kinds: vec!["message_reaction".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn a_broken_known_kind_keeps_its_update_id() {
+        let raw = json!({"update_id": 4, "message": {"message_id": "not a number"}});
+        let error = Update::decode(&raw).unwrap_err();
+        assert_eq!(error.update_id(), Some(4));
+        assert!(error.to_string().contains("message"), "{error}");
+    }
+
+    #[test]
+    fn an_update_without_an_id_is_an_error() {
+        for raw in [json!([]), json!({"message": {}}), json!({"update_id": "7"})] {
+            assert_eq!(Update::decode(&raw), Err(DecodeError::MissingUpdateId));
+        }
+    }
+
+    #[test]
+    fn new_chat_types_and_member_statuses_do_not_fail() {
+        let chat: Chat = serde_json::from_value(json!({"id": 1, "type": "monoforum"})).unwrap();
+        assert_eq!(chat.kind, ChatKind::Other);
+        let member: ChatMember = serde_json::from_value(json!({
+            "status": "administrator",
+            "user": {"id": 8, "is_bot": true, "first_name": "relay"},
+            "can_manage_topics": true
+        }))
+        .unwrap();
+        assert!(member.may_manage_topics());
+        assert!(!member.may_delete_messages());
+    }
+
+    #[test]
+    fn bot_info_defaults_topics_to_disabled() {
+        let info: BotInfo = serde_json::from_value(json!({
+            "id": 8, "is_bot": true, "first_name": "relay", "username": "relay_bot"
+        }))
+        .unwrap();
+        assert!(!info.has_topics_enabled);
+    }
+}
