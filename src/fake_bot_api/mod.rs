@@ -268,14 +268,6 @@ impl FakeServer {
             None => Ok(()),
         }
     }
-
-    /// Serves until the server is shut down (what the binary does).
-    pub async fn wait(mut self) -> std::io::Result<()> {
-        match self.task.take() {
-            Some(task) => task.await.map_err(std::io::Error::other)?,
-            None => Ok(()),
-        }
-    }
 }
 
 impl Drop for FakeServer {
