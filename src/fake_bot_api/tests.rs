@@ -98,21 +98,6 @@ impl Harness {
             .await;
         topic["message_thread_id"].as_i64().expect("a thread id")
     }
-
-    /// Waits until a `getUpdates` call is in flight, so the next step races nothing.
-    async fn wait_for_pending_polls(&self, count: usize) {
-        self.api
-            .wait_until(WAIT, |api| {
-                let pending = api
-                    .calls()
-                    .iter()
-                    .filter(|c| c.method == "getUpdates" && c.finished_ms.is_none())
-                    .count();
-                (pending >= count).then_some(())
-            })
-            .await
-            .expect("the poll reaches the fake");
-    }
 }
 
 fn update_ids(updates: &Value) -> Vec<i64> {
@@ -127,14 +112,28 @@ fn update_ids(updates: &Value) -> Vec<i64> {
 #[test]
 fn default_token_has_telegrams_shape() {
     let token = FakeConfig::default().token;
-    let (id, secret) = token.split_once(':').expect("a colon");
-    assert!(!id.is_empty() && id.chars().all(|c| c.is_ascii_digit()));
-    assert_eq!(secret.len(), 35);
-    assert!(
-        secret
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    assert!(has_token_shape(&token));
+    assert_eq!(
+        token.split_once(':').map(|(_, secret)| secret.len()),
+        Some(35)
     );
+}
+
+#[tokio::test]
+async fn a_token_without_telegrams_shape_is_refused() {
+    for token in [
+        "",
+        "abc:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+        "1:short",
+        "1:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw!",
+    ] {
+        let config = FakeConfig {
+            token: token.to_owned(),
+            ..FakeConfig::default()
+        };
+        let refused = FakeBotApi::start(config).await.err().map(|e| e.kind());
+        assert_eq!(refused, Some(std::io::ErrorKind::InvalidInput), "{token:?}");
+    }
 }
 
 #[tokio::test]
@@ -236,7 +235,10 @@ async fn long_poll_answers_as_soon_as_an_update_arrives() {
     let thread_id = h.create_topic(FORUM, "A · api").await;
     let poll = h.call("getUpdates", json!({"timeout": 60}));
     let inject = async {
-        h.wait_for_pending_polls(1).await;
+        h.api
+            .wait_for_poller(WAIT)
+            .await
+            .expect("the poll reaches the fake");
         h.say(FORUM, Some(thread_id), "hello topic")
     };
     // The poll's timeout (60 s) exceeds the client's (10 s): only the update can end it.
@@ -255,15 +257,21 @@ async fn a_newer_poll_terminates_the_older_with_409() {
     let h = harness().await;
     let older = h.call("getUpdates", json!({"timeout": 60}));
     let newer = async {
-        h.wait_for_pending_polls(1).await;
+        h.api
+            .wait_for_poller(WAIT)
+            .await
+            .expect("the poll reaches the fake");
         let newer = h.call("getUpdates", json!({"timeout": 60}));
         let inject = async {
             // The older poll must have answered before the newer proceeds alone.
             h.api
-                .wait_for_call(WAIT, |c| c.method == "getUpdates" && c.status == Some(409))
+                .wait_for_call(|c| c.method == "getUpdates" && c.status == Some(409), WAIT)
                 .await
                 .expect("the older poll is terminated");
-            h.wait_for_pending_polls(1).await;
+            h.api
+                .wait_for_poller(WAIT)
+                .await
+                .expect("the poll reaches the fake");
             h.say(USER, None, "for the newer")
         };
         tokio::join!(newer, inject)
