@@ -16,7 +16,7 @@
 //! `createForumTopic`, `editForumTopic`, `closeForumTopic`, `reopenForumTopic`,
 //! `deleteForumTopic`.
 //!
-//! Semantics worth knowing (see `/work/shared/TELEGRAM.md`):
+//! Semantics worth knowing:
 //! * `getUpdates`: a positive `offset` forgets every lower update id, a negative one
 //!   keeps only the last |offset| updates; `limit` is clamped to 1–100; `timeout`
 //!   long-polls and answers as soon as an update arrives; `allowed_updates` is
