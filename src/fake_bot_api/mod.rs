@@ -16,7 +16,7 @@
 //! `createForumTopic`, `editForumTopic`, `closeForumTopic`, `reopenForumTopic`,
 //! `deleteForumTopic`.
 //!
-//! Semantics worth knowing (see `/work/shared/TELEGRAM.md`):
+//! Semantics worth knowing:
 //! * `getUpdates`: a positive `offset` forgets every lower update id, a negative one
 //!   keeps only the last |offset| updates; `limit` is clamped to 1–100; `timeout`
 //!   long-polls and answers as soon as an update arrives; `allowed_updates` is
@@ -268,14 +268,6 @@ impl FakeServer {
             None => Ok(()),
         }
     }
-
-    /// Serves until the server is shut down (what the binary does).
-    pub async fn wait(mut self) -> std::io::Result<()> {
-        match self.task.take() {
-            Some(task) => task.await.map_err(std::io::Error::other)?,
-            None => Ok(()),
-        }
-    }
 }
 
 impl Drop for FakeServer {
@@ -286,7 +278,17 @@ impl Drop for FakeServer {
 
 impl FakeBotApi {
     /// Binds `config.addr` and serves the Bot API and the control routes.
+    ///
+    /// A token without Telegram's shape (`<digits>:<30+ of [A-Za-z0-9_-]>`) is
+    /// refused: the relay's redaction relies on that shape, and a test with an
+    /// odd token would prove nothing about leaks.
     pub async fn start(config: FakeConfig) -> std::io::Result<FakeServer> {
+        if !has_token_shape(&config.token) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the fake's token must look like <digits>:<30+ of [A-Za-z0-9_-]>",
+            ));
+        }
         let listener = tokio::net::TcpListener::bind(config.addr).await?;
         let addr = listener.local_addr()?;
         let api = Self::new(config);
@@ -542,8 +544,8 @@ impl FakeBotApi {
     /// Waits until `check` yields a value, re-checking after every state change.
     pub async fn wait_until<T>(
         &self,
-        timeout: Duration,
         mut check: impl FnMut(&FakeBotApi) -> Option<T>,
+        timeout: Duration,
     ) -> Result<T, FakeError> {
         let mut changed = self.shared.changed.subscribe();
         let wait = async {
@@ -573,28 +575,57 @@ impl FakeBotApi {
         count: usize,
         timeout: Duration,
     ) -> Result<Vec<SentMessage>, FakeError> {
-        self.wait_until(timeout, |api| {
-            let messages = api.messages(chat_id, thread_id);
-            (messages.len() >= count).then_some(messages)
-        })
+        self.wait_until(
+            |api| {
+                let messages = api.messages(chat_id, thread_id);
+                (messages.len() >= count).then_some(messages)
+            },
+            timeout,
+        )
         .await
     }
 
     /// Waits for the first answered call matching `predicate`.
     pub async fn wait_for_call(
         &self,
-        timeout: Duration,
         predicate: impl Fn(&CallRecord) -> bool,
+        timeout: Duration,
     ) -> Result<CallRecord, FakeError> {
-        self.wait_until(timeout, |api| {
-            api.lock()
-                .calls
-                .iter()
-                .find(|c| c.finished_ms.is_some() && predicate(c))
-                .cloned()
-        })
+        self.wait_until(
+            |api| {
+                api.lock()
+                    .calls
+                    .iter()
+                    .find(|c| c.finished_ms.is_some() && predicate(c))
+                    .cloned()
+            },
+            timeout,
+        )
         .await
     }
+
+    /// Waits until a `getUpdates` is registered as the poller, so that what a
+    /// test does next (inject, start a rival poll) cannot overtake it.
+    pub async fn wait_for_poller(&self, timeout: Duration) -> Result<(), FakeError> {
+        self.wait_until(
+            |api| api.lock().active_poll.is_some().then_some(()),
+            timeout,
+        )
+        .await
+    }
+}
+
+fn has_token_shape(token: &str) -> bool {
+    let Some((id, secret)) = token.split_once(':') else {
+        return false;
+    };
+    !id.is_empty()
+        && id.chars().all(|c| c.is_ascii_digit())
+        && id.parse::<i64>().is_ok()
+        && secret.len() >= 30
+        && secret
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Adds the `bot_command` entity Telegram attaches to a leading `/command`.

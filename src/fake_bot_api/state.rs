@@ -297,7 +297,7 @@ impl Inner {
             .and_then(|o| o.keys().find(|k| *k != "update_id").cloned())
             .unwrap_or_default();
         let allowed = match &self.allowed_updates {
-            Some(list) => list.iter().any(|k| *k == kind),
+            Some(list) => list.contains(&kind),
             None => !OPT_IN_KINDS.contains(&kind.as_str()),
         };
         if allowed {
