@@ -138,6 +138,11 @@ impl TelegramError {
                     commit_unknown: ambiguous,
                 });
             }
+            Err(_) if status == 429 => {
+                return Err(Self::RateLimited {
+                    retry_after: DEFAULT_RETRY_AFTER,
+                });
+            }
             Err(error) => {
                 return Err(Self::Malformed {
                     message: redacted(&format!("HTTP {status}: {error}")),
@@ -406,6 +411,11 @@ mod tests {
         assert_eq!(
             error("sendMessage", 429, without_parameters).retry_after(),
             Some(Duration::from_secs(12))
+        );
+        assert_eq!(
+            error("sendMessage", 429, "<html>slow down</html>").retry_after(),
+            Some(DEFAULT_RETRY_AFTER),
+            "a proxy's 429 page still means wait"
         );
         let bare = r#"{"ok":false,"error_code":429,"description":"Too Many Requests"}"#;
         assert_eq!(

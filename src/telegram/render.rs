@@ -1,1 +1,1042 @@
-//! (in progress)
+//! An agent's Markdown as Telegram messages: [`render`] turns it into
+//! Telegram's HTML subset, [`split`] cuts that into chunks that each fit one
+//! message and parse on their own, [`to_plain`] is the fallback for a chunk
+//! Telegram still refuses ("can't parse entities").
+//!
+//! Telegram's HTML knows only a few inline tags and no block structure, so
+//! blocks become text: headings bold lines, list items bullets or numbers,
+//! tables aligned text in `<pre>`. HTML in the input is shown as text, never
+//! passed through: an agent quoting `<div>` must not break the message.
+
+use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+
+/// Telegram's message size limit, in UTF-16 code units.
+pub const MESSAGE_LIMIT: usize = 4096;
+
+/// [`split`] never cuts finer than this: a chunk must hold the tags it
+/// reopens plus some text.
+pub const MIN_LIMIT: usize = 64;
+
+/// Link targets Telegram accepts in `<a href>`; anything else (relative
+/// paths, `javascript:`) would get the whole message refused.
+const LINK_SCHEMES: [&str; 4] = ["http://", "https://", "tg://", "mailto:"];
+
+/// Longer targets are shown as text: a huge `href` cannot be reopened in
+/// every chunk of a split.
+const MAX_HREF_BYTES: usize = 512;
+
+/// Longer code-block languages are dropped, for the same reason.
+const MAX_LANGUAGE_BYTES: usize = 32;
+
+/// Renders Markdown as Telegram HTML (`parse_mode: "HTML"`).
+pub fn render(markdown: &str) -> String {
+    let options =
+        Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TABLES | Options::ENABLE_TASKLISTS;
+    let mut renderer = Renderer::default();
+    for event in Parser::new_ext(markdown, options) {
+        renderer.event(event);
+    }
+    let end = renderer.out.trim_end().len();
+    renderer.out.truncate(end);
+    renderer.out
+}
+
+#[derive(Default)]
+struct Renderer {
+    out: String,
+    /// Nothing was written since the last block opened (or ever): the next
+    /// block needs no separating newlines.
+    fresh: bool,
+    /// One entry per open list: the next number of an ordered list.
+    lists: Vec<Option<u64>>,
+    quote_depth: usize,
+    code: Option<CodeBlock>,
+    table: Option<Table>,
+    /// One entry per open link or image.
+    links: Vec<Anchor>,
+}
+
+struct CodeBlock {
+    language: Option<String>,
+    text: String,
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<Vec<String>>,
+    row: Vec<String>,
+    cell: String,
+}
+
+struct Anchor {
+    /// An `<a>` was written and must be closed.
+    tagged: bool,
+    /// For images: the target, shown when there is no alt text.
+    image: Option<String>,
+    /// `out.len()` when the anchor opened, to tell whether text followed.
+    start: usize,
+}
+
+impl Renderer {
+    fn event(&mut self, event: Event<'_>) {
+        if let Some(code) = &mut self.code {
+            match event {
+                Event::Text(text) => code.text.push_str(&text),
+                Event::End(TagEnd::CodeBlock) => self.close_code_block(),
+                _ => {}
+            }
+            return;
+        }
+        if self.table.is_some() {
+            self.table_event(event);
+            return;
+        }
+        match event {
+            Event::Start(tag) => self.start(tag),
+            Event::End(tag) => self.end(tag),
+            Event::Text(text) | Event::Html(text) | Event::InlineHtml(text) => self.text(&text),
+            Event::Code(code) => {
+                self.markup("<code>");
+                self.text(&code);
+                self.markup("</code>");
+            }
+            Event::InlineMath(math) | Event::DisplayMath(math) => self.text(&math),
+            Event::FootnoteReference(label) => self.text(&format!("[{label}]")),
+            Event::SoftBreak | Event::HardBreak => self.text("\n"),
+            Event::Rule => {
+                self.block();
+                self.text("──────────");
+            }
+            Event::TaskListMarker(done) => self.text(if done { "☑ " } else { "☐ " }),
+        }
+    }
+
+    fn start(&mut self, tag: Tag<'_>) {
+        match tag {
+            Tag::Paragraph | Tag::HtmlBlock => self.block(),
+            Tag::Heading { .. } => {
+                self.block();
+                self.markup("<b>");
+            }
+            Tag::BlockQuote(_) => {
+                self.block();
+                // Telegram refuses nested blockquotes; inner ones become
+                // part of the outer one.
+                if self.quote_depth == 0 {
+                    self.markup("<blockquote>");
+                    self.fresh = true;
+                }
+                self.quote_depth += 1;
+            }
+            Tag::CodeBlock(kind) => {
+                self.block();
+                let language = match kind {
+                    CodeBlockKind::Fenced(info) => language(&info),
+                    CodeBlockKind::Indented => None,
+                };
+                self.code = Some(CodeBlock {
+                    language,
+                    text: String::new(),
+                });
+            }
+            Tag::List(first) => {
+                self.block();
+                self.lists.push(first);
+            }
+            Tag::Item => {
+                if !self.fresh {
+                    self.newlines(1);
+                }
+                let depth = self.lists.len().saturating_sub(1);
+                let marker = match self.lists.last_mut() {
+                    Some(Some(number)) => {
+                        let marker = format!("{number}. ");
+                        *number += 1;
+                        marker
+                    }
+                    _ if depth == 0 => "• ".to_string(),
+                    _ => "◦ ".to_string(),
+                };
+                self.text(&format!("{}{marker}", "  ".repeat(depth)));
+                self.fresh = true;
+            }
+            Tag::Table(_) => {
+                self.block();
+                self.table = Some(Table::default());
+            }
+            Tag::Emphasis => self.markup("<i>"),
+            Tag::Strong => self.markup("<b>"),
+            Tag::Strikethrough => self.markup("<s>"),
+            Tag::Link { dest_url, .. } => self.open_anchor(&dest_url, None),
+            Tag::Image { dest_url, .. } => self.open_anchor(&dest_url, Some(dest_url.to_string())),
+            Tag::FootnoteDefinition(_)
+            | Tag::DefinitionList
+            | Tag::DefinitionListTitle
+            | Tag::DefinitionListDefinition
+            | Tag::TableHead
+            | Tag::TableRow
+            | Tag::TableCell
+            | Tag::Superscript
+            | Tag::Subscript
+            | Tag::MetadataBlock(_) => {}
+        }
+    }
+
+    fn end(&mut self, tag: TagEnd) {
+        match tag {
+            TagEnd::Heading(_) => self.markup("</b>"),
+            TagEnd::BlockQuote(_) => {
+                self.quote_depth = self.quote_depth.saturating_sub(1);
+                if self.quote_depth == 0 {
+                    self.markup("</blockquote>");
+                }
+            }
+            TagEnd::List(_) => {
+                self.lists.pop();
+            }
+            TagEnd::Emphasis => self.markup("</i>"),
+            TagEnd::Strong => self.markup("</b>"),
+            TagEnd::Strikethrough => self.markup("</s>"),
+            TagEnd::Link | TagEnd::Image => self.close_anchor(),
+            _ => {}
+        }
+    }
+
+    /// Telegram cannot nest links, so an image inside a link (a badge)
+    /// shows its alt text inside the outer link.
+    fn open_anchor(&mut self, target: &str, image: Option<String>) {
+        let inside_link = self.links.iter().any(|anchor| anchor.tagged);
+        let tagged = !inside_link
+            && target.len() <= MAX_HREF_BYTES
+            && LINK_SCHEMES.iter().any(|scheme| {
+                target
+                    .get(..scheme.len())
+                    .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+            });
+        if tagged {
+            self.markup(&format!("<a href=\"{}\">", escape_attribute(target)));
+        }
+        self.links.push(Anchor {
+            tagged,
+            image,
+            start: self.out.len(),
+        });
+    }
+
+    fn close_anchor(&mut self) {
+        let Some(anchor) = self.links.pop() else {
+            return;
+        };
+        if let Some(target) = anchor.image.filter(|_| self.out.len() == anchor.start) {
+            self.text(&target);
+        }
+        if anchor.tagged {
+            self.markup("</a>");
+        }
+    }
+
+    fn close_code_block(&mut self) {
+        let Some(code) = self.code.take() else {
+            return;
+        };
+        let text = code.text.trim_end_matches('\n');
+        if text.is_empty() {
+            return;
+        }
+        match code.language {
+            Some(language) => {
+                self.markup(&format!("<pre><code class=\"language-{language}\">"));
+                self.text(text);
+                self.markup("</code></pre>");
+            }
+            None => {
+                self.markup("<pre>");
+                self.text(text);
+                self.markup("</pre>");
+            }
+        }
+    }
+
+    /// Inside a table only text counts: Telegram allows no formatting in
+    /// `<pre>`, so cells are collected raw and laid out at the end.
+    fn table_event(&mut self, event: Event<'_>) {
+        let Some(table) = &mut self.table else {
+            return;
+        };
+        match event {
+            Event::Text(text)
+            | Event::Code(text)
+            | Event::Html(text)
+            | Event::InlineHtml(text)
+            | Event::InlineMath(text)
+            | Event::DisplayMath(text) => table.cell.push_str(&text),
+            Event::SoftBreak | Event::HardBreak => table.cell.push(' '),
+            Event::End(TagEnd::TableCell) => {
+                let cell = std::mem::take(&mut table.cell);
+                table.row.push(cell.trim().to_string());
+            }
+            Event::End(TagEnd::TableHead | TagEnd::TableRow) => {
+                let row = std::mem::take(&mut table.row);
+                table.rows.push(row);
+            }
+            Event::End(TagEnd::Table) => {
+                if let Some(table) = self.table.take() {
+                    let text = table.layout();
+                    if !text.is_empty() {
+                        self.markup("<pre>");
+                        self.text(&text);
+                        self.markup("</pre>");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Separates a block from what came before: a blank line, or a line
+    /// break inside lists.
+    fn block(&mut self) {
+        if !self.fresh {
+            self.newlines(if self.lists.is_empty() { 2 } else { 1 });
+        }
+    }
+
+    fn newlines(&mut self, wanted: usize) {
+        if self.out.is_empty() {
+            return;
+        }
+        let present = self.out.len() - self.out.trim_end_matches('\n').len();
+        for _ in present..wanted {
+            self.out.push('\n');
+        }
+    }
+
+    fn markup(&mut self, tag: &str) {
+        self.out.push_str(tag);
+        self.fresh = false;
+    }
+
+    fn text(&mut self, text: &str) {
+        escape_into(&mut self.out, text, false);
+        self.fresh = false;
+    }
+}
+
+impl Table {
+    /// Columns padded to their widest cell, the header underlined.
+    fn layout(&self) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0; columns];
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let mut lines = Vec::with_capacity(self.rows.len() + 1);
+        for (index, row) in self.rows.iter().enumerate() {
+            let cells: Vec<String> = widths
+                .iter()
+                .enumerate()
+                .map(|(column, width)| {
+                    let cell = row.get(column).map_or("", String::as_str);
+                    format!("{cell:<width$}")
+                })
+                .collect();
+            lines.push(cells.join(" | ").trim_end().to_string());
+            if index == 0 {
+                let rule: Vec<String> = widths.iter().map(|width| "-".repeat(*width)).collect();
+                lines.push(rule.join("-+-"));
+            }
+        }
+        lines.join("\n")
+    }
+}
+
+/// The first word of a fence's info string, if it looks like a language.
+fn language(info: &str) -> Option<String> {
+    let word = info.split([' ', '\t', ',', '{']).next()?;
+    let valid = !word.is_empty()
+        && word.len() <= MAX_LANGUAGE_BYTES
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '#' | '.' | '-'));
+    valid.then(|| word.to_string())
+}
+
+fn escape_into(out: &mut String, text: &str, attribute: bool) {
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' if attribute => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn escape_attribute(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    escape_into(&mut out, text, true);
+    out
+}
+
+/// One unit of Telegram HTML as [`split`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece<'a> {
+    Open {
+        name: &'a str,
+        raw: &'a str,
+    },
+    Close {
+        name: &'a str,
+    },
+    /// A self-closing tag: atomic and invisible.
+    Void {
+        raw: &'a str,
+    },
+    /// One character or one entity: the finest a split may cut.
+    Text {
+        raw: &'a str,
+    },
+}
+
+impl Piece<'_> {
+    fn units(&self) -> usize {
+        match self {
+            Piece::Open { raw, .. } | Piece::Void { raw } | Piece::Text { raw } => utf16_len(raw),
+            Piece::Close { name } => closing_units(name),
+        }
+    }
+
+    fn write(&self, out: &mut String) {
+        match self {
+            Piece::Open { raw, .. } | Piece::Void { raw } | Piece::Text { raw } => {
+                out.push_str(raw)
+            }
+            Piece::Close { name } => {
+                out.push_str("</");
+                out.push_str(name);
+                out.push('>');
+            }
+        }
+    }
+}
+
+fn utf16_len(text: &str) -> usize {
+    text.chars().map(char::len_utf16).sum()
+}
+
+fn closing_units(name: &str) -> usize {
+    utf16_len(name) + 3
+}
+
+fn tokenize(html: &str) -> Vec<Piece<'_>> {
+    let mut pieces = Vec::with_capacity(html.len());
+    let mut rest = html;
+    while let Some(c) = rest.chars().next() {
+        let special = match c {
+            '<' => rest
+                .find('>')
+                .and_then(|end| tag(&rest[..=end]).map(|piece| (piece, end + 1))),
+            '&' => entity_len(rest).map(|length| {
+                (
+                    Piece::Text {
+                        raw: &rest[..length],
+                    },
+                    length,
+                )
+            }),
+            _ => None,
+        };
+        let (piece, length) = special.unwrap_or_else(|| {
+            let length = c.len_utf8();
+            (
+                Piece::Text {
+                    raw: &rest[..length],
+                },
+                length,
+            )
+        });
+        pieces.push(piece);
+        rest = &rest[length..];
+    }
+    pieces
+}
+
+/// Reads `<name …>`, `</name>` or `<name …/>`; `None` when `raw` is not a tag.
+fn tag(raw: &str) -> Option<Piece<'_>> {
+    let inner = raw.strip_prefix('<')?.strip_suffix('>')?;
+    let (closing, inner) = match inner.strip_prefix('/') {
+        Some(inner) => (true, inner),
+        None => (false, inner),
+    };
+    let name_end = inner
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .unwrap_or(inner.len());
+    let name = &inner[..name_end];
+    if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return None;
+    }
+    Some(if closing {
+        Piece::Close { name }
+    } else if inner.ends_with('/') {
+        Piece::Void { raw }
+    } else {
+        Piece::Open { name, raw }
+    })
+}
+
+/// The length of `&name;`, `&#digits;` or `&#xhex;` at the start of `text`.
+fn entity_len(text: &str) -> Option<usize> {
+    let end = text.bytes().take(12).position(|b| b == b';')?;
+    let body = text.get(1..end)?;
+    let valid = match body.strip_prefix('#') {
+        Some(code) => match code.strip_prefix(['x', 'X']) {
+            Some(hex) => !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            None => !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()),
+        },
+        None => !body.is_empty() && body.chars().all(|c| c.is_ascii_alphanumeric()),
+    };
+    valid.then_some(end + 1)
+}
+
+/// Makes every tag close in order, so chunks can track what is open.
+/// Stray closing tags are dropped, unclosed ones closed at the end, and an
+/// opening tag too large to be repeated at the start of chunks (a huge
+/// `href`) is dropped with its closing tag.
+fn balance<'a>(pieces: Vec<Piece<'a>>, limit: usize) -> Vec<Piece<'a>> {
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut open: Vec<(&str, bool)> = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Open { name, raw } => {
+                let kept = utf16_len(raw) + closing_units(name) <= limit / 2;
+                open.push((name, kept));
+                if kept {
+                    out.push(piece);
+                }
+            }
+            Piece::Close { name } => match open.last() {
+                Some(&(top, kept)) if top.eq_ignore_ascii_case(name) => {
+                    open.pop();
+                    if kept {
+                        out.push(Piece::Close { name: top });
+                    }
+                }
+                // Stray: closes nothing that is open here.
+                _ => {}
+            },
+            Piece::Void { .. } | Piece::Text { .. } => out.push(piece),
+        }
+    }
+    while let Some((name, kept)) = open.pop() {
+        if kept {
+            out.push(Piece::Close { name });
+        }
+    }
+    out
+}
+
+/// Where a chunk may end, and what is still open there.
+#[derive(Clone)]
+struct Cut {
+    /// Index of the first piece of the next chunk.
+    end: usize,
+    /// Indices of the opening tags still open at `end`.
+    open: Vec<usize>,
+    /// Units used up to `end`, without the closing tags.
+    used: usize,
+}
+
+/// Splits Telegram HTML into chunks of at most `limit` UTF-16 units each
+/// (tags included, so the visible text is shorter still), cutting at a
+/// blank line if one is in the second half of the chunk, else at a line
+/// break there, else at the last space, else anywhere between characters.
+/// Tags open at a cut are closed at the end of the chunk and reopened at
+/// the start of the next, so each chunk parses on its own. Chunks with no
+/// visible text are left out. `limit` below [`MIN_LIMIT`] counts as
+/// [`MIN_LIMIT`].
+pub fn split(html: &str, limit: usize) -> Vec<String> {
+    let limit = limit.max(MIN_LIMIT);
+    let pieces = balance(tokenize(html), limit);
+    let mut chunks = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
+    let mut start = 0;
+    while start < pieces.len() {
+        let (chunk, cut) = match best_cut(&pieces, start, &open, limit) {
+            Some(cut) => (Some(assemble(&pieces, &open, start, &cut)), cut),
+            None => plain_step(&pieces, start, &open, limit),
+        };
+        if chunk.as_deref().is_some_and(has_visible_text) {
+            chunks.extend(chunk);
+        }
+        start = cut.end;
+        open = cut.open;
+    }
+    chunks
+}
+
+fn best_cut(pieces: &[Piece<'_>], start: usize, open: &[usize], limit: usize) -> Option<Cut> {
+    let prefix: usize = open.iter().map(|&index| pieces[index].units()).sum();
+    let mut stack = open.to_vec();
+    let mut closing: usize = stack.iter().map(|&index| closes(pieces, index)).sum();
+    let mut used = prefix;
+    let (mut paragraph, mut line, mut word, mut any) = (None, None, None, None);
+    let mut after_newline = false;
+    for (index, piece) in pieces.iter().enumerate().skip(start) {
+        used += piece.units();
+        match piece {
+            Piece::Open { .. } => {
+                stack.push(index);
+                closing += closes(pieces, index);
+            }
+            Piece::Close { .. } => {
+                if let Some(top) = stack.pop() {
+                    closing -= closes(pieces, top);
+                }
+            }
+            Piece::Void { .. } | Piece::Text { .. } => {}
+        }
+        if used + closing > limit {
+            break;
+        }
+        let cut = || Cut {
+            end: index + 1,
+            open: stack.clone(),
+            used,
+        };
+        if index + 1 == pieces.len() {
+            return Some(cut());
+        }
+        match piece {
+            // Never end a chunk right after an opening tag: it would close
+            // an empty element.
+            Piece::Open { .. } => {}
+            Piece::Close { .. } | Piece::Void { .. } => any = Some(cut()),
+            Piece::Text { raw } => {
+                match *raw {
+                    "\n" if after_newline => paragraph = Some(cut()),
+                    "\n" => line = Some(cut()),
+                    " " | "\t" => word = Some(cut()),
+                    _ => {}
+                }
+                after_newline = *raw == "\n";
+                any = Some(cut());
+            }
+        }
+    }
+    let half = prefix + (limit - prefix.min(limit)) / 2;
+    let late = |cut: &Option<Cut>| cut.clone().filter(|cut| cut.used >= half);
+    let mut cut = late(&paragraph)
+        .or_else(|| late(&line))
+        .or_else(|| {
+            [paragraph, line, word]
+                .into_iter()
+                .flatten()
+                .max_by_key(|cut| cut.end)
+        })
+        .or(any)?;
+    // Closing tags right after the cut cost nothing (they replace the
+    // closing tags the chunk needs anyway) and spare the next chunk an
+    // empty element.
+    while let Some(Piece::Close { .. }) = pieces.get(cut.end) {
+        if cut.open.pop().is_none() {
+            break;
+        }
+        cut.end += 1;
+    }
+    Some(cut)
+}
+
+fn closes(pieces: &[Piece<'_>], open: usize) -> usize {
+    match pieces[open] {
+        Piece::Open { name, .. } => closing_units(name),
+        _ => 0,
+    }
+}
+
+fn assemble(pieces: &[Piece<'_>], open: &[usize], start: usize, cut: &Cut) -> String {
+    let mut chunk = String::new();
+    for &index in open {
+        pieces[index].write(&mut chunk);
+    }
+    for piece in &pieces[start..cut.end] {
+        piece.write(&mut chunk);
+    }
+    for &index in cut.open.iter().rev() {
+        if let Piece::Open { name, .. } = pieces[index] {
+            Piece::Close { name }.write(&mut chunk);
+        }
+    }
+    chunk
+}
+
+/// The last resort when the tags open here leave no room for text (only
+/// reachable with several long tags nested): the text goes out without
+/// formatting until the chunk is full.
+fn plain_step(
+    pieces: &[Piece<'_>],
+    start: usize,
+    open: &[usize],
+    limit: usize,
+) -> (Option<String>, Cut) {
+    let mut stack = open.to_vec();
+    let mut text = String::new();
+    let mut used = 0;
+    let mut end = start;
+    for piece in &pieces[start..] {
+        match piece {
+            Piece::Open { .. } => stack.push(end),
+            Piece::Close { .. } => {
+                stack.pop();
+            }
+            Piece::Void { .. } => {}
+            Piece::Text { raw } => {
+                let units = utf16_len(raw);
+                if used + units > limit {
+                    break;
+                }
+                text.push_str(raw);
+                used += units;
+            }
+        }
+        end += 1;
+    }
+    let cut = Cut {
+        end,
+        open: stack,
+        used,
+    };
+    (Some(text).filter(|text| !text.is_empty()), cut)
+}
+
+fn has_visible_text(chunk: &str) -> bool {
+    !to_plain(chunk).trim().is_empty()
+}
+
+/// The text of Telegram HTML without its markup, for sending with no
+/// `parse_mode`.
+pub fn to_plain(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    for piece in tokenize(html) {
+        if let Piece::Text { raw } = piece {
+            out.push_str(&unescape(raw));
+        }
+    }
+    out
+}
+
+fn unescape(raw: &str) -> std::borrow::Cow<'_, str> {
+    let Some(body) = raw.strip_prefix('&').and_then(|r| r.strip_suffix(';')) else {
+        return raw.into();
+    };
+    let decoded = match body {
+        "lt" => Some('<'),
+        "gt" => Some('>'),
+        "amp" => Some('&'),
+        "quot" => Some('"'),
+        "apos" => Some('\''),
+        "nbsp" => Some('\u{a0}'),
+        _ => body.strip_prefix('#').and_then(|code| {
+            match code.strip_prefix(['x', 'X']) {
+                Some(hex) => u32::from_str_radix(hex, 16).ok(),
+                None => code.parse().ok(),
+            }
+            .and_then(char::from_u32)
+        }),
+    };
+    decoded.map_or(raw.into(), |c| c.to_string().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn inline_formatting() {
+        assert_eq!(
+            render("**b** *i* ~~s~~ `x < y` ***both***"),
+            "<b>b</b> <i>i</i> <s>s</s> <code>x &lt; y</code> <i><b>both</b></i>"
+        );
+    }
+
+    #[test]
+    fn html_in_the_input_is_shown_not_passed_through() {
+        assert_eq!(
+            render("a < b & c > d <div>x</div>"),
+            "a &lt; b &amp; c &gt; d &lt;div&gt;x&lt;/div&gt;"
+        );
+        assert_eq!(
+            render("<script>\nalert(1)\n</script>"),
+            "&lt;script&gt;\nalert(1)\n&lt;/script&gt;"
+        );
+    }
+
+    #[test]
+    fn code_blocks_keep_their_language_when_it_is_safe() {
+        assert_eq!(
+            render("```rust\nfn main() {}\n```"),
+            "<pre><code class=\"language-rust\">fn main() {}</code></pre>"
+        );
+        assert_eq!(render("```\na <b>\n```"), "<pre>a &lt;b&gt;</pre>");
+        assert_eq!(
+            render("```\"><i>x\nbody\n```"),
+            "<pre>body</pre>",
+            "a hostile info string is dropped"
+        );
+        assert_eq!(render("    indented\n"), "<pre>indented</pre>");
+    }
+
+    #[test]
+    fn links_and_images() {
+        assert_eq!(
+            render("[x](https://e.com/a\"b)"),
+            "<a href=\"https://e.com/a&quot;b\">x</a>"
+        );
+        assert_eq!(render("[notes](docs/notes.md)"), "notes");
+        assert_eq!(render("[x](javascript:alert(1))"), "x");
+        assert_eq!(
+            render("![a chart](https://e.com/c.png)"),
+            "<a href=\"https://e.com/c.png\">a chart</a>"
+        );
+        assert_eq!(
+            render("![](https://e.com/c.png)"),
+            "<a href=\"https://e.com/c.png\">https://e.com/c.png</a>"
+        );
+        assert_eq!(
+            render("[![badge](https://e.com/b.svg)](https://e.com)"),
+            "<a href=\"https://e.com\">badge</a>",
+            "Telegram cannot nest links"
+        );
+    }
+
+    #[test]
+    fn blocks_become_text() {
+        let markdown =
+            "# Title\n\ntext\nmore\n\n- a\n- b\n  1. c\n  2. d\n- [x] done\n\n---\n\nafter";
+        assert_eq!(
+            render(markdown),
+            "<b>Title</b>\n\ntext\nmore\n\n• a\n• b\n  1. c\n  2. d\n• ☑ done\n\n──────────\n\nafter"
+        );
+        assert_eq!(render("3. c\n4. d"), "3. c\n4. d");
+    }
+
+    #[test]
+    fn blockquotes_do_not_nest() {
+        assert_eq!(
+            render("> a\n>\n> > b\n\nc"),
+            "<blockquote>a\n\nb</blockquote>\n\nc"
+        );
+    }
+
+    #[test]
+    fn tables_become_aligned_preformatted_text() {
+        assert_eq!(
+            render("| a | **bb** |\n|---|---|\n| ccc | `d` |"),
+            "<pre>a   | bb\n----+---\nccc | d</pre>"
+        );
+    }
+
+    #[test]
+    fn to_plain_strips_tags_and_unescapes() {
+        assert_eq!(
+            to_plain("<b>a &lt; b</b> &amp; <a href=\"x\">c</a>&#33;&#x41;&bogus"),
+            "a < b & c!A&bogus"
+        );
+    }
+
+    #[test]
+    fn short_messages_stay_whole() {
+        let html = render("**hello** world");
+        assert_eq!(split(&html, MESSAGE_LIMIT), vec![html]);
+        assert!(split("", MESSAGE_LIMIT).is_empty());
+        assert!(split("<b> </b>\n\n", MESSAGE_LIMIT).is_empty());
+    }
+
+    #[test]
+    fn splits_prefer_paragraph_boundaries() {
+        let paragraphs: Vec<String> = (0..12)
+            .map(|n| format!("paragraph {n} {}", "w ".repeat(10)))
+            .collect();
+        let html = render(&paragraphs.join("\n\n"));
+        let chunks = split(&html, 100);
+        assert!(chunks.len() > 1);
+        for chunk in &chunks {
+            assert!(utf16_len(chunk) <= 100, "{chunk:?}");
+            let text = chunk.trim();
+            assert!(
+                text.starts_with("paragraph") && text.ends_with('w'),
+                "cut inside a paragraph: {chunk:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_code_block_split_across_chunks_stays_code() {
+        let lines: Vec<String> = (0..80).map(|n| format!("let x{n} = {n} < 1;")).collect();
+        let html = render(&format!("```rust\n{}\n```", lines.join("\n")));
+        let chunks = split(&html, 400);
+        assert!(chunks.len() > 2);
+        let open = "<pre><code class=\"language-rust\">";
+        for chunk in &chunks {
+            assert!(
+                chunk.starts_with(open) && chunk.ends_with("</code></pre>"),
+                "{chunk:?}"
+            );
+            assert!(utf16_len(chunk) <= 400);
+            // Cut at line ends, never inside a line.
+            let body = &chunk[open.len()..chunk.len() - "</code></pre>".len()];
+            assert!(body.trim_end().ends_with(';'), "{body:?}");
+        }
+        let plain: String = chunks.iter().map(|c| to_plain(c)).collect();
+        assert_eq!(plain, to_plain(&html));
+    }
+
+    #[test]
+    fn formatting_is_reopened_after_a_cut() {
+        let html = format!("<b>{}</b>", "word ".repeat(40));
+        let chunks = split(&html, 80);
+        assert!(chunks.len() > 1);
+        for chunk in &chunks {
+            assert!(
+                chunk.starts_with("<b>") && chunk.ends_with("</b>"),
+                "{chunk:?}"
+            );
+            assert!(!chunk.contains("<b></b>"), "{chunk:?}");
+        }
+    }
+
+    #[test]
+    fn hard_cuts_respect_characters_and_entities() {
+        for (html, limit) in [
+            ("x".repeat(300), 100),
+            ("😀".repeat(100), 65),
+            ("&amp;".repeat(60), 64),
+        ] {
+            let chunks = split(&html, limit);
+            assert!(chunks.len() > 1);
+            for chunk in &chunks {
+                assert!(utf16_len(chunk) <= limit, "{chunk:?}");
+                // An entity is never cut in two.
+                assert_eq!(chunk.matches("&amp;").count(), chunk.matches('&').count());
+            }
+            assert_eq!(chunks.concat(), html);
+        }
+    }
+
+    #[test]
+    fn an_oversized_opening_tag_is_dropped_not_repeated() {
+        let href = format!("https://e.com/{}", "p".repeat(3000));
+        let html = format!("<a href=\"{href}\">text</a> after");
+        assert_eq!(split(&html, MESSAGE_LIMIT), vec!["text after".to_string()]);
+    }
+
+    #[test]
+    fn tags_too_long_to_reopen_together_fall_back_to_plain_text() {
+        let html = format!(
+            "<blockquote><a href=\"https://e.co/x\"><tg-spoiler>{}</tg-spoiler></a></blockquote>",
+            "word ".repeat(30)
+        );
+        let chunks = split(&html, MIN_LIMIT);
+        assert!(chunks.len() > 1);
+        for chunk in &chunks {
+            assert!(utf16_len(chunk) <= MIN_LIMIT, "{chunk:?}");
+            assert_balanced(chunk);
+        }
+        assert_eq!(
+            without_whitespace(&chunks.concat()),
+            without_whitespace(&to_plain(&html))
+        );
+    }
+
+    #[test]
+    fn the_limit_has_a_floor() {
+        let chunks = split(&"abc ".repeat(50), 1);
+        assert!(chunks.iter().all(|chunk| utf16_len(chunk) <= MIN_LIMIT));
+    }
+
+    const TELEGRAM_TAGS: [&str; 9] = [
+        "b",
+        "i",
+        "u",
+        "s",
+        "code",
+        "pre",
+        "a",
+        "blockquote",
+        "tg-spoiler",
+    ];
+
+    /// Panics unless every tag is one Telegram knows and they nest properly.
+    fn assert_balanced(chunk: &str) {
+        let mut open = Vec::new();
+        for piece in tokenize(chunk) {
+            match piece {
+                Piece::Open { name, .. } => {
+                    assert!(TELEGRAM_TAGS.contains(&name), "<{name}> in {chunk:?}");
+                    open.push(name);
+                }
+                Piece::Close { name } => assert_eq!(open.pop(), Some(name), "{chunk:?}"),
+                Piece::Void { raw } => panic!("{raw} in {chunk:?}"),
+                Piece::Text { raw } => assert!(!raw.starts_with('<'), "{chunk:?}"),
+            }
+        }
+        assert!(open.is_empty(), "unclosed {open:?} in {chunk:?}");
+    }
+
+    fn without_whitespace(text: &str) -> String {
+        text.chars().filter(|c| !c.is_whitespace()).collect()
+    }
+
+    fn markdown() -> impl Strategy<Value = String> {
+        let token = prop_oneof![
+            "[a-z]{1,12}",
+            "\\PC{1,3}",
+            Just(" ".to_string()),
+            Just("\n".to_string()),
+            Just("\n\n".to_string()),
+            Just("**".to_string()),
+            Just("*".to_string()),
+            Just("_".to_string()),
+            Just("~~".to_string()),
+            Just("`".to_string()),
+            Just("\n```rust\n".to_string()),
+            Just("\n```\n".to_string()),
+            Just("\n> ".to_string()),
+            Just("\n- ".to_string()),
+            Just("\n  1. ".to_string()),
+            Just("\n# ".to_string()),
+            Just("[link](https://e.com/\"q)".to_string()),
+            Just("![img](https://e.com/i.png)".to_string()),
+            Just("<b>&amp;</b>".to_string()),
+            Just("&".to_string()),
+            Just("😀".to_string()),
+            Just("\n| a | b |\n|---|---|\n| c | d |\n".to_string()),
+        ];
+        prop::collection::vec(token, 0..300).prop_map(|tokens| tokens.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn chunks_fit_parse_alone_and_keep_every_character(
+            markdown in markdown(),
+            limit in prop_oneof![MIN_LIMIT..400usize, Just(MESSAGE_LIMIT)],
+            repeat in 1usize..4,
+        ) {
+            let html = render(&markdown.repeat(repeat));
+            let chunks = split(&html, limit);
+            for chunk in &chunks {
+                prop_assert!(utf16_len(chunk) <= limit, "{} > {limit}: {chunk:?}", utf16_len(chunk));
+                assert_balanced(chunk);
+                prop_assert!(!to_plain(chunk).trim().is_empty());
+            }
+            let joined: String = chunks.iter().map(|chunk| to_plain(chunk)).collect();
+            prop_assert_eq!(without_whitespace(&joined), without_whitespace(&to_plain(&html)));
+        }
+    }
+}
