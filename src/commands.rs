@@ -1,1 +1,217 @@
-//! (not yet written)
+//! Slash commands: what the host offers its user, how their text is parsed,
+//! and how their reports read. Executing them is the session's job; this
+//! module knows no sockets and no host framing.
+
+use crate::protocol::bus::{BusStatus, RestartOutcome};
+use crate::protocol::host::CommandSpec;
+
+/// A parsed command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// `/telegram-connect`: join the relay and get this session's topic.
+    Connect,
+    /// `/telegram-disconnect`: delete this session's topic and stop relaying.
+    Disconnect,
+    /// `/telegram-status [--debug]`.
+    Status { debug: bool },
+    /// `/relay status`: every session on the bus.
+    RelayStatus,
+    /// `/relay restart`: restart the shared relay.
+    RelayRestart,
+}
+
+/// Why a command line could not be parsed; the message includes the usage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}\n{}", usage())]
+pub struct UsageError {
+    message: String,
+}
+
+/// The commands, in the order hosts should list them.
+pub fn specs() -> Vec<CommandSpec> {
+    let spec = |name: &str, description: &str, args: Option<&str>| CommandSpec {
+        name: name.into(),
+        description: description.into(),
+        args: args.map(Into::into),
+    };
+    vec![
+        spec(
+            "telegram-connect",
+            "Relay this session through Telegram in a topic of its own",
+            None,
+        ),
+        spec(
+            "telegram-disconnect",
+            "Delete this session's Telegram topic and stop relaying",
+            None,
+        ),
+        spec(
+            "telegram-status",
+            "Show this session's binding, transport and sync state",
+            Some("[--debug]"),
+        ),
+        spec(
+            "relay",
+            "Inspect or restart the shared relay",
+            Some("status | restart"),
+        ),
+    ]
+}
+
+/// One line per command, for error messages.
+pub fn usage() -> String {
+    let mut out = String::from("Commands:");
+    for spec in specs() {
+        out.push_str("\n  /");
+        out.push_str(&spec.name);
+        if let Some(args) = &spec.args {
+            out.push(' ');
+            out.push_str(args);
+        }
+        out.push_str(" — ");
+        out.push_str(&spec.description);
+    }
+    out
+}
+
+/// Parses a command as a host sends it: `name` with or without its slash, and
+/// `args`. A host may also put the arguments in `name` (`"/relay restart"`).
+pub fn parse(name: &str, args: &str) -> Result<Command, UsageError> {
+    let name = name.trim();
+    let (name, inline_args) = name.split_once(char::is_whitespace).unwrap_or((name, ""));
+    let name = name.strip_prefix('/').unwrap_or(name);
+    let words: Vec<&str> = inline_args
+        .split_whitespace()
+        .chain(args.split_whitespace())
+        .collect();
+    let error = |message: String| Err(UsageError { message });
+    let no_args = |cmd: Command| match words.as_slice() {
+        [] => Ok(cmd),
+        extra => error(format!(
+            "/{name} takes no arguments, got {:?}",
+            extra.join(" ")
+        )),
+    };
+    match name {
+        "telegram-connect" => no_args(Command::Connect),
+        "telegram-disconnect" => no_args(Command::Disconnect),
+        "telegram-status" => match words.as_slice() {
+            [] => Ok(Command::Status { debug: false }),
+            ["--debug"] => Ok(Command::Status { debug: true }),
+            other => error(format!(
+                "/telegram-status: unknown argument {:?}",
+                other.join(" ")
+            )),
+        },
+        "relay" => match words.as_slice() {
+            ["status"] => Ok(Command::RelayStatus),
+            ["restart"] => Ok(Command::RelayRestart),
+            [] => error("/relay needs a subcommand: status or restart".into()),
+            other => error(format!("/relay: unknown subcommand {:?}", other.join(" "))),
+        },
+        "" => error("empty command".into()),
+        other => error(format!("unknown command /{other}")),
+    }
+}
+
+/// The `/relay status` table.
+pub fn relay_status_text(status: &BusStatus) -> String {
+    let mut out = format!(
+        "relay: leader pid {} · epoch {} · {} session(s)\n",
+        status.leader_pid,
+        status.epoch,
+        status.sessions.iter().filter(|s| s.live).count()
+    );
+    out.push_str("slot  topic                     health        cwd\n");
+    for s in &status.sessions {
+        let health = if s.live {
+            format!("live {:.1}s", s.heartbeat_age_ms as f64 / 1000.0)
+        } else {
+            "offline".into()
+        };
+        out.push_str(&format!(
+            "{:<5} {:<25} {:<13} {}\n",
+            s.slot,
+            truncate(&s.topic_name, 25),
+            health,
+            s.cwd
+        ));
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
+/// The `/relay restart` report.
+pub fn restart_text(outcome: &RestartOutcome) -> (bool, String) {
+    match outcome {
+        RestartOutcome::Complete { routes, elapsed_ms } => (
+            true,
+            format!("Relay restarted: complete {routes}/{routes} routes back in {elapsed_ms} ms."),
+        ),
+        RestartOutcome::PartialTimeout {
+            back,
+            expected,
+            missing,
+            elapsed_ms,
+        } => (
+            false,
+            format!(
+                "Relay restarted: partial-timeout {back}/{expected} routes back after {elapsed_ms} ms (missing: {}).",
+                missing.join(", ")
+            ),
+        ),
+        RestartOutcome::Failed { reason, elapsed_ms } => (
+            false,
+            format!("Relay restart failed after {elapsed_ms} ms: {reason}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_command_with_or_without_slash() {
+        assert_eq!(parse("/telegram-connect", ""), Ok(Command::Connect));
+        assert_eq!(parse("telegram-disconnect", " "), Ok(Command::Disconnect));
+        assert_eq!(
+            parse("telegram-status", ""),
+            Ok(Command::Status { debug: false })
+        );
+        assert_eq!(
+            parse("telegram-status", "--debug"),
+            Ok(Command::Status { debug: true })
+        );
+        assert_eq!(parse("relay", "status"), Ok(Command::RelayStatus));
+        assert_eq!(parse("/relay restart", ""), Ok(Command::RelayRestart));
+        assert_eq!(parse("relay", " restart "), Ok(Command::RelayRestart));
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong_and_show_usage() {
+        let err = parse("relay", "reboot").unwrap_err().to_string();
+        assert!(err.contains("unknown subcommand \"reboot\""), "{err}");
+        assert!(err.contains("/relay status | restart"), "{err}");
+
+        let err = parse("/telegram-frobnicate", "").unwrap_err().to_string();
+        assert!(
+            err.starts_with("unknown command /telegram-frobnicate"),
+            "{err}"
+        );
+
+        assert!(parse("relay", "").is_err());
+        assert!(parse("telegram-connect", "now").is_err());
+        assert!(parse("telegram-status", "--verbose").is_err());
+        assert!(parse("", "").is_err());
+    }
+}

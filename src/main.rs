@@ -1,1 +1,142 @@
-fn main() {}
+//! The `agent-relay` binary: what a host spawns (`stdio`, the default) and a
+//! few commands for people at a terminal.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use agent_relay::commands;
+use agent_relay::config::Config;
+use agent_relay::paths::{Paths, ensure_private_dir};
+use agent_relay::session::Session;
+use agent_relay::{bus, host, logging, protocol};
+
+#[derive(Parser)]
+#[command(
+    name = "agent-relay",
+    version,
+    about = "Drive every coding-agent session on this machine from one Telegram bot"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve one host over JSON-RPC on stdin/stdout (what a coding agent spawns).
+    Stdio {
+        /// Also log to stderr.
+        #[arg(long)]
+        log_stderr: bool,
+    },
+    /// Show the relay's sessions, as the leader sees them.
+    Status,
+    /// Write the JSON Schemas of every wire type.
+    Schema {
+        /// Folder to write into.
+        #[arg(long, default_value = "schema")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Cmd::Stdio { log_stderr: false }) {
+        Cmd::Stdio { log_stderr } => stdio(log_stderr),
+        Cmd::Status => status(),
+        Cmd::Schema { out } => schema(&out),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            let message = agent_relay::redact::redact(&format!("{e:#}")).into_owned();
+            eprintln!("agent-relay: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env()?;
+    for dir in [&paths.config_dir, &paths.state_dir] {
+        ensure_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Logging is a convenience: a sidecar that cannot log still serves its host.
+    let _log = match logging::init(&paths.log_dir(), log_stderr) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            eprintln!("agent-relay: logging disabled: {e}");
+            None
+        }
+    };
+    let config = Config::load(&paths.config_file());
+    if let Err(e) = &config {
+        tracing::error!("configuration error: {e}");
+    }
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let session: Arc<OnceLock<Arc<Session>>> = Arc::default();
+        let slot = session.clone();
+        let serve = host::serve(tokio::io::stdin(), tokio::io::stdout(), move |link| {
+            let s = Session::new(link, paths, config);
+            let _ = slot.set(s.clone());
+            s
+        });
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot watch SIGTERM")?;
+        tokio::select! {
+            served = serve => served.context("stdio transport failed")?,
+            _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
+        }
+        if let Some(session) = session.get() {
+            session.close().await;
+        }
+        anyhow::Ok(())
+    })?;
+    // The blocking stdin reader may still sit in read(2); do not wait for it.
+    rt.shutdown_background();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status() -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env()?;
+    let config = Config::load(&paths.config_file())?;
+    let bot = config
+        .bot_id()
+        .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
+    let status = runtime()?.block_on(bus::query_status(&paths, bot))?;
+    match status {
+        Some(status) => {
+            println!("{}", commands::relay_status_text(&status));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            println!(
+                "no relay is running for bot {bot} (no leader on {})",
+                paths.bus_dir(bot).display()
+            );
+            Ok(ExitCode::from(3))
+        }
+    }
+}
+
+fn schema(out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let written =
+        protocol::write_schemas(out).with_context(|| format!("cannot write {}", out.display()))?;
+    println!("wrote {} schemas under {}", written.len(), out.display());
+    Ok(ExitCode::SUCCESS)
+}

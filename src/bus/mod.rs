@@ -1,1 +1,630 @@
-//! (not yet written)
+//! The machine-local bus (DESIGN §4): every sidecar of one bot is a
+//! [`Member`]; the one holding the kernel lock also runs the [`leader`].
+//!
+//! A member is an actor. It loops forever: try the lock (and lead if it is
+//! free), connect to the socket, register, then serve the connection until it
+//! breaks; then back off briefly and start again. The leader's own session
+//! registers through the socket like every other one, so there is exactly one
+//! registration path and the leader is an ordinary session.
+
+pub mod election;
+pub mod leader;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::tokio::Stream as _;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{BotId, Config};
+use crate::paths::Paths;
+use crate::protocol::bus::*;
+use election::BusDir;
+use leader::LeaderHandle;
+use wire::{Incoming, WireReader, WireWriter};
+
+/// Reconnect backoff: starts here and doubles…
+const BACKOFF_START: Duration = Duration::from_millis(10);
+/// …up to here.
+const BACKOFF_CAP: Duration = Duration::from_millis(500);
+/// How long a request to the leader may take before the caller gives up.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Backoff after a refused registration starts here…
+const REFUSED_START: Duration = Duration::from_secs(1);
+/// …and grows up to here.
+const REFUSED_CAP: Duration = Duration::from_secs(30);
+/// How long the leader has to answer a registration.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a session needs to join its bot's bus.
+#[derive(Debug, Clone)]
+pub struct JoinRequest {
+    pub paths: Paths,
+    pub config: Config,
+    pub profile_key: String,
+    pub session_name: String,
+    pub cwd: String,
+    pub pid: u32,
+}
+
+/// This member's place on the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Not registered yet.
+    Joining,
+    /// Registered, and this process holds the lock.
+    Leader,
+    /// Registered through another process's leader.
+    Follower,
+    /// The connection broke; trying again.
+    Reconnecting,
+    /// Left the bus.
+    Stopped,
+}
+
+impl Role {
+    pub fn is_connected(self) -> bool {
+        matches!(self, Role::Leader | Role::Follower)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Role::Joining => "joining the relay",
+            Role::Leader => "leading the relay",
+            Role::Follower => "following the relay's leader",
+            Role::Reconnecting => "reconnecting to the relay",
+            Role::Stopped => "not on the relay",
+        }
+    }
+}
+
+/// Everything a session may want to show about its membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub role: Role,
+    pub route: Option<Route>,
+    pub epoch: Option<Epoch>,
+    pub leader_pid: Option<u32>,
+    /// How the leader's link to Telegram is doing.
+    pub telegram: Health,
+    /// Why the member cannot do its job right now, if it cannot.
+    pub problem: Option<String>,
+}
+
+/// Why a request through the bus failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("not connected to the relay (reconnecting)")]
+    NotConnected,
+    #[error("the relay did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("this session has left the relay")]
+    Stopped,
+    #[error("{0}")]
+    Refused(BusError),
+    #[error("the leader's answer is malformed: {0}")]
+    Malformed(String),
+}
+
+enum Call {
+    /// Register again on a fresh connection, retrying topic creation.
+    Reregister,
+    Status,
+    Disconnect,
+    Restart,
+    Telegram {
+        method: String,
+        params: Value,
+    },
+}
+
+struct Pending {
+    call: Call,
+    reply: oneshot::Sender<Result<Value, MemberError>>,
+}
+
+/// One sidecar's membership of its bot's bus.
+pub struct Member {
+    calls: mpsc::Sender<Pending>,
+    state: watch::Receiver<MemberState>,
+    stop: CancellationToken,
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Member {
+    /// Starts the member actor. Deliveries for this session arrive on the
+    /// returned channel.
+    pub fn join(request: JoinRequest) -> (Member, mpsc::Receiver<Deliver>) {
+        let (calls_tx, calls_rx) = mpsc::channel(64);
+        let (deliveries_tx, deliveries_rx) = mpsc::channel(1024);
+        let (state_tx, state_rx) = watch::channel(MemberState {
+            role: Role::Joining,
+            route: None,
+            epoch: None,
+            leader_pid: None,
+            telegram: Health::Starting,
+            problem: None,
+        });
+        let stop = CancellationToken::new();
+        let actor = Actor {
+            bus: BusDir::new(request.paths.bus_dir(bot_id(&request.config))),
+            store_path: request.paths.store_file(bot_id(&request.config)),
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            request,
+            generation: 0,
+            next_id: 0,
+            carried: None,
+            retry_provisioning: false,
+            leader: None,
+            state: state_tx,
+            calls: calls_rx,
+            deliveries: deliveries_tx,
+            stop: stop.clone(),
+        };
+        let task = tokio::spawn(actor.run());
+        (
+            Member {
+                calls: calls_tx,
+                state: state_rx,
+                stop,
+                task: tokio::sync::Mutex::new(Some(task)),
+            },
+            deliveries_rx,
+        )
+    }
+
+    pub fn watch(&self) -> watch::Receiver<MemberState> {
+        self.state.clone()
+    }
+
+    /// Waits until registered (or `timeout`), then returns the state.
+    pub async fn wait_registered(&self, timeout: Duration) -> MemberState {
+        let mut state = self.state.clone();
+        let registered = state.wait_for(|s| s.role.is_connected() && s.route.is_some());
+        match tokio::time::timeout(timeout, registered).await {
+            Ok(Ok(s)) => s.clone(),
+            _ => self.state.borrow().clone(),
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, MemberError> {
+        let (reply, answer) = oneshot::channel();
+        self.calls
+            .send(Pending { call, reply })
+            .await
+            .map_err(|_| MemberError::Stopped)?;
+        let value = tokio::time::timeout(REQUEST_TIMEOUT, answer)
+            .await
+            .map_err(|_| MemberError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(|_| MemberError::Stopped)??;
+        serde_json::from_value(value).map_err(|e| MemberError::Malformed(e.to_string()))
+    }
+
+    /// Registers again, asking the leader to retry creating the topic even
+    /// after an unknown outcome (the user asked for it).
+    pub async fn reregister(&self) -> Result<(), MemberError> {
+        let (reply, answer) = oneshot::channel();
+        self.calls
+            .send(Pending {
+                call: Call::Reregister,
+                reply,
+            })
+            .await
+            .map_err(|_| MemberError::Stopped)?;
+        tokio::time::timeout(REQUEST_TIMEOUT, answer)
+            .await
+            .map_err(|_| MemberError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(|_| MemberError::Stopped)?
+            .map(drop)
+    }
+
+    pub async fn status(&self) -> Result<BusStatus, MemberError> {
+        self.call(Call::Status).await
+    }
+
+    /// Deletes this session's topic through the leader (generation-fenced).
+    pub async fn disconnect(&self) -> Result<Disconnected, MemberError> {
+        self.call(Call::Disconnect).await
+    }
+
+    pub async fn restart(&self) -> Result<RestartOutcome, MemberError> {
+        self.call(Call::Restart).await
+    }
+
+    /// A Bot API call through the leader.
+    pub async fn telegram(&self, method: &str, params: Value) -> Result<Value, MemberError> {
+        self.call(Call::Telegram {
+            method: method.to_string(),
+            params,
+        })
+        .await
+    }
+
+    /// Leaves the bus; a leader stops leading and releases the lock.
+    pub async fn leave(&self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.lock().await.take()
+            && let Err(e) = task.await
+        {
+            tracing::warn!("bus member ended abnormally: {e}");
+        }
+    }
+}
+
+fn bot_id(config: &Config) -> BotId {
+    config.bot_id().unwrap_or(BotId(0))
+}
+
+/// Why a connection ended.
+enum Ended {
+    Stopped,
+    Lost(String),
+    /// The leader refused the registration; retrying at once would only
+    /// hammer it (and Telegram) with the same request.
+    Refused(String),
+    /// The session asked to register again.
+    Reregister,
+}
+
+struct Actor {
+    request: JoinRequest,
+    bus: BusDir,
+    store_path: std::path::PathBuf,
+    instance_id: String,
+    generation: Generation,
+    next_id: u64,
+    carried: Option<Route>,
+    retry_provisioning: bool,
+    leader: Option<LeaderHandle>,
+    state: watch::Sender<MemberState>,
+    calls: mpsc::Receiver<Pending>,
+    deliveries: mpsc::Sender<Deliver>,
+    stop: CancellationToken,
+}
+
+impl Actor {
+    async fn run(mut self) {
+        let mut backoff = BACKOFF_START;
+        let mut refused = REFUSED_START;
+        loop {
+            if self.stop.is_cancelled() {
+                break;
+            }
+            self.try_lead().await;
+            match self.connect().await {
+                Ok(stream) => match self.serve(stream).await {
+                    Ended::Stopped => break,
+                    Ended::Reregister => continue,
+                    Ended::Lost(why) => {
+                        tracing::info!("bus connection lost: {why}");
+                        backoff = BACKOFF_START;
+                        refused = REFUSED_START;
+                        self.set(|s| {
+                            s.role = Role::Reconnecting;
+                        });
+                        // Straight back to the lock: the leader may be gone.
+                        continue;
+                    }
+                    Ended::Refused(why) => {
+                        tracing::warn!("registration refused: {why}");
+                        self.set(|s| s.role = Role::Reconnecting);
+                        let wait = refused.mul_f64(0.5 + fastrand::f64());
+                        refused = (refused * 2).min(REFUSED_CAP);
+                        if self.idle(wait).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    tracing::debug!("cannot reach the bus leader: {e}");
+                    self.set(|s| {
+                        if s.role != Role::Joining {
+                            s.role = Role::Reconnecting;
+                        }
+                    });
+                }
+            }
+            let jittered = backoff.mul_f64(0.5 + fastrand::f64());
+            if self.idle(jittered).await {
+                break;
+            }
+            backoff = (backoff * 2).min(BACKOFF_CAP);
+        }
+        self.set(|s| s.role = Role::Stopped);
+        if let Some(leader) = self.leader.take() {
+            leader.stop().await;
+        }
+    }
+
+    /// Waits `delay`, failing calls that arrive meanwhile. True when stopping.
+    async fn idle(&mut self, delay: Duration) -> bool {
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return false,
+                () = self.stop.cancelled() => return true,
+                Some(pending) = self.calls.recv() => {
+                    let _ = pending.reply.send(Err(MemberError::NotConnected));
+                }
+            }
+        }
+    }
+
+    fn set(&self, change: impl FnOnce(&mut MemberState)) {
+        self.state.send_if_modified(|s| {
+            let before = s.clone();
+            change(s);
+            *s != before
+        });
+    }
+
+    /// Becomes leader if the lock is free.
+    async fn try_lead(&mut self) {
+        if self.leader.as_ref().is_some_and(LeaderHandle::is_running) {
+            return;
+        }
+        if let Some(dead) = self.leader.take() {
+            dead.stop().await;
+        }
+        match self.bus.try_lock() {
+            Ok(Some(lock)) => {
+                let started = leader::start(
+                    lock,
+                    self.store_path.clone(),
+                    self.instance_id.clone(),
+                    &self.request.config,
+                )
+                .await;
+                match started {
+                    Ok(handle) => {
+                        self.leader = Some(handle);
+                    }
+                    Err(e) => {
+                        tracing::error!("won the bus lock but cannot lead: {e}");
+                        self.set(|s| s.problem = Some(e.to_string()));
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("cannot open the bus lock: {e}");
+                self.set(|s| s.problem = Some(format!("bus lock: {e}")));
+            }
+        }
+    }
+
+    async fn connect(&self) -> std::io::Result<Stream> {
+        Stream::connect(self.bus.socket_name()?).await
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Registers on `stream` and serves it until it breaks or we stop.
+    async fn serve(&mut self, stream: Stream) -> Ended {
+        let (mut reader, mut writer) = wire::split(stream);
+        match self.register(&mut reader, &mut writer).await {
+            Ok(registered) => {
+                let role = if self.leader.is_some() {
+                    Role::Leader
+                } else {
+                    Role::Follower
+                };
+                let leader_pid = self.bus.leader_info().map(|i| i.pid);
+                self.carried = Some(registered.route.clone());
+                self.retry_provisioning = false;
+                self.set(|s| {
+                    s.role = role;
+                    s.route = Some(registered.route);
+                    s.epoch = Some(registered.epoch);
+                    s.leader_pid = leader_pid;
+                    s.problem = registered.problem;
+                });
+            }
+            Err(ended) => {
+                if let Ended::Lost(why) | Ended::Refused(why) = &ended {
+                    self.set(|s| s.problem = Some(why.clone()));
+                }
+                return ended;
+            }
+        }
+        self.serve_registered(reader, writer).await
+    }
+
+    async fn register(
+        &mut self,
+        reader: &mut WireReader,
+        writer: &mut WireWriter,
+    ) -> Result<Registered, Ended> {
+        self.generation += 1;
+        let id = self.next_id();
+        let register = ToLeader::Register(Register {
+            id,
+            instance_id: self.instance_id.clone(),
+            registration_generation: self.generation,
+            profile_key: self.request.profile_key.clone(),
+            session_name: self.request.session_name.clone(),
+            cwd: self.request.cwd.clone(),
+            pid: self.request.pid,
+            carried: self.carried.clone(),
+            protocol_version: BUS_PROTOCOL_VERSION,
+            retry_provisioning: self.retry_provisioning,
+        });
+        writer
+            .send(&register)
+            .await
+            .map_err(|e| Ended::Lost(format!("register: {e}")))?;
+        let deadline = tokio::time::sleep(REGISTER_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            let frame = tokio::select! {
+                () = self.stop.cancelled() => return Err(Ended::Stopped),
+                () = &mut deadline => return Err(Ended::Lost("the leader did not answer the registration".into())),
+                frame = reader.recv::<FromLeader>() => frame,
+            };
+            match frame {
+                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(id) => {
+                    return match (ack.ok, ack.result, ack.error) {
+                        (true, Some(result), _) => serde_json::from_value(result).map_err(|e| {
+                            Ended::Lost(format!("malformed registration answer: {e}"))
+                        }),
+                        (_, _, Some(e)) => Err(Ended::Refused(e.message)),
+                        _ => Err(Ended::Lost("malformed registration answer".into())),
+                    };
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(Ended::Lost("the leader closed the connection".into())),
+                Err(e) => return Err(Ended::Lost(e.to_string())),
+            }
+        }
+    }
+
+    async fn serve_registered(&mut self, mut reader: WireReader, mut writer: WireWriter) -> Ended {
+        let mut pending: HashMap<u64, oneshot::Sender<Result<Value, MemberError>>> = HashMap::new();
+        let interval = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
+        let mut heartbeat =
+            tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        let silent_limit = interval * HEARTBEAT_MISSES;
+        let mut last_heard = Instant::now();
+        let ended = loop {
+            tokio::select! {
+                () = self.stop.cancelled() => break Ended::Stopped,
+                frame = reader.recv::<FromLeader>() => match frame {
+                    Ok(Some(Incoming::Envelope(frame))) => {
+                        last_heard = Instant::now();
+                        self.on_frame(frame, &mut pending).await;
+                    }
+                    Ok(Some(Incoming::Malformed { error, .. })) => {
+                        tracing::warn!("malformed frame from the leader: {error}");
+                    }
+                    Ok(Some(Incoming::Oversized)) => break Ended::Lost("oversized frame from the leader".into()),
+                    Ok(None) => break Ended::Lost("the leader closed the connection".into()),
+                    Err(e) => break Ended::Lost(e.to_string()),
+                },
+                Some(call) = self.calls.recv() => {
+                    let id = self.next_id();
+                    let generation = self.generation;
+                    let envelope = match call.call {
+                        Call::Reregister => {
+                            self.retry_provisioning = true;
+                            let _ = call.reply.send(Ok(Value::Null));
+                            break Ended::Reregister;
+                        }
+                        Call::Status => ToLeader::Status(StatusQuery { id }),
+                        Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
+                        Call::Restart => ToLeader::Restart(Restart { id, generation }),
+                        Call::Telegram { method, params } => ToLeader::Telegram(TelegramCall { id, generation, method, params }),
+                    };
+                    if let Err(e) = writer.send(&envelope).await {
+                        let _ = call.reply.send(Err(MemberError::NotConnected));
+                        break Ended::Lost(e.to_string());
+                    }
+                    pending.insert(id, call.reply);
+                }
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > silent_limit {
+                        break Ended::Lost(format!("the leader was silent for {silent_limit:?}"));
+                    }
+                    let id = self.next_id();
+                    let hb = ToLeader::Heartbeat(Heartbeat { id, generation: self.generation });
+                    if let Err(e) = writer.send(&hb).await {
+                        break Ended::Lost(e.to_string());
+                    }
+                }
+            }
+        };
+        for (_, reply) in pending.drain() {
+            let _ = reply.send(Err(MemberError::NotConnected));
+        }
+        ended
+    }
+
+    async fn on_frame(
+        &mut self,
+        frame: FromLeader,
+        pending: &mut HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>,
+    ) {
+        match frame {
+            FromLeader::Ack(ack) => {
+                if self.state.borrow().epoch != Some(ack.epoch) {
+                    tracing::info!(epoch = ack.epoch, "the leader's epoch changed");
+                    self.set(|s| s.epoch = Some(ack.epoch));
+                }
+                let Some(reply) = ack.id.and_then(|id| pending.remove(&id)) else {
+                    if let Some(e) = ack.error {
+                        tracing::debug!("leader refused a frame: {e}");
+                    }
+                    return;
+                };
+                let answer = if ack.ok {
+                    Ok(ack.result.unwrap_or(Value::Null))
+                } else {
+                    Err(MemberError::Refused(ack.error.unwrap_or_else(|| {
+                        BusError {
+                            code: BusErrorCode::Internal,
+                            message: "refused without a reason".into(),
+                            retry_after: None,
+                            commit_unknown: false,
+                        }
+                    })))
+                };
+                let _ = reply.send(answer);
+            }
+            FromLeader::Deliver(deliver) => {
+                if self.deliveries.send(deliver).await.is_err() {
+                    tracing::debug!("no session listens for deliveries");
+                }
+            }
+            FromLeader::Restarting(r) => {
+                tracing::info!(epoch = r.epoch, "the leader is restarting the relay");
+            }
+            FromLeader::Health(health) => self.set(|s| s.telegram = health),
+        }
+    }
+}
+
+/// Asks the running leader for the bus status without joining as a session
+/// (`agent-relay status`). `Ok(None)` when no leader is running.
+pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>, MemberError> {
+    let bus = BusDir::new(paths.bus_dir(bot));
+    let Ok(name) = bus.socket_name() else {
+        return Ok(None);
+    };
+    let Ok(stream) = Stream::connect(name).await else {
+        return Ok(None);
+    };
+    let (mut reader, mut writer) = wire::split(stream);
+    writer
+        .send(&ToLeader::Status(StatusQuery { id: 1 }))
+        .await
+        .map_err(|_| MemberError::NotConnected)?;
+    let answer = tokio::time::timeout(REGISTER_TIMEOUT, async {
+        loop {
+            match reader.recv::<FromLeader>().await {
+                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(1) => {
+                    return Ok(ack);
+                }
+                Ok(Some(_)) => continue,
+                _ => return Err(MemberError::NotConnected),
+            }
+        }
+    })
+    .await
+    .map_err(|_| MemberError::Timeout(REGISTER_TIMEOUT))??;
+    match (answer.ok, answer.result, answer.error) {
+        (true, Some(v), _) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(|e| MemberError::Malformed(e.to_string())),
+        (_, _, Some(e)) => Err(MemberError::Refused(e)),
+        _ => Err(MemberError::Malformed("empty status answer".into())),
+    }
+}

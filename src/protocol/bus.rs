@@ -107,6 +107,7 @@ pub enum ToLeader {
     DeliveryAck(DeliveryAck),
     Restart(Restart),
     Status(StatusQuery),
+    Pair(Pair),
 }
 
 /// Join the bus as a session (or rejoin it after a reconnect).
@@ -127,6 +128,10 @@ pub struct Register {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Route>,
     pub protocol_version: u32,
+    /// The user asked to connect: try creating the topic even if an earlier
+    /// attempt ended with an unknown outcome.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_provisioning: bool,
 }
 
 /// The result of a successful [`Register`].
@@ -135,6 +140,9 @@ pub struct Register {
 pub struct Registered {
     pub epoch: Epoch,
     pub route: Route,
+    /// Why the route has no topic yet (e.g. no chat configured), if it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// Liveness; sent every [`HEARTBEAT_INTERVAL_MS`].
@@ -209,6 +217,23 @@ pub struct Restart {
     pub generation: Generation,
 }
 
+/// Ask for a one-time pairing link (`/telegram-connect` with nobody paired).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pair {
+    pub id: u64,
+    pub generation: Generation,
+}
+
+/// `pair` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PairingLink {
+    /// `https://t.me/<bot>?start=<code>`
+    pub url: String,
+    pub expires_in_s: u64,
+}
+
 /// Ask for the bus status (needs no registration: `agent-relay status` uses it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusQuery {
@@ -224,6 +249,21 @@ pub enum FromLeader {
     Ack(Ack),
     Deliver(Deliver),
     Restarting(Restarting),
+    Health(Health),
+}
+
+/// How the leader's link to Telegram is doing; pushed on every change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "telegram", rename_all = "camelCase")]
+pub enum Health {
+    /// Polling works.
+    Ok,
+    /// Not polled yet.
+    Starting,
+    /// Telegram's 409: another process polls this bot.
+    Conflict,
+    /// Telegram cannot be reached or keeps failing.
+    Offline { reason: String },
 }
 
 /// The answer to a request. `id` is absent when the request could not be read.

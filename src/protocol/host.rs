@@ -49,7 +49,7 @@ pub struct InitializeParams {
     pub cwd: String,
     pub session: SessionInfo,
     /// Whether the host can show dialogs (`ui/confirm`).
-    #[serde(default)]
+    #[serde(default, rename = "hasUI")]
     pub has_ui: bool,
 }
 

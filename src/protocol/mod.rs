@@ -59,7 +59,31 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::Disconnected>("bus/disconnect.result"),
         file::<b::RestartOutcome>("bus/restart.result"),
         file::<b::BusStatus>("bus/status.result"),
+        file::<b::PairingLink>("bus/pair.result"),
         // config
         file::<crate::config::ConfigFile>("config"),
     ]
+}
+
+impl SchemaFile {
+    /// The file's bytes: pretty JSON with a trailing newline.
+    pub fn render(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.schema).expect("schemas serialize");
+        text.push('\n');
+        text
+    }
+}
+
+/// Writes every schema under `dir` (creating subfolders); returns the paths.
+pub fn write_schemas(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut written = Vec::new();
+    for file in schemas() {
+        let path = dir.join(&file.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, file.render())?;
+        written.push(path);
+    }
+    Ok(written)
 }

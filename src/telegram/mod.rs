@@ -20,6 +20,7 @@
 
 pub mod client;
 pub mod error;
+pub mod poller;
 pub mod ratelimit;
 pub mod render;
 pub mod types;

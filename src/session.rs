@@ -1,1 +1,0 @@
-//! (not yet written)

@@ -1,0 +1,161 @@
+//! The three facts a session shows — binding, transport, sync — and how they
+//! read in the status line and in `/telegram-status`. Never conflated: each
+//! changes on its own and each is shown on its own.
+
+use crate::protocol::bus::{Epoch, Slot};
+use crate::protocol::host::Tone;
+
+/// Whether and how this session is bound to a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingFact {
+    /// No token, or a configuration error (`problem`).
+    Unconfigured {
+        problem: Option<String>,
+    },
+    /// Configured but not joined yet (`auto_connect = false`).
+    Idle,
+    /// Joining the bus, no slot yet.
+    Connecting,
+    Bound {
+        slot: Slot,
+        name: String,
+    },
+    /// The user disconnected this session.
+    Disconnected,
+}
+
+/// How this session reaches Telegram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportFact {
+    /// Not on the bus.
+    None,
+    Leader,
+    Follower,
+    Reconnecting,
+    /// Another process polls the same bot (Telegram's 409).
+    Conflict,
+    /// Telegram cannot be reached.
+    Offline,
+}
+
+/// Whether this session's routes agree with the leader's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncFact {
+    None,
+    Synced(Epoch),
+    Syncing,
+    Stale(String),
+}
+
+/// The three facts the status line shows, never conflated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub binding: BindingFact,
+    pub transport: TransportFact,
+    pub sync: SyncFact,
+}
+
+impl Facts {
+    /// The short status-line text and its tone, e.g. `TG A·api ● leader`.
+    pub fn render(&self) -> (String, Tone) {
+        let who = match &self.binding {
+            BindingFact::Unconfigured { problem: None } => {
+                return ("TG ○ not configured".into(), Tone::Muted);
+            }
+            BindingFact::Unconfigured { problem: Some(_) } => {
+                return ("TG ⚠ config error".into(), Tone::Error);
+            }
+            BindingFact::Idle => return ("TG ○ not connected".into(), Tone::Muted),
+            BindingFact::Disconnected => return ("TG ○ disconnected".into(), Tone::Muted),
+            BindingFact::Connecting => "TG".to_string(),
+            BindingFact::Bound { slot, name } => format!("TG {slot}·{}", short(name)),
+        };
+        let (transport, mut tone) = match self.transport {
+            TransportFact::None | TransportFact::Reconnecting => ("◌ reconnecting", Tone::Warning),
+            TransportFact::Leader => ("● leader", Tone::Success),
+            TransportFact::Follower => ("● follower", Tone::Success),
+            TransportFact::Conflict => ("⚠ 409 conflict", Tone::Warning),
+            TransportFact::Offline => ("○ offline", Tone::Error),
+        };
+        let transport = if self.binding == BindingFact::Connecting
+            && self.transport != TransportFact::Conflict
+        {
+            "◌ connecting"
+        } else {
+            transport
+        };
+        let sync = match &self.sync {
+            SyncFact::None | SyncFact::Synced(_) => "",
+            SyncFact::Syncing => {
+                tone = tone.max_severity(Tone::Info);
+                " ◌ syncing"
+            }
+            SyncFact::Stale(_) => {
+                tone = tone.max_severity(Tone::Warning);
+                " ⚠ stale"
+            }
+        };
+        (format!("{who} {transport}{sync}"), tone)
+    }
+}
+
+impl Tone {
+    fn severity(self) -> u8 {
+        match self {
+            Tone::Muted => 0,
+            Tone::Success => 1,
+            Tone::Info => 2,
+            Tone::Warning => 3,
+            Tone::Error => 4,
+        }
+    }
+
+    fn max_severity(self, other: Tone) -> Tone {
+        if other.severity() > self.severity() {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// At most 16 characters of a session name, for the status line.
+fn short(name: &str) -> String {
+    let mut out: String = name.chars().take(16).collect();
+    if name.chars().count() > 16 {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
+pub fn describe_binding(b: &BindingFact) -> String {
+    match b {
+        BindingFact::Unconfigured { problem: None } => "unconfigured".into(),
+        BindingFact::Unconfigured { problem: Some(p) } => format!("unconfigured ({p})"),
+        BindingFact::Idle => "not connected (run /telegram-connect)".into(),
+        BindingFact::Connecting => "connecting".into(),
+        BindingFact::Bound { slot, name } => format!("bound {slot} · {name}"),
+        BindingFact::Disconnected => "disconnected".into(),
+    }
+}
+
+pub fn describe_transport(t: &TransportFact) -> &'static str {
+    match t {
+        TransportFact::None => "none",
+        TransportFact::Leader => "leader (this process polls Telegram)",
+        TransportFact::Follower => "follower (through the leader)",
+        TransportFact::Reconnecting => "reconnecting",
+        TransportFact::Conflict => "conflict (409: another process polls this bot)",
+        TransportFact::Offline => "offline (Telegram unreachable)",
+    }
+}
+
+pub fn describe_sync(s: &SyncFact) -> String {
+    match s {
+        SyncFact::None => "none".into(),
+        SyncFact::Synced(epoch) => format!("synced@{epoch}"),
+        SyncFact::Syncing => "syncing".into(),
+        SyncFact::Stale(reason) => format!("stale ({reason})"),
+    }
+}

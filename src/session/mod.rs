@@ -1,0 +1,501 @@
+//! One agent session: what the host told us about it, its three status facts
+//! (binding, transport, sync), and the translation of host requests and
+//! events into relay actions. It sees neither bytes nor sockets: the host
+//! side is a [`HostLink`], the relay is a [`bus::Member`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::{JoinRequest, Member, MemberState, Role};
+use crate::commands::{self, Command};
+use crate::config::{Config, ConfigError};
+use crate::host::{Handler, HostEvent, HostLink, RpcError};
+use crate::paths::Paths;
+use crate::topics;
+mod facts;
+
+use crate::commands::{relay_status_text, restart_text};
+use crate::protocol::host::*;
+pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
+use facts::{describe_binding, describe_sync, describe_transport};
+
+/// How long the user has to answer a confirmation dialog.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What `initialize` told us.
+#[derive(Debug, Clone)]
+struct Identity {
+    cwd: String,
+    session: SessionInfo,
+    host_pid: Option<u32>,
+    has_ui: bool,
+}
+
+impl Identity {
+    /// Names the session across restarts: the host's session file when it has
+    /// one (a resumed session gets its topic back), else cwd + session name.
+    fn profile_key(&self) -> String {
+        match &self.session.file {
+            Some(file) => format!("file:{file}"),
+            None => format!(
+                "cwd:{}#{}",
+                self.cwd,
+                self.session.name.as_deref().unwrap_or("")
+            ),
+        }
+    }
+
+    /// What the topic is called after the slot letter.
+    fn session_name(&self) -> String {
+        if let Some(name) = self
+            .session
+            .name
+            .as_deref()
+            .filter(|n| !n.trim().is_empty())
+        {
+            return name.trim().to_string();
+        }
+        std::path::Path::new(&self.cwd)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "session".into())
+    }
+}
+
+struct State {
+    identity: Option<Identity>,
+    initialized: bool,
+    disconnected: bool,
+    member: Option<Arc<Member>>,
+}
+
+/// One agent session, shared by the host transport's tasks.
+pub struct Session {
+    host: HostLink,
+    paths: Paths,
+    config: Result<Config, ConfigError>,
+    state: Mutex<State>,
+    facts: watch::Sender<Facts>,
+    stop: CancellationToken,
+    /// The `Arc` this session lives in, for spawning tasks from `&self`.
+    this: std::sync::Weak<Session>,
+}
+
+impl Session {
+    pub fn new(host: HostLink, paths: Paths, config: Result<Config, ConfigError>) -> Arc<Self> {
+        let binding = match &config {
+            Err(e) => BindingFact::Unconfigured {
+                problem: Some(e.to_string()),
+            },
+            Ok(c) if c.token.is_none() => BindingFact::Unconfigured { problem: None },
+            Ok(_) => BindingFact::Idle,
+        };
+        let (facts, _) = watch::channel(Facts {
+            binding,
+            transport: TransportFact::None,
+            sync: SyncFact::None,
+        });
+        Arc::new_cyclic(|this| Self {
+            this: this.clone(),
+            host,
+            paths,
+            config,
+            state: Mutex::new(State {
+                identity: None,
+                initialized: false,
+                disconnected: false,
+                member: None,
+            }),
+            facts,
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// The current facts (for tests and `/telegram-status`).
+    pub fn facts(&self) -> Facts {
+        self.facts.borrow().clone()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock means a panic elsewhere already; the state itself is
+        // plain data and still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn member(&self) -> Option<Arc<Member>> {
+        self.state().member.clone()
+    }
+
+    /// Pushes the status line whenever a fact changes, from `initialized` on.
+    fn spawn_status_line(self: &Arc<Self>) {
+        let mut facts = self.facts.subscribe();
+        let host = self.host.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let (text, tone) = facts.borrow_and_update().render();
+                if last.as_ref() != Some(&(text.clone(), tone)) {
+                    host.notify(
+                        method::UI_SET_STATUS,
+                        &SetStatusParams {
+                            key: STATUS_KEY.into(),
+                            text: Some(text.clone()),
+                            tone,
+                        },
+                    );
+                    last = Some((text, tone));
+                }
+                tokio::select! {
+                    changed = facts.changed() => if changed.is_err() { break },
+                    () = stop.cancelled() => break,
+                }
+            }
+        });
+    }
+
+    /// Joins the bus (idempotent) and mirrors the member's state into facts.
+    fn connect(self: &Arc<Self>) -> Result<Arc<Member>, String> {
+        let config = match &self.config {
+            Ok(c) if c.token.is_some() => c.clone(),
+            Ok(c) => {
+                return Err(format!(
+                    "Telegram is not configured: set bot_token in {} or TELEGRAM_BOT_TOKEN.",
+                    c.file.display()
+                ));
+            }
+            Err(e) => return Err(format!("The configuration has an error: {e}")),
+        };
+        let mut state = self.state();
+        if let Some(member) = &state.member {
+            return Ok(member.clone());
+        }
+        let identity = state
+            .identity
+            .clone()
+            .ok_or("the host has not sent initialize yet")?;
+        let (member, deliveries) = Member::join(JoinRequest {
+            paths: self.paths.clone(),
+            config,
+            profile_key: identity.profile_key(),
+            session_name: identity.session_name(),
+            cwd: identity.cwd.clone(),
+            pid: std::process::id(),
+        });
+        let member = Arc::new(member);
+        state.member = Some(member.clone());
+        state.disconnected = false;
+        drop(state);
+        self.facts
+            .send_modify(|f| f.binding = BindingFact::Connecting);
+        self.spawn_member_mirror(&member);
+        drop(deliveries);
+        Ok(member)
+    }
+
+    fn spawn_member_mirror(self: &Arc<Self>, member: &Member) {
+        let mut states = member.watch();
+        let session = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let Some(session) = session.upgrade() else {
+                    break;
+                };
+                let state = states.borrow_and_update().clone();
+                session.apply_member_state(&state);
+                drop(session);
+                tokio::select! {
+                    changed = states.changed() => if changed.is_err() { break },
+                    () = stop.cancelled() => break,
+                }
+            }
+        });
+    }
+
+    fn apply_member_state(&self, member: &MemberState) {
+        if self.state().disconnected {
+            return;
+        }
+        self.facts.send_modify(|f| {
+            f.binding = match &member.route {
+                Some(route) => BindingFact::Bound {
+                    slot: route.slot,
+                    name: topics::session_part(&route.topic_name).to_string(),
+                },
+                None => BindingFact::Connecting,
+            };
+            f.transport = match member.role {
+                Role::Leader => TransportFact::Leader,
+                Role::Follower => TransportFact::Follower,
+                Role::Joining | Role::Reconnecting | Role::Stopped => TransportFact::Reconnecting,
+            };
+            f.sync = match (&member.problem, member.epoch) {
+                (Some(problem), _) => SyncFact::Stale(problem.clone()),
+                (None, Some(epoch)) if member.role.is_connected() => SyncFact::Synced(epoch),
+                _ => SyncFact::Syncing,
+            };
+        });
+    }
+
+    async fn run(self: &Arc<Self>, command: Command) -> ExecuteResult {
+        let (ok, message) = match command {
+            Command::Status { debug } => (true, self.status_report(debug).await),
+            Command::Connect => match self.connect() {
+                Ok(member) => {
+                    let state = member.wait_registered(Duration::from_secs(10)).await;
+                    match state.route {
+                        Some(route) => (
+                            true,
+                            format!(
+                                "Connected as slot {} ({}), {}.",
+                                route.slot,
+                                route.topic_name,
+                                state.role.describe()
+                            ),
+                        ),
+                        None => (
+                            false,
+                            format!(
+                                "Joining the relay is taking long: {}",
+                                state.problem.as_deref().unwrap_or("no leader answered yet")
+                            ),
+                        ),
+                    }
+                }
+                Err(message) => (false, message),
+            },
+            Command::Disconnect => self.disconnect().await,
+            Command::RelayStatus => match self.member() {
+                Some(member) => match member.status().await {
+                    Ok(status) => (true, relay_status_text(&status)),
+                    Err(e) => (false, format!("Relay status unavailable: {e}")),
+                },
+                None => (
+                    false,
+                    "This session is not connected to the relay; run /telegram-connect first."
+                        .into(),
+                ),
+            },
+            Command::RelayRestart => match self.member() {
+                Some(member) => match member.restart().await {
+                    Ok(outcome) => restart_text(&outcome),
+                    Err(e) => (false, format!("Relay restart failed: {e}")),
+                },
+                None => (
+                    false,
+                    "This session is not connected to the relay; run /telegram-connect first."
+                        .into(),
+                ),
+            },
+        };
+        ExecuteResult { ok, message }
+    }
+
+    async fn disconnect(self: &Arc<Self>) -> (bool, String) {
+        let Some(member) = self.member() else {
+            return (false, "This session is not connected to the relay.".into());
+        };
+        let state = member.watch().borrow().clone();
+        let what = match &state.route {
+            Some(route) => format!("topic {} · {}", route.slot, route.topic_name),
+            None => "this session's topic".into(),
+        };
+        let has_ui = self.state().identity.as_ref().is_some_and(|i| i.has_ui);
+        if has_ui {
+            let confirm = self
+                .host
+                .request::<_, ConfirmResult>(
+                    method::UI_CONFIRM,
+                    &ConfirmParams {
+                        title: "Disconnect from Telegram".into(),
+                        message: format!("Delete {what} and disconnect this session?"),
+                        timeout_ms: Some(CONFIRM_TIMEOUT.as_millis() as u64),
+                    },
+                    CONFIRM_TIMEOUT + Duration::from_secs(5),
+                )
+                .await;
+            match confirm {
+                Ok(ConfirmResult { confirmed: true }) => {}
+                Ok(_) => return (false, "Disconnect cancelled; nothing changed.".into()),
+                Err(e) => {
+                    return (
+                        false,
+                        format!("Disconnect cancelled ({e}); nothing changed."),
+                    );
+                }
+            }
+        }
+        match member.disconnect().await {
+            Ok(_) => {
+                {
+                    let mut state = self.state();
+                    state.member = None;
+                    state.disconnected = true;
+                }
+                member.leave().await;
+                self.facts.send_modify(|f| {
+                    f.binding = BindingFact::Disconnected;
+                    f.transport = TransportFact::None;
+                    f.sync = SyncFact::None;
+                });
+                (
+                    true,
+                    format!("Deleted {what}; this session no longer relays to Telegram."),
+                )
+            }
+            Err(e) => (
+                false,
+                format!("Topic deletion not confirmed ({e}); retry /telegram-disconnect."),
+            ),
+        }
+    }
+
+    async fn status_report(&self, debug: bool) -> String {
+        let facts = self.facts();
+        let mut out = String::new();
+        let config_line = match &self.config {
+            Err(e) => format!("configuration: error — {e}"),
+            Ok(c) => match &c.token {
+                None => format!(
+                    "configuration: not configured — set bot_token in {} (or TELEGRAM_BOT_TOKEN)",
+                    c.file.display()
+                ),
+                Some(t) => format!(
+                    "configuration: bot {} · chat {} · {} allowed user(s) · {}",
+                    t.bot_id(),
+                    c.chat_id.map_or("not set".into(), |id| id.to_string()),
+                    c.allowed_users.len(),
+                    c.file.display()
+                ),
+            },
+        };
+        out.push_str(&config_line);
+        out.push('\n');
+        out.push_str(&format!("binding: {}\n", describe_binding(&facts.binding)));
+        out.push_str(&format!(
+            "transport: {}\n",
+            describe_transport(&facts.transport)
+        ));
+        out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
+        if let Some(member) = self.member() {
+            let state = member.watch().borrow().clone();
+            if let Some(pid) = state.leader_pid {
+                out.push_str(&format!("leader: pid {pid}"));
+                if let Some(epoch) = state.epoch {
+                    out.push_str(&format!(", epoch {epoch}"));
+                }
+                out.push('\n');
+            }
+            if debug {
+                out.push_str(&format!("debug: {state:?}\n"));
+            }
+        }
+        if debug {
+            let identity = self.state().identity.clone();
+            if let Some(identity) = identity {
+                out.push_str(&format!(
+                    "debug: profile {:?}, host pid {:?}, sidecar pid {}\n",
+                    identity.profile_key(),
+                    identity.host_pid,
+                    std::process::id()
+                ));
+            }
+            out.push_str(&format!(
+                "debug: state dir {}, runtime dir {}\n",
+                self.paths.state_dir.display(),
+                self.paths.runtime_dir.display()
+            ));
+        }
+        out.truncate(out.trim_end().len());
+        out
+    }
+}
+
+impl Handler for Session {
+    async fn initialize(&self, params: InitializeParams) -> Result<InitializeResult, RpcError> {
+        if params.protocol_version < PROTOCOL_VERSION {
+            return Err(RpcError {
+                code: -32602,
+                message: format!(
+                    "unsupported protocolVersion {}: this sidecar speaks {PROTOCOL_VERSION}",
+                    params.protocol_version
+                ),
+            });
+        }
+        self.state().identity = Some(Identity {
+            cwd: params.cwd,
+            session: params.session,
+            host_pid: params.pid,
+            has_ui: params.has_ui,
+        });
+        Ok(InitializeResult {
+            protocol_version: PROTOCOL_VERSION,
+            sidecar: SidecarInfo {
+                name: env!("CARGO_PKG_NAME").into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+            commands: commands::specs(),
+            status_key: STATUS_KEY.into(),
+        })
+    }
+
+    async fn execute(&self, params: ExecuteParams) -> ExecuteResult {
+        match commands::parse(&params.name, &params.args) {
+            Ok(command) => match self.me() {
+                Some(me) => me.run(command).await,
+                None => ExecuteResult {
+                    ok: false,
+                    message: "the session is shutting down".into(),
+                },
+            },
+            Err(usage) => ExecuteResult {
+                ok: false,
+                message: usage.to_string(),
+            },
+        }
+    }
+
+    fn notify(&self, event: HostEvent) {
+        match event {
+            HostEvent::Initialized => {
+                let Some(me) = self.me() else { return };
+                let first = !std::mem::replace(&mut self.state().initialized, true);
+                if !first {
+                    return;
+                }
+                me.spawn_status_line();
+                let auto = matches!(&self.config, Ok(c) if c.token.is_some() && c.auto_connect);
+                if auto && let Err(e) = me.connect() {
+                    tracing::warn!("cannot join the relay: {e}");
+                }
+            }
+            other => tracing::trace!(?other, "host event"),
+        }
+    }
+
+    async fn shutdown(&self, params: ShutdownParams) {
+        tracing::info!(reason = ?params.reason, "host asked to shut down");
+        self.close().await;
+    }
+}
+
+impl Session {
+    /// The `Arc` this session lives in, for spawning tasks from `&self`.
+    fn me(&self) -> Option<Arc<Self>> {
+        self.this.upgrade()
+    }
+
+    /// Leaves the bus and stops background tasks. Idempotent.
+    pub async fn close(&self) {
+        let member = self.state().member.take();
+        if let Some(member) = member {
+            member.leave().await;
+        }
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,201 @@
+//! The leader's long poll (DESIGN §5).
+//!
+//! Each `getUpdates` batch is written to the inbound journal and the offset
+//! advanced in one SQLite transaction *before* anything is routed, so a
+//! leader that dies mid-batch loses nothing: its successor either finds the
+//! batch journaled or fetches it again from the old offset. Updates are
+//! decoded one by one; an unknown or broken one is skipped and the offset
+//! still moves past it. The poller never gives up: a 409 (another poller),
+//! 5xx or network failure backs off and tries again.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{BotApi, TelegramError, Update};
+use crate::store::{NewUpdate, Store, StoreError};
+
+/// Seconds Telegram may hold one long poll open.
+pub const POLL_TIMEOUT_S: u32 = 30;
+
+/// How the poll is doing, for the status line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PollHealth {
+    /// Not polled yet.
+    Starting,
+    Ok,
+    /// Telegram's 409: another process polls this bot.
+    Conflict,
+    /// Telegram cannot be reached or answers with errors.
+    Offline(String),
+}
+
+/// One journaled batch, handed to the router after the transaction.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Updates newly written to the journal, in update order.
+    pub journaled: Vec<NewUpdate>,
+    /// Decoded updates the triage did not journal (pairing, General, …).
+    pub others: Vec<Update>,
+}
+
+/// Decides what an update is: a message for a session's journal, or
+/// something the leader handles itself.
+pub trait Triage: Send + 'static {
+    fn journal(&mut self, update: &Update) -> Option<NewUpdate>;
+}
+
+pub struct Poller<T> {
+    pub api: BotApi,
+    pub store: Arc<Mutex<Store>>,
+    pub triage: T,
+    pub batches: mpsc::Sender<Batch>,
+    pub health: watch::Sender<PollHealth>,
+    pub stop: CancellationToken,
+}
+
+/// Exponential backoff with full jitter, for one kind of failure.
+struct Backoff {
+    start: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(start: Duration, cap: Duration) -> Self {
+        Self {
+            start,
+            cap,
+            next: start,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.start;
+    }
+
+    fn step(&mut self) -> Duration {
+        let wait = self.next.mul_f64(0.5 + fastrand::f64() / 2.0);
+        self.next = (self.next * 2).min(self.cap);
+        wait
+    }
+}
+
+fn update_id_of(value: &Value) -> Option<i64> {
+    value.get("update_id").and_then(Value::as_i64)
+}
+
+impl<T: Triage> Poller<T> {
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Polls until `stop` is cancelled. Returns only then, or when the store
+    /// fails (the leader must not go on without its journal).
+    pub async fn run(mut self) -> Result<(), StoreError> {
+        let mut conflict = Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
+        let mut failure = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
+        self.delete_webhook(&mut failure).await;
+        while !self.stop.is_cancelled() {
+            let offset = self.store().offset()?;
+            let polled = tokio::select! {
+                () = self.stop.cancelled() => break,
+                polled = self.api.get_updates(offset, POLL_TIMEOUT_S, 100) => polled,
+            };
+            let wait = match polled {
+                Ok(raw) => {
+                    conflict.reset();
+                    failure.reset();
+                    self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
+                    self.journal(raw).await?;
+                    continue;
+                }
+                Err(TelegramError::Conflict { .. }) => {
+                    tracing::warn!("409 conflict: another process polls this bot");
+                    self.health
+                        .send_if_modified(|h| replace(h, PollHealth::Conflict));
+                    conflict.step()
+                }
+                Err(TelegramError::RateLimited { retry_after }) => retry_after,
+                Err(e) => {
+                    tracing::warn!("getUpdates failed: {e}");
+                    self.health
+                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
+                    failure.step()
+                }
+            };
+            tokio::select! {
+                () = self.stop.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Long polling and a webhook exclude each other; pending updates are kept.
+    async fn delete_webhook(&self, backoff: &mut Backoff) {
+        loop {
+            let result = tokio::select! {
+                () = self.stop.cancelled() => return,
+                r = self.api.delete_webhook(false) => r,
+            };
+            match result {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!("deleteWebhook failed: {e}");
+                    self.health
+                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
+                    let wait = e.retry_after().unwrap_or_else(|| backoff.step());
+                    tokio::select! {
+                        () = self.stop.cancelled() => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes, journals and advances the offset in one transaction, then
+    /// hands what was new to the router.
+    async fn journal(&mut self, raw: Vec<Value>) -> Result<(), StoreError> {
+        let Some(last) = raw.iter().filter_map(update_id_of).max() else {
+            if !raw.is_empty() {
+                tracing::warn!("a batch of {} updates without readable ids", raw.len());
+            }
+            return Ok(());
+        };
+        let mut journal = Vec::new();
+        let mut others = Vec::new();
+        for value in &raw {
+            match Update::decode(value) {
+                Ok(update) => match self.triage.journal(&update) {
+                    Some(entry) => journal.push(entry),
+                    None => others.push(update),
+                },
+                Err(e) => tracing::warn!("skipping an update: {e}"),
+            }
+        }
+        // A short WAL transaction: cheaper inline than a hop to a blocking thread.
+        let inserted = self.store().journal_batch(&journal, last + 1)?;
+        let journaled = journal
+            .into_iter()
+            .filter(|u| inserted.contains(&u.update_id))
+            .collect();
+        let batch = Batch { journaled, others };
+        // The router may be gone when the leader is stopping; the journal
+        // already holds everything, so nothing is lost.
+        let _ = self.batches.send(batch).await;
+        Ok(())
+    }
+}
+
+fn replace(health: &mut PollHealth, new: PollHealth) -> bool {
+    if *health == new {
+        return false;
+    }
+    *health = new;
+    true
+}

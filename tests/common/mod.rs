@@ -1,0 +1,420 @@
+//! A scripted host for integration tests: spawns the real `agent-relay`
+//! binary with its own `AGENT_RELAY_HOME`, speaks JSON-RPC to it over its
+//! stdio and records everything it says. Every wait has a timeout; every
+//! process is killed when its `Sidecar` is dropped.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+pub use agent_relay::fake_bot_api::{
+    DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
+};
+
+/// The fake's default token.
+pub const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
+/// The secret part of [`TOKEN`], which must never appear in any output.
+pub const SECRET: &str = "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
+
+/// A fake Bot API with the usual test world (a forum with full rights and
+/// user [`USER`]).
+pub async fn fake() -> FakeServer {
+    fake_with(FakeConfig::default()).await
+}
+
+pub async fn fake_with(config: FakeConfig) -> FakeServer {
+    let server = FakeBotApi::start(config)
+        .await
+        .expect("start the fake Bot API");
+    server.api().add_default_chats();
+    server
+}
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agent-relay"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    ToSidecar,
+    FromSidecar,
+}
+
+/// Answers the sidecar's own requests (`ui/confirm` and friends): given the
+/// method and params, the result to send, or `None` to leave it unanswered.
+pub type AutoAnswer = Arc<dyn Fn(&str, &Value) -> Option<Value> + Send + Sync>;
+
+#[derive(Default)]
+struct Inbox {
+    /// Notifications and requests from the sidecar, in order.
+    messages: Vec<Value>,
+    /// Lines on stdout that are not JSON (stdout must carry protocol only).
+    garbage: Vec<String>,
+    closed: bool,
+}
+
+type Responders = Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>;
+
+pub struct Sidecar {
+    pub child: Child,
+    lines: Option<mpsc::UnboundedSender<String>>,
+    inbox: Arc<Mutex<Inbox>>,
+    changed: Arc<Notify>,
+    responders: Responders,
+    next_id: u64,
+    /// Every message exchanged, for checking against the schemas.
+    pub traffic: Arc<Mutex<Vec<(Direction, Value)>>>,
+}
+
+pub struct Options<'a> {
+    pub home: &'a Path,
+    pub env: Vec<(String, String)>,
+    pub auto_answer: Option<AutoAnswer>,
+}
+
+impl<'a> Options<'a> {
+    pub fn new(home: &'a Path) -> Self {
+        Self {
+            home,
+            env: Vec::new(),
+            auto_answer: None,
+        }
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The env of a sidecar configured for `fake`'s bot, its forum and user.
+    pub fn configured(self, fake: &FakeServer) -> Self {
+        self.env("TELEGRAM_BOT_TOKEN", &fake.api().token())
+            .env("AGENT_RELAY_CHAT_ID", &CHAT.to_string())
+            .env("AGENT_RELAY_ALLOWED_USERS", &USER.to_string())
+            .env("AGENT_RELAY_API_URL", &fake.url())
+    }
+
+    pub fn answer(mut self, auto: AutoAnswer) -> Self {
+        self.auto_answer = Some(auto);
+        self
+    }
+}
+
+fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+impl Sidecar {
+    pub fn spawn(options: Options<'_>) -> Sidecar {
+        let mut command = Command::new(binary());
+        command
+            .arg("stdio")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("AGENT_RELAY_HOME", options.home)
+            .env("AGENT_RELAY_LOG", "debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in &options.env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn agent-relay");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let inbox = Arc::new(Mutex::new(Inbox::default()));
+        let changed = Arc::new(Notify::new());
+        let responders: Responders = Arc::default();
+        let traffic: Arc<Mutex<Vec<(Direction, Value)>>> = Arc::default();
+        let (lines_tx, mut lines_rx) = mpsc::unbounded_channel::<String>();
+
+        // Writer: one task owns stdin, so answers never wait on the reader.
+        tokio::spawn(async move {
+            while let Some(line) = lines_rx.recv().await {
+                if stdin.write_all(line.as_bytes()).await.is_err()
+                    || stdin.write_all(b"\n").await.is_err()
+                    || stdin.flush().await.is_err()
+                {
+                    break;
+                }
+            }
+        });
+
+        // Reader: responses to their waiters, everything else to the inbox.
+        {
+            let inbox = inbox.clone();
+            let changed = changed.clone();
+            let responders = responders.clone();
+            let traffic = traffic.clone();
+            let auto = options.auto_answer.clone();
+            // Weak, so that dropping the test's sender really closes stdin.
+            let answers = lines_tx.downgrade();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let Ok(value) = serde_json::from_str::<Value>(&line) else {
+                        inbox.lock().unwrap().garbage.push(line);
+                        changed.notify_waiters();
+                        continue;
+                    };
+                    traffic
+                        .lock()
+                        .unwrap()
+                        .push((Direction::FromSidecar, value.clone()));
+                    if value.get("method").is_none() {
+                        let key = value.get("id").map(id_key).unwrap_or_default();
+                        let waiter = responders.lock().unwrap().remove(&key);
+                        if let Some(tx) = waiter {
+                            let _ = tx.send(value);
+                            continue;
+                        }
+                    } else if let (Some(id), Some(auto)) = (value.get("id"), &auto) {
+                        let method = value["method"].as_str().unwrap_or_default();
+                        if let (Some(result), Some(answers)) =
+                            (auto(method, &value["params"]), answers.upgrade())
+                        {
+                            let _ = answers.send(
+                                json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+                            );
+                        }
+                    }
+                    inbox.lock().unwrap().messages.push(value);
+                    changed.notify_waiters();
+                }
+                inbox.lock().unwrap().closed = true;
+                changed.notify_waiters();
+            });
+        }
+        Sidecar {
+            child,
+            lines: Some(lines_tx),
+            inbox,
+            changed,
+            responders,
+            next_id: 0,
+            traffic,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    /// Writes one raw line.
+    pub fn send_line(&self, line: &str) {
+        if let Ok(value) = serde_json::from_str::<Value>(line) {
+            self.traffic
+                .lock()
+                .unwrap()
+                .push((Direction::ToSidecar, value));
+        }
+        if let Some(lines) = &self.lines {
+            let _ = lines.send(line.to_string());
+        }
+    }
+
+    /// Sends a request and waits for its response (the whole message).
+    pub async fn call_raw(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        let (tx, rx) = oneshot::channel();
+        self.responders.lock().unwrap().insert(id_key(&id), tx);
+        self.send_line(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+        tokio::time::timeout(WAIT, rx)
+            .await
+            .unwrap_or_else(|_| panic!("no response to {method} within {WAIT:?}"))
+            .expect("sidecar closed")
+    }
+
+    /// Sends a request whose response is a waiter of its own, for
+    /// overlapping requests.
+    pub fn call_later(&mut self, method: &str, params: Value) -> oneshot::Receiver<Value> {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        let (tx, rx) = oneshot::channel();
+        self.responders.lock().unwrap().insert(id_key(&id), tx);
+        self.send_line(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+        rx
+    }
+
+    /// Sends a request and returns its `result`, panicking on an error.
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let response = self.call_raw(method, params).await;
+        assert!(
+            response.get("error").is_none(),
+            "{method} failed: {response}"
+        );
+        response["result"].clone()
+    }
+
+    pub fn notify(&self, method: &str, params: Value) {
+        self.send_line(&json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string());
+    }
+
+    /// `initialize` + `initialized` as a host named `test-host` in `cwd`.
+    pub async fn handshake(&mut self, cwd: &str, session_name: &str) -> Value {
+        let result = self
+            .call(
+                "initialize",
+                json!({
+                    "protocolVersion": 1,
+                    "host": {"name": "test-host", "version": "1.0"},
+                    "pid": std::process::id(),
+                    "cwd": cwd,
+                    "session": {"id": format!("id-{session_name}"), "name": session_name},
+                    "hasUI": true
+                }),
+            )
+            .await;
+        self.notify("initialized", json!({}));
+        result
+    }
+
+    /// Runs a command and returns `(ok, message)`.
+    pub async fn command(&mut self, name: &str, args: &str) -> (bool, String) {
+        let result = self
+            .call("command/execute", json!({"name": name, "args": args}))
+            .await;
+        (
+            result["ok"].as_bool().expect("ok is a bool"),
+            result["message"]
+                .as_str()
+                .expect("message is a string")
+                .to_string(),
+        )
+    }
+
+    /// Waits for a message from the sidecar matching `pred`; returns it.
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_for_within(what, WAIT, pred)
+            .await
+            .unwrap_or_else(|| {
+                let inbox = self.inbox.lock().unwrap();
+                panic!("timed out waiting for {what}; got {:#?}", inbox.messages)
+            })
+    }
+
+    pub async fn wait_for_within(
+        &self,
+        _what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let inbox = self.inbox.lock().unwrap();
+                if let Some(found) = inbox.messages.iter().rev().find(|m| pred(m)) {
+                    return Some(found.clone());
+                }
+                if inbox.closed {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Waits until the latest `ui/setStatus` text satisfies `pred`.
+    pub async fn wait_status(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let latest = self.latest_status();
+            if let Some(text) = &latest
+                && pred(text)
+            {
+                return text.clone();
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!("status line never matched; latest {latest:?}");
+            }
+        }
+    }
+
+    pub fn latest_status(&self) -> Option<String> {
+        let inbox = self.inbox.lock().unwrap();
+        inbox
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m["method"] == "ui/setStatus")
+            .and_then(|m| m["params"]["text"].as_str().map(String::from))
+    }
+
+    pub fn messages(&self) -> Vec<Value> {
+        self.inbox.lock().unwrap().messages.clone()
+    }
+
+    pub fn garbage(&self) -> Vec<String> {
+        self.inbox.lock().unwrap().garbage.clone()
+    }
+
+    /// Closes stdin, as a host does when it goes away.
+    pub fn close_stdin(&mut self) {
+        self.lines = None;
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub async fn wait_exit(&mut self) -> Option<i32> {
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("sidecar did not exit in time")
+            .expect("wait");
+        status.code()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) with a pid we spawned and still own.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
+    }
+
+    pub async fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = tokio::time::timeout(WAIT, self.child.wait()).await;
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        // A SIGSTOPped child must be continued to die promptly.
+        if let Some(pid) = self.child.id() {
+            // SAFETY: signalling a child we spawned.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGCONT);
+            }
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A fresh home with nothing configured.
+pub fn home() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("relay-test-")
+        .tempdir()
+        .expect("tempdir")
+}
