@@ -16,8 +16,9 @@ use tokio::io::AsyncWriteExt;
 
 const BOT: &str = "123456789";
 
+/// Registered and reconciled: nothing after the role (no "syncing").
 fn connected(status: &str) -> bool {
-    status.contains("● leader") || status.contains("● follower")
+    status.ends_with("● leader") || status.ends_with("● follower")
 }
 
 fn slot_of(status: &str) -> char {

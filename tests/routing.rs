@@ -11,8 +11,9 @@ use agent_relay::fake_bot_api::{Inject, TopicInfo};
 use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT};
 use serde_json::{Value, json};
 
+/// Registered and reconciled: nothing after the role (no "syncing").
 fn connected(status: &str) -> bool {
-    status.contains("● leader") || status.contains("● follower")
+    status.ends_with("● leader") || status.ends_with("● follower")
 }
 
 /// A host that takes every prompt.

@@ -38,6 +38,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const REFUSED_START: Duration = Duration::from_secs(1);
 /// …and grows up to here.
 const REFUSED_CAP: Duration = Duration::from_secs(30);
+/// How long a restart may take to converge before it is reported partial.
+pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
+/// How often the restart's caller looks at the bus while it converges.
+const RESTART_POLL: Duration = Duration::from_millis(20);
 /// How long the leader has to answer a registration.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -94,6 +98,10 @@ pub struct MemberState {
     pub telegram: Health,
     /// Nobody may drive sessions yet: pairing is needed.
     pub needs_pairing: bool,
+    /// The route snapshot was reconciled with the leader at `epoch`.
+    pub synced: bool,
+    /// The last restart announced by a leader, and when it was heard.
+    pub restarting: Option<(Restarting, Instant)>,
     /// Why the member cannot do its job right now, if it cannot.
     pub problem: Option<String>,
 }
@@ -154,6 +162,8 @@ impl Member {
             leader_pid: None,
             telegram: Health::Starting,
             needs_pairing: false,
+            synced: false,
+            restarting: None,
             problem: None,
         });
         let stop = CancellationToken::new();
@@ -260,8 +270,92 @@ impl Member {
         }
     }
 
-    pub async fn restart(&self) -> Result<RestartOutcome, MemberError> {
-        self.call(Call::Restart).await
+    /// `/relay restart`: asks the leader to restart the relay (or joins a
+    /// restart already under way), then watches the bus until every expected
+    /// route is back at a newer epoch, for at most [`RESTART_WINDOW`].
+    pub async fn restart(&self) -> RestartOutcome {
+        let started = Instant::now();
+        let recent = self
+            .state
+            .borrow()
+            .restarting
+            .clone()
+            .filter(|(_, heard)| heard.elapsed() < RESTART_WINDOW);
+        // A restart that is still converging is joined, not repeated.
+        let in_flight = match recent {
+            Some((plan, _)) => match self.status().await {
+                Ok(status) if converged(&plan, &status) => None,
+                _ => Some(plan),
+            },
+            None => None,
+        };
+        let plan = match in_flight {
+            Some(plan) => plan,
+            None => match self.call::<RestartPlan>(Call::Restart).await {
+                Ok(plan) => plan,
+                Err(e) => {
+                    return RestartOutcome::Failed {
+                        reason: e.to_string(),
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                    };
+                }
+            },
+        };
+        self.converge(&plan, started).await
+    }
+
+    async fn converge(&self, plan: &RestartPlan, started: Instant) -> RestartOutcome {
+        let deadline = started + RESTART_WINDOW;
+        let elapsed_ms = || started.elapsed().as_millis() as u64;
+        let mut last: Option<BusStatus> = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(Ok(status)) = tokio::time::timeout(left, self.status()).await
+                && status.epoch > plan.epoch
+            {
+                if converged(plan, &status) {
+                    return RestartOutcome::Complete {
+                        routes: plan.expected_routes,
+                        elapsed_ms: elapsed_ms(),
+                    };
+                }
+                last = Some(status);
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(RESTART_POLL).await;
+        }
+        match last {
+            Some(status) => {
+                let missing: Vec<String> = plan
+                    .expected
+                    .iter()
+                    .filter(|key| {
+                        !status
+                            .sessions
+                            .iter()
+                            .any(|s| &s.profile_key == *key && s.live && s.reconciled)
+                    })
+                    .cloned()
+                    .collect();
+                RestartOutcome::PartialTimeout {
+                    back: plan.expected_routes.saturating_sub(missing.len() as u32),
+                    expected: plan.expected_routes,
+                    missing,
+                    elapsed_ms: elapsed_ms(),
+                }
+            }
+            None => RestartOutcome::Failed {
+                reason: self
+                    .state
+                    .borrow()
+                    .problem
+                    .clone()
+                    .unwrap_or_else(|| "no leader was elected".into()),
+                elapsed_ms: elapsed_ms(),
+            },
+        }
     }
 
     /// A Bot API call through the leader.
@@ -282,6 +376,18 @@ impl Member {
             tracing::warn!("bus member ended abnormally: {e}");
         }
     }
+}
+
+/// Whether every route a restart expects is back, live and reconciled at a
+/// newer epoch.
+fn converged(plan: &RestartPlan, status: &BusStatus) -> bool {
+    status.epoch > plan.epoch
+        && plan.expected.iter().all(|key| {
+            status
+                .sessions
+                .iter()
+                .any(|s| &s.profile_key == key && s.live && s.reconciled)
+        })
 }
 
 fn bot_id(config: &Config) -> BotId {
@@ -524,16 +630,24 @@ impl Actor {
             tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         let silent_limit = interval * HEARTBEAT_MISSES;
         let mut last_heard = Instant::now();
+        // Every (re)connect starts with the route snapshot.
+        let mut reconcile = match self.send_reconcile(&mut writer).await {
+            Ok(id) => Some(id),
+            Err(e) => return Ended::Lost(e.to_string()),
+        };
         let ended = loop {
             tokio::select! {
                 () = self.stop.cancelled() => break Ended::Stopped,
                 frame = reader.recv::<FromLeader>() => match frame {
                     Ok(Some(Incoming::Envelope(frame))) => {
                         last_heard = Instant::now();
-                        if self.on_frame(frame, &mut pending).await {
-                            // Paired while this session had no topic: register
-                            // again so the leader can provision one now.
-                            break Ended::Reregister;
+                        match self.on_frame(frame, &mut pending, &mut reconcile).await {
+                            Next::Go => {}
+                            Next::Reconcile => match self.send_reconcile(&mut writer).await {
+                                Ok(id) => reconcile = Some(id),
+                                Err(e) => break Ended::Lost(e.to_string()),
+                            },
+                            Next::Reregister => break Ended::Reregister,
                         }
                     }
                     Ok(Some(Incoming::Malformed { error, .. })) => {
@@ -589,59 +703,132 @@ impl Actor {
         ended
     }
 
-    /// Handles one frame; true when the session should register again.
+    /// Sends this session's full route snapshot; returns the request id.
+    async fn send_reconcile(&mut self, writer: &mut WireWriter) -> std::io::Result<u64> {
+        let id = self.next_id();
+        let (observed_epoch, routes) = {
+            let state = self.state.borrow();
+            (
+                state.epoch.unwrap_or(0),
+                state.route.iter().cloned().collect(),
+            )
+        };
+        self.set(|s| s.synced = false);
+        writer
+            .send(&ToLeader::Reconcile(Reconcile {
+                id,
+                generation: self.generation,
+                observed_epoch,
+                routes,
+            }))
+            .await?;
+        Ok(id)
+    }
+
+    /// Handles one frame from the leader.
     async fn on_frame(
         &mut self,
         frame: FromLeader,
         pending: &mut HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>,
-    ) -> bool {
+        reconcile: &mut Option<u64>,
+    ) -> Next {
         match frame {
             FromLeader::Ack(ack) => {
-                if self.state.borrow().epoch != Some(ack.epoch) {
-                    tracing::info!(epoch = ack.epoch, "the leader's epoch changed");
+                if ack.id.is_some() && ack.id == *reconcile {
+                    *reconcile = None;
+                    return self.reconciled(ack);
+                }
+                let moved = self.state.borrow().epoch != Some(ack.epoch);
+                if moved {
+                    tracing::info!(epoch = ack.epoch, "the leader's epoch changed; reconciling");
                     self.set(|s| s.epoch = Some(ack.epoch));
                 }
-                let Some(reply) = ack.id.and_then(|id| pending.remove(&id)) else {
-                    if let Some(e) = ack.error {
-                        tracing::debug!("leader refused a frame: {e}");
-                    }
-                    return false;
-                };
-                let answer = if ack.ok {
-                    Ok(ack.result.unwrap_or(Value::Null))
-                } else {
-                    Err(MemberError::Refused(ack.error.unwrap_or_else(|| {
-                        BusError {
-                            code: BusErrorCode::Internal,
-                            message: "refused without a reason".into(),
-                            retry_after: None,
-                            commit_unknown: false,
-                        }
-                    })))
-                };
-                let _ = reply.send(answer);
+                if let Some(reply) = ack.id.and_then(|id| pending.remove(&id)) {
+                    let answer = if ack.ok {
+                        Ok(ack.result.unwrap_or(Value::Null))
+                    } else {
+                        Err(MemberError::Refused(ack.error.unwrap_or_else(|| {
+                            BusError {
+                                code: BusErrorCode::Internal,
+                                message: "refused without a reason".into(),
+                                retry_after: None,
+                                commit_unknown: false,
+                            }
+                        })))
+                    };
+                    let _ = reply.send(answer);
+                } else if let Some(e) = ack.error {
+                    tracing::debug!("leader refused a frame: {e}");
+                }
+                if moved && reconcile.is_none() {
+                    return Next::Reconcile;
+                }
             }
             FromLeader::Deliver(deliver) => {
                 if self.deliveries.send(deliver).await.is_err() {
                     tracing::debug!("no session listens for deliveries");
                 }
             }
-            FromLeader::Restarting(r) => {
-                tracing::info!(epoch = r.epoch, "the leader is restarting the relay");
+            FromLeader::Restarting(plan) => {
+                tracing::info!(epoch = plan.epoch, "the leader is restarting the relay");
+                self.set(|s| {
+                    s.synced = false;
+                    s.restarting = Some((plan, Instant::now()));
+                });
             }
             FromLeader::Health(health) => self.set(|s| s.telegram = health),
             FromLeader::Paired(_) => {
                 self.set(|s| s.needs_pairing = false);
-                return self
+                // Paired while this session had no topic: register again so
+                // the leader can provision one now.
+                let topicless = self
                     .state
                     .borrow()
                     .route
                     .as_ref()
                     .is_some_and(|r| r.target.is_none());
+                if topicless {
+                    return Next::Reregister;
+                }
             }
         }
-        false
+        Next::Go
     }
+
+    /// The leader's answer to our route snapshot.
+    fn reconciled(&mut self, ack: Ack) -> Next {
+        let answer = ack
+            .result
+            .filter(|_| ack.ok)
+            .and_then(|v| serde_json::from_value::<Reconciled>(v).ok());
+        let Some(answer) = answer else {
+            let why = ack
+                .error
+                .map_or_else(|| "malformed answer".into(), |e| e.message);
+            tracing::warn!("reconcile failed: {why}");
+            self.set(|s| s.problem = Some(format!("reconcile failed: {why}")));
+            return Next::Go;
+        };
+        if let Some(rejected) = answer.rejected.first() {
+            // Our picture is wrong: forget it and register afresh.
+            tracing::warn!(key = %rejected.key, "route rejected: {}", rejected.reason);
+            self.carried = None;
+            self.set(|s| s.problem = Some(format!("route rejected: {}", rejected.reason)));
+            return Next::Reregister;
+        }
+        self.set(|s| {
+            s.epoch = Some(answer.epoch);
+            s.synced = true;
+        });
+        Next::Go
+    }
+}
+
+/// What the connection loop does after a frame.
+enum Next {
+    Go,
+    Reconcile,
+    Reregister,
 }
 
 /// Asks the running leader for the bus status without joining as a session

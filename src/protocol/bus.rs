@@ -357,9 +357,12 @@ pub struct InboundMessage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Restarting {
+    /// The epoch that is ending.
     pub epoch: Epoch,
     pub expected_instances: u32,
     pub expected_routes: u32,
+    /// The profile keys whose routes must come back.
+    pub expected: Vec<String>,
 }
 
 /// The bus as the leader sees it (`status` result).
@@ -390,9 +393,18 @@ pub struct SessionStatus {
     pub heartbeat_age_ms: u64,
     /// Whether the session is connected right now (false: binding kept only).
     pub live: bool,
+    /// Whether its route snapshot was reconciled with this leader.
+    #[serde(default)]
+    pub reconciled: bool,
 }
 
-/// `restart` result.
+/// What a restart means to do. The leader answers `restart` with it
+/// (the same [`Restarting`] it broadcasts) just before it steps down; the caller then
+/// polls `status` until the expected routes are back and reports a
+/// [`RestartOutcome`].
+pub type RestartPlan = Restarting;
+
+/// How a restart ended, as the caller reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum RestartOutcome {
@@ -419,6 +431,9 @@ pub struct Disconnected {
     /// The topic that was deleted, if the session had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted: Option<Target>,
+    /// The deletion is not confirmed yet; the next leader finishes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cleanup_pending: bool,
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::Registered>("bus/register.result"),
         file::<b::Reconciled>("bus/reconcile.result"),
         file::<b::Disconnected>("bus/disconnect.result"),
-        file::<b::RestartOutcome>("bus/restart.result"),
+        file::<b::RestartPlan>("bus/restart.result"),
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
         // config

@@ -287,7 +287,9 @@ impl Session {
             };
             f.sync = match (&member.problem, member.epoch) {
                 (Some(problem), _) => SyncFact::Stale(problem.clone()),
-                (None, Some(epoch)) if member.role.is_connected() => SyncFact::Synced(epoch),
+                (None, Some(epoch)) if member.role.is_connected() && member.synced => {
+                    SyncFact::Synced(epoch)
+                }
                 _ => SyncFact::Syncing,
             };
         });
@@ -310,10 +312,7 @@ impl Session {
                 ),
             },
             Command::RelayRestart => match self.member() {
-                Some(member) => match member.restart().await {
-                    Ok(outcome) => restart_text(&outcome),
-                    Err(e) => (false, format!("Relay restart failed: {e}")),
-                },
+                Some(member) => restart_text(&member.restart().await),
                 None => (
                     false,
                     "This session is not connected to the relay; run /telegram-connect first."
@@ -412,7 +411,7 @@ impl Session {
             }
         }
         match member.disconnect().await {
-            Ok(_) => {
+            Ok(disconnected) => {
                 {
                     let mut state = self.state();
                     state.member = None;
@@ -426,10 +425,21 @@ impl Session {
                     f.transport = TransportFact::None;
                     f.sync = SyncFact::None;
                 });
-                (
-                    true,
-                    format!("Deleted {what}; this session no longer relays to Telegram."),
-                )
+                if disconnected.cleanup_pending {
+                    // The leader hands over whatever Telegram said; its
+                    // successor finishes the deletion.
+                    (
+                        false,
+                        format!(
+                            "Disconnected, but Telegram has not confirmed deleting {what} yet; the relay will finish it."
+                        ),
+                    )
+                } else {
+                    (
+                        true,
+                        format!("Deleted {what}; this session no longer relays to Telegram."),
+                    )
+                }
             }
             Err(e) => (
                 false,

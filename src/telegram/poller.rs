@@ -21,6 +21,9 @@ use crate::store::{NewUpdate, Store, StoreError};
 /// Seconds Telegram may hold one long poll open.
 pub const POLL_TIMEOUT_S: u32 = 30;
 
+/// How long a stepping-down leader waits for its long poll to end.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// How the poll is doing, for the status line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PollHealth {
@@ -101,9 +104,16 @@ impl<T: Triage> Poller<T> {
         self.delete_webhook(&mut failure).await;
         while !self.stop.is_cancelled() {
             let offset = self.store().offset()?;
+            // A handle of its own, so the poll does not borrow `self`.
+            let api = self.api.clone();
+            let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
+            tokio::pin!(poll);
             let polled = tokio::select! {
-                () = self.stop.cancelled() => break,
-                polled = self.api.get_updates(offset, POLL_TIMEOUT_S, 100) => polled,
+                polled = &mut poll => polled,
+                () = self.stop.cancelled() => {
+                    self.end_long_poll(poll, offset).await;
+                    break;
+                }
             };
             let wait = match polled {
                 Ok(raw) => {
@@ -133,6 +143,25 @@ impl<T: Triage> Poller<T> {
             }
         }
         Ok(())
+    }
+
+    /// Ends our own long poll on Telegram's side before the leader lets go of
+    /// the lock: a short poll at the same offset makes Telegram terminate the
+    /// long one, so the next leader's poll never overlaps it. Nothing new is
+    /// confirmed (same offset) and whatever the short poll returns is left to
+    /// the next leader, which polls from the journaled offset.
+    async fn end_long_poll(
+        &self,
+        long: impl std::future::Future<Output = Result<Vec<Value>, TelegramError>>,
+        offset: Option<i64>,
+    ) {
+        let short = self.api.get_updates(offset, 0, 1);
+        if tokio::time::timeout(STOP_GRACE, futures::future::join(long, short))
+            .await
+            .is_err()
+        {
+            tracing::warn!("the long poll did not end within {STOP_GRACE:?}; leaving anyway");
+        }
     }
 
     /// Long polling and a webhook exclude each other; pending updates are kept.

@@ -97,6 +97,12 @@ struct Shared {
     /// Profiles whose topic was told that the session is away, so it is told
     /// only once per absence.
     told_offline: Mutex<HashSet<String>>,
+    /// The restart this leader is stepping down for, once one was asked:
+    /// a second request joins it.
+    restarting: std::sync::OnceLock<Restarting>,
+    /// Held while the cleanup intents a predecessor left are worked off:
+    /// nothing is provisioned before.
+    cleanup: Arc<tokio::sync::Mutex<()>>,
     stop: CancellationToken,
 }
 
@@ -223,6 +229,8 @@ pub async fn start(
         profile_locks: Mutex::default(),
         relay,
         told_offline: Mutex::default(),
+        restarting: std::sync::OnceLock::new(),
+        cleanup: Arc::default(),
         stop: CancellationToken::new(),
     });
     let allowed = config.allowed_users.clone();
@@ -253,7 +261,96 @@ impl LeaderHandle {
     }
 }
 
+/// `/relay restart`: answers with the plan, tells every session, and steps
+/// down. The member that owns this leader then releases the lock, and the
+/// bus elects a leader again; sessions come back on their own.
+fn restart(shared: &Arc<Shared>, conn: ConnId, req: &Restart) {
+    if let Err(e) = registry::check_generation(shared, conn, req.generation) {
+        shared.send(conn, shared.ack_err(Some(req.id), e));
+        return;
+    }
+    let mut first = false;
+    let plan = shared.restarting.get_or_init(|| {
+        first = true;
+        let mut expected: Vec<String> = shared
+            .registry()
+            .live()
+            .filter(|(_, s)| s.ready)
+            .map(|(_, s)| s.route.profile_key.clone())
+            .collect();
+        expected.sort();
+        let count = expected.len() as u32;
+        Restarting {
+            epoch: shared.epoch,
+            expected_instances: count,
+            expected_routes: count,
+            expected,
+        }
+    });
+    shared.send(conn, shared.ack_ok(req.id, plan));
+    if first {
+        tracing::info!(
+            routes = plan.expected_routes,
+            "restarting the relay on request"
+        );
+        shared.broadcast(&FromLeader::Restarting(plan.clone()));
+        shared.stop.cancel();
+    }
+}
+
+/// Finishes the topic deletions a previous leader promised but could not
+/// confirm, before anything is provisioned.
+async fn finish_cleanups(shared: &Shared) {
+    let intents = match shared.store().pending_cleanups() {
+        Ok(intents) => intents,
+        Err(e) => {
+            tracing::error!("cannot read cleanup intents: {e}");
+            return;
+        }
+    };
+    for intent in intents {
+        let params =
+            serde_json::json!({"chat_id": intent.chat_id, "message_thread_id": intent.thread_id});
+        let result = tokio::select! {
+            () = shared.stop.cancelled() => return,
+            r = shared.relay.call("deleteForumTopic", &params) => r,
+        };
+        let mut store = shared.store();
+        let recorded = match result {
+            Ok(_) | Err(crate::telegram::TelegramError::ThreadGone { .. }) => {
+                tracing::info!(
+                    thread = intent.thread_id,
+                    "finished a predecessor's topic deletion"
+                );
+                store.finish_cleanup(intent.id)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    thread = intent.thread_id,
+                    "a pending topic deletion failed again: {e}"
+                );
+                store.record_cleanup_attempt(intent.id)
+            }
+        };
+        if let Err(e) = recorded {
+            tracing::error!("cannot update a cleanup intent: {e}");
+        }
+    }
+}
+
 async fn run(shared: Arc<Shared>, listener: Listener, allowed: Vec<i64>) {
+    // Taken before the first accept, so no registration provisions anything
+    // until the cleanups are done.
+    match shared.cleanup.clone().try_lock_owned() {
+        Ok(guard) => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                finish_cleanups(&shared).await;
+                drop(guard);
+            });
+        }
+        Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
+    }
     let (batches_tx, mut batches) = mpsc::channel(64);
     let poller = Poller {
         api: shared.relay.api().clone(),
@@ -424,25 +521,12 @@ fn handle(shared: &Arc<Shared>, conn: ConnId, envelope: ToLeader, requests: &mut
         }
         ToLeader::DeliveryAck(ack) => router::delivered(shared, conn, &ack),
         ToLeader::Reconcile(req) => {
-            let reply = shared.ack_err(
-                Some(req.id),
-                error(
-                    BusErrorCode::Unavailable,
-                    "reconcile is not supported by this leader yet",
-                ),
+            shared.send(
+                conn,
+                shared.ack(req.id, registry::reconcile(shared, conn, &req)),
             );
-            shared.send(conn, reply);
         }
-        ToLeader::Restart(req) => {
-            let reply = shared.ack_err(
-                Some(req.id),
-                error(
-                    BusErrorCode::Unavailable,
-                    "relay restart is not available yet",
-                ),
-            );
-            shared.send(conn, reply);
-        }
+        ToLeader::Restart(req) => restart(shared, conn, &req),
         ToLeader::Pair(req) => {
             let shared = shared.clone();
             requests.spawn(async move {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{ConnId, Shared, error, now_ms, store_error};
 use crate::protocol::bus::*;
-use crate::store::{Binding, BindingStatus};
+use crate::store::{Binding, BindingStatus, NewCleanup};
 use crate::telegram::TelegramError;
 use crate::topics;
 
@@ -24,7 +24,12 @@ pub(super) struct Registration {
     /// False while its topic is being provisioned: it holds its slot and key
     /// but gets no deliveries yet.
     pub ready: bool,
+    /// The session's route snapshot agrees with this leader.
+    pub reconciled: bool,
 }
+
+/// The most routes one instance may claim in a reconcile.
+const MAX_ROUTES: usize = Slot::ALL;
 
 /// The registration of `conn` if `generation` is its current one.
 pub(super) fn check_generation(
@@ -194,6 +199,7 @@ fn claim(
             topic_name: topics::topic_name(slot, &req.session_name),
         },
         ready: false,
+        reconciled: false,
     });
     Ok(Claim {
         profile_key,
@@ -219,6 +225,8 @@ async fn provision(
     claim: &Claim,
     binding: Option<&Binding>,
 ) -> Result<Provisioned, BusError> {
+    // A predecessor's unfinished deletions come first (see `finish_cleanups`).
+    drop(shared.cleanup.lock().await);
     let chat = match shared.relay.topic_chat(&shared.store).await {
         Ok(chat) => chat,
         Err(why) => return Ok(Provisioned::Without(why)),
@@ -384,6 +392,78 @@ fn finish(
     })
 }
 
+/// Replaces what the leader holds for this instance with its route
+/// snapshot: each route is accepted when it is exactly the session's current
+/// registration, and rejected with the reason otherwise.
+pub(super) fn reconcile(
+    shared: &Shared,
+    conn: ConnId,
+    req: &Reconcile,
+) -> Result<Reconciled, BusError> {
+    if req.routes.len() > MAX_ROUTES {
+        return Err(error(
+            BusErrorCode::BadFrame,
+            format!(
+                "{} routes in one reconcile; at most {MAX_ROUTES}",
+                req.routes.len()
+            ),
+        ));
+    }
+    if req.observed_epoch > shared.epoch {
+        return Err(error(
+            BusErrorCode::Unavailable,
+            format!(
+                "this leader's epoch {} is older than the observed {}",
+                shared.epoch, req.observed_epoch
+            ),
+        ));
+    }
+    let mut registry = shared.registry();
+    let session = registry
+        .conns
+        .get_mut(&conn)
+        .and_then(|c| c.session.as_mut())
+        .ok_or_else(|| {
+            error(
+                BusErrorCode::NotRegistered,
+                "this connection has no registration",
+            )
+        })?;
+    if session.generation != req.generation {
+        return Err(error(
+            BusErrorCode::StaleGeneration,
+            format!("generation {} is stale", req.generation),
+        ));
+    }
+    let mut accepted = Vec::new();
+    let mut rejected = Vec::new();
+    for route in &req.routes {
+        let own = &session.route;
+        let reason = if route.profile_key != own.profile_key {
+            Some("unknown: this session does not own that route".to_string())
+        } else if route.slot != own.slot {
+            Some(format!("moved: the slot is {} now", own.slot))
+        } else if route.target != own.target {
+            Some("moved: the topic changed".to_string())
+        } else {
+            None
+        };
+        match reason {
+            None => accepted.push(route.profile_key.clone()),
+            Some(reason) => rejected.push(RejectedRoute {
+                key: route.profile_key.clone(),
+                reason,
+            }),
+        }
+    }
+    session.reconciled = accepted.contains(&session.route.profile_key) && session.ready;
+    Ok(Reconciled {
+        epoch: shared.epoch,
+        accepted,
+        rejected,
+    })
+}
+
 /// Remembers that a session's topic is gone, so the next registration
 /// provisions a new one instead of trusting it.
 pub(super) fn mark_stale(shared: &Shared, profile_key: &str) {
@@ -407,6 +487,9 @@ pub(super) async fn disconnect(
     let _serialized = lock.lock().await;
     // Checked again under the profile lock: a re-register may have won.
     let session = check_generation(shared, conn, generation)?;
+    if session.instance_id == shared.instance_id {
+        return disconnect_leader(shared, conn, session).await;
+    }
     if let Some(target) = session.route.target {
         let deleted = shared
             .relay
@@ -425,6 +508,17 @@ pub(super) async fn disconnect(
             }
         }
     }
+    set_offline(shared, conn, &session)?;
+    tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
+    Ok(Disconnected {
+        deleted: session.route.target,
+        cleanup_pending: false,
+    })
+}
+
+/// The binding goes offline (its topic deleted or about to be) and the
+/// registration ends.
+fn set_offline(shared: &Shared, conn: ConnId, session: &Registration) -> Result<(), BusError> {
     {
         let mut store = shared.store();
         match store
@@ -443,9 +537,51 @@ pub(super) async fn disconnect(
     if let Some(c) = shared.registry().conns.get_mut(&conn) {
         c.session = None;
     }
-    tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
+    Ok(())
+}
+
+/// The leader's own session leaves: it is about to hand leadership over
+/// whatever Telegram says, so the deletion is written down first as a
+/// cleanup intent that its successor finishes if this attempt fails.
+async fn disconnect_leader(
+    shared: &Shared,
+    conn: ConnId,
+    session: Registration,
+) -> Result<Disconnected, BusError> {
+    let mut deleted = None;
+    if let Some(target) = session.route.target {
+        let intent = shared
+            .store()
+            .add_cleanup(&NewCleanup {
+                chat_id: target.chat_id,
+                thread_id: target.thread_id,
+                profile_key: session.route.profile_key.clone(),
+                reason: "the leader's session disconnected".into(),
+            })
+            .map_err(store_error)?;
+        let result = shared
+            .relay
+            .call(
+                "deleteForumTopic",
+                &serde_json::json!({"chat_id": target.chat_id, "message_thread_id": target.thread_id}),
+            )
+            .await;
+        let mut store = shared.store();
+        match result {
+            Ok(_) | Err(TelegramError::ThreadGone { .. }) => {
+                store.finish_cleanup(intent).map_err(store_error)?;
+                deleted = Some(target);
+            }
+            Err(e) => {
+                tracing::warn!("topic deletion not confirmed; the next leader finishes it: {e}");
+                store.record_cleanup_attempt(intent).map_err(store_error)?;
+            }
+        }
+    }
+    set_offline(shared, conn, &session)?;
     Ok(Disconnected {
-        deleted: session.route.target,
+        cleanup_pending: deleted.is_none() && session.route.target.is_some(),
+        deleted,
     })
 }
 
@@ -467,6 +603,7 @@ pub(super) fn status(shared: &Shared) -> Result<BusStatus, BusError> {
             instance_id: s.instance_id.clone(),
             heartbeat_age_ms: c.last_seen.elapsed().as_millis() as u64,
             live: true,
+            reconciled: s.reconciled,
         })
         .collect();
     for b in stored {
@@ -483,6 +620,7 @@ pub(super) fn status(shared: &Shared) -> Result<BusStatus, BusError> {
                 instance_id: b.instance_id,
                 heartbeat_age_ms: now_ms().saturating_sub(b.updated_ms),
                 live: false,
+                reconciled: false,
             });
         }
     }
