@@ -479,7 +479,11 @@ class Bridge {
 			const commands = parseCommands(result?.commands);
 			if (commands.length > 0) {
 				this.commands = commands;
-				this.binding?.registerCommands(commands);
+				try {
+					this.binding?.registerCommands(commands);
+				} catch {
+					// pi is swapping sessions; the next factory run registers `this.commands`
+				}
 			}
 			sidecar.notify("initialized", {});
 			this.initialized = true;
