@@ -1,0 +1,751 @@
+/**
+ * agent-relay for pi: the host adapter that lets pi (`@mariozechner/pi-coding-agent`)
+ * drive the `agent-relay` sidecar.
+ *
+ * pi loads extensions in-process and has no notion of a binary extension, so this
+ * file spawns `agent-relay stdio` and speaks the host protocol of DESIGN §3 with it
+ * (JSON-RPC 2.0, one object per line). Install: `pi -e /path/to/scripts/pi-extension.ts`
+ * or list the path under `extensions` in pi's `settings.json` (see README.md).
+ *
+ * One sidecar per pi process. pi re-runs extension factories on `/new`, `/resume`,
+ * `/fork` and `/reload`, and every run gets a fresh `pi`/`ctx` pair whose
+ * predecessor turns stale; so the sidecar lives in a process-global `Bridge` that
+ * each run re-binds in `session_start` and un-binds in `session_shutdown`. Only
+ * `session_shutdown` with reason `quit` stops the sidecar: pi does not reap
+ * extension children.
+ */
+
+import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { StringDecoder } from "node:string_decoder";
+import { fileURLToPath } from "node:url";
+import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { VERSION } from "@mariozechner/pi-coding-agent";
+
+const PROTOCOL_VERSION = 1;
+/** The manifest's own limit: longer lines are dropped, never buffered without end. */
+const MAX_LINE_BYTES = 1024 * 1024;
+/**
+ * Text projections sent to the sidecar are clipped to this many UTF-16 units: even
+ * when every unit is escaped as `\uXXXX` the line stays under MAX_LINE_BYTES.
+ */
+const MAX_TEXT_UNITS = 100_000;
+const MAX_TOOL_CALLS = 100;
+const MAX_STDERR_TAIL = 4096;
+/** Queued notifications while the sidecar is still initializing. */
+const MAX_BACKLOG = 256;
+
+const INITIALIZE_TIMEOUT_MS = 10_000;
+/** `/relay restart` and `/telegram-disconnect` (which waits on a dialog) take a while. */
+const COMMAND_TIMEOUT_MS = 5 * 60_000;
+const DEFAULT_CONFIRM_TIMEOUT_MS = 2 * 60_000;
+const SHUTDOWN_REPLY_MS = 1_000;
+const EXIT_GRACE_MS = 1_500;
+/** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
+const REBIND_WAIT_MS = 5_000;
+
+const GLOBAL_KEY = Symbol.for("agent-relay.pi-extension.bridge");
+
+type Tone = "info" | "success" | "warning" | "error" | "muted";
+type NotifyLevel = "info" | "warning" | "error";
+
+interface CommandSpec {
+	name: string;
+	description: string;
+	args?: string;
+}
+
+interface Manifest {
+	dir: string;
+	command: string;
+	args: string[];
+	envOverride: string;
+	commands: CommandSpec[];
+}
+
+interface JsonRpcError {
+	code: number;
+	message: string;
+	data?: unknown;
+}
+
+type JsonValue = unknown;
+
+/** A JSON-RPC error the sidecar should see as such, not as an internal failure. */
+class RpcFault extends Error {
+	constructor(
+		readonly code: number,
+		message: string,
+	) {
+		super(message);
+	}
+}
+
+/** Why a request to the sidecar did not get its result. */
+class SidecarUnavailable extends Error {}
+
+// ------------------------------------------------------------------- spawning
+
+/** The repository's `extension-manifest.json`, when this file still sits in `scripts/`. */
+function readManifest(): Manifest {
+	const fallback: Manifest = {
+		dir: "",
+		command: "agent-relay",
+		args: ["stdio"],
+		envOverride: "AGENT_RELAY_BIN",
+		commands: [],
+	};
+	let here: string;
+	try {
+		here = dirname(fileURLToPath(import.meta.url));
+	} catch {
+		return fallback;
+	}
+	const path = resolve(here, "..", "extension-manifest.json");
+	try {
+		const raw = JSON.parse(readFileSync(path, "utf8")) as {
+			spawn?: { command?: unknown; args?: unknown; envOverride?: unknown };
+			commands?: unknown;
+		};
+		const spawnSpec = raw.spawn ?? {};
+		return {
+			dir: dirname(path),
+			command: typeof spawnSpec.command === "string" ? spawnSpec.command : fallback.command,
+			args: Array.isArray(spawnSpec.args) ? spawnSpec.args.filter((a) => typeof a === "string") : fallback.args,
+			envOverride: typeof spawnSpec.envOverride === "string" ? spawnSpec.envOverride : fallback.envOverride,
+			commands: parseCommands(raw.commands),
+		};
+	} catch {
+		return fallback;
+	}
+}
+
+/**
+ * Which binary to run: the manifest's env override, else a build in the checkout the
+ * manifest belongs to (release before debug), else the command name on PATH.
+ */
+function resolveBinary(manifest: Manifest): string {
+	const override = process.env[manifest.envOverride];
+	if (override && override.trim() !== "") return override;
+	if (manifest.dir !== "") {
+		for (const profile of ["release", "debug"]) {
+			const built = join(manifest.dir, "target", profile, manifest.command);
+			if (existsSync(built)) return built;
+		}
+	}
+	return manifest.command;
+}
+
+function parseCommands(value: unknown): CommandSpec[] {
+	if (!Array.isArray(value)) return [];
+	const out: CommandSpec[] = [];
+	for (const item of value) {
+		if (typeof item !== "object" || item === null) continue;
+		const { name, description, args } = item as Record<string, unknown>;
+		if (typeof name !== "string" || name.trim() === "") continue;
+		out.push({
+			name: name.replace(/^\//, ""),
+			description: typeof description === "string" ? description : "",
+			args: typeof args === "string" ? args : undefined,
+		});
+	}
+	return out;
+}
+
+// ------------------------------------------------------------------- the sidecar process
+
+interface SidecarEvents {
+	/** A request or notification from the sidecar; the returned value is the result. */
+	onCall(method: string, params: JsonValue, isRequest: boolean): Promise<JsonValue> | JsonValue;
+	/** The process is gone; `expected` when we stopped it. */
+	onExit(description: string, expected: boolean): void;
+}
+
+interface Pending {
+	resolve(value: JsonValue): void;
+	reject(error: Error): void;
+	timer: NodeJS.Timeout;
+}
+
+/**
+ * One `agent-relay stdio` child and the JSON-RPC conversation with it. Writes never
+ * wait; every request has a timeout; stdout is split on `\n` only, because JSON
+ * strings may contain U+2028/U+2029, which Node's readline would treat as line ends.
+ */
+class Sidecar {
+	private readonly child: ChildProcessWithoutNullStreams;
+	private readonly pending = new Map<number, Pending>();
+	private readonly decoder = new StringDecoder("utf8");
+	private nextId = 1;
+	private buffer = "";
+	/** Set while the rest of an oversized line is being skipped. */
+	private skipping = false;
+	private stderrTail = "";
+	private stopping = false;
+	private exitedWith: string | undefined;
+	private readonly exited: Promise<void>;
+	private readonly killOnExit = () => {
+		this.child.kill("SIGTERM");
+	};
+
+	constructor(
+		readonly binary: string,
+		args: string[],
+		cwd: string,
+		private readonly events: SidecarEvents,
+	) {
+		this.child = spawn(binary, args, { cwd, stdio: ["pipe", "pipe", "pipe"], windowsHide: true });
+		// pi's own lifetime must not depend on ours (print mode exits when idle).
+		this.child.unref();
+		for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr]) {
+			(stream as unknown as { unref?: () => void }).unref?.();
+		}
+		this.exited = new Promise((done) => {
+			this.child.once("close", (code, signal) => {
+				done();
+				this.finish(signal ? `killed by ${signal}` : `exit code ${code ?? "?"}`);
+			});
+			this.child.once("error", (error: NodeJS.ErrnoException) => {
+				if (error.code === "ENOENT" || error.code === "EACCES") {
+					done();
+					this.finish(`cannot run ${binary}: ${error.code}`);
+				}
+			});
+		});
+		// EPIPE after the child died is reported through `close`; without a listener
+		// it would crash pi.
+		this.child.stdin.on("error", () => {});
+		this.child.stdout.on("data", (chunk: Buffer) => this.receive(this.decoder.write(chunk)));
+		this.child.stderr.on("data", (chunk: Buffer) => {
+			this.stderrTail = (this.stderrTail + chunk.toString("utf8")).slice(-MAX_STDERR_TAIL);
+		});
+		process.once("exit", this.killOnExit);
+	}
+
+	get pid(): number | undefined {
+		return this.child.pid;
+	}
+
+	get alive(): boolean {
+		return this.exitedWith === undefined;
+	}
+
+	/** The last line the sidecar wrote to stderr, for the exit notice. */
+	get lastError(): string {
+		const lines = this.stderrTail.trim().split("\n");
+		return lines[lines.length - 1]?.trim() ?? "";
+	}
+
+	request(method: string, params: JsonValue, timeoutMs: number): Promise<JsonValue> {
+		if (!this.alive) return Promise.reject(new SidecarUnavailable(`agent-relay is not running (${this.exitedWith})`));
+		const id = this.nextId++;
+		return new Promise((resolveCall, rejectCall) => {
+			const timer = setTimeout(() => {
+				this.pending.delete(id);
+				rejectCall(new SidecarUnavailable(`agent-relay did not answer ${method} within ${timeoutMs} ms`));
+			}, timeoutMs);
+			timer.unref();
+			this.pending.set(id, { resolve: resolveCall, reject: rejectCall, timer });
+			this.write({ jsonrpc: "2.0", id, method, params });
+		});
+	}
+
+	notify(method: string, params: JsonValue): void {
+		this.write({ jsonrpc: "2.0", method, params });
+	}
+
+	/**
+	 * Ask politely (`shutdown`, then EOF on stdin), then insist. Bounded in time so
+	 * pi's own exit is never held up by a wedged sidecar.
+	 */
+	async stop(reason: string): Promise<void> {
+		if (!this.alive) return;
+		this.stopping = true;
+		// pi may be on its way out with nothing else keeping Node's loop alive; an
+		// unreferenced child would let the process exit halfway through this goodbye.
+		this.child.ref();
+		(this.child.stdout as unknown as { ref?: () => void }).ref?.();
+		await this.request("shutdown", { reason }, SHUTDOWN_REPLY_MS).catch(() => undefined);
+		this.child.stdin.end();
+		if (await this.exitsWithin(EXIT_GRACE_MS)) return;
+		this.child.kill("SIGTERM");
+		if (await this.exitsWithin(EXIT_GRACE_MS)) return;
+		this.child.kill("SIGKILL");
+		await this.exitsWithin(EXIT_GRACE_MS);
+	}
+
+	private exitsWithin(ms: number): Promise<boolean> {
+		return new Promise((done) => {
+			const timer = setTimeout(() => done(false), ms);
+			void this.exited.then(() => {
+				clearTimeout(timer);
+				done(true);
+			});
+		});
+	}
+
+	private write(message: object): void {
+		if (!this.alive || this.child.stdin.destroyed) return;
+		this.child.stdin.write(`${JSON.stringify(message)}\n`);
+	}
+
+	private receive(text: string): void {
+		let start = 0;
+		for (let nl = text.indexOf("\n", start); nl !== -1; nl = text.indexOf("\n", start)) {
+			const piece = text.slice(start, nl);
+			start = nl + 1;
+			if (this.skipping) {
+				this.skipping = false;
+				this.buffer = "";
+				continue;
+			}
+			const line = this.buffer + piece;
+			this.buffer = "";
+			this.dispatch(line.endsWith("\r") ? line.slice(0, -1) : line);
+		}
+		if (this.skipping) return;
+		this.buffer += text.slice(start);
+		// Characters, not bytes, but a UTF-16 unit is at least one byte: a safe bound.
+		if (this.buffer.length > MAX_LINE_BYTES) {
+			this.buffer = "";
+			this.skipping = true;
+		}
+	}
+
+	private dispatch(line: string): void {
+		if (line.trim() === "") return;
+		let message: Record<string, unknown>;
+		try {
+			const parsed = JSON.parse(line) as unknown;
+			if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return;
+			message = parsed as Record<string, unknown>;
+		} catch {
+			return; // stdout carries only protocol; anything else is not ours to act on
+		}
+		if (typeof message.method === "string") {
+			this.serve(message.method, message.params, message.id);
+			return;
+		}
+		if (typeof message.id !== "number") return;
+		const pending = this.pending.get(message.id);
+		if (!pending) return; // answered after its timeout
+		this.pending.delete(message.id);
+		clearTimeout(pending.timer);
+		const error = message.error as JsonRpcError | undefined;
+		if (error && typeof error === "object") {
+			pending.reject(new RpcFault(Number(error.code), String(error.message ?? "error")));
+		} else {
+			pending.resolve(message.result);
+		}
+	}
+
+	private serve(method: string, params: unknown, id: unknown): void {
+		const isRequest = id !== undefined && id !== null;
+		void (async () => {
+			try {
+				const result = await this.events.onCall(method, params, isRequest);
+				if (isRequest) this.write({ jsonrpc: "2.0", id, result: result ?? null });
+			} catch (error) {
+				if (!isRequest) return;
+				const code = error instanceof RpcFault ? error.code : -32603;
+				const text = error instanceof Error ? error.message : String(error);
+				this.write({ jsonrpc: "2.0", id, error: { code, message: text } });
+			}
+		})();
+	}
+
+	private finish(description: string): void {
+		if (this.exitedWith !== undefined) return;
+		this.exitedWith = description;
+		process.removeListener("exit", this.killOnExit);
+		for (const [id, pending] of this.pending) {
+			clearTimeout(pending.timer);
+			pending.reject(new SidecarUnavailable(`agent-relay stopped (${description})`));
+			this.pending.delete(id);
+		}
+		this.events.onExit(description, this.stopping);
+	}
+}
+
+// ------------------------------------------------------------------- the bridge
+
+/** What one run of the factory contributes: its live `pi`, the latest `ctx`. */
+interface Binding {
+	pi: ExtensionAPI;
+	ctx: ExtensionContext;
+	registerCommands(commands: CommandSpec[]): void;
+}
+
+/**
+ * Process-global: the sidecar, what it told us, and which pi session is current.
+ * Handlers read `binding` at call time, so a request that arrives after `/new`
+ * reaches the new session, never a stale `ctx`.
+ */
+class Bridge {
+	sidecar: Sidecar | undefined;
+	/** The sidecar's commands once it answered `initialize`, else the manifest's. */
+	commands: CommandSpec[];
+	binding: Binding | undefined;
+	private ready: Promise<boolean> | undefined;
+	private initialized = false;
+	private backlog: Array<[string, JsonValue]> = [];
+	private readonly statuses = new Map<string, { text: string | null; tone: Tone }>();
+	private readonly dialogs = new Set<AbortController>();
+	private readonly rebindWaiters = new Set<() => void>();
+
+	constructor(readonly manifest: Manifest) {
+		this.commands = manifest.commands;
+	}
+
+	bind(binding: Binding): void {
+		this.binding = binding;
+		for (const [key, status] of this.statuses) this.showStatus(key, status.text, status.tone);
+		for (const wake of this.rebindWaiters) wake();
+		this.rebindWaiters.clear();
+	}
+
+	unbind(pi: ExtensionAPI): void {
+		if (this.binding?.pi !== pi) return;
+		this.binding = undefined;
+		this.cancelDialogs();
+	}
+
+	/** Start the sidecar unless it runs; resolves true once it answered `initialize`. */
+	ensureStarted(ctx: ExtensionContext): Promise<boolean> {
+		if (this.sidecar?.alive && this.ready) return this.ready;
+		this.initialized = false;
+		const binary = resolveBinary(this.manifest);
+		const sidecar = new Sidecar(binary, this.manifest.args, ctx.cwd, {
+			onCall: (method, params, isRequest) => this.serve(method, params, isRequest),
+			onExit: (description, expected) => this.lost(sidecar, description, expected),
+		});
+		this.sidecar = sidecar;
+		this.ready = this.initialize(sidecar, ctx);
+		return this.ready;
+	}
+
+	/** Send a notification, in order, after the handshake. */
+	notify(method: string, params: JsonValue): void {
+		if (!this.sidecar?.alive) return;
+		if (this.initialized) {
+			this.sidecar.notify(method, params);
+			return;
+		}
+		if (this.backlog.length >= MAX_BACKLOG) this.backlog.shift();
+		this.backlog.push([method, params]);
+	}
+
+	async execute(name: string, args: string, ctx: ExtensionContext): Promise<void> {
+		const ready = await this.ensureStarted(ctx);
+		const sidecar = this.sidecar;
+		if (!ready || !sidecar) return; // the failure was already shown
+		try {
+			const result = (await sidecar.request("command/execute", { name, args }, COMMAND_TIMEOUT_MS)) as {
+				ok?: unknown;
+				message?: unknown;
+			} | null;
+			const message = typeof result?.message === "string" ? result.message : "";
+			const ok = result?.ok === true;
+			if (message !== "" || !ok) ctx.ui.notify(message || `/${name} failed`, ok ? "info" : "error");
+		} catch (error) {
+			ctx.ui.notify(`/${name}: ${error instanceof Error ? error.message : String(error)}`, "error");
+		}
+	}
+
+	async stop(reason: string): Promise<void> {
+		const sidecar = this.sidecar;
+		this.cancelDialogs();
+		if (sidecar) await sidecar.stop(reason);
+	}
+
+	private async initialize(sidecar: Sidecar, ctx: ExtensionContext): Promise<boolean> {
+		try {
+			const result = (await sidecar.request(
+				"initialize",
+				{
+					protocolVersion: PROTOCOL_VERSION,
+					host: { name: "pi", version: VERSION },
+					pid: process.pid,
+					cwd: ctx.cwd,
+					session: sessionInfo(ctx),
+					hasUI: ctx.hasUI,
+				},
+				INITIALIZE_TIMEOUT_MS,
+			)) as { protocolVersion?: unknown; commands?: unknown } | null;
+			if (result?.protocolVersion !== PROTOCOL_VERSION) {
+				this.warn(`agent-relay speaks protocol ${String(result?.protocolVersion)}, this extension ${PROTOCOL_VERSION}.`);
+			}
+			const commands = parseCommands(result?.commands);
+			if (commands.length > 0) {
+				this.commands = commands;
+				try {
+					this.binding?.registerCommands(commands);
+				} catch {
+					// pi is swapping sessions; the next factory run registers `this.commands`
+				}
+			}
+			sidecar.notify("initialized", {});
+			this.initialized = true;
+			for (const [method, params] of this.backlog.splice(0)) sidecar.notify(method, params);
+			return true;
+		} catch (error) {
+			if (sidecar.alive) {
+				this.warn(`agent-relay did not start: ${error instanceof Error ? error.message : String(error)}`);
+				void sidecar.stop("initialize failed");
+			}
+			return false;
+		}
+	}
+
+	private lost(sidecar: Sidecar, description: string, expected: boolean): void {
+		if (this.sidecar !== sidecar) return;
+		this.initialized = false;
+		this.backlog = [];
+		this.cancelDialogs();
+		if (expected) return;
+		const missing = description.startsWith("cannot run");
+		const detail = sidecar.lastError ? `: ${sidecar.lastError}` : "";
+		const message = missing
+			? `agent-relay not found (${sidecar.binary}). Build it with \`cargo build --release\`, put it on PATH or set ${this.manifest.envOverride}.`
+			: `agent-relay stopped (${description})${detail}. Telegram relay is off; /telegram-connect starts it again.`;
+		this.statuses.set("relay", { text: missing ? "TG ✕ agent-relay missing" : "TG ✕ relay stopped", tone: "error" });
+		this.showStatus("relay", this.statuses.get("relay")?.text ?? null, "error");
+		this.warn(message);
+	}
+
+	private warn(message: string): void {
+		try {
+			this.binding?.ctx.ui.notify(message, "error");
+		} catch {
+			// a ctx that turned stale between two sessions: the next bind shows the status
+		}
+	}
+
+	private async serve(method: string, params: unknown, isRequest: boolean): Promise<JsonValue> {
+		const p = (typeof params === "object" && params !== null ? params : {}) as Record<string, unknown>;
+		switch (method) {
+			case "ui/setStatus": {
+				const key = typeof p.key === "string" ? p.key : "relay";
+				const text = typeof p.text === "string" ? p.text : null;
+				const tone = isTone(p.tone) ? p.tone : "info";
+				this.statuses.set(key, { text, tone });
+				this.showStatus(key, text, tone);
+				return null;
+			}
+			case "ui/notify": {
+				const level: NotifyLevel = p.level === "warning" || p.level === "error" ? p.level : "info";
+				if (typeof p.message === "string") this.binding?.ctx.ui.notify(p.message, level);
+				return null;
+			}
+			case "ui/confirm":
+				return { confirmed: await this.confirm(p) };
+			case "agent/sendUserMessage":
+				return { accepted: await this.sendUserMessage(p) };
+			case "agent/abort": {
+				const binding = await this.awaitBinding();
+				binding?.ctx.abort();
+				return {};
+			}
+			default:
+				if (isRequest) throw new RpcFault(-32601, `method not found: ${method}`);
+				return null; // unknown notifications are ignored, as the protocol says
+		}
+	}
+
+	private async confirm(p: Record<string, unknown>): Promise<boolean> {
+		const binding = this.binding;
+		if (!binding?.ctx.hasUI) return false;
+		const title = typeof p.title === "string" ? p.title : "agent-relay";
+		const message = typeof p.message === "string" ? p.message : "";
+		const timeout =
+			typeof p.timeoutMs === "number" && p.timeoutMs > 0 ? p.timeoutMs : DEFAULT_CONFIRM_TIMEOUT_MS;
+		const abort = new AbortController();
+		this.dialogs.add(abort);
+		try {
+			return await binding.ctx.ui.confirm(title, message, { timeout, signal: abort.signal });
+		} finally {
+			this.dialogs.delete(abort);
+		}
+	}
+
+	private async sendUserMessage(p: Record<string, unknown>): Promise<boolean> {
+		if (typeof p.text !== "string" || p.text === "") throw new RpcFault(-32602, "text must be a non-empty string");
+		const binding = await this.awaitBinding();
+		if (!binding) return false;
+		if (binding.ctx.isIdle()) {
+			binding.pi.sendUserMessage(p.text);
+		} else {
+			// pi refuses a prompt without a delivery mode while it streams.
+			const deliverAs = p.deliverAs === "steer" ? "steer" : "followUp";
+			binding.pi.sendUserMessage(p.text, { deliverAs });
+		}
+		return true;
+	}
+
+	private awaitBinding(): Promise<Binding | undefined> {
+		if (this.binding) return Promise.resolve(this.binding);
+		return new Promise((done) => {
+			const wake = () => {
+				clearTimeout(timer);
+				done(this.binding);
+			};
+			const timer = setTimeout(() => {
+				this.rebindWaiters.delete(wake);
+				done(undefined);
+			}, REBIND_WAIT_MS);
+			timer.unref();
+			this.rebindWaiters.add(wake);
+		});
+	}
+
+	private showStatus(key: string, text: string | null, tone: Tone): void {
+		const ctx = this.binding?.ctx;
+		if (!ctx?.hasUI) return;
+		ctx.ui.setStatus(key, text === null ? undefined : colour(ctx, tone, text));
+	}
+
+	private cancelDialogs(): void {
+		for (const dialog of this.dialogs) dialog.abort();
+		this.dialogs.clear();
+	}
+}
+
+function bridge(): Bridge {
+	const store = globalThis as unknown as Record<symbol, Bridge | undefined>;
+	let existing = store[GLOBAL_KEY];
+	if (!existing) {
+		existing = new Bridge(readManifest());
+		store[GLOBAL_KEY] = existing;
+	}
+	return existing;
+}
+
+// ------------------------------------------------------------------- projections
+
+const TONE_COLOURS = {
+	info: "accent",
+	success: "success",
+	warning: "warning",
+	error: "error",
+	muted: "muted",
+} as const;
+
+function isTone(value: unknown): value is Tone {
+	return typeof value === "string" && value in TONE_COLOURS;
+}
+
+function colour(ctx: ExtensionContext, tone: Tone, text: string): string {
+	try {
+		return ctx.ui.theme.fg(TONE_COLOURS[tone], text);
+	} catch {
+		return text; // no theme loaded (e.g. in tests of other hosts): plain text still informs
+	}
+}
+
+function sessionInfo(ctx: ExtensionContext): { id: string; file?: string; name?: string } {
+	const manager = ctx.sessionManager;
+	const info: { id: string; file?: string; name?: string } = { id: manager.getSessionId() };
+	const file = manager.getSessionFile();
+	if (file) info.file = file;
+	const name = manager.getSessionName();
+	if (name) info.name = clip(name, 256);
+	return info;
+}
+
+/** Cut to `max` UTF-16 units without splitting a surrogate pair. */
+function clip(text: string, max: number = MAX_TEXT_UNITS): string {
+	if (text.length <= max) return text;
+	let end = max - 1;
+	const last = text.charCodeAt(end - 1);
+	if (last >= 0xd800 && last <= 0xdbff) end -= 1;
+	return `${text.slice(0, end)}…`;
+}
+
+/** The text blocks of an assistant message, joined; other roles have none. */
+function assistantText(message: unknown): string | undefined {
+	if (typeof message !== "object" || message === null) return undefined;
+	const { role, content } = message as { role?: unknown; content?: unknown };
+	if (role !== "assistant") return undefined;
+	if (typeof content === "string") return content;
+	if (!Array.isArray(content)) return undefined;
+	const parts = content
+		.filter((block) => block?.type === "text" && typeof block.text === "string")
+		.map((block) => block.text as string);
+	return parts.length > 0 ? parts.join("\n") : undefined;
+}
+
+function toolCallNames(message: unknown): Array<{ name: string }> {
+	const content = (message as { content?: unknown } | null)?.content;
+	if (!Array.isArray(content)) return [];
+	return content
+		.filter((block) => block?.type === "toolCall" && typeof block.name === "string")
+		.slice(0, MAX_TOOL_CALLS)
+		.map((block) => ({ name: clip(block.name as string, 256) }));
+}
+
+// ------------------------------------------------------------------- the extension
+
+export default function agentRelay(pi: ExtensionAPI): void {
+	const relay = bridge();
+
+	const registerCommands = (commands: CommandSpec[]): void => {
+		for (const spec of commands) {
+			const choices = spec.args && !/[[\]<>]/.test(spec.args) ? spec.args.split("|").map((c) => c.trim()) : [];
+			pi.registerCommand(spec.name, {
+				description: spec.args ? `${spec.description} — ${spec.args}` : spec.description,
+				getArgumentCompletions: choices.length
+					? (prefix) => {
+							const items = choices.filter((c) => c.startsWith(prefix)).map((c) => ({ value: c, label: c }));
+							return items.length > 0 ? items : null;
+						}
+					: undefined,
+				// `/relay restart` arrives as name `relay`, args `restart`: the sidecar parses both.
+				handler: (args, ctx) => relay.execute(spec.name, args.trim(), ctx),
+			});
+		}
+	};
+	// Known before the sidecar answers, so pi lists them at once; the sidecar's own
+	// list replaces this one when `initialize` returns.
+	registerCommands(relay.commands);
+
+	pi.on("session_start", (event, ctx) => {
+		const first = !relay.sidecar?.alive;
+		relay.bind({ pi, ctx, registerCommands });
+		if (first) {
+			// Not awaited: pi's startup must not wait for a slow sidecar.
+			void relay.ensureStarted(ctx);
+		} else {
+			relay.notify("session/started", { reason: event.reason, session: sessionInfo(ctx) });
+		}
+	});
+
+	pi.on("session_shutdown", async (event) => {
+		relay.notify("session/shutdown", { reason: event.reason });
+		relay.unbind(pi);
+		if (event.reason === "quit") await relay.stop("quit");
+	});
+
+	pi.on("agent_start", () => relay.notify("agent/started", {}));
+	pi.on("agent_end", (event) => {
+		let lastAssistantText: string | undefined;
+		for (let i = event.messages.length - 1; i >= 0 && lastAssistantText === undefined; i--) {
+			lastAssistantText = assistantText(event.messages[i]);
+		}
+		relay.notify("agent/ended", lastAssistantText === undefined ? {} : { lastAssistantText: clip(lastAssistantText) });
+	});
+	pi.on("turn_start", () => relay.notify("turn/started", {}));
+	pi.on("turn_end", (event) => {
+		relay.notify("turn/ended", {
+			assistantText: clip(assistantText(event.message) ?? ""),
+			toolCalls: toolCallNames(event.message),
+		});
+	});
+	pi.on("tool_execution_start", (event) => relay.notify("tool/started", { toolName: clip(event.toolName, 256) }));
+	pi.on("tool_execution_end", (event) =>
+		relay.notify("tool/ended", { toolName: clip(event.toolName, 256), isError: event.isError === true }),
+	);
+	pi.on("input", (event) => {
+		relay.notify("input/received", { text: clip(event.text), source: event.source });
+	});
+}

@@ -1,0 +1,427 @@
+// The world an end-to-end test runs in: the fake Telegram Bot API, a fake model
+// server, and real pi processes in RPC mode with scripts/pi-extension.ts loaded.
+// Every wait has a deadline; everything spawned is killed when the test ends,
+// pass or fail.
+
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync, readlinkSync, readdirSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import http from "node:http";
+import { tmpdir } from "node:os";
+import { basename, dirname, join, resolve } from "node:path";
+import { StringDecoder } from "node:string_decoder";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const REPO = resolve(here, "..", "..");
+export const EXTENSION = join(REPO, "scripts", "pi-extension.ts");
+const PI_CLI = join(here, "node_modules", "@mariozechner", "pi-coding-agent", "dist", "cli.js");
+const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
+const FAKE_BOT_API = process.env.FAKE_BOT_API_BIN || join(REPO, "target", "debug", "fake-bot-api");
+
+/** The fake's default world: a forum supergroup where the bot may manage topics. */
+export const CHAT_ID = -1001000000001;
+export const USER_ID = 1001;
+
+const STARTUP_MS = 20_000;
+const EXIT_MS = 10_000;
+
+export function stripAnsi(text) {
+	// biome-ignore lint/suspicious/noControlCharactersInRegex: ANSI escapes are what we strip
+	return String(text ?? "").replace(/\x1b\[[0-9;]*m/g, "");
+}
+
+/** Resolves with `promise`, or rejects naming `what` once `ms` have passed. */
+export function deadline(promise, ms, what) {
+	let timer;
+	const expired = new Promise((_, reject) => {
+		timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+	});
+	return Promise.race([promise, expired]).finally(() => clearTimeout(timer));
+}
+
+/** Polls `check` until it returns a truthy value; for state that has no event to await. */
+export async function eventually(check, ms, what) {
+	const until = Date.now() + ms;
+	for (;;) {
+		const value = await check();
+		if (value) return value;
+		if (Date.now() > until) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+		await new Promise((r) => setTimeout(r, 50));
+	}
+}
+
+/** Splits a byte stream into lines on `\n` only, as pi's RPC framing demands. */
+function onLines(stream, handle) {
+	const decoder = new StringDecoder("utf8");
+	let buffer = "";
+	stream.on("data", (chunk) => {
+		buffer += decoder.write(chunk);
+		for (let nl = buffer.indexOf("\n"); nl !== -1; nl = buffer.indexOf("\n")) {
+			const line = buffer.slice(0, nl);
+			buffer = buffer.slice(nl + 1);
+			handle(line.endsWith("\r") ? line.slice(0, -1) : line);
+		}
+	});
+}
+
+function waitExit(child, ms) {
+	if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(true);
+	return new Promise((done) => {
+		const timer = setTimeout(() => done(false), ms);
+		child.once("exit", () => {
+			clearTimeout(timer);
+			done(true);
+		});
+	});
+}
+
+/** Whether a process still runs (a zombie has already ended; it only waits to be reaped). */
+export function isRunning(pid) {
+	try {
+		const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+		const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
+		return state !== "Z" && state !== "X";
+	} catch {
+		return false;
+	}
+}
+
+/** Live `agent-relay` processes whose parent is `parentPid`. */
+export function sidecarsOf(parentPid) {
+	const found = [];
+	for (const entry of readdirSync("/proc")) {
+		if (!/^\d+$/.test(entry)) continue;
+		try {
+			const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+			const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+			if (ppid !== parentPid) continue;
+			if (basename(readlinkSync(`/proc/${entry}/exe`)) !== basename(SIDECAR)) continue;
+			if (isRunning(Number(entry))) found.push(Number(entry));
+		} catch {
+			// the process ended while we looked
+		}
+	}
+	return found;
+}
+
+// ------------------------------------------------------------------- fake Bot API
+
+class FakeBotApi {
+	constructor(child, url, token) {
+		this.child = child;
+		this.url = url;
+		this.token = token;
+	}
+
+	static async start() {
+		for (const binary of [FAKE_BOT_API, SIDECAR]) {
+			if (!existsSync(binary)) throw new Error(`${binary} is missing: run \`cargo build --bins\` first`);
+		}
+		const child = spawn(FAKE_BOT_API, [], { stdio: ["ignore", "pipe", "pipe"] });
+		let stderr = "";
+		child.stderr.on("data", (c) => {
+			stderr += c;
+		});
+		const banner = new Promise((done, fail) => {
+			onLines(child.stdout, (line) => {
+				const m = /listening on (http:\/\/\S+) token=(\S+)/.exec(line);
+				if (m) done({ url: m[1], token: m[2] });
+			});
+			child.once("exit", (code) => fail(new Error(`fake-bot-api exited (${code}): ${stderr}`)));
+		});
+		try {
+			const { url, token } = await deadline(banner, STARTUP_MS, "fake-bot-api to listen");
+			return new FakeBotApi(child, url, token);
+		} catch (error) {
+			child.kill("SIGKILL");
+			throw error;
+		}
+	}
+
+	async control(method, route, body) {
+		const response = await deadline(
+			fetch(`${this.url}/control/${route}`, {
+				method,
+				headers: body ? { "content-type": "application/json" } : undefined,
+				body: body ? JSON.stringify(body) : undefined,
+			}),
+			10_000,
+			`control ${route}`,
+		);
+		const text = await response.text();
+		if (!response.ok) throw new Error(`control ${route}: HTTP ${response.status} ${text}`);
+		return JSON.parse(text);
+	}
+
+	topics() {
+		return this.control("GET", `topics?chat_id=${CHAT_ID}`);
+	}
+
+	calls() {
+		return this.control("GET", "calls");
+	}
+
+	injectMessage(threadId, text) {
+		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: USER_ID, text });
+	}
+
+	async stop() {
+		this.child.kill("SIGTERM");
+		if (!(await waitExit(this.child, EXIT_MS))) this.child.kill("SIGKILL");
+	}
+}
+
+// ------------------------------------------------------------------- fake model
+
+/**
+ * An OpenAI-compatible chat-completions server on 127.0.0.1 that streams back
+ * `echo: <last user text>`, so pi can run a real turn without a real model.
+ */
+class FakeModel {
+	constructor(server, url) {
+		this.server = server;
+		this.url = url;
+		this.prompts = [];
+	}
+
+	static async start() {
+		const model = new FakeModel(null, "");
+		const server = http.createServer((req, res) => model.answer(req, res));
+		await new Promise((done) => server.listen(0, "127.0.0.1", done));
+		model.server = server;
+		model.url = `http://127.0.0.1:${server.address().port}/v1`;
+		return model;
+	}
+
+	answer(req, res) {
+		let body = "";
+		req.on("data", (c) => {
+			body += c;
+		});
+		req.on("end", () => {
+			if (req.method !== "POST" || !req.url.endsWith("/chat/completions")) {
+				res.writeHead(404).end();
+				return;
+			}
+			const request = JSON.parse(body);
+			const user = [...request.messages].reverse().find((m) => m.role === "user");
+			const prompt = typeof user?.content === "string" ? user.content : (user?.content ?? []).map((p) => p.text ?? "").join("");
+			this.prompts.push(prompt);
+			const frame = (choices, extra = {}) =>
+				`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 0, model: request.model, choices, ...extra })}\n\n`;
+			res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+			res.write(frame([{ index: 0, delta: { role: "assistant", content: `echo: ${prompt}` }, finish_reason: null }]));
+			res.write(frame([{ index: 0, delta: {}, finish_reason: "stop" }]));
+			res.write(frame([], { usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } }));
+			res.end("data: [DONE]\n\n");
+		});
+	}
+
+	/** pi's models.json naming this server as provider `fake`, model `echo`. */
+	modelsJson() {
+		return {
+			providers: {
+				fake: {
+					baseUrl: this.url,
+					api: "openai-completions",
+					apiKey: "fake-key",
+					compat: { supportsDeveloperRole: false, supportsReasoningEffort: false },
+					models: [
+						{
+							id: "echo",
+							reasoning: false,
+							input: ["text"],
+							contextWindow: 32000,
+							maxTokens: 1000,
+							cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
+						},
+					],
+				},
+			},
+		};
+	}
+
+	stop() {
+		this.server.closeAllConnections();
+		return new Promise((done) => this.server.close(() => done()));
+	}
+}
+
+// ------------------------------------------------------------------- pi over RPC
+
+/** One `pi --mode rpc` process, driven over stdin/stdout as pi's RPC clients do. */
+export class Pi {
+	constructor(name, child) {
+		this.name = name;
+		this.child = child;
+		this.events = [];
+		this.stderr = "";
+		this.waiters = new Set();
+		this.nextId = 1;
+		/** Every sidecar pid seen under this pi, so cleanup can reach a straggler. */
+		this.sidecarPids = new Set();
+		onLines(child.stdout, (line) => {
+			let event;
+			try {
+				event = JSON.parse(line);
+			} catch {
+				event = { type: "unparsed", line };
+			}
+			this.events.push(event);
+			for (const waiter of this.waiters) waiter();
+		});
+		child.stderr.on("data", (c) => {
+			this.stderr = (this.stderr + c).slice(-8192);
+		});
+		this.exited = new Promise((done) => child.once("exit", (code, signal) => done({ code, signal })));
+		child.once("exit", () => {
+			for (const waiter of this.waiters) waiter();
+		});
+	}
+
+	send(command) {
+		this.child.stdin.write(`${JSON.stringify(command)}\n`);
+	}
+
+	/** Sends an RPC command and resolves with its `response` (matched by id). */
+	async request(command, ms = 15_000) {
+		const id = `${this.name}-${this.nextId++}`;
+		const from = this.events.length;
+		this.send({ ...command, id });
+		const response = await this.waitFor((e) => e.type === "response" && e.id === id, {
+			ms,
+			from,
+			what: `the response to ${command.type}`,
+		});
+		return response;
+	}
+
+	/** Runs a slash command the way a user types it. */
+	prompt(message, ms) {
+		return this.request({ type: "prompt", message }, ms);
+	}
+
+	/** The index the next event will have, to wait only for what comes after it. */
+	mark() {
+		return this.events.length;
+	}
+
+	/** The first event from index `from` on that satisfies `predicate`. */
+	waitFor(predicate, { ms = 15_000, from = 0, what = "an event" } = {}) {
+		const found = () => this.events.slice(from).find(predicate);
+		const existing = found();
+		if (existing) return Promise.resolve(existing);
+		let waiter;
+		const arrived = new Promise((done, fail) => {
+			waiter = () => {
+				const event = found();
+				if (event) done(event);
+				else if (this.child.exitCode !== null || this.child.signalCode !== null)
+					fail(new Error(`pi ${this.name} exited while waiting for ${what}; stderr: ${this.stderr}`));
+			};
+			this.waiters.add(waiter);
+		});
+		return deadline(arrived, ms, `${what} from pi ${this.name}`).finally(() => this.waiters.delete(waiter));
+	}
+
+	uiRequest(method, test = () => true, options = {}) {
+		return this.waitFor((e) => e.type === "extension_ui_request" && e.method === method && test(e), {
+			what: `a ${method} UI request`,
+			...options,
+		});
+	}
+
+	/** Waits until the relay status line shows this session bound to its topic. */
+	bound(options = {}) {
+		return this.uiRequest(
+			"setStatus",
+			(e) => e.statusKey === "relay" && new RegExp(`^TG [A-Z]·${this.name} ●`).test(stripAnsi(e.statusText)),
+			{ ms: 30_000, what: `pi ${this.name} bound to its topic`, ...options },
+		);
+	}
+
+	/** Records the live sidecars under this pi (for the no-orphan check and cleanup). */
+	sidecars() {
+		const pids = sidecarsOf(this.child.pid);
+		for (const pid of pids) this.sidecarPids.add(pid);
+		return pids;
+	}
+
+	/** Closes stdin, as a client that is done does; kills pi if it does not leave. */
+	async close() {
+		this.sidecars();
+		this.child.stdin.end();
+		if (!(await waitExit(this.child, EXIT_MS))) this.child.kill("SIGKILL");
+		await waitExit(this.child, EXIT_MS);
+		return this.exited;
+	}
+}
+
+// ------------------------------------------------------------------- the world
+
+export class World {
+	constructor(root, bot, model) {
+		this.root = root;
+		this.bot = bot;
+		this.model = model;
+		this.home = join(root, "home");
+		this.relayHome = join(root, "relay");
+		this.pis = [];
+	}
+
+	/** A fresh world for test `t`, torn down when `t` ends whatever its outcome. */
+	static async create(t) {
+		const root = await mkdtemp(join(tmpdir(), "agent-relay-pi-"));
+		const world = new World(root, null, null);
+		t.after(() => world.destroy());
+		world.bot = await FakeBotApi.start();
+		world.model = await FakeModel.start();
+		const agentDir = join(world.home, ".pi", "agent");
+		await mkdir(agentDir, { recursive: true });
+		await mkdir(world.relayHome, { recursive: true });
+		await writeFile(join(agentDir, "models.json"), JSON.stringify(world.model.modelsJson(), null, 2));
+		return world;
+	}
+
+	/** Starts pi in its own working directory `<root>/<name>`, so its topic is `X · <name>`. */
+	async startPi(name, { env = {} } = {}) {
+		const cwd = join(this.root, name);
+		await mkdir(cwd, { recursive: true });
+		const child = spawn(
+			process.execPath,
+			[PI_CLI, "--mode", "rpc", "--no-session", "--offline", "--provider", "fake", "--model", "echo", "-e", EXTENSION],
+			{
+				cwd,
+				stdio: ["pipe", "pipe", "pipe"],
+				// A clean environment: nothing of the developer's pi or relay setup leaks in.
+				env: {
+					PATH: process.env.PATH,
+					HOME: this.home,
+					PI_CODING_AGENT_DIR: join(this.home, ".pi", "agent"),
+					TELEGRAM_BOT_TOKEN: this.bot.token,
+					AGENT_RELAY_CHAT_ID: String(CHAT_ID),
+					AGENT_RELAY_ALLOWED_USERS: String(USER_ID),
+					AGENT_RELAY_API_URL: this.bot.url,
+					AGENT_RELAY_HOME: this.relayHome,
+					AGENT_RELAY_BIN: SIDECAR,
+					...env,
+				},
+			},
+		);
+		const pi = new Pi(name, child);
+		this.pis.push(pi);
+		return pi;
+	}
+
+	async destroy() {
+		await Promise.allSettled(this.pis.map((pi) => pi.close()));
+		for (const pi of this.pis) {
+			for (const pid of pi.sidecarPids) {
+				if (isRunning(pid)) process.kill(pid, "SIGKILL");
+			}
+		}
+		await Promise.allSettled([this.bot?.stop(), this.model?.stop()]);
+		await rm(this.root, { recursive: true, force: true });
+	}
+}
