@@ -167,48 +167,48 @@ impl Host {
         pred: impl Fn(&str) -> bool,
     ) -> anyhow::Result<String> {
         let pid = self.pid;
-        let matched = self.status.wait_for(|s| s.as_deref().is_some_and(&pred));
-        let outcome = match tokio::time::timeout(timeout, matched).await {
-            Ok(Ok(text)) => Ok(text.clone().unwrap_or_default()),
-            Ok(Err(_)) => Err(format!("sidecar {pid} exited")),
-            Err(_) => Err(String::new()),
-        };
-        outcome.or_else(|exited| {
-            if !exited.is_empty() {
-                bail!(exited);
-            }
-            bail!(
+        // Owned before matching: the borrow of the watch ends here.
+        let outcome = tokio::time::timeout(
+            timeout,
+            self.status.wait_for(|s| s.as_deref().is_some_and(&pred)),
+        )
+        .await
+        .map(|matched| matched.map(|text| text.clone().unwrap_or_default()));
+        match outcome {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(_)) => bail!("sidecar {pid} exited"),
+            Err(_) => bail!(
                 "status of sidecar {pid} stayed {:?} for {timeout:?}",
                 self.status.borrow().clone()
-            )
-        })
+            ),
+        }
     }
 
-    /// The next prompt whose text is `text`, skipping others (redeliveries
-    /// of earlier ones); `None` after `timeout`.
-    pub async fn prompt(&mut self, text: &str, timeout: Duration) -> Option<Prompt> {
+    /// The next prompt containing `marker` (a session may decorate the
+    /// text), skipping others such as redeliveries; `None` after `timeout`.
+    pub async fn prompt(&mut self, marker: &str, timeout: Duration) -> Option<Prompt> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.prompts.recv()).await {
-                Ok(Some(p)) if p.text == text => return Some(p),
+                Ok(Some(p)) if p.text.contains(marker) => return Some(p),
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => return None,
             }
         }
     }
 
-    /// Waits for `count` prompts starting with `prefix`; returns when the
+    /// Waits for `count` prompts containing `marker`; returns when the
     /// last arrived, or `Err(received)` at `deadline`.
     pub async fn prompts_with(
         &mut self,
-        prefix: &str,
+        marker: &str,
         count: usize,
         deadline: tokio::time::Instant,
     ) -> Result<Instant, usize> {
         let mut received = 0;
         loop {
             match tokio::time::timeout_at(deadline, self.prompts.recv()).await {
-                Ok(Some(p)) if p.text.starts_with(prefix) => {
+                Ok(Some(p)) if p.text.contains(marker) => {
                     received += 1;
                     if received == count {
                         return Ok(p.at);

@@ -44,7 +44,8 @@ pub async fn latency(world: &mut World, rate: f64, count: usize) -> anyhow::Resu
     // One unmeasured message first: the first delivery opens lazily built paths.
     for i in 0..=count {
         tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
-        let text = format!("bench inbound {rate}/s #{i}");
+        // The full stop keeps "#1." from matching "#10.".
+        let text = format!("bench inbound {rate}/s #{i}.");
         let sent = Instant::now();
         inject(world, thread, text.clone());
         match world.hosts[follower].prompt(&text, MESSAGE_TIMEOUT).await {
@@ -95,7 +96,7 @@ pub async fn fan_out(world: &mut World, per_follower: usize) -> anyhow::Result<M
     let start = Instant::now();
     for i in 0..per_follower {
         for &thread in &threads {
-            inject(world, thread, format!("bench fanout #{i}"));
+            inject(world, thread, format!("bench fanout #{i}."));
         }
     }
     let deadline = tokio::time::Instant::now() + BURST_TIMEOUT;
@@ -103,7 +104,7 @@ pub async fn fan_out(world: &mut World, per_follower: usize) -> anyhow::Result<M
     let mut missing = 0;
     for &f in &followers {
         match world.hosts[f]
-            .prompts_with("bench fanout", per_follower, deadline)
+            .prompts_with("bench fanout #", per_follower, deadline)
             .await
         {
             Ok(at) => last = last.max(at),

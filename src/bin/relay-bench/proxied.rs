@@ -112,7 +112,7 @@ pub async fn throughput(world: &mut World, per_follower: usize) -> anyhow::Resul
             .map(|&t| {
                 api.messages(DEFAULT_FORUM_CHAT_ID, Some(t))
                     .iter()
-                    .filter(|m| m.text.starts_with("bench burst"))
+                    .filter(|m| m.text.contains("bench burst #"))
                     .count()
             })
             .sum()

@@ -116,12 +116,14 @@ pub fn flock_handover(trials: usize) -> anyhow::Result<Vec<Duration>> {
         flock(&held)?;
         // The lock lives in the open file description, which the child
         // inherits as its stdin: it holds the lock once ours is closed.
-        let mut holder = Command::new("sleep")
-            .arg("600")
-            .stdin(Stdio::from(held))
-            .stdout(Stdio::null())
-            .spawn()
-            .context("spawning `sleep` to hold the lock")?;
+        let mut holder = Holder(
+            Command::new("sleep")
+                .arg("600")
+                .stdin(Stdio::from(held))
+                .stdout(Stdio::null())
+                .spawn()
+                .context("spawning `sleep` to hold the lock")?,
+        );
         let waiter = {
             let lock_path = lock_path.clone();
             let socket_path = socket_path.clone();
@@ -140,15 +142,24 @@ pub fn flock_handover(trials: usize) -> anyhow::Result<Vec<Duration>> {
         // the wake-up, not the thread start.
         std::thread::sleep(Duration::from_millis(20));
         let killed = Instant::now();
-        holder.kill()?;
+        holder.0.kill()?;
         let done = waiter
             .join()
             .map_err(|_| anyhow::anyhow!("lock waiter panicked"))?;
-        let _ = holder.wait();
         let (connected, ..) = done?;
         samples.push(connected.saturating_duration_since(killed));
     }
     Ok(samples)
+}
+
+/// The lock holder; killed and reaped however the trial ends.
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn flock(file: &File) -> anyhow::Result<()> {
