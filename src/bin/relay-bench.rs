@@ -1,0 +1,393 @@
+//! `relay-bench`: makes the relay's performance visible and comparable.
+//!
+//! Everything runs on this machine against the in-process fake Bot API:
+//! real `agent-relay stdio` sidecars (release build) driven by a lean
+//! scripted host, each figure printed beside a reference measured in the
+//! same run, and the whole table written as JSON. `scripts/bench` builds
+//! and runs it. Every wait is bounded; every child dies with the bench.
+//!
+//! Modules, one per figure family: `failover`, `restart`, `inbound`
+//! (latency and fan-out), `proxied` (follower `sendMessage` through the
+//! leader), `footprint` (cold start, idle RSS); `reference` holds the
+//! same-run floors; `world`, `host`, `stats` and `report` are the harness.
+
+#[path = "relay-bench/failover.rs"]
+mod failover;
+#[path = "relay-bench/footprint.rs"]
+mod footprint;
+#[path = "relay-bench/host.rs"]
+mod host;
+#[path = "relay-bench/inbound.rs"]
+mod inbound;
+#[path = "relay-bench/proxied.rs"]
+mod proxied;
+#[path = "relay-bench/reference.rs"]
+mod reference;
+#[path = "relay-bench/report.rs"]
+mod report;
+#[path = "relay-bench/restart.rs"]
+mod restart;
+#[path = "relay-bench/stats.rs"]
+mod stats;
+#[path = "relay-bench/world.rs"]
+mod world;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+
+use report::{Goal, Measure, Report, Row};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Figure {
+    Failover,
+    Restart,
+    Inbound,
+    Fanout,
+    Proxied,
+    Idle,
+    Cold,
+}
+
+/// Benchmarks agent-relay against the fake Bot API and prints a table.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The `agent-relay` binary (default: next to this one).
+    #[arg(long)]
+    relay: Option<PathBuf>,
+    /// Where results.json goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Fewer trials and messages: a smoke run, not a measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Only these figures (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Figure>,
+}
+
+/// How much of everything to do.
+struct Plan {
+    failover_trials: usize,
+    growth_trials: usize,
+    restart_trials: usize,
+    inbound_messages: usize,
+    growth_messages: usize,
+    fanout_per_follower: usize,
+    proxied_latency: usize,
+    proxied_per_follower: usize,
+    idle: Duration,
+    cold_runs: usize,
+    echo_round_trips: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                failover_trials: 4,
+                growth_trials: 2,
+                restart_trials: 2,
+                inbound_messages: 100,
+                growth_messages: 5,
+                fanout_per_follower: 30,
+                proxied_latency: 20,
+                proxied_per_follower: 10,
+                idle: Duration::from_secs(2),
+                cold_runs: 5,
+                echo_round_trips: 1000,
+            }
+        } else {
+            Plan {
+                failover_trials: 20,
+                growth_trials: 10,
+                restart_trials: 10,
+                inbound_messages: 1000,
+                growth_messages: 10,
+                fanout_per_follower: 300,
+                proxied_latency: 200,
+                proxied_per_follower: 100,
+                idle: Duration::from_secs(10),
+                cold_runs: 20,
+                echo_round_trips: 10_000,
+            }
+        }
+    }
+}
+
+/// Sessions in the world of the inbound and proxied figures: a leader and
+/// ten followers.
+const FAN_OUT_SESSIONS: usize = 11;
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // reqwest is built without a TLS provider of its own; the bench only
+    // speaks plain HTTP to 127.0.0.1, but the client still wants one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        tokio::select! {
+            result = run(args) => result,
+            // Dropping `run` drops every sidecar: they are killed on drop.
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        }
+    })
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let relay = match args.relay {
+        Some(path) => path,
+        None => std::env::current_exe()?
+            .parent()
+            .context("the bench binary has no directory")?
+            .join("agent-relay"),
+    };
+    anyhow::ensure!(
+        relay.is_file(),
+        "no agent-relay binary at {} (build with `cargo build --release --bins`)",
+        relay.display()
+    );
+    let plan = Plan::new(args.quick);
+    let wanted = |f: Figure| args.only.is_empty() || args.only.contains(&f);
+    let started = Instant::now();
+    let started_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut rows = Vec::new();
+    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+
+    step("references: unix-socket echo, flock hand-over");
+    let echo_rtt = Measure::from_result(
+        reference::echo_rtt(plan.echo_round_trips).map(|s| Measure::latency(&s, "no round trip")),
+    );
+    let echo_twice = match &echo_rtt {
+        Measure::Latency(s) => Measure::Latency(s.scaled(2.0)),
+        other => other.clone(),
+    };
+    let echo_rate =
+        Measure::from_result(reference::echo_throughput(200_000).map(|(n, t)| Measure::rate(n, t)));
+
+    if wanted(Figure::Failover) {
+        let floor = Measure::from_result(
+            reference::flock_handover(plan.failover_trials)
+                .map(|s| Measure::latency(&s, "no trial")),
+        );
+        for (sessions, trials) in [
+            (10, plan.failover_trials),
+            (2, plan.growth_trials),
+            (25, plan.growth_trials),
+        ] {
+            step(&format!("failover: {sessions} sessions, {trials} trials"));
+            let value = Measure::from_result(
+                failover::measure(&relay, sessions, trials)
+                    .await
+                    .map(|s| Measure::latency(&s, "no trial")),
+            );
+            let mut row = Row::new(
+                format!("failover, {sessions} sessions"),
+                "SIGKILL leader → a new leader accepts a registration and polls getUpdates",
+                value,
+            )
+            .reference("flock+connect", floor.clone());
+            if sessions == 10 {
+                row = row.goal(Goal::MedianAtMost { ms: 100.0 });
+            }
+            rows.push(row);
+        }
+    }
+
+    if wanted(Figure::Restart) {
+        for (sessions, trials) in [
+            (25, plan.restart_trials),
+            (2, plan.growth_trials),
+            (10, plan.growth_trials),
+        ] {
+            step(&format!("restart: {sessions} sessions, {trials} trials"));
+            let value = Measure::from_result(restart::measure(&relay, sessions, trials).await);
+            let mut row = Row::new(
+                format!("restart convergence, {sessions} sessions"),
+                "/relay restart from a follower's host → its answer says complete",
+                value,
+            );
+            if sessions == 25 {
+                row = row.goal(Goal::MedianAtMost { ms: 1000.0 });
+            }
+            rows.push(row);
+        }
+    }
+
+    let needs_world = [Figure::Inbound, Figure::Fanout, Figure::Proxied]
+        .into_iter()
+        .any(wanted);
+    if needs_world {
+        step(&format!("starting a bus of {FAN_OUT_SESSIONS} sessions"));
+        match world::World::start(&relay, FAN_OUT_SESSIONS).await {
+            Ok(mut world) => {
+                if wanted(Figure::Inbound) {
+                    inbound_rows(&mut world, &plan, &echo_twice, &mut rows, &step).await;
+                }
+                if wanted(Figure::Fanout) {
+                    step("fan-out: leader → 10 followers");
+                    let value = Measure::from_result(
+                        inbound::fan_out(&mut world, plan.fanout_per_follower).await,
+                    );
+                    rows.push(
+                        Row::new(
+                            "fan-out to 10 followers",
+                            "messages injected at once into 10 followers' topics → all at their hosts",
+                            value,
+                        )
+                        .reference("echo", echo_rate.clone())
+                        .goal(Goal::RateAtLeast { per_s: 20_000.0 }),
+                    );
+                }
+                if wanted(Figure::Proxied) {
+                    proxied_rows(&mut world, &plan, &mut rows, &step).await;
+                }
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                rows.push(Row::new(
+                    "inbound / fan-out / proxied",
+                    "",
+                    Measure::na(why),
+                ));
+            }
+        }
+    }
+
+    if wanted(Figure::Idle) {
+        step(&format!("idle RSS after {:?}", plan.idle));
+        match footprint::idle_rss(&relay, plan.idle).await {
+            Ok(idle) => {
+                rows.push(
+                    Row::new(
+                        "idle RSS, follower",
+                        "VmRSS after the idle period",
+                        idle.follower,
+                    )
+                    .reference("idle node", idle.node.clone())
+                    .goal(Goal::MemoryAtMost { kib: 8 * 1024 }),
+                );
+                rows.push(
+                    Row::new(
+                        "idle RSS, leader",
+                        "VmRSS after the idle period",
+                        idle.leader,
+                    )
+                    .reference("idle node", idle.node)
+                    .goal(Goal::MemoryAtMost { kib: 16 * 1024 }),
+                );
+            }
+            Err(e) => rows.push(Row::new("idle RSS", "", Measure::na(format!("{e:#}")))),
+        }
+    }
+
+    if wanted(Figure::Cold) {
+        step(&format!("cold start × {}", plan.cold_runs));
+        let value = Measure::from_result(
+            footprint::cold_start(&relay, plan.cold_runs)
+                .await
+                .map(|s| Measure::latency(&s, "no run")),
+        );
+        let node = Measure::from_result(
+            reference::node_start(plan.cold_runs).map(|s| Measure::latency(&s, "no run")),
+        );
+        rows.push(
+            Row::new("cold start", "spawn → initialize answered", value)
+                .reference("node -e ''", node)
+                .goal(Goal::MedianAtMost { ms: 20.0 }),
+        );
+    }
+
+    let report = Report {
+        relay_version: env!("CARGO_PKG_VERSION"),
+        started_unix_ms,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        quick: args.quick,
+        rows,
+    };
+    println!();
+    report.print();
+    let path = report.write_json(&args.out)?;
+    println!("\n{} · {:.0} s", path.display(), report.elapsed_s);
+    Ok(())
+}
+
+async fn inbound_rows(
+    world: &mut world::World,
+    plan: &Plan,
+    echo_twice: &Measure,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    for (rate, count) in [
+        (100.0, plan.inbound_messages),
+        (1.0, plan.growth_messages),
+        (10.0, plan.growth_messages * 10),
+    ] {
+        step(&format!("inbound latency: {count} messages at {rate}/s"));
+        let value = Measure::from_result(inbound::latency(world, rate, count).await);
+        let unavailable = matches!(value, Measure::NotAvailable { .. });
+        let mut row = Row::new(
+            format!("inbound latency, {rate}/s"),
+            "message injected into the fake (its poll answers) → follower's host reads agent/sendUserMessage",
+            value,
+        )
+        .reference("2×echo RTT", echo_twice.clone());
+        if rate == 100.0 {
+            row = row.goal(Goal::PercentilesAtMost {
+                p50_ms: 1.0,
+                p99_ms: 5.0,
+            });
+        }
+        rows.push(row);
+        if unavailable {
+            // The other rates would only wait for the same timeout.
+            break;
+        }
+    }
+}
+
+async fn proxied_rows(
+    world: &mut world::World,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    step("proxied sendMessage: latency");
+    let (proxied, direct) = match proxied::latency(world, plan.proxied_latency).await {
+        Ok(l) => (l.proxied, l.direct),
+        Err(e) => (Measure::na(format!("{e:#}")), Measure::None),
+    };
+    let added = match (&proxied, &direct) {
+        (Measure::Latency(p), Measure::Latency(d)) => format!(
+            "; added median {}",
+            stats::fmt_ms(p.median_ms - d.median_ms)
+        ),
+        _ => String::new(),
+    };
+    let works = matches!(proxied, Measure::Latency(_));
+    rows.push(
+        Row::new(
+            format!("follower sendMessage latency{added}"),
+            "turn/ended at a follower's host → the fake stores the text; direct: bench POSTs sendMessage → stored",
+            proxied,
+        )
+        .reference("direct call", direct),
+    );
+    step("proxied sendMessage: throughput");
+    let value = if works {
+        Measure::from_result(proxied::throughput(world, plan.proxied_per_follower).await)
+    } else {
+        Measure::na("follower sendMessage does not work (see above)")
+    };
+    rows.push(Row::new(
+        "follower sendMessage throughput, 10 followers",
+        "turn/ended at once at every follower → every text stored by the fake; relay limiter off",
+        value,
+    ));
+}

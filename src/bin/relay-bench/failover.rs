@@ -1,0 +1,64 @@
+//! Failover: SIGKILL the leader; the figure ends when a new leader both
+//! accepts a registration (a raw probe client) and polls Telegram (a new
+//! `getUpdates` in the fake's call record), whichever comes last.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow};
+
+use crate::world::{Probe, World};
+
+/// One failover may take this long before the trial counts as failed.
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `trials` failovers of a bus of `sessions` sessions; one sample each.
+pub async fn measure(
+    relay: &Path,
+    sessions: usize,
+    trials: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut world = World::start(relay, sessions).await?;
+    let mut probe = Probe::new();
+    // Once beforehand, so the probe has a topic to carry into every trial.
+    probe
+        .register(&world)
+        .await
+        .context("first probe registration")?;
+    let mut samples = Vec::with_capacity(trials);
+    for trial in 0..trials {
+        let status = world.settle(sessions).await?;
+        let leader = world
+            .leader_index(&status)
+            .context("the leader is none of our sidecars")?;
+        let api = world.api();
+        let calls_before = api.calls().len();
+        let killed = world.hosts[leader].sigkill();
+        let deadline = killed + TRIAL_TIMEOUT;
+        let polled = api.wait_until(
+            |api| {
+                let calls = api.calls();
+                calls
+                    .get(calls_before..)
+                    .is_some_and(|new| new.iter().any(|c| c.method == "getUpdates"))
+                    .then(Instant::now)
+            },
+            TRIAL_TIMEOUT,
+        );
+        let (registered, polled) = tokio::join!(probe.register_until(&world, deadline), polled);
+        let registered = registered.with_context(|| format!("trial {trial}"))?;
+        let polled = polled.map_err(|e| anyhow!("trial {trial}: no new getUpdates: {e}"))?;
+        samples.push(registered.max(polled).saturating_duration_since(killed));
+
+        // Bring the killed session back, as its host would restart it.
+        world.hosts[leader].reap().await;
+        let (cwd, name) = (
+            world.hosts[leader].cwd.clone(),
+            world.hosts[leader].name.clone(),
+        );
+        let mut replacement = world.spawn_session(&cwd, &name)?;
+        replacement.handshake().await?;
+        world.hosts[leader] = replacement;
+    }
+    Ok(samples)
+}

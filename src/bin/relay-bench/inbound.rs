@@ -1,0 +1,122 @@
+//! Inbound latency and fan-out: a user's message in a session's topic until
+//! that session's host holds it as `agent/sendUserMessage`.
+//!
+//! The clock starts when the bench injects the message into the in-process
+//! fake, which wakes the leader's pending long poll at once: the start is
+//! "the fake answers a poll", plus the fake's own wake-up (so slightly
+//! pessimistic). It stops when the host reads the request's line.
+
+use std::time::{Duration, Instant};
+
+use agent_relay::fake_bot_api::{DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, Inject};
+use anyhow::{Context as _, bail};
+
+use crate::report::Measure;
+use crate::world::World;
+
+/// How long one message may take before it counts as lost.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a fan-out burst may take in all.
+const BURST_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn inject(world: &World, thread: i64, text: String) {
+    world.api().inject_message(Inject {
+        chat_id: DEFAULT_FORUM_CHAT_ID,
+        thread_id: Some(thread),
+        user_id: DEFAULT_USER_ID,
+        text,
+    });
+}
+
+/// `count` messages to one follower, paced at `rate` per second.
+pub async fn latency(world: &mut World, rate: f64, count: usize) -> anyhow::Result<Measure> {
+    let status = world.status().await?;
+    let follower = *world
+        .follower_indices(&status)
+        .first()
+        .context("no follower on the bus")?;
+    let thread = world.thread_of(&status, follower)?;
+    world.hosts[follower].drain_prompts();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let start = tokio::time::Instant::now();
+    let mut samples = Vec::with_capacity(count);
+    let mut lost = 0;
+    // One unmeasured message first: the first delivery opens lazily built paths.
+    for i in 0..=count {
+        tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+        // The full stop keeps "#1." from matching "#10.".
+        let text = format!("bench inbound {rate}/s #{i}.");
+        let sent = Instant::now();
+        inject(world, thread, text.clone());
+        match world.hosts[follower].prompt(&text, MESSAGE_TIMEOUT).await {
+            Some(prompt) if i > 0 => samples.push(prompt.at.saturating_duration_since(sent)),
+            Some(_) => {}
+            None if i == 0 => {
+                return Ok(Measure::na(format!(
+                    "no agent/sendUserMessage reached the follower's host within {MESSAGE_TIMEOUT:?}"
+                )));
+            }
+            None => lost += 1,
+        }
+    }
+    if lost > 0 {
+        bail!("{lost} of {count} messages never reached the host");
+    }
+    Ok(Measure::latency(&samples, "no message"))
+}
+
+/// `per_follower` messages to each follower's topic, injected at once;
+/// deliveries per second from the first injection to the last arrival.
+pub async fn fan_out(world: &mut World, per_follower: usize) -> anyhow::Result<Measure> {
+    let status = world.status().await?;
+    let followers = world.follower_indices(&status);
+    let threads = followers
+        .iter()
+        .map(|&f| world.thread_of(&status, f))
+        .collect::<anyhow::Result<Vec<i64>>>()?;
+    let (&first, &first_thread) = followers
+        .first()
+        .zip(threads.first())
+        .context("no follower")?;
+    world.hosts[first].drain_prompts();
+    // Fail fast (and soft) where inbound delivery does not work at all.
+    inject(world, first_thread, "bench fanout check".into());
+    if world.hosts[first]
+        .prompt("bench fanout check", MESSAGE_TIMEOUT)
+        .await
+        .is_none()
+    {
+        return Ok(Measure::na(format!(
+            "no agent/sendUserMessage reached a follower's host within {MESSAGE_TIMEOUT:?}"
+        )));
+    }
+    for &f in &followers {
+        world.hosts[f].drain_prompts();
+    }
+    let start = Instant::now();
+    for i in 0..per_follower {
+        for &thread in &threads {
+            inject(world, thread, format!("bench fanout #{i}."));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + BURST_TIMEOUT;
+    let mut last = start;
+    let mut missing = 0;
+    for &f in &followers {
+        match world.hosts[f]
+            .prompts_with("bench fanout #", per_follower, deadline)
+            .await
+        {
+            Ok(at) => last = last.max(at),
+            Err(received) => missing += per_follower - received,
+        }
+    }
+    let total = per_follower * followers.len();
+    if missing > 0 {
+        bail!("{missing} of {total} deliveries missing after {BURST_TIMEOUT:?}");
+    }
+    Ok(Measure::rate(
+        total as u64,
+        last.saturating_duration_since(start),
+    ))
+}
