@@ -186,20 +186,27 @@ async fn the_offset_survives_a_leader_sigkill_and_nothing_is_lost_or_doubled() {
     let thread = topic(&fake, "follow").thread_id;
 
     let mut sent: HashMap<i64, String> = HashMap::new();
+    // Returns the batch's last update id.
     let mut send_batch = |batch: usize| {
-        for i in 0..3 {
-            let text = format!("batch {batch} message {i}");
-            sent.insert(inject(&fake, thread, &text), text);
-        }
+        (0..3)
+            .map(|i| {
+                let text = format!("batch {batch} message {i}");
+                let id = inject(&fake, thread, &text);
+                sent.insert(id, text);
+                id
+            })
+            .max()
+            .unwrap_or_default()
     };
     // The first half arrives through the first leader.
     send_batch(1);
-    send_batch(2);
+    let first_half = send_batch(2);
     wait_prompt(&follower, "batch 2 message 2").await;
     // Mid-stream: this batch may be unpolled, polled but not journaled, or
     // journaled but not delivered when the leader dies.
     send_batch(3);
     leader.kill9().await;
+    let before_failover = fake.api().calls().len();
     send_batch(4);
     follower.wait_status(|s| s.contains("● leader")).await;
     send_batch(5);
@@ -258,6 +265,26 @@ async fn the_offset_survives_a_leader_sigkill_and_nothing_is_lost_or_doubled() {
         "nothing else: {per_update:?}"
     );
     assert_eq!(per_update.get(&sentinel), Some(&1));
+
+    // The successor resumed from the offset its predecessor persisted; it
+    // did not start over from whatever Telegram still held.
+    let calls = fake.api().calls();
+    let resumed = relay_polls(&calls[before_failover..])
+        .first()
+        .map(|c| c.params["offset"].as_i64())
+        .expect("the new leader polled");
+    assert!(
+        resumed.is_some_and(|o| o > first_half),
+        "the new leader's first poll asked for offset {resumed:?}, \
+         after {first_half} had been journaled"
+    );
+    fake.api()
+        .wait_until(
+            |api| api.pending_update_ids().is_empty().then_some(()),
+            WAIT,
+        )
+        .await
+        .expect("the new leader confirmed every update");
 }
 
 #[tokio::test]
