@@ -42,6 +42,8 @@ const REFUSED_CAP: Duration = Duration::from_secs(30);
 pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
 /// How often the restart's caller looks at the bus while it converges.
 const RESTART_POLL: Duration = Duration::from_millis(20);
+/// How long a Bot API call through the leader may take, pacing included.
+const TELEGRAM_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the leader has to answer a registration.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -209,14 +211,22 @@ impl Member {
     }
 
     async fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, MemberError> {
+        self.call_within(call, REQUEST_TIMEOUT).await
+    }
+
+    async fn call_within<T: DeserializeOwned>(
+        &self,
+        call: Call,
+        timeout: Duration,
+    ) -> Result<T, MemberError> {
         let (reply, answer) = oneshot::channel();
         self.calls
             .send(Pending { call, reply })
             .await
             .map_err(|_| MemberError::Stopped)?;
-        let value = tokio::time::timeout(REQUEST_TIMEOUT, answer)
+        let value = tokio::time::timeout(timeout, answer)
             .await
-            .map_err(|_| MemberError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(|_| MemberError::Timeout(timeout))?
             .map_err(|_| MemberError::Stopped)??;
         serde_json::from_value(value).map_err(|e| MemberError::Malformed(e.to_string()))
     }
@@ -358,12 +368,18 @@ impl Member {
         }
     }
 
-    /// A Bot API call through the leader.
+    /// A Bot API call through the leader. It may wait there for the chat's
+    /// pace (and any `retry_after`), so it gets a longer timeout than other
+    /// requests: giving up early would report a send as failed that the
+    /// leader still performs.
     pub async fn telegram(&self, method: &str, params: Value) -> Result<Value, MemberError> {
-        self.call(Call::Telegram {
-            method: method.to_string(),
-            params,
-        })
+        self.call_within(
+            Call::Telegram {
+                method: method.to_string(),
+                params,
+            },
+            TELEGRAM_TIMEOUT,
+        )
         .await
     }
 

@@ -21,6 +21,9 @@ use crate::store::{NewUpdate, Store, StoreError};
 /// Seconds Telegram may hold one long poll open.
 pub const POLL_TIMEOUT_S: u32 = 30;
 
+/// How long a long poll must stay open before it counts as healthy.
+const HEALTHY_AFTER: Duration = Duration::from_secs(2);
+
 /// How long a stepping-down leader waits for its long poll to end.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -108,11 +111,20 @@ impl<T: Triage> Poller<T> {
             let api = self.api.clone();
             let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
             tokio::pin!(poll);
-            let polled = tokio::select! {
-                polled = &mut poll => polled,
-                () = self.stop.cancelled() => {
-                    self.end_long_poll(poll, offset).await;
-                    break;
+            // A long poll that Telegram keeps open is itself the proof that
+            // polling works again: no need to wait for traffic to say so.
+            let healthy_after = tokio::time::sleep(HEALTHY_AFTER);
+            tokio::pin!(healthy_after);
+            let polled = loop {
+                tokio::select! {
+                    polled = &mut poll => break polled,
+                    () = &mut healthy_after, if *self.health.borrow() != PollHealth::Ok => {
+                        self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
+                    }
+                    () = self.stop.cancelled() => {
+                        self.end_long_poll(poll, offset).await;
+                        return Ok(());
+                    }
                 }
             };
             let wait = match polled {
