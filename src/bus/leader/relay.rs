@@ -22,9 +22,33 @@ pub const PAIRING_TTL: Duration = Duration::from_secs(600);
 /// leader's alone.
 const FOLLOWER_METHODS: &[&str] = &["sendMessage", "editMessageText", "sendChatAction"];
 
+/// The one pairing code a leader has out at a time.
+#[derive(Default)]
 struct Pairing {
-    code: String,
-    expires: Instant,
+    current: Option<(String, Instant)>,
+}
+
+impl Pairing {
+    /// A fresh one-time code, replacing any earlier one. It grants control
+    /// of the user's agents, so it comes from the OS's CSPRNG (122 random
+    /// bits via UUID v4), never from a fast PRNG.
+    fn issue(&mut self, now: Instant) -> String {
+        let code = uuid::Uuid::new_v4().simple().to_string();
+        self.current = Some((code.clone(), now + PAIRING_TTL));
+        code
+    }
+
+    /// Consumes `code` if it is the current one and `now` is before it expires.
+    fn redeem(&mut self, code: &str, now: Instant) -> bool {
+        let valid = self
+            .current
+            .as_ref()
+            .is_some_and(|(current, expires)| current == code && now < *expires);
+        if valid {
+            self.current = None;
+        }
+        valid
+    }
 }
 
 pub struct Relay {
@@ -33,7 +57,7 @@ pub struct Relay {
     chat_id: Option<i64>,
     config_allowed: Vec<i64>,
     pub health: watch::Sender<PollHealth>,
-    pairing: Mutex<Option<Pairing>>,
+    pairing: Mutex<Pairing>,
     bot: OnceCell<BotInfo>,
 }
 
@@ -55,7 +79,7 @@ impl Relay {
             chat_id: config.chat_id,
             config_allowed: config.allowed_users.clone(),
             health,
-            pairing: Mutex::new(None),
+            pairing: Mutex::default(),
             bot: OnceCell::new(),
         })
     }
@@ -138,26 +162,16 @@ impl Relay {
 
     /// A fresh one-time pairing code (replacing any earlier one).
     pub fn new_pairing_code(&self) -> String {
-        let code: String = std::iter::repeat_with(fastrand::alphanumeric)
-            .take(24)
-            .collect();
-        *self.pairing.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pairing {
-            code: code.clone(),
-            expires: Instant::now() + PAIRING_TTL,
-        });
-        code
+        self.pairing().issue(Instant::now())
     }
 
     /// Consumes `code` if it is the current, unexpired one.
     pub fn redeem(&self, code: &str) -> bool {
-        let mut pairing = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
-        let valid = pairing
-            .as_ref()
-            .is_some_and(|p| p.code == code && Instant::now() < p.expires);
-        if valid {
-            *pairing = None;
-        }
-        valid
+        self.pairing().redeem(code, Instant::now())
+    }
+
+    fn pairing(&self) -> std::sync::MutexGuard<'_, Pairing> {
+        self.pairing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Probes a stored topic with a chat action: `Ok(true)` it exists,
@@ -282,5 +296,38 @@ impl Triage for Journaling {
             message_id: message.message_id,
             text,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairing_codes_are_single_use_and_expire() {
+        let start = Instant::now();
+        let mut pairing = Pairing::default();
+        let code = pairing.issue(start);
+        assert_eq!(code.len(), 32);
+        assert!(!pairing.redeem("wrong", start), "a wrong code binds nobody");
+        assert!(pairing.redeem(&code, start + Duration::from_secs(60)));
+        assert!(
+            !pairing.redeem(&code, start + Duration::from_secs(61)),
+            "single use"
+        );
+
+        let code = pairing.issue(start);
+        assert!(
+            !pairing.redeem(&code, start + PAIRING_TTL),
+            "an expired code binds nobody"
+        );
+        let newer = pairing.issue(start);
+        assert_ne!(code, newer);
+        let replaced = pairing.issue(start);
+        assert!(
+            !pairing.redeem(&newer, start),
+            "a new code replaces the old one"
+        );
+        assert!(pairing.redeem(&replaced, start));
     }
 }
