@@ -46,6 +46,8 @@ const EXIT_GRACE_MS = 1_500;
 const REBIND_WAIT_MS = 5_000;
 
 const GLOBAL_KEY = Symbol.for("agent-relay.pi-extension.bridge");
+/** How many relayed update ids are remembered to drop a redelivery. */
+const SEEN_UPDATES = 4096;
 
 type Tone = "info" | "success" | "warning" | "error" | "muted";
 type NotifyLevel = "info" | "warning" | "error";
@@ -571,8 +573,21 @@ class Bridge {
 
 	private async sendUserMessage(p: Record<string, unknown>): Promise<boolean> {
 		if (typeof p.text !== "string" || p.text === "") throw new RpcFault(-32602, "text must be a non-empty string");
+		// origin.updateId is an idempotency key: a sidecar killed between our
+		// answer and its acknowledgement hands the same message to its
+		// successor. This set outlives sidecars (it lives with pi).
+		const origin = p.origin as Record<string, unknown> | undefined;
+		const updateId = typeof origin?.updateId === "number" ? origin.updateId : undefined;
+		if (updateId !== undefined && seenUpdates.has(updateId)) return true;
 		const binding = await this.awaitBinding();
 		if (!binding) return false;
+		if (updateId !== undefined) {
+			seenUpdates.add(updateId);
+			if (seenUpdates.size > SEEN_UPDATES) {
+				const oldest = seenUpdates.values().next().value;
+				if (oldest !== undefined) seenUpdates.delete(oldest);
+			}
+		}
 		if (binding.ctx.isIdle()) {
 			binding.pi.sendUserMessage(p.text);
 		} else {
@@ -622,6 +637,18 @@ function bridge(): Bridge {
 }
 
 // ------------------------------------------------------------------- projections
+
+/**
+ * Relayed update ids already given to pi, oldest first (a Set keeps insertion
+ * order). Process-global like the bridge, so a /reload that re-imports this
+ * module keeps it.
+ */
+const seenUpdates: Set<number> = (() => {
+	const store = globalThis as unknown as Record<symbol, Set<number> | undefined>;
+	const key = Symbol.for("agent-relay.pi-extension.seen-updates");
+	store[key] ??= new Set<number>();
+	return store[key];
+})();
 
 const TONE_COLOURS = {
 	info: "accent",

@@ -537,13 +537,13 @@ fn handle(shared: &Arc<Shared>, conn: ConnId, envelope: ToLeader, requests: &mut
         ToLeader::Register(req) => {
             let shared = shared.clone();
             requests.spawn(async move {
-                let id = req.id;
+                let (id, generation) = (req.id, req.registration_generation);
                 let result = registry::register(&shared, conn, req).await;
-                let registered = result.as_ref().ok().map(|r| r.route.profile_key.clone());
+                let registered = result.is_ok();
                 shared.send(conn, shared.ack(id, result));
-                if let Some(profile_key) = registered {
+                if registered {
                     shared.send(conn, FromLeader::Health(shared.relay.wire_health()));
-                    router::flush_pending(&shared, conn, &profile_key);
+                    router::go_live(&shared, conn, generation);
                 }
             });
         }

@@ -364,8 +364,8 @@ fn finish(
                 "the registration was replaced meanwhile",
             )
         })?;
+    // Deliveries start once the session has its answer (`router::go_live`).
     session.route = route.clone();
-    session.ready = true;
     drop(registry);
     shared
         .told_offline
@@ -456,7 +456,7 @@ pub(super) fn reconcile(
             }),
         }
     }
-    session.reconciled = accepted.contains(&session.route.profile_key) && session.ready;
+    session.reconciled = accepted.contains(&session.route.profile_key);
     Ok(Reconciled {
         epoch: shared.epoch,
         accepted,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{ConnId, Shared, error, registry, store_error};
 use crate::protocol::bus::*;
-use crate::store::{JournalEntry, NewUpdate};
+use crate::store::NewUpdate;
 use crate::telegram::poller::Batch;
 use crate::telegram::{ChatKind, Update};
 
@@ -83,38 +83,53 @@ fn tell_away(shared: &Arc<Shared>, owner: &str, chat: i64, thread: Option<i64>) 
     });
 }
 
-/// Delivers, in order, everything the journal holds for a session that has
-/// just registered.
-pub(super) fn flush_pending(shared: &Shared, conn: ConnId, profile_key: &str) {
-    let pending = match shared.store().pending_for(profile_key) {
-        Ok(pending) => pending,
-        Err(e) => {
-            tracing::error!("cannot read the journal: {e}");
-            return;
-        }
-    };
-    for JournalEntry {
-        update_id,
-        chat_id,
-        thread_id,
-        user_id,
-        message_id,
-        text,
-        ..
-    } in pending
+/// Makes a just-registered session live: delivers, in order, everything
+/// the journal holds for it, and only then lets new messages through. Both
+/// happen under the registry lock, so a message arriving meanwhile can come
+/// twice (the session drops the repeat) but never ahead of older ones.
+pub(super) fn go_live(shared: &Shared, conn: ConnId, generation: Generation) {
+    let mut delivered = Vec::new();
     {
-        send_delivery(
-            shared,
-            conn,
-            update_id,
-            InboundMessage {
-                chat_id,
-                thread_id,
-                user_id,
-                message_id,
-                text,
-            },
-        );
+        let mut registry = shared.registry();
+        let Some(c) = registry.conns.get_mut(&conn) else {
+            return;
+        };
+        let Some(session) = c.session.as_mut().filter(|s| s.generation == generation) else {
+            return;
+        };
+        let pending = match shared.store().pending_for(&session.route.profile_key) {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::error!("cannot read the journal: {e}");
+                return;
+            }
+        };
+        for entry in pending {
+            let frame = FromLeader::Deliver(Deliver {
+                delivery_id: entry.update_id as u64,
+                update_id: entry.update_id,
+                message: InboundMessage {
+                    chat_id: entry.chat_id,
+                    thread_id: entry.thread_id,
+                    user_id: entry.user_id,
+                    message_id: entry.message_id,
+                    text: entry.text,
+                },
+            });
+            if c.outbox.try_send(frame).is_err() {
+                tracing::warn!(conn, "follower is not reading; dropping its connection");
+                c.close.cancel();
+                return;
+            }
+            delivered.push(entry.update_id);
+        }
+        session.ready = true;
+    }
+    let mut store = shared.store();
+    for update_id in delivered {
+        if let Err(e) = store.record_attempt(update_id) {
+            tracing::warn!("cannot count a delivery attempt: {e}");
+        }
     }
 }
 
