@@ -58,6 +58,14 @@ pub enum DemoError {
         session: &'static str,
         found: String,
     },
+    #[error("no session became the leader")]
+    NoLeader,
+    #[error("cannot SIGKILL session {session}'s sidecar: {source}")]
+    Kill {
+        session: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("interrupted")]
     Interrupted,
 }
@@ -274,7 +282,7 @@ async fn script(
     let leader = cast
         .iter()
         .position(|s| s.view.borrow().leads())
-        .ok_or_else(|| DemoError::Setup("no session shows ● leader".into()))?;
+        .ok_or(DemoError::NoLeader)?;
     let killed_at = kill_leader(&mut cast[leader], transcript).await?;
     let mut survivors: Vec<&mut Session> = cast
         .iter_mut()
@@ -570,10 +578,10 @@ async fn kill_leader(leader: &mut Session, transcript: &Transcript) -> Result<In
         leader.sidecar.pid().unwrap_or_default()
     ));
     let killed_at = Instant::now();
-    leader
-        .sidecar
-        .kill()
-        .map_err(|e| DemoError::Setup(format!("cannot kill session {name}'s sidecar: {e}")))?;
+    leader.sidecar.kill().map_err(|source| DemoError::Kill {
+        session: name,
+        source,
+    })?;
     if !leader.sidecar.wait_exit(STEP).await {
         return Err(DemoError::Timeout {
             what: format!("session {name}'s sidecar did not die"),
