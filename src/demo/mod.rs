@@ -635,3 +635,24 @@ async fn await_failover(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sidecar_that_dies_at_once_fails_the_demo_with_its_name() {
+        // `true stdio` exits without a word, as a broken binary would.
+        let outcome = run(Path::new("/bin/true"), std::io::sink()).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(DemoError::Host {
+                    session: "api",
+                    source: HostError::Closed,
+                })
+            ),
+            "{outcome:?}"
+        );
+    }
+}
