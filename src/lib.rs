@@ -29,6 +29,8 @@
 pub mod bus;
 pub mod commands;
 pub mod config;
+pub mod demo;
+pub mod doctor;
 pub mod fake_bot_api;
 pub mod framing;
 pub mod host;

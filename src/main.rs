@@ -35,6 +35,10 @@ enum Cmd {
     },
     /// Show the relay's sessions, as the leader sees them.
     Status,
+    /// Run three sessions against a simulated Telegram, kill the leader, watch the failover.
+    Demo,
+    /// Check the configuration, the token, the chat and the bot's rights.
+    Doctor,
     /// Write the JSON Schemas of every wire type.
     Schema {
         /// Folder to write into.
@@ -48,6 +52,8 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Cmd::Stdio { log_stderr: false }) {
         Cmd::Stdio { log_stderr } => stdio(log_stderr),
         Cmd::Status => status(),
+        Cmd::Demo => demo(),
+        Cmd::Doctor => doctor(),
         Cmd::Schema { out } => schema(&out),
     };
     match result {
@@ -132,6 +138,26 @@ fn status() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(3))
         }
     }
+}
+
+fn demo() -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find this program's own path")?;
+    runtime()?
+        .block_on(agent_relay::demo::run(&exe, std::io::stdout()))
+        .context("demo failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn doctor() -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env()?;
+    let config = Config::load(&paths.config_file());
+    let report = runtime()?.block_on(agent_relay::doctor::diagnose(&paths, config));
+    print!("{report}");
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn schema(out: &std::path::Path) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,426 @@
+//! `agent-relay doctor`: checks what a relay needs before it can work — the
+//! configuration, the token, the chat and the bot's rights in it — and says
+//! for each failure what is wrong and how to fix it. It also shows where the
+//! relay keeps its files and whether a leader is running.
+//!
+//! Every check is a read: `getMe`, `getChat`, `getChatMember`, `leader.json`
+//! and a status query on the bus socket. Nothing here changes any state, so
+//! it is safe to run next to a live relay.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::bus::election::BusDir;
+use crate::bus::query_status;
+use crate::config::{Config, ConfigError};
+use crate::paths::Paths;
+use crate::redact::redact;
+use crate::telegram::{BotApi, BotInfo, ChatKind, ChatMemberStatus, TelegramError};
+
+/// A doctor should answer promptly even when Telegram does not.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    /// Something the relay needs is missing; `fix` says what to do.
+    Fail {
+        fix: String,
+    },
+    /// Information (a path, an optional feature), neither good nor bad.
+    Note,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub subject: String,
+    pub detail: String,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// True when no check failed.
+    pub fn passed(&self) -> bool {
+        !self
+            .checks
+            .iter()
+            .any(|c| matches!(c.verdict, Verdict::Fail { .. }))
+    }
+
+    fn push(&mut self, subject: impl Into<String>, detail: impl Into<String>, verdict: Verdict) {
+        self.checks.push(Check {
+            subject: subject.into(),
+            detail: detail.into(),
+            verdict,
+        });
+    }
+
+    fn pass(&mut self, subject: impl Into<String>, detail: impl Into<String>) {
+        self.push(subject, detail, Verdict::Pass);
+    }
+
+    fn fail(
+        &mut self,
+        subject: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.push(subject, detail, Verdict::Fail { fix: fix.into() });
+    }
+
+    fn note(&mut self, subject: impl Into<String>, detail: impl Into<String>) {
+        self.push(subject, detail, Verdict::Note);
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for check in &self.checks {
+            let line = match &check.verdict {
+                Verdict::Pass => format!("✓ {}: {}", check.subject, check.detail),
+                Verdict::Fail { fix } => {
+                    format!("✗ {}: {} — fix: {fix}", check.subject, check.detail)
+                }
+                Verdict::Note => format!("· {}: {}", check.subject, check.detail),
+            };
+            // Details quote Telegram's and the config's own words; whatever
+            // they contain, a token does not leave through the doctor.
+            writeln!(f, "{}", redact(&line))?;
+        }
+        let failed = self
+            .checks
+            .iter()
+            .filter(|c| matches!(c.verdict, Verdict::Fail { .. }))
+            .count();
+        match failed {
+            0 => writeln!(f, "all checks passed"),
+            1 => writeln!(f, "1 problem found"),
+            n => writeln!(f, "{n} problems found"),
+        }
+    }
+}
+
+/// Runs every check that the previous ones make possible (no chat check
+/// without a working token) and reports each.
+pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Report {
+    let mut report = Report::default();
+    let file = paths.config_file();
+    let found = if file.exists() {
+        "found"
+    } else {
+        "not found: environment and defaults only"
+    };
+    report.note("config file", format!("{} ({found})", file.display()));
+    report.note("state dir", paths.state_dir.display().to_string());
+
+    let config = match config {
+        Ok(config) => config,
+        Err(error) => {
+            let fix = config_fix(&error);
+            report.fail("config", error.to_string(), fix);
+            return report;
+        }
+    };
+    let Some(token) = &config.token else {
+        report.note(
+            "bus dir",
+            format!("{}/<bot id>", paths.runtime_dir.display()),
+        );
+        report.fail(
+            "token",
+            "no bot token configured",
+            format!(
+                "set bot_token in {} or TELEGRAM_BOT_TOKEN (@BotFather gives you one with /newbot)",
+                file.display()
+            ),
+        );
+        return report;
+    };
+    let bot_id = token.bot_id();
+    report.note("bus dir", paths.bus_dir(bot_id).display().to_string());
+    report.note("Bot API", config.api_url.clone());
+
+    match BotApi::new(&config.api_url, token) {
+        Ok(api) => {
+            let api = api.with_timeout(CALL_TIMEOUT);
+            if let Some(bot) = check_token(&mut report, &api, &config).await {
+                check_chat(&mut report, &api, &bot, config.chat_id).await;
+            }
+        }
+        Err(error) => report.fail(
+            "Bot API",
+            error.to_string(),
+            "set api_url to https://api.telegram.org (or remove it)",
+        ),
+    }
+    check_users(&mut report, &config.allowed_users);
+    check_leader(&mut report, paths, bot_id).await;
+    report
+}
+
+fn config_fix(error: &ConfigError) -> String {
+    match error {
+        ConfigError::Read { .. } => "make the file readable for your user, or remove it".into(),
+        ConfigError::Parse { .. } => {
+            "correct the file at that line; schema/config.schema.json lists every key".into()
+        }
+        ConfigError::Invalid { origin, key, .. } if origin == "environment" => {
+            format!("correct or unset {key}")
+        }
+        ConfigError::Invalid { key, .. } => format!("correct `{key}` in the file"),
+    }
+}
+
+async fn check_token(report: &mut Report, api: &BotApi, config: &Config) -> Option<BotInfo> {
+    let subject = match config.bot_id() {
+        Some(id) => format!("token {id}:…"),
+        None => "token".into(),
+    };
+    match api.get_me().await {
+        Ok(bot) => {
+            report.pass("token", format!("bot @{} (id {})", bot.username, bot.id));
+            Some(bot)
+        }
+        Err(TelegramError::Unauthorized) => {
+            report.fail(
+                subject,
+                "Telegram rejected it (401 Unauthorized)",
+                "copy the token again from @BotFather (/mybots → your bot → API Token); it may have been revoked",
+            );
+            None
+        }
+        Err(error) if error.is_transient() => {
+            report.fail(
+                subject,
+                format!("cannot reach the Bot API at {}: {error}", config.api_url),
+                "check the network connection, a proxy in between, or api_url",
+            );
+            None
+        }
+        Err(error) => {
+            report.fail(
+                subject,
+                format!("getMe failed: {error}"),
+                "check the token and api_url",
+            );
+            None
+        }
+    }
+}
+
+async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: Option<i64>) {
+    let Some(chat_id) = chat_id else {
+        if bot.has_topics_enabled {
+            report.pass(
+                "chat",
+                "none configured: topics go into the private chat of the paired user (the bot has topics enabled)",
+            );
+        } else {
+            report.fail(
+                "chat",
+                "none configured, and the bot cannot create topics in private chats",
+                "set chat_id to a forum supergroup where the bot is an administrator, or enable topics for the bot in @BotFather",
+            );
+        }
+        return;
+    };
+    let subject = format!("chat {chat_id}");
+    let chat = match api.get_chat(chat_id).await {
+        Ok(chat) => chat,
+        Err(TelegramError::ChatNotFound { .. }) => {
+            report.fail(
+                subject,
+                "Telegram knows no such chat for this bot",
+                "add the bot to the group, then check chat_id (a supergroup's id starts with -100)",
+            );
+            return;
+        }
+        Err(TelegramError::ChatMigrated { to_chat_id }) => {
+            report.fail(
+                subject,
+                format!("the group became a supergroup with id {to_chat_id}"),
+                format!("set chat_id to {to_chat_id}"),
+            );
+            return;
+        }
+        Err(error @ TelegramError::Forbidden { .. }) => {
+            report.fail(
+                subject,
+                error.to_string(),
+                "add the bot to the group as an administrator",
+            );
+            return;
+        }
+        Err(error) => {
+            report.fail(
+                subject,
+                format!("getChat failed: {error}"),
+                "check chat_id and the network",
+            );
+            return;
+        }
+    };
+    let title = chat.title.as_deref().unwrap_or("untitled");
+    match chat.kind {
+        ChatKind::Supergroup if chat.is_forum => {
+            report.pass(subject, format!("forum supergroup “{title}”"));
+            check_rights(report, api, bot, chat_id).await;
+        }
+        ChatKind::Supergroup => report.fail(
+            subject,
+            format!("“{title}” is not a forum"),
+            "enable Topics in the group settings (Edit → Topics)",
+        ),
+        ChatKind::Group => report.fail(
+            subject,
+            format!("“{title}” is a basic group, not a forum"),
+            "enable Topics in the group settings; Telegram then moves it to a supergroup with a new id (-100…) to put in chat_id",
+        ),
+        ChatKind::Private if bot.has_topics_enabled => {
+            report.pass(subject, "private chat; the bot has topics enabled");
+        }
+        ChatKind::Private => report.fail(
+            subject,
+            "a private chat, but the bot has topics disabled in private chats",
+            "enable topics for the bot in @BotFather, or set chat_id to a forum supergroup",
+        ),
+        ChatKind::Channel | ChatKind::Other => report.fail(
+            subject,
+            "a channel cannot hold forum topics",
+            "set chat_id to a forum supergroup",
+        ),
+    }
+}
+
+async fn check_rights(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: i64) {
+    let member = match api.get_chat_member(chat_id, bot.id).await {
+        Ok(member) => member,
+        Err(error) => {
+            report.fail(
+                "rights",
+                format!("getChatMember failed: {error}"),
+                "make sure the bot is still a member of the group",
+            );
+            return;
+        }
+    };
+    let status = match member.status {
+        ChatMemberStatus::Creator => "the owner",
+        ChatMemberStatus::Administrator => "an administrator",
+        ChatMemberStatus::Member => "a plain member",
+        ChatMemberStatus::Restricted => "restricted",
+        ChatMemberStatus::Left => "not in the group",
+        ChatMemberStatus::Kicked => "banned from the group",
+        ChatMemberStatus::Other => "of an unknown status",
+    };
+    if !member.may_manage_topics() {
+        report.fail(
+            "rights",
+            format!("the bot is {status} without can_manage_topics, so it cannot create topics"),
+            "make the bot an administrator with the “Manage topics” right (group settings → Administrators)",
+        );
+    } else if !member.may_delete_messages() {
+        report.fail(
+            "rights",
+            format!(
+                "the bot is {status} without can_delete_messages, so /telegram-disconnect cannot delete a topic"
+            ),
+            "give the bot the “Delete messages” right (group settings → Administrators)",
+        );
+    } else {
+        report.pass(
+            "rights",
+            format!("the bot is {status} and may manage topics"),
+        );
+    }
+}
+
+fn check_users(report: &mut Report, users: &[i64]) {
+    if users.is_empty() {
+        report.note(
+            "users",
+            "none configured; pair your Telegram account with /telegram-connect from a session",
+        );
+    } else {
+        let list: Vec<String> = users.iter().map(i64::to_string).collect();
+        report.pass("users", format!("allowed: {}", list.join(", ")));
+    }
+}
+
+async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::config::BotId) {
+    // leader.json is for people only; the socket answering is the truth.
+    let recorded = BusDir::new(paths.bus_dir(bot)).leader_info();
+    match query_status(paths, bot).await {
+        Ok(Some(status)) => {
+            let live = status.sessions.iter().filter(|s| s.live).count();
+            report.pass(
+                "leader",
+                format!(
+                    "running: pid {}, epoch {}, {live} live session(s)",
+                    status.leader_pid, status.epoch
+                ),
+            );
+        }
+        Ok(None) => match recorded {
+            Some(info) => report.note(
+                "leader",
+                format!(
+                    "none running (leader.json names pid {}, which no longer answers)",
+                    info.pid
+                ),
+            ),
+            None => report.note(
+                "leader",
+                "none running; the first session a host starts becomes the leader",
+            ),
+        },
+        Err(error) => {
+            let pid = recorded.map_or_else(|| "?".to_string(), |i| i.pid.to_string());
+            report.fail(
+                "leader",
+                format!("the bus socket accepts but the leader does not answer: {error}"),
+                format!("run /relay restart from a session, or end the leader process (pid {pid})"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_reads_as_one_line_per_check_and_never_shows_a_token() {
+        let mut report = Report::default();
+        report.pass("token", "bot @relay_test_bot (id 123456789)");
+        report.fail(
+            "chat -1001",
+            "“x” is not a forum (123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_)",
+            "enable Topics in the group settings",
+        );
+        report.note("state dir", "/tmp/state");
+        assert!(!report.passed());
+        assert_eq!(
+            report.to_string(),
+            "✓ token: bot @relay_test_bot (id 123456789)\n\
+             ✗ chat -1001: “x” is not a forum (123456789:<redacted>) — fix: enable Topics in the group settings\n\
+             · state dir: /tmp/state\n\
+             1 problem found\n"
+        );
+    }
+
+    #[test]
+    fn notes_do_not_fail_a_report() {
+        let mut report = Report::default();
+        report.note("leader", "none running");
+        report.pass("token", "ok");
+        assert!(report.passed());
+        assert!(report.to_string().ends_with("all checks passed\n"));
+    }
+}
