@@ -699,3 +699,47 @@ fn a_value_the_schema_would_not_hold_reads_as_corrupt() {
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("haunted"), "{err}");
 }
+
+#[test]
+fn a_full_disk_never_splits_the_journal_from_the_offset() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store
+        .journal_batch(&[update(1, Some("api"))], 2)
+        .expect("batch");
+    // Cap the file at its current size: the next write that needs a new
+    // page fails with SQLITE_FULL, as on a full disk.
+    let pages: i64 = store
+        .conn
+        .pragma_query_value(None, "page_count", |row| row.get(0))
+        .expect("page count");
+    store
+        .conn
+        .pragma_update(None, "max_page_count", pages)
+        .expect("cap");
+    let big = "x".repeat(64 * 1024);
+    let batch: Vec<NewUpdate> = (2..6)
+        .map(|id| NewUpdate {
+            text: big.clone(),
+            ..update(id, Some("api"))
+        })
+        .collect();
+    let err = store
+        .journal_batch(&batch, 6)
+        .expect_err("the disk is full");
+    assert!(err.to_string().contains("full"), "{err}");
+    assert_eq!(store.offset().expect("offset"), Some(2), "offset unchanged");
+    assert_eq!(
+        ids(&store.pending_for("api").expect("pending")),
+        [1],
+        "journal unchanged"
+    );
+
+    // Room again: the same batch goes through whole.
+    store
+        .conn
+        .pragma_update(None, "max_page_count", 1_000_000)
+        .expect("uncap");
+    assert_eq!(store.journal_batch(&batch, 6).expect("retry"), [2, 3, 4, 5]);
+    assert_eq!(store.offset().expect("offset"), Some(6));
+}
