@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 use tracing::Subscriber;
 use tracing_appender::non_blocking::WorkerGuard;
+
+/// Log lines that may wait for the writer thread.
+const LOG_QUEUE_LINES: usize = 4096;
 use tracing_appender::rolling::{InitError, RollingFileAppender, Rotation};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
@@ -75,7 +78,13 @@ fn subscriber(
         .filename_suffix(FILE_SUFFIX)
         .max_log_files(KEPT_FILES)
         .build(log_dir)?;
-    let (file, guard) = tracing_appender::non_blocking(file);
+    // The default queue is 128k lines, allocated up front (megabytes of a
+    // sidecar that idles at a few). A sidecar logs little; when the queue is
+    // full, lines are dropped rather than blocking the relay.
+    let (file, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .lossy(true)
+        .finish(file);
     // No colours: escape codes in files are noise, and on stderr the host
     // usually captures rather than shows them.
     let file_layer = fmt::layer().with_ansi(false).with_writer(Redacting(file));

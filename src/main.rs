@@ -66,9 +66,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// One thread is plenty for a sidecar: it waits on pipes, a socket and
+/// HTTP, and its few blocking calls (SQLite, stdin) go to tokio's blocking
+/// pool. Fewer threads also means fewer malloc arenas and a smaller idle
+/// footprint.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")

@@ -525,29 +525,42 @@ impl Store {
         })
     }
 
-    /// Counts one more delivery attempt of a pending entry.
-    pub fn record_attempt(&mut self, update_id: i64) -> Result<()> {
+    /// Counts one more delivery attempt for each pending entry of `ids`, in
+    /// one transaction (a routed batch is counted at once).
+    pub fn record_attempts(&mut self, ids: &[i64]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         self.write(|tx| {
-            tx.prepare_cached(
+            let mut stmt = tx.prepare_cached(
                 "UPDATE journal SET attempts = attempts + 1 \
                  WHERE update_id = ?1 AND state = 'pending'",
-            )?
-            .execute([update_id])?;
+            )?;
+            for id in ids {
+                stmt.execute([id])?;
+            }
             Ok(())
         })
     }
 
-    /// Pending → delivered. Returns whether it changed: false for a repeated
-    /// acknowledgement, an unknown id, or an entry that was dropped.
-    pub fn mark_delivered(&mut self, update_id: i64) -> Result<bool> {
+    /// Pending → delivered for each `(owner, update_id)`, in one transaction;
+    /// an entry only settles for the session that owns it. Returns how many
+    /// changed: a repeated acknowledgement, an unknown id, a dropped entry or
+    /// another owner's entry changes nothing.
+    pub fn mark_delivered(&mut self, acks: &[(String, i64)]) -> Result<usize> {
+        if acks.is_empty() {
+            return Ok(0);
+        }
         self.write(|tx| {
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE journal SET state = 'delivered' \
-                     WHERE update_id = ?1 AND state = 'pending'",
-                )?
-                .execute([update_id])?;
-            Ok(changed > 0)
+            let mut stmt = tx.prepare_cached(
+                "UPDATE journal SET state = 'delivered' \
+                 WHERE update_id = ?1 AND owner = ?2 AND state = 'pending'",
+            )?;
+            let mut changed = 0;
+            for (owner, id) in acks {
+                changed += stmt.execute(rusqlite::params![id, owner])?;
+            }
+            Ok(changed)
         })
     }
 

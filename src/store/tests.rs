@@ -301,15 +301,27 @@ fn delivery_states_move_forward_only() {
         .journal_batch(&[update(1, Some("api")), update(2, Some("api"))], 3)
         .expect("batch");
 
-    store.record_attempt(1).expect("attempt");
-    store.record_attempt(1).expect("attempt");
-    assert!(store.mark_delivered(1).expect("deliver"));
+    store.record_attempts(&[1]).expect("attempt");
+    store.record_attempts(&[1]).expect("attempt");
+    assert_eq!(
+        store
+            .mark_delivered(&[("other".into(), 1)])
+            .expect("not its owner"),
+        0
+    );
+    assert_eq!(
+        store.mark_delivered(&[("api".into(), 1)]).expect("deliver"),
+        1
+    );
     assert!(
-        !store.mark_delivered(1).expect("deliver again"),
+        store
+            .mark_delivered(&[("api".into(), 1)])
+            .expect("deliver again")
+            == 0,
         "second ack changes nothing"
     );
     assert!(!store.mark_dropped(1, "late").expect("drop delivered"));
-    store.record_attempt(1).expect("attempt after delivery");
+    store.record_attempts(&[1]).expect("attempt after delivery");
     let delivered = store.journal_entry(1).expect("entry").expect("present");
     assert_eq!(
         (delivered.state, delivered.attempts),
@@ -317,13 +329,23 @@ fn delivery_states_move_forward_only() {
     );
 
     assert!(store.mark_dropped(2, "session gone").expect("drop"));
-    assert!(!store.mark_delivered(2).expect("deliver dropped"));
+    assert_eq!(
+        store
+            .mark_delivered(&[("api".into(), 2)])
+            .expect("deliver dropped"),
+        0
+    );
     let dropped = store.journal_entry(2).expect("entry").expect("present");
     assert_eq!(dropped.state, JournalState::Dropped);
     assert_eq!(dropped.drop_reason.as_deref(), Some("session gone"));
 
     assert!(store.pending_for("api").expect("pending").is_empty());
-    assert!(!store.mark_delivered(99).expect("unknown id"));
+    assert_eq!(
+        store
+            .mark_delivered(&[("api".into(), 99)])
+            .expect("unknown id"),
+        0
+    );
 }
 
 #[test]
@@ -376,7 +398,7 @@ fn pending_entries_move_to_another_owner() {
             4,
         )
         .expect("batch");
-    store.mark_delivered(1).expect("deliver");
+    store.mark_delivered(&[("old".into(), 1)]).expect("deliver");
 
     assert_eq!(store.reassign_pending("old", "new").expect("reassign"), 1);
     assert_eq!(ids(&store.pending_for("new").expect("pending")), [2]);
@@ -395,9 +417,8 @@ fn pruning_keeps_pending_and_the_newest_settled_entries() {
     let mut store = Store::open(&path).expect("open");
     let updates: Vec<_> = (1..=10).map(|id| update(id, Some("api"))).collect();
     store.journal_batch(&updates, 11).expect("batch");
-    for id in 1..=6 {
-        store.mark_delivered(id).expect("deliver");
-    }
+    let acks: Vec<(String, i64)> = (1..=6).map(|id| ("api".to_string(), id)).collect();
+    assert_eq!(store.mark_delivered(&acks).expect("deliver"), 6);
     store.mark_dropped(8, "gone").expect("drop");
 
     // Settled: 1..=6 and 8. Keep the newest two of them: 6 and 8.

@@ -103,6 +103,8 @@ struct Shared {
     /// Held while the cleanup intents a predecessor left are worked off:
     /// nothing is provisioned before.
     cleanup: Arc<tokio::sync::Mutex<()>>,
+    /// Delivery acknowledgements waiting to be written (`router::settle`).
+    settle: mpsc::UnboundedSender<(String, i64)>,
     stop: CancellationToken,
 }
 
@@ -220,6 +222,7 @@ pub async fn start(
         tracing::warn!("cannot write leader.json: {e}");
     }
     tracing::info!(epoch, "leading the bus");
+    let (settle, acks) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         epoch,
         instance_id,
@@ -231,10 +234,11 @@ pub async fn start(
         told_offline: Mutex::default(),
         restarting: std::sync::OnceLock::new(),
         cleanup: Arc::default(),
+        settle,
         stop: CancellationToken::new(),
     });
     let allowed = config.allowed_users.clone();
-    let task = tokio::spawn(run(shared.clone(), listener, allowed));
+    let task = tokio::spawn(run(shared.clone(), listener, allowed, acks));
     Ok(LeaderHandle { shared, task, lock })
 }
 
@@ -338,7 +342,15 @@ async fn finish_cleanups(shared: &Shared) {
     }
 }
 
-async fn run(shared: Arc<Shared>, listener: Listener, allowed: Vec<i64>) {
+/// Most acknowledgements written in one transaction.
+const SETTLE_BATCH: usize = 1024;
+
+async fn run(
+    shared: Arc<Shared>,
+    listener: Listener,
+    allowed: Vec<i64>,
+    mut acks: mpsc::UnboundedReceiver<(String, i64)>,
+) {
     // Taken before the first accept, so no registration provisions anything
     // until the cleanups are done.
     match shared.cleanup.clone().try_lock_owned() {
@@ -381,6 +393,14 @@ async fn run(shared: Arc<Shared>, listener: Listener, allowed: Vec<i64>) {
                 }
             },
             Some(batch) = batches.recv() => router::route(&shared, batch).await,
+            Some(first) = acks.recv() => {
+                // Whatever queued up meanwhile goes into the same transaction.
+                let mut batch = vec![first];
+                while batch.len() < SETTLE_BATCH && let Ok(ack) = acks.try_recv() {
+                    batch.push(ack);
+                }
+                router::settle(&shared, &batch);
+            }
             Ok(()) = health.changed() => {
                 let frame = FromLeader::Health(shared.relay.wire_health());
                 shared.broadcast(&frame);
@@ -404,6 +424,12 @@ async fn run(shared: Arc<Shared>, listener: Listener, allowed: Vec<i64>) {
     }
     while conns.join_next().await.is_some() {}
     drop(listener);
+    // Acknowledgements that came in before the connections closed.
+    let mut rest = Vec::new();
+    while let Ok(ack) = acks.try_recv() {
+        rest.push(ack);
+    }
+    router::settle(&shared, &rest);
 }
 
 /// Drops followers that missed [`HEARTBEAT_MISSES`] heartbeats. Their

@@ -17,52 +17,46 @@ const AWAY_NOTICE: &str =
 /// Routes one journaled batch. The journal already holds it durably, so a
 /// failure here only delays delivery until the owner registers again.
 pub(super) async fn route(shared: &Arc<Shared>, batch: Batch) {
-    for update in batch.journaled {
-        deliver_new(shared, update);
+    let sent: Vec<i64> = batch
+        .journaled
+        .into_iter()
+        .filter_map(|update| deliver_new(shared, update))
+        .collect();
+    if let Err(e) = shared.store().record_attempts(&sent) {
+        tracing::warn!("cannot count delivery attempts: {e}");
     }
     for update in batch.others {
         answer_directly(shared, &update).await;
     }
 }
 
-fn deliver_new(shared: &Arc<Shared>, update: NewUpdate) {
-    let Some(owner) = update.owner.clone() else {
-        return;
-    };
+/// Sends a new message to its live owner; returns its id when it was sent.
+fn deliver_new(shared: &Arc<Shared>, update: NewUpdate) -> Option<i64> {
+    let owner = update.owner.clone()?;
     let conn = shared
         .registry()
         .owner_of(&owner)
         .filter(|(_, s)| s.ready)
         .map(|(conn, _)| conn);
-    match conn {
-        Some(conn) => send_delivery(
-            shared,
-            conn,
-            update.update_id,
-            InboundMessage {
+    let Some(conn) = conn else {
+        tell_away(shared, &owner, update.chat_id, update.thread_id);
+        return None;
+    };
+    shared.send(
+        conn,
+        FromLeader::Deliver(Deliver {
+            delivery_id: update.update_id as u64,
+            update_id: update.update_id,
+            message: InboundMessage {
                 chat_id: update.chat_id,
                 thread_id: update.thread_id,
                 user_id: update.user_id,
                 message_id: update.message_id,
                 text: update.text,
             },
-        ),
-        None => tell_away(shared, &owner, update.chat_id, update.thread_id),
-    }
-}
-
-fn send_delivery(shared: &Shared, conn: ConnId, update_id: i64, message: InboundMessage) {
-    if let Err(e) = shared.store().record_attempt(update_id) {
-        tracing::warn!("cannot count a delivery attempt: {e}");
-    }
-    shared.send(
-        conn,
-        FromLeader::Deliver(Deliver {
-            delivery_id: update_id as u64,
-            update_id,
-            message,
         }),
     );
+    Some(update.update_id)
 }
 
 /// Tells a topic once per absence that its session is away.
@@ -125,33 +119,36 @@ pub(super) fn go_live(shared: &Shared, conn: ConnId, generation: Generation) {
         }
         session.ready = true;
     }
-    let mut store = shared.store();
-    for update_id in delivered {
-        if let Err(e) = store.record_attempt(update_id) {
-            tracing::warn!("cannot count a delivery attempt: {e}");
-        }
+    if let Err(e) = shared.store().record_attempts(&delivered) {
+        tracing::warn!("cannot count delivery attempts: {e}");
     }
 }
 
-/// A follower handed a delivery to its host: settle it in the journal.
+/// A follower handed a delivery to its host: queue it to be settled in the
+/// journal. Acks are written in batches (see [`settle`]): one fsync per
+/// batch instead of per message. An ack lost with a crashing leader only
+/// means the message comes again, and the session drops the repeat.
 pub(super) fn delivered(shared: &Shared, conn: ConnId, ack: &DeliveryAck) {
     let Ok(session) = registry::check_generation(shared, conn, ack.generation) else {
         tracing::debug!("delivery ack with a stale generation ignored");
         return;
     };
-    let update_id = ack.delivery_id as i64;
-    let mut store = shared.store();
-    match store.journal_entry(update_id) {
-        Ok(Some(entry)) if entry.owner.as_deref() == Some(session.route.profile_key.as_str()) => {
-            if let Err(e) = store.mark_delivered(update_id) {
-                tracing::error!("cannot mark delivery {update_id} delivered: {e}");
-            }
-        }
-        Ok(_) => tracing::warn!(
-            update_id,
-            "a session acknowledged a delivery that is not its own"
+    let _ = shared
+        .settle
+        .send((session.route.profile_key, ack.delivery_id as i64));
+}
+
+/// Writes a batch of acknowledgements: pending → delivered, each only for
+/// the session that owns the entry.
+pub(super) fn settle(shared: &Shared, acks: &[(String, i64)]) {
+    match shared.store().mark_delivered(acks) {
+        Ok(changed) if changed < acks.len() => tracing::debug!(
+            acks = acks.len(),
+            changed,
+            "some acknowledgements were repeats or not the session's own"
         ),
-        Err(e) => tracing::error!("cannot read the journal: {e}"),
+        Ok(_) => {}
+        Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
     }
 }
 
