@@ -8,18 +8,13 @@ use std::time::Duration;
 
 use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::protocol::bus::*;
-use common::{FakeServer, Options, Sidecar, home};
+use common::{FakeServer, Options, Sidecar, connected, home};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
 use interprocess::local_socket::{GenericFilePath, ToFsName};
 use tokio::io::AsyncWriteExt;
 
 const BOT: &str = "123456789";
-
-/// Registered and reconciled: nothing after the role (no "syncing").
-fn connected(status: &str) -> bool {
-    status.ends_with("● leader") || status.ends_with("● follower")
-}
 
 fn slot_of(status: &str) -> char {
     // "TG C·name ● follower"

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_relay::fake_bot_api::Inject;
-use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT};
+use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT, connected};
 use serde_json::json;
 
 const SESSIONS: usize = 10;
@@ -32,10 +32,6 @@ struct HostLog {
     /// `agent/sendUserMessage` requests that repeated an update id.
     redelivered: usize,
     seen: HashSet<i64>,
-}
-
-fn connected(status: &str) -> bool {
-    status.ends_with("● leader") || status.ends_with("● follower")
 }
 
 /// A sidecar for session `i` whose host logs into `log`.

@@ -10,16 +10,11 @@ use std::sync::Arc;
 use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::fake_bot_api::{Fault, TopicInfo};
 use agent_relay::protocol::bus::*;
-use common::{CHAT, FakeServer, Options, Sidecar, WAIT};
+use common::{CHAT, FakeServer, Options, Sidecar, WAIT, connected};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
 use interprocess::local_socket::{GenericFilePath, ToFsName};
 use serde_json::json;
-
-/// Registered and reconciled: nothing after the role (no "syncing").
-fn connected(status: &str) -> bool {
-    status.ends_with("● leader") || status.ends_with("● follower")
-}
 
 /// A host that answers confirmations with `confirm`.
 fn host(options: Options<'_>, confirm: bool) -> Options<'_> {

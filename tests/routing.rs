@@ -4,92 +4,12 @@
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-
-use agent_relay::fake_bot_api::{Inject, TopicInfo};
-use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT};
-use serde_json::{Value, json};
-
-/// Registered and reconciled: nothing after the role (no "syncing").
-fn connected(status: &str) -> bool {
-    status.ends_with("● leader") || status.ends_with("● follower")
-}
-
-/// A host that takes every prompt.
-fn accepting(options: Options<'_>) -> Options<'_> {
-    options.answer(Arc::new(|method, _| match method {
-        "agent/sendUserMessage" => Some(json!({"accepted": true})),
-        "agent/abort" => Some(json!({})),
-        "ui/confirm" => Some(json!({"confirmed": true})),
-        _ => None,
-    }))
-}
-
-async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
-    let mut s = Sidecar::spawn(accepting(Options::new(home).configured(fake)));
-    s.handshake(cwd, name).await;
-    s.wait_status(connected).await;
-    s
-}
-
-/// The live topic whose name ends with `· name`.
-fn topic(fake: &FakeServer, name: &str) -> TopicInfo {
-    let suffix = format!("· {name}");
-    let live: Vec<TopicInfo> = fake
-        .api()
-        .topics(CHAT)
-        .into_iter()
-        .filter(|t| !t.deleted && t.name.ends_with(&suffix))
-        .collect();
-    assert_eq!(
-        live.len(),
-        1,
-        "expected one live topic for {name}: {live:?}"
-    );
-    live[0].clone()
-}
-
-fn inject(fake: &FakeServer, thread: Option<i64>, user: i64, text: &str) -> i64 {
-    fake.api().inject_message(Inject {
-        chat_id: CHAT,
-        thread_id: thread,
-        user_id: user,
-        text: text.into(),
-    })
-}
-
-fn prompts(s: &Sidecar) -> Vec<Value> {
-    s.messages()
-        .into_iter()
-        .filter(|m| m["method"] == "agent/sendUserMessage")
-        .collect()
-}
-
-async fn wait_prompt(s: &Sidecar, text: &str) -> Value {
-    s.wait_for(&format!("prompt {text:?}"), |m| {
-        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == text
-    })
-    .await
-}
-
-async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) -> Vec<String> {
-    let needle = needle.to_string();
-    fake.api()
-        .wait_until(
-            |api| {
-                let texts: Vec<String> = api
-                    .messages(CHAT, Some(thread))
-                    .into_iter()
-                    .map(|m| m.plain_text)
-                    .collect();
-                texts.iter().any(|t| t.contains(&needle)).then_some(texts)
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{needle:?} never arrived in thread {thread}"))
-}
+use agent_relay::fake_bot_api::Inject;
+use common::{
+    CHAT, Options, Sidecar, USER, WAIT, accepting, connected, inject, prompts, session, topic,
+    wait_prompt, wait_topic_text,
+};
+use serde_json::json;
 
 #[tokio::test]
 async fn each_session_gets_its_own_topic_and_only_its_own_messages() {

@@ -8,90 +8,15 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use agent_relay::fake_bot_api::{CallRecord, Fault, Inject, TopicInfo};
+use agent_relay::fake_bot_api::{CallRecord, Fault};
 use agent_relay::store::{JournalState, Store};
-use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT};
+use common::{
+    CHAT, FakeServer, Options, USER, WAIT, inject, prompts, session, start, topic, wait_prompt,
+    wait_topic_text,
+};
 use serde_json::{Value, json};
-
-fn connected(status: &str) -> bool {
-    status.contains("● leader") || status.contains("● follower")
-}
-
-/// A host that takes every prompt.
-fn accepting(options: Options<'_>) -> Options<'_> {
-    options.answer(Arc::new(|method, _| match method {
-        "agent/sendUserMessage" => Some(json!({"accepted": true})),
-        "agent/abort" => Some(json!({})),
-        "ui/confirm" => Some(json!({"confirmed": true})),
-        _ => None,
-    }))
-}
-
-async fn start(options: Options<'_>, cwd: &str, name: &str) -> Sidecar {
-    let mut s = Sidecar::spawn(accepting(options));
-    s.handshake(cwd, name).await;
-    s.wait_status(connected).await;
-    s
-}
-
-async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
-    start(Options::new(home).configured(fake), cwd, name).await
-}
-
-/// The live topic whose name ends with `· name`.
-fn topic(fake: &FakeServer, name: &str) -> TopicInfo {
-    let suffix = format!("· {name}");
-    let live: Vec<TopicInfo> = fake
-        .api()
-        .topics(CHAT)
-        .into_iter()
-        .filter(|t| !t.deleted && t.name.ends_with(&suffix))
-        .collect();
-    assert_eq!(live.len(), 1, "one live topic for {name}: {live:?}");
-    live[0].clone()
-}
-
-fn inject(fake: &FakeServer, thread: i64, text: &str) -> i64 {
-    fake.api().inject_message(Inject {
-        chat_id: CHAT,
-        thread_id: Some(thread),
-        user_id: USER,
-        text: text.into(),
-    })
-}
-
-fn prompts(s: &Sidecar) -> Vec<Value> {
-    s.messages()
-        .into_iter()
-        .filter(|m| m["method"] == "agent/sendUserMessage")
-        .collect()
-}
-
-async fn wait_prompt(s: &Sidecar, text: &str) -> Value {
-    s.wait_for(&format!("prompt {text:?}"), |m| {
-        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == text
-    })
-    .await
-}
-
-async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) {
-    let needle = needle.to_string();
-    fake.api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .iter()
-                    .any(|m| m.plain_text.contains(&needle))
-                    .then_some(())
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{needle:?} never arrived in thread {thread}"));
-}
 
 /// Waits until the fake's call record satisfies `check`.
 async fn wait_calls<T>(
@@ -191,7 +116,7 @@ async fn the_offset_survives_a_leader_sigkill_and_nothing_is_lost_or_doubled() {
         (0..3)
             .map(|i| {
                 let text = format!("batch {batch} message {i}");
-                let id = inject(&fake, thread, &text);
+                let id = inject(&fake, Some(thread), USER, &text);
                 sent.insert(id, text);
                 id
             })
@@ -243,7 +168,7 @@ async fn the_offset_survives_a_leader_sigkill_and_nothing_is_lost_or_doubled() {
     assert!(offset > last, "offset {offset} must be past update {last}");
 
     // A later message cannot overtake a duplicate already on its way.
-    let sentinel = inject(&fake, thread, "sentinel");
+    let sentinel = inject(&fake, Some(thread), USER, "sentinel");
     wait_prompt(&follower, "sentinel").await;
     let mut per_update: HashMap<i64, usize> = HashMap::new();
     let mut per_text: HashMap<String, usize> = HashMap::new();
@@ -313,7 +238,7 @@ async fn an_overlapping_poll_is_a_conflict_the_leader_recovers_from() {
     // Until a poll succeeds again, the status line says why nothing arrives.
     leader.wait_status(|s| s.contains("409 conflict")).await;
 
-    inject(&fake, thread, "after the conflict");
+    inject(&fake, Some(thread), USER, "after the conflict");
     wait_prompt(&leader, "after the conflict").await;
     leader.wait_status(|s| s.contains("● leader")).await;
     assert_polls_never_overlap(&fake.api().calls());
@@ -376,7 +301,7 @@ async fn a_streak_of_5xx_backs_off_and_polling_recovers() {
     fake.api()
         .inject_fault("getUpdates", Fault::ServerError { code: 502 }, 5);
     // Ends the waiting poll, so the next five meet the fault.
-    inject(&fake, thread, "before the outage");
+    inject(&fake, Some(thread), USER, "before the outage");
     wait_prompt(&a, "before the outage").await;
 
     let failed = wait_calls(&fake, "five failed polls", |calls| {
@@ -387,7 +312,7 @@ async fn a_streak_of_5xx_backs_off_and_polling_recovers() {
         (failed.len() == 5 && failed.iter().all(|c| c.finished_ms.is_some())).then_some(failed)
     })
     .await;
-    inject(&fake, thread, "after the outage");
+    inject(&fake, Some(thread), USER, "after the outage");
     wait_prompt(&a, "after the outage").await;
 
     let gaps: Vec<u64> = failed
@@ -420,7 +345,7 @@ async fn garbage_answers_to_polls_crash_nothing() {
     fake.api().inject_fault("getUpdates", Fault::GarbageBody, 2);
     fake.api()
         .inject_fault("getUpdates", Fault::TruncatedJson, 1);
-    inject(&fake, thread, "before the garbage");
+    inject(&fake, Some(thread), USER, "before the garbage");
     wait_prompt(&a, "before the garbage").await;
     // A truncated answer is a performed poll: it waits for an update, which
     // then reaches the relay cut in half and must be fetched again.
@@ -431,7 +356,7 @@ async fn garbage_answers_to_polls_crash_nothing() {
             .then_some(())
     })
     .await;
-    let cut = inject(&fake, thread, "cut in half once");
+    let cut = inject(&fake, Some(thread), USER, "cut in half once");
     wait_prompt(&a, "cut in half once").await;
 
     let calls = fake.api().calls();
@@ -481,7 +406,7 @@ async fn unknown_and_broken_updates_are_skipped_and_the_offset_moves_past_them()
     let broken = fake
         .api()
         .inject_raw_update(json!({"message": "not a message"}));
-    let text = inject(&fake, thread, "still delivered");
+    let text = inject(&fake, Some(thread), USER, "still delivered");
     wait_prompt(&a, "still delivered").await;
 
     let store = store_path(home.path(), &fake);

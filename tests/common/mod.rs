@@ -418,3 +418,95 @@ pub fn home() -> tempfile::TempDir {
         .tempdir()
         .expect("tempdir")
 }
+
+/// Registered and reconciled: nothing after the role (no "syncing").
+pub fn connected(status: &str) -> bool {
+    status.ends_with("● leader") || status.ends_with("● follower")
+}
+
+/// A host that takes every prompt, aborts on request and confirms dialogs.
+pub fn accepting(options: Options<'_>) -> Options<'_> {
+    options.answer(Arc::new(|method, _| match method {
+        "agent/sendUserMessage" => Some(json!({"accepted": true})),
+        "agent/abort" => Some(json!({})),
+        "ui/confirm" => Some(json!({"confirmed": true})),
+        _ => None,
+    }))
+}
+
+/// Spawns an accepting sidecar with `options`, hands it over as `cwd`/`name`
+/// and waits until it is on the bus.
+pub async fn start(options: Options<'_>, cwd: &str, name: &str) -> Sidecar {
+    let mut s = Sidecar::spawn(accepting(options));
+    s.handshake(cwd, name).await;
+    s.wait_status(connected).await;
+    s
+}
+
+/// An accepting session of `fake`'s bot in `home`, on the bus.
+pub async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
+    start(Options::new(home).configured(fake), cwd, name).await
+}
+
+/// The one live topic whose name ends with `· name`.
+pub fn topic(fake: &FakeServer, name: &str) -> agent_relay::fake_bot_api::TopicInfo {
+    let suffix = format!("· {name}");
+    let live: Vec<_> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .filter(|t| !t.deleted && t.name.ends_with(&suffix))
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "expected one live topic for {name}: {live:?}"
+    );
+    live[0].clone()
+}
+
+/// A user message in the forum (`thread` None: General).
+pub fn inject(fake: &FakeServer, thread: Option<i64>, user: i64, text: &str) -> i64 {
+    fake.api()
+        .inject_message(agent_relay::fake_bot_api::Inject {
+            chat_id: CHAT,
+            thread_id: thread,
+            user_id: user,
+            text: text.into(),
+        })
+}
+
+/// Every `agent/sendUserMessage` the sidecar sent its host.
+pub fn prompts(s: &Sidecar) -> Vec<Value> {
+    s.messages()
+        .into_iter()
+        .filter(|m| m["method"] == "agent/sendUserMessage")
+        .collect()
+}
+
+pub async fn wait_prompt(s: &Sidecar, text: &str) -> Value {
+    s.wait_for(&format!("prompt {text:?}"), |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == text
+    })
+    .await
+}
+
+/// Waits until a message containing `needle` is in the topic; returns the
+/// topic's texts as displayed.
+pub async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) -> Vec<String> {
+    let needle = needle.to_string();
+    fake.api()
+        .wait_until(
+            |api| {
+                let texts: Vec<String> = api
+                    .messages(CHAT, Some(thread))
+                    .into_iter()
+                    .map(|m| m.plain_text)
+                    .collect();
+                texts.iter().any(|t| t.contains(&needle)).then_some(texts)
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{needle:?} never arrived in thread {thread}"))
+}
