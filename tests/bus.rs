@@ -46,17 +46,28 @@ fn leaders(sidecars: &[Sidecar]) -> usize {
         .count()
 }
 
-async fn epoch_of(sidecar: &mut Sidecar) -> u64 {
+/// The epoch the session is synced at, if it is synced.
+async fn synced_epoch(sidecar: &mut Sidecar) -> Option<u64> {
     let (_, text) = sidecar.command("telegram-status", "").await;
-    let at = text
-        .find("synced@")
-        .unwrap_or_else(|| panic!("no epoch in {text}"));
+    let at = text.find("synced@")?;
     text[at + 7..]
         .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
+        .next()?
         .parse()
-        .unwrap()
+        .ok()
+}
+
+/// Polls `/telegram-status` until the session is synced at `epoch`: the
+/// status line alone may never show the short reconnect in between.
+async fn wait_synced_at(sidecar: &mut Sidecar, epoch: u64) {
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while synced_epoch(sidecar).await != Some(epoch) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never synced at epoch {epoch}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn raw_client(home: &Path) -> (wire::WireReader, wire::WireWriter) {
@@ -105,7 +116,7 @@ async fn sigkill_of_the_leader_elects_one_new_leader_and_keeps_every_slot() {
     let home = home();
     let fake = common::fake().await;
     let mut sidecars = spawn_sessions(home.path(), &fake, 5).await;
-    let before_epoch = epoch_of(&mut sidecars[0]).await;
+    let before_epoch = synced_epoch(&mut sidecars[0]).await.expect("synced");
     let slots: Vec<char> = sidecars
         .iter()
         .map(|s| slot_of(&s.latest_status().unwrap()))
@@ -124,13 +135,7 @@ async fn sigkill_of_the_leader_elects_one_new_leader_and_keeps_every_slot() {
         .collect();
     // Everyone is back, on the new epoch.
     for (s, _) in survivors.iter_mut() {
-        loop {
-            s.wait_status(connected).await;
-            if epoch_of(s).await == before_epoch + 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_synced_at(s, before_epoch + 1).await;
     }
     let sidecars_only: Vec<&Sidecar> = survivors.iter().map(|(s, _)| s).collect();
     let leader_count = sidecars_only

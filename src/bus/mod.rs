@@ -92,6 +92,8 @@ pub struct MemberState {
     pub leader_pid: Option<u32>,
     /// How the leader's link to Telegram is doing.
     pub telegram: Health,
+    /// Nobody may drive sessions yet: pairing is needed.
+    pub needs_pairing: bool,
     /// Why the member cannot do its job right now, if it cannot.
     pub problem: Option<String>,
 }
@@ -117,10 +119,13 @@ enum Call {
     Status,
     Disconnect,
     Restart,
+    Pair,
     Telegram {
         method: String,
         params: Value,
     },
+    /// Not a request: settles a delivery in the leader's journal.
+    DeliveryAck(u64),
 }
 
 struct Pending {
@@ -148,6 +153,7 @@ impl Member {
             epoch: None,
             leader_pid: None,
             telegram: Health::Starting,
+            needs_pairing: false,
             problem: None,
         });
         let stop = CancellationToken::new();
@@ -230,6 +236,28 @@ impl Member {
     /// Deletes this session's topic through the leader (generation-fenced).
     pub async fn disconnect(&self) -> Result<Disconnected, MemberError> {
         self.call(Call::Disconnect).await
+    }
+
+    /// A one-time pairing link (when nobody is paired yet).
+    pub async fn pair(&self) -> Result<PairingLink, MemberError> {
+        self.call(Call::Pair).await
+    }
+
+    /// Tells the leader a delivery reached the host. Best effort: an ack lost
+    /// with the connection means the delivery comes again, and the session
+    /// drops it as a duplicate.
+    pub fn ack_delivery(&self, delivery_id: u64) {
+        let (reply, _) = oneshot::channel();
+        if self
+            .calls
+            .try_send(Pending {
+                call: Call::DeliveryAck(delivery_id),
+                reply,
+            })
+            .is_err()
+        {
+            tracing::debug!(delivery_id, "delivery ack not sent (member busy or gone)");
+        }
     }
 
     pub async fn restart(&self) -> Result<RestartOutcome, MemberError> {
@@ -428,6 +456,7 @@ impl Actor {
                     s.epoch = Some(registered.epoch);
                     s.leader_pid = leader_pid;
                     s.problem = registered.problem;
+                    s.needs_pairing = registered.needs_pairing;
                 });
             }
             Err(ended) => {
@@ -501,7 +530,11 @@ impl Actor {
                 frame = reader.recv::<FromLeader>() => match frame {
                     Ok(Some(Incoming::Envelope(frame))) => {
                         last_heard = Instant::now();
-                        self.on_frame(frame, &mut pending).await;
+                        if self.on_frame(frame, &mut pending).await {
+                            // Paired while this session had no topic: register
+                            // again so the leader can provision one now.
+                            break Ended::Reregister;
+                        }
                     }
                     Ok(Some(Incoming::Malformed { error, .. })) => {
                         tracing::warn!("malformed frame from the leader: {error}");
@@ -519,6 +552,14 @@ impl Actor {
                             let _ = call.reply.send(Ok(Value::Null));
                             break Ended::Reregister;
                         }
+                        Call::DeliveryAck(delivery_id) => {
+                            let ack = ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id });
+                            if let Err(e) = writer.send(&ack).await {
+                                break Ended::Lost(e.to_string());
+                            }
+                            continue;
+                        }
+                        Call::Pair => ToLeader::Pair(Pair { id, generation }),
                         Call::Status => ToLeader::Status(StatusQuery { id }),
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
                         Call::Restart => ToLeader::Restart(Restart { id, generation }),
@@ -548,11 +589,12 @@ impl Actor {
         ended
     }
 
+    /// Handles one frame; true when the session should register again.
     async fn on_frame(
         &mut self,
         frame: FromLeader,
         pending: &mut HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>,
-    ) {
+    ) -> bool {
         match frame {
             FromLeader::Ack(ack) => {
                 if self.state.borrow().epoch != Some(ack.epoch) {
@@ -563,7 +605,7 @@ impl Actor {
                     if let Some(e) = ack.error {
                         tracing::debug!("leader refused a frame: {e}");
                     }
-                    return;
+                    return false;
                 };
                 let answer = if ack.ok {
                     Ok(ack.result.unwrap_or(Value::Null))
@@ -588,7 +630,17 @@ impl Actor {
                 tracing::info!(epoch = r.epoch, "the leader is restarting the relay");
             }
             FromLeader::Health(health) => self.set(|s| s.telegram = health),
+            FromLeader::Paired(_) => {
+                self.set(|s| s.needs_pairing = false);
+                return self
+                    .state
+                    .borrow()
+                    .route
+                    .as_ref()
+                    .is_some_and(|r| r.target.is_none());
+            }
         }
+        false
     }
 }
 

@@ -143,6 +143,10 @@ pub struct Registered {
     /// Why the route has no topic yet (e.g. no chat configured), if it has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Nobody is allowed to drive sessions yet: `/telegram-connect` should
+    /// offer a pairing link.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_pairing: bool,
 }
 
 /// Liveness; sent every [`HEARTBEAT_INTERVAL_MS`].
@@ -250,6 +254,14 @@ pub enum FromLeader {
     Deliver(Deliver),
     Restarting(Restarting),
     Health(Health),
+    Paired(Paired),
+}
+
+/// A Telegram user paired with the bot: sessions may now be driven.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Paired {
+    pub user_id: i64,
 }
 
 /// How the leader's link to Telegram is doing; pushed on every change.
@@ -311,6 +323,10 @@ pub enum BusErrorCode {
     Forbidden,
     /// Telegram refused or failed the call.
     Telegram,
+    /// Telegram could not parse the HTML: send the text plain instead.
+    BadMarkup,
+    /// The session's topic is gone; registering again provisions a new one.
+    TopicGone,
     /// The leader is restarting or shutting down.
     Unavailable,
     /// Anything else.

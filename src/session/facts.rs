@@ -16,6 +16,8 @@ pub enum BindingFact {
     Idle,
     /// Joining the bus, no slot yet.
     Connecting,
+    /// On the bus, but nobody is paired to drive sessions yet.
+    Unpaired,
     Bound {
         slot: Slot,
         name: String,
@@ -68,6 +70,7 @@ impl Facts {
             BindingFact::Idle => return ("TG ○ not connected".into(), Tone::Muted),
             BindingFact::Disconnected => return ("TG ○ disconnected".into(), Tone::Muted),
             BindingFact::Connecting => "TG".to_string(),
+            BindingFact::Unpaired => "TG ○ unpaired".to_string(),
             BindingFact::Bound { slot, name } => format!("TG {slot}·{}", short(name)),
         };
         let (transport, mut tone) = match self.transport {
@@ -84,6 +87,9 @@ impl Facts {
         } else {
             transport
         };
+        if self.binding == BindingFact::Unpaired {
+            tone = tone.max_severity(Tone::Warning);
+        }
         let sync = match &self.sync {
             SyncFact::None | SyncFact::Synced(_) => "",
             SyncFact::Syncing => {
@@ -135,6 +141,7 @@ pub fn describe_binding(b: &BindingFact) -> String {
         BindingFact::Unconfigured { problem: Some(p) } => format!("unconfigured ({p})"),
         BindingFact::Idle => "not connected (run /telegram-connect)".into(),
         BindingFact::Connecting => "connecting".into(),
+        BindingFact::Unpaired => "unpaired (run /telegram-connect for a pairing link)".into(),
         BindingFact::Bound { slot, name } => format!("bound {slot} · {name}"),
         BindingFact::Disconnected => "disconnected".into(),
     }
@@ -157,5 +164,93 @@ pub fn describe_sync(s: &SyncFact) -> String {
         SyncFact::Synced(epoch) => format!("synced@{epoch}"),
         SyncFact::Syncing => "syncing".into(),
         SyncFact::Stale(reason) => format!("stale ({reason})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(binding: BindingFact, transport: TransportFact, sync: SyncFact) -> (String, Tone) {
+        Facts {
+            binding,
+            transport,
+            sync,
+        }
+        .render()
+    }
+
+    fn bound(slot: usize, name: &str) -> BindingFact {
+        BindingFact::Bound {
+            slot: Slot::from_index(slot).unwrap(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn each_fact_shows_on_its_own() {
+        assert_eq!(
+            facts(bound(0, "api"), TransportFact::Leader, SyncFact::Synced(3)),
+            ("TG A·api ● leader".into(), Tone::Success)
+        );
+        assert_eq!(
+            facts(
+                bound(1, "web"),
+                TransportFact::Follower,
+                SyncFact::Synced(3)
+            ),
+            ("TG B·web ● follower".into(), Tone::Success)
+        );
+        assert_eq!(
+            facts(
+                bound(1, "web"),
+                TransportFact::Reconnecting,
+                SyncFact::Syncing
+            ),
+            ("TG B·web ◌ reconnecting ◌ syncing".into(), Tone::Warning)
+        );
+        assert_eq!(
+            facts(
+                bound(1, "web"),
+                TransportFact::Conflict,
+                SyncFact::Synced(2)
+            ),
+            ("TG B·web ⚠ 409 conflict".into(), Tone::Warning)
+        );
+        assert_eq!(
+            facts(
+                bound(1, "web"),
+                TransportFact::Follower,
+                SyncFact::Stale("x".into())
+            ),
+            ("TG B·web ● follower ⚠ stale".into(), Tone::Warning)
+        );
+        assert_eq!(
+            facts(
+                BindingFact::Unconfigured { problem: None },
+                TransportFact::None,
+                SyncFact::None
+            ),
+            ("TG ○ not configured".into(), Tone::Muted)
+        );
+        assert_eq!(
+            facts(
+                BindingFact::Unpaired,
+                TransportFact::Leader,
+                SyncFact::Synced(1)
+            )
+            .1,
+            Tone::Warning
+        );
+    }
+
+    #[test]
+    fn long_names_are_shortened() {
+        let (text, _) = facts(
+            bound(2, "a-very-long-session-name"),
+            TransportFact::Leader,
+            SyncFact::None,
+        );
+        assert_eq!(text, "TG C·a-very-long-ses… ● leader");
     }
 }

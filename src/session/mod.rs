@@ -3,6 +3,7 @@
 //! events into relay actions. It sees neither bytes nor sockets: the host
 //! side is a [`HostLink`], the relay is a [`bus::Member`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,16 +12,27 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{JoinRequest, Member, MemberState, Role};
 use crate::commands::{self, Command};
+use crate::commands::{relay_status_text, restart_text};
 use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
 use crate::paths::Paths;
-use crate::topics;
-mod facts;
-
-use crate::commands::{relay_status_text, restart_text};
+use crate::protocol::bus::Health;
 use crate::protocol::host::*;
+use crate::topics;
+
+mod facts;
+mod inbound;
+mod outbound;
+
 pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
 use facts::{describe_binding, describe_sync, describe_transport};
+use outbound::Outgoing;
+
+/// How long `/telegram-connect` waits for the registration.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
+
+/// How much of a locally typed prompt is mirrored into the topic.
+const MIRROR_LIMIT: usize = 2000;
 
 /// How long the user has to answer a confirmation dialog.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -71,6 +83,12 @@ struct State {
     initialized: bool,
     disconnected: bool,
     member: Option<Arc<Member>>,
+    /// What the session sends into its topic, in order.
+    outbound: Option<tokio::sync::mpsc::UnboundedSender<Outgoing>>,
+    /// The last answer sent, so `agent/ended` does not repeat `turn/ended`.
+    last_answer: Option<String>,
+    /// Cancels the tasks of the current membership.
+    membership: CancellationToken,
 }
 
 /// One agent session, shared by the host transport's tasks.
@@ -81,6 +99,8 @@ pub struct Session {
     state: Mutex<State>,
     facts: watch::Sender<Facts>,
     stop: CancellationToken,
+    /// The agent is working (between `agent/started` and `agent/ended`).
+    busy: AtomicBool,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -109,9 +129,13 @@ impl Session {
                 initialized: false,
                 disconnected: false,
                 member: None,
+                outbound: None,
+                last_answer: None,
+                membership: CancellationToken::new(),
             }),
             facts,
             stop: CancellationToken::new(),
+            busy: AtomicBool::new(false),
         })
     }
 
@@ -128,6 +152,17 @@ impl Session {
 
     fn member(&self) -> Option<Arc<Member>> {
         self.state().member.clone()
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Queues something for this session's topic (dropped when not connected).
+    fn send_out(&self, outgoing: Outgoing) {
+        if let Some(tx) = &self.state().outbound {
+            let _ = tx.send(outgoing);
+        }
     }
 
     /// Pushes the status line whenever a fact changes, from `initialized` on.
@@ -187,13 +222,24 @@ impl Session {
             pid: std::process::id(),
         });
         let member = Arc::new(member);
+        let membership = self.stop.child_token();
         state.member = Some(member.clone());
         state.disconnected = false;
+        state.outbound = Some(outbound::spawn(member.clone(), membership.clone()));
+        state.membership = membership.clone();
         drop(state);
+        if self.is_busy() {
+            self.send_out(Outgoing::Busy(true));
+        }
         self.facts
             .send_modify(|f| f.binding = BindingFact::Connecting);
         self.spawn_member_mirror(&member);
-        drop(deliveries);
+        tokio::spawn(inbound::run(
+            Arc::downgrade(self),
+            member.clone(),
+            deliveries,
+            membership,
+        ));
         Ok(member)
     }
 
@@ -223,16 +269,21 @@ impl Session {
         }
         self.facts.send_modify(|f| {
             f.binding = match &member.route {
+                Some(_) if member.needs_pairing => BindingFact::Unpaired,
                 Some(route) => BindingFact::Bound {
                     slot: route.slot,
                     name: topics::session_part(&route.topic_name).to_string(),
                 },
                 None => BindingFact::Connecting,
             };
-            f.transport = match member.role {
-                Role::Leader => TransportFact::Leader,
-                Role::Follower => TransportFact::Follower,
-                Role::Joining | Role::Reconnecting | Role::Stopped => TransportFact::Reconnecting,
+            f.transport = match (member.role, &member.telegram) {
+                (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
+                    TransportFact::Reconnecting
+                }
+                (_, Health::Conflict) => TransportFact::Conflict,
+                (_, Health::Offline { .. }) => TransportFact::Offline,
+                (Role::Leader, _) => TransportFact::Leader,
+                (Role::Follower, _) => TransportFact::Follower,
             };
             f.sync = match (&member.problem, member.epoch) {
                 (Some(problem), _) => SyncFact::Stale(problem.clone()),
@@ -245,30 +296,7 @@ impl Session {
     async fn run(self: &Arc<Self>, command: Command) -> ExecuteResult {
         let (ok, message) = match command {
             Command::Status { debug } => (true, self.status_report(debug).await),
-            Command::Connect => match self.connect() {
-                Ok(member) => {
-                    let state = member.wait_registered(Duration::from_secs(10)).await;
-                    match state.route {
-                        Some(route) => (
-                            true,
-                            format!(
-                                "Connected as slot {} ({}), {}.",
-                                route.slot,
-                                route.topic_name,
-                                state.role.describe()
-                            ),
-                        ),
-                        None => (
-                            false,
-                            format!(
-                                "Joining the relay is taking long: {}",
-                                state.problem.as_deref().unwrap_or("no leader answered yet")
-                            ),
-                        ),
-                    }
-                }
-                Err(message) => (false, message),
-            },
+            Command::Connect => self.connect_command().await,
             Command::Disconnect => self.disconnect().await,
             Command::RelayStatus => match self.member() {
                 Some(member) => match member.status().await {
@@ -296,13 +324,66 @@ impl Session {
         ExecuteResult { ok, message }
     }
 
+    /// `/telegram-connect`: join (or re-provision a topic that could not be
+    /// had), and offer a pairing link when nobody may drive sessions yet.
+    async fn connect_command(self: &Arc<Self>) -> (bool, String) {
+        let had_member = self.member().is_some();
+        let member = match self.connect() {
+            Ok(member) => member,
+            Err(message) => return (false, message),
+        };
+        let before = member.watch().borrow().clone();
+        if had_member && before.route.as_ref().is_some_and(|r| r.target.is_none()) {
+            // The user asks again: retry provisioning, even after an
+            // unknown outcome.
+            if let Err(e) = member.reregister().await {
+                return (false, format!("Cannot register again: {e}"));
+            }
+            let mut states = member.watch();
+            let _ = tokio::time::timeout(
+                CONNECT_WAIT,
+                states.wait_for(|s| s.role.is_connected() && s.epoch.is_some() && s != &before),
+            )
+            .await;
+        }
+        let state = member.wait_registered(CONNECT_WAIT).await;
+        let Some(route) = state.route.clone() else {
+            return (
+                false,
+                format!(
+                    "Joining the relay is taking long: {}",
+                    state.problem.as_deref().unwrap_or("no leader answered yet")
+                ),
+            );
+        };
+        let mut message = format!(
+            "Connected as {} ({}).",
+            route.topic_name,
+            state.role.describe()
+        );
+        if let Some(problem) = &state.problem {
+            message.push_str(&format!("\nNo topic yet: {problem}"));
+        }
+        if state.needs_pairing {
+            match member.pair().await {
+                Ok(link) => message.push_str(&format!(
+                    "\nNobody is paired with the bot yet. Open {} on the phone that should drive this session and press Start (valid {} minutes).",
+                    link.url,
+                    link.expires_in_s / 60
+                )),
+                Err(e) => message.push_str(&format!("\nNobody is paired yet, and no pairing link could be made: {e}")),
+            }
+        }
+        (state.problem.is_none() || state.needs_pairing, message)
+    }
+
     async fn disconnect(self: &Arc<Self>) -> (bool, String) {
         let Some(member) = self.member() else {
             return (false, "This session is not connected to the relay.".into());
         };
         let state = member.watch().borrow().clone();
         let what = match &state.route {
-            Some(route) => format!("topic {} · {}", route.slot, route.topic_name),
+            Some(route) => format!("topic {}", route.topic_name),
             None => "this session's topic".into(),
         };
         let has_ui = self.state().identity.as_ref().is_some_and(|i| i.has_ui);
@@ -335,6 +416,8 @@ impl Session {
                 {
                     let mut state = self.state();
                     state.member = None;
+                    state.outbound = None;
+                    state.membership.cancel();
                     state.disconnected = true;
                 }
                 member.leave().await;
@@ -474,6 +557,46 @@ impl Handler for Session {
                     tracing::warn!("cannot join the relay: {e}");
                 }
             }
+            HostEvent::AgentStarted => {
+                self.busy.store(true, Ordering::Relaxed);
+                self.send_out(Outgoing::Busy(true));
+            }
+            HostEvent::TurnEnded(turn) => {
+                let text = turn.assistant_text.trim();
+                if !text.is_empty() {
+                    self.state().last_answer = Some(text.to_string());
+                    self.send_out(Outgoing::Answer(text.to_string()));
+                }
+            }
+            HostEvent::AgentEnded(ended) => {
+                self.busy.store(false, Ordering::Relaxed);
+                self.send_out(Outgoing::Busy(false));
+                let last = ended.last_assistant_text.as_deref().map(str::trim);
+                if let Some(text) = last.filter(|t| !t.is_empty()) {
+                    let already = self.state().last_answer.as_deref() == Some(text);
+                    if !already {
+                        self.send_out(Outgoing::Answer(text.to_string()));
+                    }
+                }
+                self.state().last_answer = None;
+            }
+            HostEvent::InputReceived(input) => {
+                // What came from Telegram is not echoed back; what the user
+                // typed at the computer is mirrored so the topic reads whole.
+                if input.source != "extension" && !input.text.trim().is_empty() {
+                    self.send_out(Outgoing::Plain(format!(
+                        "🧑‍💻 {}",
+                        clip(&input.text, MIRROR_LIMIT)
+                    )));
+                }
+            }
+            HostEvent::SessionStarted(started) => {
+                if let Some(session) = started.session
+                    && let Some(me) = self.me()
+                {
+                    tokio::spawn(async move { me.switch_session(session).await });
+                }
+            }
             other => tracing::trace!(?other, "host event"),
         }
     }
@@ -484,7 +607,45 @@ impl Handler for Session {
     }
 }
 
+/// At most `max` characters of `text`, marked when cut.
+fn clip(text: &str, max: usize) -> String {
+    let text = text.trim();
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
 impl Session {
+    /// The host switched to another agent session (`/new`, `/resume`, …):
+    /// its topic is the new session's, so the old membership is left (its
+    /// binding stays for when it is resumed) and the new one joins.
+    async fn switch_session(self: &Arc<Self>, session: SessionInfo) {
+        let (old_key, member) = {
+            let mut state = self.state();
+            let Some(identity) = state.identity.as_mut() else {
+                return;
+            };
+            let old_key = identity.profile_key();
+            identity.session = session;
+            if identity.profile_key() == old_key {
+                return;
+            }
+            state.membership.cancel();
+            state.outbound = None;
+            (old_key, state.member.take())
+        };
+        tracing::info!(%old_key, "the host switched sessions; rejoining under the new one");
+        if let Some(member) = member {
+            member.leave().await;
+            if let Err(e) = self.connect() {
+                tracing::warn!("cannot rejoin the relay: {e}");
+            }
+        }
+    }
+
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     fn me(&self) -> Option<Arc<Self>> {
         self.this.upgrade()
@@ -492,7 +653,12 @@ impl Session {
 
     /// Leaves the bus and stops background tasks. Idempotent.
     pub async fn close(&self) {
-        let member = self.state().member.take();
+        let member = {
+            let mut state = self.state();
+            state.membership.cancel();
+            state.outbound = None;
+            state.member.take()
+        };
         if let Some(member) = member {
             member.leave().await;
         }

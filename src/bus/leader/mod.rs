@@ -475,10 +475,19 @@ fn handle(shared: &Arc<Shared>, conn: ConnId, envelope: ToLeader, requests: &mut
             requests.spawn(async move {
                 let result = match registry::check_generation(&shared, conn, req.generation) {
                     Ok(session) => {
-                        shared
+                        let result = shared
                             .relay
                             .call_for(session.route.target, &req.method, &req.params)
-                            .await
+                            .await;
+                        if let Err(BusError {
+                            code: BusErrorCode::TopicGone,
+                            ..
+                        }) = &result
+                        {
+                            // Its next registration must not trust the topic.
+                            registry::mark_stale(&shared, &session.route.profile_key);
+                        }
+                        result
                     }
                     Err(e) => Err(e),
                 };

@@ -380,7 +380,19 @@ fn finish(
         epoch: shared.epoch,
         route,
         problem,
+        needs_pairing: shared.relay.allowed_users(&shared.store).is_empty(),
     })
+}
+
+/// Remembers that a session's topic is gone, so the next registration
+/// provisions a new one instead of trusting it.
+pub(super) fn mark_stale(shared: &Shared, profile_key: &str) {
+    if let Err(e) = shared
+        .store()
+        .set_binding_status(profile_key, BindingStatus::Stale)
+    {
+        tracing::warn!("cannot mark the binding stale: {e}");
+    }
 }
 
 /// Deletes the session's topic, marks its binding offline and ends its

@@ -242,6 +242,7 @@ async fn pair_user(shared: &Shared, user: i64, chat: i64, code: &str) {
         match shared.store().add_allowed_user(user) {
             Ok(()) => {
                 tracing::info!(user, "paired a Telegram user");
+                shared.broadcast(&FromLeader::Paired(Paired { user_id: user }));
                 "✅ Paired. Your agent sessions will appear here as topics."
             }
             Err(e) => {

@@ -1,0 +1,184 @@
+//! What a session sends into its topic: the agent's answers (Markdown →
+//! Telegram HTML, split under the message limit), mirrored local prompts,
+//! and `typing` while the agent works. One task per session keeps the order
+//! of messages and never blocks the host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::{Member, MemberError};
+use crate::protocol::bus::{BusErrorCode, Target};
+use crate::telegram::render;
+
+/// Telegram shows `typing` for about 5 s; renew a little before.
+const TYPING_EVERY: Duration = Duration::from_secs(4);
+/// How long a new topic may take to appear after the old one vanished.
+const REPROVISION_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub enum Outgoing {
+    /// The agent's answer, as Markdown.
+    Answer(String),
+    /// Plain text (status replies, mirrored prompts).
+    Plain(String),
+    /// The agent started (true) or stopped (false) working.
+    Busy(bool),
+}
+
+pub fn spawn(member: Arc<Member>, stop: CancellationToken) -> mpsc::UnboundedSender<Outgoing> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(member, rx, stop));
+    tx
+}
+
+async fn run(
+    member: Arc<Member>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    stop: CancellationToken,
+) {
+    let mut typing: Option<tokio::time::Interval> = None;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            next = rx.recv() => match next {
+                None => break,
+                Some(Outgoing::Answer(markdown)) => {
+                    for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
+                        send(&member, &chunk, true).await;
+                    }
+                }
+                Some(Outgoing::Plain(text)) => {
+                    for chunk in plain_chunks(&text) {
+                        send(&member, &chunk, false).await;
+                    }
+                }
+                Some(Outgoing::Busy(busy)) => {
+                    typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
+                }
+            },
+            _ = async { typing.as_mut().expect("guarded").tick().await }, if typing.is_some() => {
+                if let Some(target) = target(&member) {
+                    let params = json!({"chat_id": target.chat_id, "message_thread_id": target.thread_id, "action": "typing"});
+                    if let Err(e) = member.telegram("sendChatAction", params).await {
+                        tracing::debug!("typing indicator failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn target(member: &Member) -> Option<Target> {
+    member
+        .watch()
+        .borrow()
+        .route
+        .as_ref()
+        .and_then(|r| r.target)
+}
+
+/// Plain text split the same way as HTML (escaping first keeps the splitter
+/// honest about what Telegram will count).
+fn plain_chunks(text: &str) -> Vec<String> {
+    let escaped = text
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    render::split(&escaped, render::MESSAGE_LIMIT)
+        .iter()
+        .map(|chunk| render::to_plain(chunk))
+        .collect()
+}
+
+/// Sends one chunk into the session's topic. Falls back to plain text when
+/// Telegram rejects the markup, and re-provisions once when the topic is gone.
+async fn send(member: &Member, text: &str, html: bool) {
+    let mut reprovisioned = false;
+    let mut as_html = html;
+    loop {
+        let Some(target) = target(member) else {
+            tracing::warn!(
+                "no topic to send to; dropping a message of {} bytes",
+                text.len()
+            );
+            return;
+        };
+        let body = if as_html {
+            text.to_string()
+        } else if html {
+            render::to_plain(text)
+        } else {
+            text.to_string()
+        };
+        let mut params = json!({
+            "chat_id": target.chat_id,
+            "message_thread_id": target.thread_id,
+            "text": body,
+            "link_preview_options": {"is_disabled": true},
+        });
+        if as_html {
+            params["parse_mode"] = Value::from("HTML");
+        }
+        match member.telegram("sendMessage", params).await {
+            Ok(_) => return,
+            Err(MemberError::Refused(e)) if e.code == BusErrorCode::BadMarkup && as_html => {
+                tracing::info!("Telegram refused the markup; sending as plain text");
+                as_html = false;
+            }
+            Err(MemberError::Refused(e)) if e.code == BusErrorCode::TopicGone && !reprovisioned => {
+                tracing::info!("the topic is gone; asking for a new one");
+                reprovisioned = true;
+                if let Err(e) = member.reregister().await {
+                    tracing::warn!("cannot register again: {e}");
+                    return;
+                }
+                let mut states = member.watch();
+                let fresh = states.wait_for(|s| {
+                    s.role.is_connected()
+                        && s.route
+                            .as_ref()
+                            .and_then(|r| r.target)
+                            .is_some_and(|t| t != target)
+                });
+                if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
+                    tracing::warn!("no new topic appeared; dropping the message");
+                    return;
+                }
+            }
+            Err(MemberError::Refused(e)) if e.retry_after.is_some() && !e.commit_unknown => {
+                let wait = Duration::from_secs(e.retry_after.unwrap_or(1));
+                tokio::time::sleep(wait).await;
+            }
+            Err(e) => {
+                // Ambiguous failures are not replayed: a duplicate answer is
+                // worse than a missing one the user can ask for again.
+                tracing::warn!("cannot send into the topic: {e}");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_chunks_keep_the_text_and_the_limit() {
+        let text = "a < b & c\n".repeat(1000);
+        let chunks = plain_chunks(&text);
+        assert!(chunks.len() > 1);
+        for chunk in &chunks {
+            assert!(chunk.encode_utf16().count() <= render::MESSAGE_LIMIT);
+        }
+        let joined: String = chunks.concat();
+        assert_eq!(
+            joined.split_whitespace().collect::<Vec<_>>(),
+            text.split_whitespace().collect::<Vec<_>>()
+        );
+    }
+}

@@ -1,0 +1,431 @@
+//! One topic per session and routing both ways, with real sidecars and the
+//! fake Bot API: topics, inbound delivery, answers, failover, offline
+//! owners, deleted topics, profiles and pairing.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use agent_relay::fake_bot_api::{Inject, TopicInfo};
+use common::{CHAT, FakeServer, Options, Sidecar, USER, WAIT};
+use serde_json::{Value, json};
+
+fn connected(status: &str) -> bool {
+    status.contains("● leader") || status.contains("● follower")
+}
+
+/// A host that takes every prompt.
+fn accepting(options: Options<'_>) -> Options<'_> {
+    options.answer(Arc::new(|method, _| match method {
+        "agent/sendUserMessage" => Some(json!({"accepted": true})),
+        "agent/abort" => Some(json!({})),
+        "ui/confirm" => Some(json!({"confirmed": true})),
+        _ => None,
+    }))
+}
+
+async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
+    let mut s = Sidecar::spawn(accepting(Options::new(home).configured(fake)));
+    s.handshake(cwd, name).await;
+    s.wait_status(connected).await;
+    s
+}
+
+/// The live topic whose name ends with `· name`.
+fn topic(fake: &FakeServer, name: &str) -> TopicInfo {
+    let suffix = format!("· {name}");
+    let live: Vec<TopicInfo> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .filter(|t| !t.deleted && t.name.ends_with(&suffix))
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "expected one live topic for {name}: {live:?}"
+    );
+    live[0].clone()
+}
+
+fn inject(fake: &FakeServer, thread: Option<i64>, user: i64, text: &str) -> i64 {
+    fake.api().inject_message(Inject {
+        chat_id: CHAT,
+        thread_id: thread,
+        user_id: user,
+        text: text.into(),
+    })
+}
+
+fn prompts(s: &Sidecar) -> Vec<Value> {
+    s.messages()
+        .into_iter()
+        .filter(|m| m["method"] == "agent/sendUserMessage")
+        .collect()
+}
+
+async fn wait_prompt(s: &Sidecar, text: &str) -> Value {
+    s.wait_for(&format!("prompt {text:?}"), |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == text
+    })
+    .await
+}
+
+async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) -> Vec<String> {
+    let needle = needle.to_string();
+    fake.api()
+        .wait_until(
+            |api| {
+                let texts: Vec<String> = api
+                    .messages(CHAT, Some(thread))
+                    .into_iter()
+                    .map(|m| m.plain_text)
+                    .collect();
+                texts.iter().any(|t| t.contains(&needle)).then_some(texts)
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{needle:?} never arrived in thread {thread}"))
+}
+
+#[tokio::test]
+async fn each_session_gets_its_own_topic_and_only_its_own_messages() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let b = session(home.path(), &fake, "/tmp/b", "web").await;
+    let c = session(home.path(), &fake, "/tmp/c", "docs").await;
+    let topics: Vec<String> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(topics.len(), 3, "{topics:?}");
+    let mut letters: Vec<char> = topics.iter().map(|n| n.chars().next().unwrap()).collect();
+    letters.sort();
+    letters.dedup();
+    assert_eq!(letters.len(), 3, "distinct slots: {topics:?}");
+
+    let web = topic(&fake, "web");
+    let update_id = inject(&fake, Some(web.thread_id), USER, "deploy the web app");
+    let prompt = wait_prompt(&b, "deploy the web app").await;
+    assert_eq!(prompt["params"]["origin"]["updateId"], update_id);
+    assert_eq!(prompt["params"]["origin"]["threadId"], web.thread_id);
+
+    // The answer goes back into topic B only.
+    b.notify(
+        "turn/ended",
+        json!({"assistantText": "Deployed **web** ✅", "toolCalls": []}),
+    );
+    let texts = wait_topic_text(&fake, web.thread_id, "Deployed web").await;
+    assert!(texts.iter().any(|t| t == "Deployed web ✅"), "{texts:?}");
+    for other in ["api", "docs"] {
+        let thread = topic(&fake, other).thread_id;
+        let leaked =
+            fake.api().messages(CHAT, Some(thread)).iter().any(|m| {
+                m.plain_text.contains("Deployed") || m.plain_text.contains("deploy the web")
+            });
+        assert!(!leaked, "topic {other} got B's traffic");
+    }
+    // A later message to A proves the earlier one would have arrived by now.
+    let api = topic(&fake, "api");
+    inject(&fake, Some(api.thread_id), USER, "hello api");
+    wait_prompt(&a, "hello api").await;
+    assert!(
+        prompts(&a)
+            .iter()
+            .all(|p| p["params"]["text"] != "deploy the web app")
+    );
+    assert!(prompts(&c).is_empty());
+    let (ok, _) = a.command("telegram-status", "").await;
+    assert!(ok);
+}
+
+#[tokio::test]
+async fn strangers_reach_no_host_and_nothing_is_echoed() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    inject(&fake, Some(thread), 666, "rm -rf / please");
+    inject(&fake, Some(thread), USER, "the real one");
+    wait_prompt(&a, "the real one").await;
+    assert_eq!(prompts(&a).len(), 1, "{:?}", prompts(&a));
+    let echoed = fake
+        .api()
+        .calls()
+        .iter()
+        .any(|c| c.params.to_string().contains("rm -rf"));
+    assert!(!echoed, "a stranger's text went back to Telegram");
+}
+
+#[tokio::test]
+async fn a_long_markdown_answer_arrives_as_valid_html_chunks() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let mut markdown = String::from("# Report\n\n");
+    for i in 0..120 {
+        markdown.push_str(&format!(
+            "Paragraph {i} with **bold**, `code <tag>` and a [link](https://example.com/{i}) & more.\n\n"
+        ));
+    }
+    markdown.push_str("```rust\n");
+    for i in 0..150 {
+        markdown.push_str(&format!("let x{i} = \"<{i}>\";\n"));
+    }
+    markdown.push_str("```\nThe end.\n");
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": markdown, "toolCalls": []}),
+    );
+    let texts = wait_topic_text(&fake, thread, "The end.").await;
+    let sent = fake.api().messages(CHAT, Some(thread));
+    let chunks: Vec<_> = sent
+        .iter()
+        .filter(|m| m.parse_mode.as_deref() == Some("HTML"))
+        .collect();
+    assert!(
+        chunks.len() >= 3,
+        "expected several chunks, got {}",
+        chunks.len()
+    );
+    for chunk in &chunks {
+        assert!(chunk.text.encode_utf16().count() < 4096);
+    }
+    let all = texts.concat();
+    assert!(all.contains("Paragraph 0 with bold") && all.contains("let x149 = \"<149>\";"));
+}
+
+#[tokio::test]
+async fn a_delivery_in_flight_during_failover_arrives_exactly_once() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut leader = session(home.path(), &fake, "/tmp/l", "lead").await;
+    assert!(leader.latest_status().unwrap().contains("● leader"));
+    // B's host holds the prompt unanswered until after the leader is gone.
+    let mut b = Sidecar::spawn(Options::new(home.path()).configured(&fake));
+    b.handshake("/tmp/b", "slow").await;
+    b.wait_status(connected).await;
+    let thread = topic(&fake, "slow").thread_id;
+    inject(&fake, Some(thread), USER, "only once");
+    let request = wait_prompt(&b, "only once").await;
+    leader.kill9().await;
+    b.wait_status(|s| s.contains("● leader")).await;
+    b.send_line(
+        &json!({"jsonrpc": "2.0", "id": request["id"], "result": {"accepted": true}}).to_string(),
+    );
+    // A later message through the new leader proves delivery goes on…
+    inject(&fake, Some(thread), USER, "after failover");
+    let later = wait_prompt(&b, "after failover").await;
+    b.send_line(
+        &json!({"jsonrpc": "2.0", "id": later["id"], "result": {"accepted": true}}).to_string(),
+    );
+    // …and the in-flight one was not handed over twice.
+    let count = prompts(&b)
+        .iter()
+        .filter(|p| p["params"]["text"] == "only once")
+        .count();
+    assert_eq!(count, 1);
+}
+
+#[tokio::test]
+async fn an_offline_owner_gets_its_messages_in_order_when_it_returns() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _leader = session(home.path(), &fake, "/tmp/l", "lead").await;
+    let mut b = session(home.path(), &fake, "/tmp/b", "away").await;
+    let thread = topic(&fake, "away").thread_id;
+    b.kill9().await;
+    for i in 1..=3 {
+        inject(&fake, Some(thread), USER, &format!("while away {i}"));
+    }
+    let texts = wait_topic_text(&fake, thread, "offline").await;
+    let notices = texts.iter().filter(|t| t.contains("offline")).count();
+    assert_eq!(notices, 1, "the topic is told once: {texts:?}");
+    // The same profile (cwd + name) comes back and gets its topic and mail.
+    let back = session(home.path(), &fake, "/tmp/b", "away").await;
+    wait_prompt(&back, "while away 3").await;
+    let got: Vec<String> = prompts(&back)
+        .iter()
+        .map(|p| p["params"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(got, ["while away 1", "while away 2", "while away 3"]);
+    assert_eq!(topic(&fake, "away").thread_id, thread, "same topic");
+    let probed = fake
+        .api()
+        .calls()
+        .iter()
+        .any(|c| c.method == "sendChatAction" && c.params["message_thread_id"] == thread);
+    assert!(probed, "the stored topic is probed before reuse");
+}
+
+#[tokio::test]
+async fn a_deleted_topic_is_replaced_once_on_next_need() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "gone").await;
+    let old = topic(&fake, "gone").thread_id;
+    fake.api().delete_topic_externally(CHAT, old).unwrap();
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "first answer", "toolCalls": []}),
+    );
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "second answer", "toolCalls": []}),
+    );
+    let fresh = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.topics(CHAT)
+                    .into_iter()
+                    .find(|t| !t.deleted && t.name.ends_with("· gone"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("a new topic");
+    assert_ne!(fresh.thread_id, old);
+    wait_topic_text(&fake, fresh.thread_id, "second answer").await;
+    wait_topic_text(&fake, fresh.thread_id, "first answer").await;
+    let created = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "createForumTopic" && c.ok)
+        .count();
+    assert_eq!(created, 2, "one original and one replacement, never two");
+}
+
+#[tokio::test]
+async fn two_live_sessions_in_one_folder_get_two_topics() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _a = session(home.path(), &fake, "/tmp/same", "twin").await;
+    let _b = session(home.path(), &fake, "/tmp/same", "twin").await;
+    let live: Vec<_> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .filter(|t| !t.deleted)
+        .collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert_ne!(live[0].name, live[1].name);
+}
+
+#[tokio::test]
+async fn outside_any_topic_the_user_gets_the_list_of_sessions() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _a = session(home.path(), &fake, "/tmp/a", "api").await;
+    inject(&fake, None, USER, "hello?");
+    let general = fake
+        .api()
+        .wait_for_messages(CHAT, None, 1, WAIT)
+        .await
+        .expect("a reply in General");
+    assert!(general[0].plain_text.contains("· api"), "{:?}", general[0]);
+}
+
+#[tokio::test]
+async fn status_and_stop_work_from_the_topic() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    inject(&fake, Some(thread), USER, "/status");
+    wait_topic_text(&fake, thread, "binding: bound").await;
+    inject(&fake, Some(thread), USER, "/stop@relay_test_bot");
+    a.wait_for("agent/abort", |m| m["method"] == "agent/abort")
+        .await;
+    wait_topic_text(&fake, thread, "Stopped").await;
+    assert!(prompts(&a).is_empty(), "commands are not prompts");
+}
+
+#[tokio::test]
+async fn pairing_binds_the_right_user_only() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let options = accepting(
+        Options::new(home.path())
+            .configured(&fake)
+            .env("AGENT_RELAY_ALLOWED_USERS", ""),
+    );
+    let mut a = Sidecar::spawn(options);
+    a.handshake("/tmp/a", "pair").await;
+    a.wait_status(|s| s.contains("unpaired")).await;
+    let (ok, text) = a.command("telegram-connect", "").await;
+    assert!(ok, "{text}");
+    let url = text
+        .split_whitespace()
+        .find(|w| w.starts_with("https://t.me/relay_test_bot?start="))
+        .unwrap_or_else(|| panic!("no link in {text}"));
+    let code = url.split("start=").nth(1).unwrap();
+    fake.api().add_private_chat(2002, "Bob");
+    let thread = topic(&fake, "pair").thread_id;
+
+    // A wrong code binds nobody.
+    fake.api().inject_message(Inject {
+        chat_id: 2002,
+        thread_id: None,
+        user_id: 2002,
+        text: "/start wrongcode".into(),
+    });
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(2002, None)
+                    .iter()
+                    .any(|m| m.plain_text.contains("wrong"))
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("the wrong code is refused");
+    inject(&fake, Some(thread), 2002, "not yet allowed");
+
+    // The right code binds that user, and the status line says so.
+    fake.api().inject_message(Inject {
+        chat_id: 2002,
+        thread_id: None,
+        user_id: 2002,
+        text: format!("/start {code}"),
+    });
+    a.wait_status(|s| s.contains("● leader") && !s.contains("unpaired"))
+        .await;
+    inject(&fake, Some(thread), 2002, "now allowed");
+    wait_prompt(&a, "now allowed").await;
+    assert!(
+        prompts(&a)
+            .iter()
+            .all(|p| p["params"]["text"] != "not yet allowed")
+    );
+
+    // The code was single-use: a replay binds nobody else.
+    fake.api().add_private_chat(3003, "Eve");
+    fake.api().inject_message(Inject {
+        chat_id: 3003,
+        thread_id: None,
+        user_id: 3003,
+        text: format!("/start {code}"),
+    });
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(3003, None)
+                    .iter()
+                    .any(|m| m.plain_text.contains("wrong"))
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("a used code is refused");
+}
