@@ -259,6 +259,8 @@ fn bus_error_code() -> impl Strategy<Value = BusErrorCode> {
         BusErrorCode::NoFreeSlot,
         BusErrorCode::Forbidden,
         BusErrorCode::Telegram,
+        BusErrorCode::BadMarkup,
+        BusErrorCode::TopicGone,
         BusErrorCode::Unavailable,
         BusErrorCode::Internal,
     ])
@@ -334,7 +336,8 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
             })
         },
     );
-    prop_oneof![ack, deliver, health, restarting]
+    let paired = any::<i64>().prop_map(|user_id| FromLeader::Paired(Paired { user_id }));
+    prop_oneof![ack, deliver, health, restarting, paired]
 }
 
 /// One way to damage an envelope's JSON.
@@ -458,7 +461,7 @@ proptest! {
         kind in prop::sample::select(vec![
             "register", "heartbeat", "reconcile", "disconnect", "telegram",
             "deliveryAck", "restart", "status", "pair",
-            "ack", "deliver", "restarting", "health",
+            "ack", "deliver", "restarting", "health", "paired",
         ]),
         id in any::<u64>(),
     ) {

@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use agent_relay::framing::{Frame, LineCodec};
 use agent_relay::host::{self, Handler, HostEvent, RpcError};
 use agent_relay::protocol::host::{
-    ExecuteParams, ExecuteResult, InitializeParams, InitializeResult, PROTOCOL_VERSION,
-    ShutdownParams, SidecarInfo, STATUS_KEY,
+    ExecuteParams, ExecuteResult, InitializeParams, InitializeResult, PROTOCOL_VERSION, STATUS_KEY,
+    ShutdownParams, SidecarInfo,
 };
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
