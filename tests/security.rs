@@ -1,0 +1,490 @@
+//! Security properties with real processes: who may use the bus, what a
+//! follower may make the leader do, what a stranger on Telegram can reach, and
+//! that the bot token never leaves the process. The bus directory's modes are
+//! checked in `tests/bus.rs` (`the_bus_directory_is_private_and_the_socket_is_0600`).
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_relay::bus::wire::{self, Incoming};
+use agent_relay::fake_bot_api::{Fault, Inject, TopicInfo};
+use agent_relay::protocol::bus::*;
+use common::{CHAT, FakeServer, Options, SECRET, Sidecar, TOKEN, USER, WAIT};
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::tokio::Stream as _;
+use interprocess::local_socket::{GenericFilePath, ToFsName};
+use serde_json::{Value, json};
+
+const BOT: &str = "123456789";
+/// `nobody` on Debian and most distributions.
+const NOBODY: u32 = 65534;
+
+fn connected(status: &str) -> bool {
+    status.contains("● leader") || status.contains("● follower")
+}
+
+/// A host that takes every prompt.
+fn accepting(options: Options<'_>) -> Options<'_> {
+    options.answer(Arc::new(|method, _| match method {
+        "agent/sendUserMessage" => Some(json!({"accepted": true})),
+        "ui/confirm" => Some(json!({"confirmed": true})),
+        _ => None,
+    }))
+}
+
+async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
+    let mut s = Sidecar::spawn(accepting(Options::new(home).configured(fake)));
+    s.handshake(cwd, name).await;
+    s.wait_status(connected).await;
+    s
+}
+
+/// The live topic whose name ends with `· name`.
+fn topic(fake: &FakeServer, name: &str) -> TopicInfo {
+    let suffix = format!("· {name}");
+    let live: Vec<TopicInfo> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .filter(|t| !t.deleted && t.name.ends_with(&suffix))
+        .collect();
+    assert_eq!(live.len(), 1, "one live topic for {name}: {live:?}");
+    live[0].clone()
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", path.display()));
+}
+
+/// Every file under `<home>/state/logs`, as text.
+fn log_text(home: &Path) -> String {
+    let dir = home.join("state").join("logs");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    text
+}
+
+/// Waits until the logs under `home` contain `needle`. The file writer runs
+/// in the background and the file cannot be awaited, so this polls.
+async fn wait_log(home: &Path, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = log_text(home);
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log never said {needle:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `agent-relay status`, run as `uid` (or as ourselves).
+async fn status_cli(home: &Path, uid: Option<u32>) -> Output {
+    let mut command = tokio::process::Command::new(common::binary());
+    command
+        .arg("status")
+        .env_clear()
+        .env("AGENT_RELAY_HOME", home)
+        .env("TELEGRAM_BOT_TOKEN", TOKEN)
+        .kill_on_drop(true);
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    tokio::time::timeout(WAIT, command.output())
+        .await
+        .expect("agent-relay status ends in time")
+        .expect("spawn agent-relay status")
+}
+
+#[tokio::test]
+async fn another_users_process_is_refused_by_the_leader() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: running a client as another uid needs root (CI runs as root)");
+        return;
+    }
+    let home = common::home();
+    let fake = common::fake().await;
+    let _leader = session(home.path(), &fake, "/tmp/a", "api").await;
+
+    // The directory and socket modes keep other users out already; open them
+    // so that only the leader's peer-credential check stands in the way.
+    let run = home.path().join("run");
+    let bus = run.join(BOT);
+    for dir in [home.path(), &run, &bus] {
+        set_mode(dir, 0o711);
+    }
+    set_mode(&bus.join("bus.sock"), 0o666);
+    // A home of nobody's own (the leader's config dir stays closed to it)
+    // whose run/ is the leader's, so the CLI finds the same socket.
+    let foreign = common::home();
+    set_mode(foreign.path(), 0o755);
+    std::os::unix::fs::symlink(&run, foreign.path().join("run")).expect("symlink run/");
+
+    let own = status_cli(foreign.path(), None).await;
+    let own_text = String::from_utf8_lossy(&own.stdout);
+    assert!(
+        own.status.success() && own_text.contains("1 session(s)"),
+        "the same route works for the leader's own user: {own:?}"
+    );
+
+    let other = status_cli(foreign.path(), Some(NOBODY)).await;
+    let stdout = String::from_utf8_lossy(&other.stdout);
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    // Exit 3 would mean it never reached the socket: the test would prove nothing.
+    assert_eq!(
+        other.status.code(),
+        Some(1),
+        "stdout {stdout:?}, stderr {stderr:?}"
+    );
+    assert!(
+        stderr.contains("not connected to the relay"),
+        "closed without an answer: {stderr:?}"
+    );
+    assert!(!stdout.contains("session(s)"), "answered: {stdout}");
+    wait_log(home.path(), "refused a bus connection from another user").await;
+}
+
+#[tokio::test]
+async fn the_token_appears_in_no_log_line_and_no_output() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut sidecars = Vec::new();
+    for (i, name) in ["api", "web", "docs"].iter().enumerate() {
+        sidecars.push(session(home.path(), &fake, &format!("/tmp/project-{i}"), name).await);
+    }
+    // Telegram misbehaves: the poller, an answer and provisioning each meet a
+    // fault, so errors get formatted, logged and shown to the user.
+    let api = fake.api();
+    api.inject_fault("getUpdates", Fault::ServerError { code: 502 }, 2);
+    api.inject_fault("sendMessage", Fault::TruncatedJson, 1);
+    api.inject_fault("createForumTopic", Fault::GarbageBody, 1);
+    for s in sidecars.iter_mut() {
+        let (ok, text) = s.command("telegram-status", "--debug").await;
+        assert!(ok, "{text}");
+        let (ok, text) = s.command("relay", "status").await;
+        assert!(ok, "{text}");
+        s.notify(
+            "turn/ended",
+            json!({"assistantText": "done", "toolCalls": []}),
+        );
+    }
+    let (_, text) = sidecars[2].command("telegram-disconnect", "").await;
+    assert!(!text.is_empty());
+    // Provisioning the topic again meets the garbage answer.
+    let (_, text) = sidecars[2].command("telegram-connect", "").await;
+    assert!(!text.is_empty());
+    let cli = status_cli(home.path(), None).await;
+    // The truncated answer has been met before Telegram goes away.
+    wait_log(home.path(), "malformed answer").await;
+
+    // A sidecar whose config file breaks on the token's own line: parse
+    // errors like to quote the offending line.
+    let broken_home = common::home();
+    let config_dir = broken_home.path().join("config");
+    std::fs::create_dir_all(&config_dir).expect("config dir");
+    std::fs::write(
+        config_dir.join("config.toml"),
+        format!("bot_token = \"{TOKEN}\" chat_id = -100\n"),
+    )
+    .expect("write config.toml");
+    let mut broken = Sidecar::spawn(Options::new(broken_home.path()));
+    broken.handshake("/tmp/broken", "broken").await;
+    let (_, text) = broken.command("telegram-status", "--debug").await;
+    assert!(
+        text.contains("config.toml"),
+        "the config error is shown: {text}"
+    );
+    sidecars.push(broken);
+
+    // Telegram goes away entirely: every call now fails below HTTP, where
+    // client errors like to quote the URL, and the URL holds the token.
+    fake.shutdown().await.expect("stop the fake");
+    wait_log(home.path(), "network error").await;
+    for s in sidecars.iter_mut() {
+        s.close_stdin();
+        s.wait_exit().await;
+    }
+
+    let logs = log_text(home.path()) + &log_text(broken_home.path());
+    let mut outputs: Vec<String> = Vec::new();
+    for s in &sidecars {
+        let traffic = s.traffic.lock().expect("traffic lock");
+        outputs.extend(traffic.iter().map(|(_, value)| value.to_string()));
+        outputs.extend(s.garbage());
+    }
+    outputs.push(String::from_utf8_lossy(&cli.stdout).into_owned());
+    outputs.push(String::from_utf8_lossy(&cli.stderr).into_owned());
+    let in_logs = logs.matches(SECRET).count();
+    let in_outputs: usize = outputs.iter().map(|o| o.matches(SECRET).count()).sum();
+    // How often redaction masked a token on its way out; 0 as long as the
+    // client drops URLs from its errors before anything formats them.
+    let masked = logs.matches("123456789:<redacted>").count()
+        + outputs
+            .iter()
+            .map(|o| o.matches("123456789:<redacted>").count())
+            .sum::<usize>();
+    eprintln!(
+        "token scan: {} log bytes, {} output messages; secret found {in_logs} + {in_outputs} times, masked {masked} times",
+        logs.len(),
+        outputs.len()
+    );
+    for evidence in ["network error", "malformed answer", "configuration error"] {
+        assert!(
+            logs.contains(evidence),
+            "no {evidence:?} in the logs to scan"
+        );
+    }
+    assert_eq!(in_logs, 0, "the token is in the logs");
+    assert_eq!(
+        in_outputs, 0,
+        "the token is on stdout or in the CLI's output"
+    );
+}
+
+#[tokio::test]
+async fn a_stranger_reaches_no_session_and_learns_nothing() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/secret-project", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let api = fake.api();
+    let stranger = 999;
+    let write = |thread: Option<i64>, user: i64, text: &str| {
+        api.inject_message(Inject {
+            chat_id: CHAT,
+            thread_id: thread,
+            user_id: user,
+            text: text.into(),
+        })
+    };
+    // In the topic, outside any topic (where the allowed user gets the list of
+    // sessions), and a command.
+    write(Some(thread), stranger, "stranger in the topic");
+    write(None, stranger, "stranger in general");
+    write(Some(thread), stranger, "/relay status");
+    // The allowed user follows in both places; once both are handled, the
+    // stranger's earlier updates have been handled too.
+    write(None, USER, "which sessions?");
+    write(Some(thread), USER, "the real one");
+    a.wait_for("the allowed prompt", |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "the real one"
+    })
+    .await;
+    let overview = api
+        .wait_until(
+            |api| {
+                let general: Vec<String> = api
+                    .messages(CHAT, None)
+                    .into_iter()
+                    .map(|m| m.plain_text)
+                    .collect();
+                general
+                    .iter()
+                    .any(|t| t.contains("/tmp/secret-project"))
+                    .then_some(general)
+            },
+            WAIT,
+        )
+        .await
+        .expect("the allowed user gets the list of sessions");
+    assert_eq!(
+        overview
+            .iter()
+            .filter(|t| t.contains("/tmp/secret-project"))
+            .count(),
+        1,
+        "the list went to the stranger too: {overview:?}"
+    );
+
+    let prompts: Vec<Value> = a
+        .messages()
+        .into_iter()
+        .filter(|m| m["method"] == "agent/sendUserMessage")
+        .collect();
+    assert_eq!(prompts.len(), 1, "{prompts:?}");
+    let echoed: Vec<Value> = api
+        .calls()
+        .into_iter()
+        .map(|c| c.params)
+        .filter(|p| p.to_string().contains("stranger") || p.to_string().contains("/relay"))
+        .collect();
+    assert!(
+        echoed.is_empty(),
+        "a stranger's text reached Telegram: {echoed:?}"
+    );
+}
+
+/// A registered raw bus client: what a compromised or buggy follower can send.
+struct RawFollower {
+    reader: wire::WireReader,
+    writer: wire::WireWriter,
+    generation: Generation,
+    next_id: u64,
+    route: Route,
+}
+
+impl RawFollower {
+    async fn register(home: &Path) -> Self {
+        let path = home.join("run").join(BOT).join("bus.sock");
+        let name = path.to_fs_name::<GenericFilePath>().expect("a socket name");
+        let (reader, writer) = wire::split(Stream::connect(name).await.expect("connect"));
+        let mut me = Self {
+            reader,
+            writer,
+            generation: 1,
+            next_id: 0,
+            route: Route {
+                profile_key: String::new(),
+                slot: Slot::from_index(0).expect("A"),
+                target: None,
+                topic_name: String::new(),
+            },
+        };
+        let ack = me
+            .request(|id, generation| {
+                ToLeader::Register(Register {
+                    id,
+                    instance_id: "raw-instance".into(),
+                    registration_generation: generation,
+                    profile_key: "raw".into(),
+                    session_name: "raw".into(),
+                    cwd: "/raw".into(),
+                    pid: std::process::id(),
+                    carried: None,
+                    protocol_version: BUS_PROTOCOL_VERSION,
+                    retry_provisioning: false,
+                })
+            })
+            .await;
+        assert!(ack.ok, "register: {ack:?}");
+        let registered: Registered =
+            serde_json::from_value(ack.result.expect("a register result")).expect("Registered");
+        me.route = registered.route;
+        me
+    }
+
+    async fn request(&mut self, make: impl FnOnce(u64, Generation) -> ToLeader) -> Ack {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.writer
+            .send(&make(id, self.generation))
+            .await
+            .expect("send");
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.reader.recv::<FromLeader>())
+                .await
+                .expect("the leader answers in time")
+                .expect("read");
+            match frame {
+                Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => {
+                    return ack;
+                }
+                Some(_) => continue,
+                None => panic!("the leader closed the connection"),
+            }
+        }
+    }
+
+    async fn telegram(&mut self, method: &str, params: Value) -> Ack {
+        let method = method.to_owned();
+        self.request(|id, generation| {
+            ToLeader::Telegram(TelegramCall {
+                id,
+                generation,
+                method,
+                params,
+            })
+        })
+        .await
+    }
+}
+
+fn code(ack: &Ack) -> Option<BusErrorCode> {
+    ack.error.as_ref().map(|e| e.code)
+}
+
+#[tokio::test]
+async fn a_follower_cannot_make_the_leader_act_outside_its_topic() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _owner = session(home.path(), &fake, "/tmp/a", "api").await;
+    let victim = topic(&fake, "api").thread_id;
+    let mut raw = RawFollower::register(home.path()).await;
+    let own = raw.route.target.expect("the raw session got a topic");
+    assert_ne!(own.thread_id, victim);
+
+    let marker = "forbidden-marker";
+    for (what, params) in [
+        (
+            "another session's topic",
+            json!({"chat_id": CHAT, "message_thread_id": victim, "text": marker}),
+        ),
+        (
+            "another chat",
+            json!({"chat_id": -1_009_999_999_999_i64, "message_thread_id": own.thread_id, "text": marker}),
+        ),
+        (
+            "the chat outside any topic",
+            json!({"chat_id": CHAT, "text": marker}),
+        ),
+        (
+            "a thread id of the wrong type",
+            json!({"chat_id": CHAT, "message_thread_id": victim.to_string(), "text": marker}),
+        ),
+    ] {
+        let ack = raw.telegram("sendMessage", params).await;
+        assert_eq!(code(&ack), Some(BusErrorCode::Forbidden), "{what}: {ack:?}");
+    }
+    for thread in [victim, own.thread_id] {
+        let ack = raw
+            .telegram(
+                "deleteForumTopic",
+                json!({"chat_id": CHAT, "message_thread_id": thread}),
+            )
+            .await;
+        assert_eq!(code(&ack), Some(BusErrorCode::Forbidden), "{ack:?}");
+    }
+    // The same connection may still do what it owns: the refusals above were
+    // about the target, not a broken registration.
+    let ack = raw
+        .telegram(
+            "sendMessage",
+            json!({"chat_id": CHAT, "message_thread_id": own.thread_id, "text": "allowed"}),
+        )
+        .await;
+    assert!(ack.ok, "{ack:?}");
+
+    let calls = fake.api().calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.params.to_string().contains("allowed")),
+        "the allowed call reached Telegram"
+    );
+    let leaked: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method == "deleteForumTopic" || c.params.to_string().contains(marker))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "forbidden calls reached Telegram: {leaked:?}"
+    );
+    assert!(
+        fake.api().topics(CHAT).iter().all(|t| !t.deleted),
+        "a topic was deleted"
+    );
+}
