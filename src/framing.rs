@@ -124,11 +124,13 @@ impl Decoder for LineCodec {
         if buf.is_empty() {
             return Ok(None);
         }
-        // A last line without a terminator still counts as a line.
+        // A last line without a terminator still counts as a line, measured
+        // like any other: without its `\r`.
         self.scanned = 0;
         let line = buf.split();
-        if line.len() > self.max {
-            return Ok(Some(Frame::Oversized { len: line.len() }));
+        let len = line.len() - usize::from(line.last() == Some(&b'\r'));
+        if len > self.max {
+            return Ok(Some(Frame::Oversized { len }));
         }
         Ok(Some(line_from(line)))
     }
@@ -201,6 +203,12 @@ mod tests {
             frames,
             vec![Frame::Line("abcd".into()), Frame::Oversized { len: 5 }]
         );
+    }
+
+    #[test]
+    fn an_unterminated_last_line_is_measured_without_its_cr() {
+        let frames = decode_all(&mut LineCodec::new(6), b"aaaaaa\r", 3);
+        assert_eq!(frames, vec![Frame::Line("aaaaaa".into())]);
     }
 
     #[test]
