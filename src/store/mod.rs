@@ -531,7 +531,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(());
         }
-        self.write(|tx| {
+        self.write_unflushed(|tx| {
             let mut stmt = tx.prepare_cached(
                 "UPDATE journal SET attempts = attempts + 1 \
                  WHERE update_id = ?1 AND state = 'pending'",
@@ -551,7 +551,7 @@ impl Store {
         if acks.is_empty() {
             return Ok(0);
         }
-        self.write(|tx| {
+        self.write_unflushed(|tx| {
             let mut stmt = tx.prepare_cached(
                 "UPDATE journal SET state = 'delivered' \
                  WHERE update_id = ?1 AND owner = ?2 AND state = 'pending'",
@@ -816,6 +816,24 @@ impl Store {
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Step<T>) -> Result<T> {
         f(&self.conn).map_err(|fault| fault.at(&self.path))
+    }
+
+    /// Like [`Store::write`], but the commit is not flushed to disk on its
+    /// own (`synchronous = NORMAL`): still atomic, and durable at the next
+    /// flushed commit or checkpoint. Only for bookkeeping whose loss on power
+    /// failure costs a redelivery the session drops, never a message — the
+    /// per-delivery writes, where an fsync each capped the relay near a
+    /// thousand messages a second.
+    fn write_unflushed<T>(&mut self, f: impl FnOnce(&Transaction<'_>) -> Step<T>) -> Result<T> {
+        let path = self.path.clone();
+        let relax = |conn: &Connection, mode: &str| {
+            conn.pragma_update(None, "synchronous", mode)
+                .map_err(|source| Fault::Sql(source).at(&path))
+        };
+        relax(&self.conn, "NORMAL")?;
+        let result = self.write(f);
+        relax(&self.conn, "FULL")?;
+        result
     }
 
     /// Runs `f` in one IMMEDIATE transaction: the write lock is taken up
