@@ -376,3 +376,46 @@ fn the_bus_directory_is_private_and_the_socket_is_0600() {
         assert_eq!(mode(&dir.join("bus.sock")), 0o600);
     });
 }
+
+#[tokio::test]
+async fn a_27th_live_session_gets_a_clear_error() {
+    let home = home();
+    let fake = common::fake().await;
+    let _first = spawn_sessions(home.path(), &fake, 1).await;
+    let mut clients = Vec::new();
+    for i in 0..26u64 {
+        let (mut reader, mut writer) = raw_client(home.path()).await;
+        writer
+            .send(&ToLeader::Register(Register {
+                id: 1,
+                instance_id: format!("raw-{i}"),
+                registration_generation: 1,
+                profile_key: format!("raw-{i}"),
+                session_name: format!("raw-{i}"),
+                cwd: "/raw".into(),
+                pid: 1,
+                carried: None,
+                protocol_version: BUS_PROTOCOL_VERSION,
+                retry_provisioning: false,
+            }))
+            .await
+            .unwrap();
+        let ack = next_ack(&mut reader).await;
+        if i < 25 {
+            assert!(ack.ok, "session {i}: {ack:?}");
+        } else {
+            let error = ack.error.expect("the 27th is refused");
+            assert_eq!(error.code, BusErrorCode::NoFreeSlot);
+            assert!(error.message.contains("26 slots"), "{}", error.message);
+        }
+        clients.push((reader, writer));
+    }
+    // The relay is unharmed.
+    let (ok, table) = _first
+        .into_iter()
+        .next()
+        .unwrap()
+        .command("relay", "status")
+        .await;
+    assert!(ok && table.contains("26 session(s)"), "{table}");
+}

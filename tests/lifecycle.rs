@@ -460,3 +460,47 @@ async fn reconcile_rejects_routes_the_session_does_not_own() {
     let ack = next_ack(&mut reader, 3).await;
     assert_eq!(ack.error.unwrap().code, BusErrorCode::BadFrame);
 }
+
+#[tokio::test]
+async fn a_second_restart_while_one_converges_joins_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut all = sessions(home.path(), &fake, 3, true).await;
+    let leader = leader_index(&all);
+    let (caller, second, stopped) = (leader, (leader + 1) % 3, (leader + 2) % 3);
+    // A stopped session keeps the first restart converging for its window.
+    all[stopped].signal(libc::SIGSTOP);
+    let first = all[caller].call_later(
+        "command/execute",
+        json!({"name": "relay", "args": "restart"}),
+    );
+    // The second session is back on the new leader, so it heard the restart.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, text) = all[second].command("telegram-status", "").await;
+        if text.contains("sync: synced@2") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never rejoined: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (ok, text) = all[second].command("relay", "restart").await;
+    assert!(!ok && text.contains("partial-timeout 2/3"), "{text}");
+    let first = tokio::time::timeout(WAIT, first).await.unwrap().unwrap();
+    let first = first["result"]["message"].as_str().unwrap().to_string();
+    assert!(first.contains("partial-timeout 2/3"), "{first}");
+    let leaders = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "deleteWebhook")
+        .count();
+    assert_eq!(
+        leaders, 2,
+        "one restart, not two: the first leader and one successor"
+    );
+    all[stopped].signal(libc::SIGCONT);
+}

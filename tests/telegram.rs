@@ -312,8 +312,17 @@ async fn a_streak_of_5xx_backs_off_and_polling_recovers() {
         (failed.len() == 5 && failed.iter().all(|c| c.finished_ms.is_some())).then_some(failed)
     })
     .await;
+    // While it lasts, the status line says Telegram is unreachable.
+    let offline = a.messages().iter().any(|m| {
+        m["method"] == "ui/setStatus"
+            && m["params"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("offline"))
+    });
+    assert!(offline, "the outage never showed in the status line");
     inject(&fake, Some(thread), USER, "after the outage");
     wait_prompt(&a, "after the outage").await;
+    a.wait_status(|s| s.ends_with("● leader")).await;
 
     let gaps: Vec<u64> = failed
         .windows(2)
@@ -479,4 +488,41 @@ async fn a_followers_answer_reaches_telegram_through_the_leader() {
         "the follower called Telegram itself: {:?}",
         decoy.api().calls()
     );
+}
+
+#[tokio::test]
+async fn a_hanging_send_is_given_up_not_replayed_and_the_next_one_goes_through() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    wait_topic_text(&fake, thread, "connected").await;
+    fake.api().inject_fault("sendMessage", Fault::Hang, 1);
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "lost in the void", "toolCalls": []}),
+    );
+    // The client gives up on the hanging call; its outcome is unknown, so it
+    // is not sent again (a duplicate answer is worse than a missing one).
+    wait_calls(&fake, "the hanging send", |calls| {
+        calls
+            .iter()
+            .find(|c| c.method == "sendMessage" && c.fault.is_some())
+            .cloned()
+    })
+    .await;
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "the next answer", "toolCalls": []}),
+    );
+    wait_topic_text(&fake, thread, "the next answer").await;
+    let tries = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "sendMessage" && c.params.to_string().contains("lost in the void"))
+        .count();
+    assert_eq!(tries, 1, "an ambiguous send was replayed");
+    let (ok, _) = a.command("telegram-status", "").await;
+    assert!(ok, "the sidecar still answers");
 }

@@ -285,33 +285,41 @@ impl Member {
     /// route is back at a newer epoch, for at most [`RESTART_WINDOW`].
     pub async fn restart(&self) -> RestartOutcome {
         let started = Instant::now();
-        let recent = self
-            .state
-            .borrow()
-            .restarting
-            .clone()
-            .filter(|(_, heard)| heard.elapsed() < RESTART_WINDOW);
-        // A restart that is still converging is joined, not repeated.
-        let in_flight = match recent {
-            Some((plan, _)) => match self.status().await {
-                Ok(status) if converged(&plan, &status) => None,
-                _ => Some(plan),
-            },
-            None => None,
-        };
-        let plan = match in_flight {
-            Some(plan) => plan,
-            None => match self.call::<RestartPlan>(Call::Restart).await {
-                Ok(plan) => plan,
+        let mut asked_while_away = false;
+        let plan = loop {
+            if let Some(plan) = self.restart_in_flight().await {
+                break plan;
+            }
+            match self.call::<RestartPlan>(Call::Restart).await {
+                Ok(plan) => break plan,
+                // Between leaders (another restart, a failover): wait to be
+                // back, then join what is under way or ask again, once.
+                Err(MemberError::NotConnected) if !asked_while_away => {
+                    asked_while_away = true;
+                    self.wait_registered(RESTART_WINDOW).await;
+                }
                 Err(e) => {
                     return RestartOutcome::Failed {
                         reason: e.to_string(),
                         elapsed_ms: started.elapsed().as_millis() as u64,
                     };
                 }
-            },
+            }
         };
         self.converge(&plan, started).await
+    }
+
+    /// A restart announced recently that has not converged yet: a request
+    /// now joins it instead of restarting again.
+    async fn restart_in_flight(&self) -> Option<RestartPlan> {
+        let (plan, heard) = self.state.borrow().restarting.clone()?;
+        if heard.elapsed() >= RESTART_WINDOW {
+            return None;
+        }
+        match self.status().await {
+            Ok(status) if converged(&plan, &status) => None,
+            _ => Some(plan),
+        }
     }
 
     async fn converge(&self, plan: &RestartPlan, started: Instant) -> RestartOutcome {
