@@ -114,9 +114,23 @@ pub fn decode<T: DeserializeOwned>(line: &str) -> Incoming<T> {
 }
 
 impl WireWriter {
+    /// Writes one envelope and flushes it.
     pub async fn send<T: Serialize>(&mut self, envelope: &T) -> io::Result<()> {
         let line = serde_json::to_string(envelope).map_err(io::Error::other)?;
         self.inner.send(line).await
+    }
+
+    /// Writes every envelope, flushing once at the end: one system call
+    /// for a burst instead of one per frame.
+    pub async fn send_all<'a, T: Serialize + 'a>(
+        &mut self,
+        envelopes: impl IntoIterator<Item = &'a T>,
+    ) -> io::Result<()> {
+        for envelope in envelopes {
+            let line = serde_json::to_string(envelope).map_err(io::Error::other)?;
+            self.inner.feed(line).await?;
+        }
+        SinkExt::<String>::flush(&mut self.inner).await
     }
 }
 

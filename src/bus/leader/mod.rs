@@ -35,6 +35,9 @@ use crate::telegram::poller::Poller;
 use registry::Registration;
 use relay::{Journaling, Relay};
 
+/// Most frames written to one follower with one flush.
+const WRITE_BURST: usize = 256;
+
 /// How many frames may wait for one follower before it counts as stuck.
 const OUTBOX_FRAMES: usize = 4096;
 
@@ -482,11 +485,14 @@ async fn serve_connection(shared: Arc<Shared>, stream: Stream) {
     };
     let writer_close = close.clone();
     let writer_task = tokio::spawn(async move {
-        while let Some(frame) = outgoing.recv().await {
-            if let Err(e) = writer.send(&frame).await {
+        // Whatever queued up meanwhile goes out in one write.
+        let mut burst = Vec::with_capacity(WRITE_BURST);
+        while outgoing.recv_many(&mut burst, WRITE_BURST).await > 0 {
+            if let Err(e) = writer.send_all(&burst).await {
                 tracing::debug!("bus write failed: {e}");
                 break;
             }
+            burst.clear();
         }
         writer_close.cancel();
     });
