@@ -350,3 +350,52 @@ async fn pairing_binds_the_right_user_only() {
         .await
         .expect("a used code is refused");
 }
+
+#[tokio::test]
+async fn a_host_switching_sessions_moves_to_their_topics_and_back() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = Sidecar::spawn(accepting(Options::new(home.path()).configured(&fake)));
+    s.call(
+        "initialize",
+        json!({
+            "protocolVersion": 1,
+            "host": {"name": "test-host", "version": "1"},
+            "cwd": "/tmp/switch",
+            "session": {"id": "1", "file": "/sessions/one.jsonl", "name": "one"},
+            "hasUI": true
+        }),
+    )
+    .await;
+    s.notify("initialized", json!({}));
+    s.wait_status(|t| t.contains("·one ● leader")).await;
+    let one = topic(&fake, "one").thread_id;
+
+    // `/new`: another session, another topic; the same process stays leader.
+    s.notify(
+        "session/started",
+        json!({"reason": "new", "session": {"id": "2", "file": "/sessions/two.jsonl", "name": "two"}}),
+    );
+    s.wait_status(|t| t.contains("·two ● leader")).await;
+    let two = topic(&fake, "two").thread_id;
+    assert_ne!(one, two);
+    inject(&fake, Some(two), USER, "to two");
+    wait_prompt(&s, "to two").await;
+
+    // `/resume` of the first: its topic comes back, not a new one.
+    s.notify(
+        "session/started",
+        json!({"reason": "resume", "session": {"id": "1", "file": "/sessions/one.jsonl", "name": "one"}}),
+    );
+    s.wait_status(|t| t.contains("·one ● leader")).await;
+    assert_eq!(topic(&fake, "one").thread_id, one);
+    inject(&fake, Some(one), USER, "to one");
+    wait_prompt(&s, "to one").await;
+    let created = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "createForumTopic")
+        .count();
+    assert_eq!(created, 2);
+}

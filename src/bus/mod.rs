@@ -126,6 +126,11 @@ pub enum MemberError {
 enum Call {
     /// Register again on a fresh connection, retrying topic creation.
     Reregister,
+    /// Register again as another session (the host switched sessions).
+    Rebind {
+        profile_key: String,
+        session_name: String,
+    },
     Status,
     Disconnect,
     Restart,
@@ -247,6 +252,24 @@ impl Member {
             .map_err(|_| MemberError::Timeout(REQUEST_TIMEOUT))?
             .map_err(|_| MemberError::Stopped)?
             .map(drop)
+    }
+
+    /// Registers again as another session of the same host: its own profile,
+    /// its own topic. The previous registration ends; its binding stays.
+    pub async fn rebind(
+        &self,
+        profile_key: String,
+        session_name: String,
+    ) -> Result<(), MemberError> {
+        self.call_within::<Value>(
+            Call::Rebind {
+                profile_key,
+                session_name,
+            },
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
     }
 
     pub async fn status(&self) -> Result<BusStatus, MemberError> {
@@ -509,7 +532,17 @@ impl Actor {
                 () = &mut sleep => return false,
                 () = self.stop.cancelled() => return true,
                 Some(pending) = self.calls.recv() => {
-                    let _ = pending.reply.send(Err(MemberError::NotConnected));
+                    let answer = match pending.call {
+                        // Remembered for the next registration.
+                        Call::Rebind { profile_key, session_name } => {
+                            self.request.profile_key = profile_key;
+                            self.request.session_name = session_name;
+                            self.carried = None;
+                            Ok(Value::Null)
+                        }
+                        _ => Err(MemberError::NotConnected),
+                    };
+                    let _ = pending.reply.send(answer);
                 }
             }
         }
@@ -687,6 +720,14 @@ impl Actor {
                     let envelope = match call.call {
                         Call::Reregister => {
                             self.retry_provisioning = true;
+                            let _ = call.reply.send(Ok(Value::Null));
+                            break Ended::Reregister;
+                        }
+                        Call::Rebind { profile_key, session_name } => {
+                            self.request.profile_key = profile_key;
+                            self.request.session_name = session_name;
+                            self.carried = None;
+                            self.set(|s| s.route = None);
                             let _ = call.reply.send(Ok(Value::Null));
                             break Ended::Reregister;
                         }

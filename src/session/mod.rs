@@ -633,7 +633,7 @@ impl Session {
     /// its topic is the new session's, so the old membership is left (its
     /// binding stays for when it is resumed) and the new one joins.
     async fn switch_session(self: &Arc<Self>, session: SessionInfo) {
-        let (old_key, member) = {
+        let (old_key, identity, member) = {
             let mut state = self.state();
             let Some(identity) = state.identity.as_mut() else {
                 return;
@@ -643,16 +643,17 @@ impl Session {
             if identity.profile_key() == old_key {
                 return;
             }
-            state.membership.cancel();
-            state.outbound = None;
-            (old_key, state.member.take())
+            (old_key, identity.clone(), state.member.clone())
         };
-        tracing::info!(%old_key, "the host switched sessions; rejoining under the new one");
-        if let Some(member) = member {
-            member.leave().await;
-            if let Err(e) = self.connect() {
-                tracing::warn!("cannot rejoin the relay: {e}");
-            }
+        tracing::info!(%old_key, "the host switched sessions; registering the new one");
+        // The same membership (and leadership, if it leads) registers under
+        // the new profile; the old binding stays for when it is resumed.
+        if let Some(member) = member
+            && let Err(e) = member
+                .rebind(identity.profile_key(), identity.session_name())
+                .await
+        {
+            tracing::warn!("cannot register the new session: {e}");
         }
     }
 
