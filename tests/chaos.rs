@@ -152,6 +152,29 @@ async fn kill_the_leader_five_times_under_load_and_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // Every delivery was acknowledged into the journal, none left pending.
+    let db = home.path().join("state").join("123456789.sqlite3");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let store = agent_relay::store::Store::open_read_only(&db).expect("the store");
+        let pending: usize = (0..SESSIONS)
+            .map(|i| {
+                store
+                    .pending_for(&format!("cwd:/tmp/chaos-{i}#c{i}"))
+                    .expect("pending")
+                    .len()
+            })
+            .sum();
+        if pending == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pending} deliveries never acknowledged (seed {seed})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     let mut redelivered = 0;
     for (topic, ids) in &sent {
         let log = logs[*topic].lock().unwrap();

@@ -38,6 +38,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const REFUSED_START: Duration = Duration::from_secs(1);
 /// …and grows up to here.
 const REFUSED_CAP: Duration = Duration::from_secs(30);
+/// Most delivery acknowledgements sent with one write.
+const ACK_BURST: usize = 256;
 /// How long a restart may take to converge before it is reported partial.
 pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
 /// How often the restart's caller looks at the bus while it converges.
@@ -139,8 +141,6 @@ enum Call {
         method: String,
         params: Value,
     },
-    /// Not a request: settles a delivery in the leader's journal.
-    DeliveryAck(u64),
 }
 
 struct Pending {
@@ -151,6 +151,9 @@ struct Pending {
 /// One sidecar's membership of its bot's bus.
 pub struct Member {
     calls: mpsc::Sender<Pending>,
+    /// Delivery acknowledgements, apart from requests: they are never
+    /// dropped for a busy request queue, and go out in bursts.
+    acks: mpsc::UnboundedSender<u64>,
     state: watch::Receiver<MemberState>,
     stop: CancellationToken,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -161,6 +164,7 @@ impl Member {
     /// returned channel.
     pub fn join(request: JoinRequest) -> (Member, mpsc::Receiver<Deliver>) {
         let (calls_tx, calls_rx) = mpsc::channel(64);
+        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let (deliveries_tx, deliveries_rx) = mpsc::channel(1024);
         let (state_tx, state_rx) = watch::channel(MemberState {
             role: Role::Joining,
@@ -186,6 +190,7 @@ impl Member {
             leader: None,
             state: state_tx,
             calls: calls_rx,
+            acks: acks_rx,
             deliveries: deliveries_tx,
             stop: stop.clone(),
         };
@@ -193,6 +198,7 @@ impl Member {
         (
             Member {
                 calls: calls_tx,
+                acks: acks_tx,
                 state: state_rx,
                 stop,
                 task: tokio::sync::Mutex::new(Some(task)),
@@ -290,16 +296,8 @@ impl Member {
     /// with the connection means the delivery comes again, and the session
     /// drops it as a duplicate.
     pub fn ack_delivery(&self, delivery_id: u64) {
-        let (reply, _) = oneshot::channel();
-        if self
-            .calls
-            .try_send(Pending {
-                call: Call::DeliveryAck(delivery_id),
-                reply,
-            })
-            .is_err()
-        {
-            tracing::debug!(delivery_id, "delivery ack not sent (member busy or gone)");
+        if self.acks.send(delivery_id).is_err() {
+            tracing::debug!(delivery_id, "delivery ack not sent: the member is gone");
         }
     }
 
@@ -464,6 +462,7 @@ struct Actor {
     leader: Option<LeaderHandle>,
     state: watch::Sender<MemberState>,
     calls: mpsc::Receiver<Pending>,
+    acks: mpsc::UnboundedReceiver<u64>,
     deliveries: mpsc::Sender<Deliver>,
     stop: CancellationToken,
 }
@@ -531,6 +530,9 @@ impl Actor {
             tokio::select! {
                 () = &mut sleep => return false,
                 () = self.stop.cancelled() => return true,
+                // Acks without a connection are dropped: the leader will
+                // deliver again, and the session drops the repeat.
+                Some(_) = self.acks.recv(), if !self.acks.is_closed() => {}
                 Some(pending) = self.calls.recv() => {
                     let answer = match pending.call {
                         // Remembered for the next registration.
@@ -687,6 +689,7 @@ impl Actor {
             tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         let silent_limit = interval * HEARTBEAT_MISSES;
         let mut last_heard = Instant::now();
+        let mut acks = Vec::with_capacity(ACK_BURST);
         // Every (re)connect starts with the route snapshot.
         let mut reconcile = match self.send_reconcile(&mut writer).await {
             Ok(id) => Some(id),
@@ -731,13 +734,6 @@ impl Actor {
                             let _ = call.reply.send(Ok(Value::Null));
                             break Ended::Reregister;
                         }
-                        Call::DeliveryAck(delivery_id) => {
-                            let ack = ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id });
-                            if let Err(e) = writer.send(&ack).await {
-                                break Ended::Lost(e.to_string());
-                            }
-                            continue;
-                        }
                         Call::Pair => ToLeader::Pair(Pair { id, generation }),
                         Call::Status => ToLeader::Status(StatusQuery { id }),
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
@@ -749,6 +745,16 @@ impl Actor {
                         break Ended::Lost(e.to_string());
                     }
                     pending.insert(id, call.reply);
+                }
+                n = self.acks.recv_many(&mut acks, ACK_BURST), if !self.acks.is_closed() => {
+                    let generation = self.generation;
+                    let frames: Vec<ToLeader> = acks
+                        .drain(..n)
+                        .map(|delivery_id| ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id }))
+                        .collect();
+                    if let Err(e) = writer.send_all(&frames).await {
+                        break Ended::Lost(e.to_string());
+                    }
                 }
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > silent_limit {
