@@ -108,6 +108,8 @@ struct Shared {
     cleanup: Arc<tokio::sync::Mutex<()>>,
     /// Delivery acknowledgements waiting to be written (`router::settle`).
     settle: mpsc::UnboundedSender<(String, i64)>,
+    /// Store writes running on blocking threads, awaited before stepping down.
+    writes: tokio_util::task::TaskTracker,
     stop: CancellationToken,
 }
 
@@ -238,6 +240,7 @@ pub async fn start(
         restarting: std::sync::OnceLock::new(),
         cleanup: Arc::default(),
         settle,
+        writes: tokio_util::task::TaskTracker::new(),
         stop: CancellationToken::new(),
     });
     let allowed = config.allowed_users.clone();
@@ -402,7 +405,7 @@ async fn run(
                 while batch.len() < SETTLE_BATCH && let Ok(ack) = acks.try_recv() {
                     batch.push(ack);
                 }
-                router::settle(&shared, &batch);
+                router::settle(&shared, batch);
             }
             Ok(()) = health.changed() => {
                 let frame = FromLeader::Health(shared.relay.wire_health());
@@ -432,7 +435,10 @@ async fn run(
     while let Ok(ack) = acks.try_recv() {
         rest.push(ack);
     }
-    router::settle(&shared, &rest);
+    router::settle(&shared, rest);
+    // No write of this leader may land after it lets go of the lock.
+    shared.writes.close();
+    shared.writes.wait().await;
 }
 
 /// Drops followers that missed [`HEARTBEAT_MISSES`] heartbeats. Their
