@@ -219,23 +219,8 @@ impl<T: Triage> Poller<T> {
                 Err(e) => tracing::warn!("skipping an update: {e}"),
             }
         }
-        // The commit waits for the disk (fsync): on a blocking thread, so the
-        // leader's one runtime thread keeps routing and answering meanwhile.
-        let store = self.store.clone();
-        let (inserted, journal) = tokio::task::spawn_blocking(move || {
-            let inserted = store
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .journal_batch(&journal, last + 1);
-            (inserted, journal)
-        })
-        .await
-        // Only a panic (re-raised here) or a runtime shutting down end it early.
-        .unwrap_or_else(|e| match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => (Ok(Vec::new()), Vec::new()),
-        });
-        let inserted = inserted?;
+        // A short WAL transaction: cheaper inline than a hop to a blocking thread.
+        let inserted = self.store().journal_batch(&journal, last + 1)?;
         let journaled = journal
             .into_iter()
             .filter(|u| inserted.contains(&u.update_id))

@@ -108,8 +108,6 @@ struct Shared {
     cleanup: Arc<tokio::sync::Mutex<()>>,
     /// Delivery acknowledgements waiting to be written (`router::settle`).
     settle: mpsc::UnboundedSender<(String, i64)>,
-    /// Store writes running on blocking threads, awaited before stepping down.
-    writes: tokio_util::task::TaskTracker,
     stop: CancellationToken,
 }
 
@@ -240,7 +238,6 @@ pub async fn start(
         restarting: std::sync::OnceLock::new(),
         cleanup: Arc::default(),
         settle,
-        writes: tokio_util::task::TaskTracker::new(),
         stop: CancellationToken::new(),
     });
     let allowed = config.allowed_users.clone();
@@ -405,7 +402,7 @@ async fn run(
                 while batch.len() < SETTLE_BATCH && let Ok(ack) = acks.try_recv() {
                     batch.push(ack);
                 }
-                router::settle(&shared, batch);
+                router::settle(&shared, &batch);
             }
             Ok(()) = health.changed() => {
                 let frame = FromLeader::Health(shared.relay.wire_health());
@@ -435,10 +432,7 @@ async fn run(
     while let Ok(ack) = acks.try_recv() {
         rest.push(ack);
     }
-    router::settle(&shared, rest);
-    // No write of this leader may land after it lets go of the lock.
-    shared.writes.close();
-    shared.writes.wait().await;
+    router::settle(&shared, &rest);
 }
 
 /// Drops followers that missed [`HEARTBEAT_MISSES`] heartbeats. Their

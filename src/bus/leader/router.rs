@@ -22,7 +22,9 @@ pub(super) async fn route(shared: &Arc<Shared>, batch: Batch) {
         .into_iter()
         .filter_map(|update| deliver_new(shared, update))
         .collect();
-    count_attempts(shared, sent);
+    if let Err(e) = shared.store().record_attempts(&sent) {
+        tracing::warn!("cannot count delivery attempts: {e}");
+    }
     for update in batch.others {
         answer_directly(shared, &update).await;
     }
@@ -117,25 +119,9 @@ pub(super) fn go_live(shared: &Shared, conn: ConnId, generation: Generation) {
         }
         session.ready = true;
     }
-    count_attempts(shared, delivered);
-}
-
-/// Counts delivery attempts off the runtime thread: the store may be busy
-/// committing a journal batch, and routing must not wait for the disk.
-fn count_attempts(shared: &Shared, ids: Vec<i64>) {
-    if ids.is_empty() {
-        return;
+    if let Err(e) = shared.store().record_attempts(&delivered) {
+        tracing::warn!("cannot count delivery attempts: {e}");
     }
-    let store = shared.store.clone();
-    shared.writes.spawn_blocking(move || {
-        let recorded = store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record_attempts(&ids);
-        if let Err(e) = recorded {
-            tracing::warn!("cannot count delivery attempts: {e}");
-        }
-    });
 }
 
 /// A follower handed a delivery to its host: queue it to be settled in the
@@ -154,27 +140,16 @@ pub(super) fn delivered(shared: &Shared, conn: ConnId, ack: &DeliveryAck) {
 
 /// Writes a batch of acknowledgements: pending → delivered, each only for
 /// the session that owns the entry.
-/// Runs on a blocking thread (see `count_attempts`).
-pub(super) fn settle(shared: &Shared, acks: Vec<(String, i64)>) {
-    if acks.is_empty() {
-        return;
+pub(super) fn settle(shared: &Shared, acks: &[(String, i64)]) {
+    match shared.store().mark_delivered(acks) {
+        Ok(changed) if changed < acks.len() => tracing::debug!(
+            acks = acks.len(),
+            changed,
+            "some acknowledgements were repeats or not the session's own"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
     }
-    let store = shared.store.clone();
-    shared.writes.spawn_blocking(move || {
-        let settled = store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .mark_delivered(&acks);
-        match settled {
-            Ok(changed) if changed < acks.len() => tracing::debug!(
-                acks = acks.len(),
-                changed,
-                "some acknowledgements were repeats or not the session's own"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
-        }
-    });
 }
 
 /// A one-time pairing link for `/telegram-connect` when nobody is paired.
