@@ -625,7 +625,9 @@ impl Actor {
                 });
             }
             Err(ended) => {
-                if let Ended::Lost(why) | Ended::Refused(why) = &ended {
+                // A refusal is a problem to show; a connection lost while
+                // registering is just part of reconnecting (syncing).
+                if let Ended::Refused(why) = &ended {
                     self.set(|s| s.problem = Some(why.clone()));
                 }
                 return ended;
