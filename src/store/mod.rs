@@ -240,6 +240,44 @@ pub struct NewUpdate {
     pub text: String,
 }
 
+/// A journal commit that may not be on disk yet. Nothing may tell Telegram
+/// the batch arrived (the next `getUpdates`) before [`Unflushed::flush`].
+#[must_use = "a journal batch must be flushed before it is confirmed to Telegram"]
+#[derive(Debug)]
+pub struct Unflushed {
+    path: PathBuf,
+}
+
+impl Unflushed {
+    /// Waits until the commit is on disk: an fsync of the write-ahead log,
+    /// which holds every commit not yet checkpointed (a checkpoint syncs
+    /// the log before it copies it, so nothing is lost in between). Blocking.
+    pub fn flush(self) -> Result<()> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let target = match std::fs::File::open(&wal) {
+            Ok(file) => file,
+            // Not in WAL mode: the commit went to the database file itself.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::File::open(&self.path).map_err(|source| StoreError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?
+            }
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: PathBuf::from(wal),
+                    source,
+                });
+            }
+        };
+        target.sync_data().map_err(|source| StoreError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
 /// A topic deletion that was promised but not confirmed by Telegram; a
 /// successor leader finishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -462,7 +500,21 @@ impl Store {
     /// update ids that were newly journaled, in the order given. Call it with
     /// no updates to advance the offset past a batch with nothing routable.
     pub fn journal_batch(&mut self, updates: &[NewUpdate], next_offset: i64) -> Result<Vec<i64>> {
-        self.write(|tx| {
+        let (inserted, unflushed) = self.journal_batch_unflushed(updates, next_offset)?;
+        unflushed.flush()?;
+        Ok(inserted)
+    }
+
+    /// [`Store::journal_batch`] without waiting for the disk: the commit is
+    /// atomic and visible at once, and [`Unflushed::flush`] makes it durable.
+    /// The poller routes the batch meanwhile and flushes before its next
+    /// `getUpdates`, which is what confirms the batch to Telegram.
+    pub fn journal_batch_unflushed(
+        &mut self,
+        updates: &[NewUpdate],
+        next_offset: i64,
+    ) -> Result<(Vec<i64>, Unflushed)> {
+        let inserted = self.write_unflushed(|tx| {
             let now = now_ms();
             let mut insert = tx.prepare_cached(
                 "INSERT INTO journal (update_id, owner, chat_id, thread_id, user_id, \
@@ -491,7 +543,13 @@ impl Store {
             )?
             .execute([next_offset])?;
             Ok(inserted)
-        })
+        })?;
+        Ok((
+            inserted,
+            Unflushed {
+                path: self.path.clone(),
+            },
+        ))
     }
 
     /// The undelivered messages of one session, oldest first.

@@ -764,3 +764,21 @@ fn a_full_disk_never_splits_the_journal_from_the_offset() {
     assert_eq!(store.journal_batch(&batch, 6).expect("retry"), [2, 3, 4, 5]);
     assert_eq!(store.offset().expect("offset"), Some(6));
 }
+
+#[test]
+fn an_unflushed_batch_is_visible_at_once_and_flushes_without_error() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let (inserted, unflushed) = store
+        .journal_batch_unflushed(&[update(1, Some("api"))], 2)
+        .expect("batch");
+    assert_eq!(inserted, [1]);
+    // Committed: visible before the flush, to this handle and to readers.
+    assert_eq!(store.offset().expect("offset"), Some(2));
+    let reader = Store::open_read_only(&path).expect("reader");
+    assert_eq!(ids(&reader.pending_for("api").expect("pending")), [1]);
+    unflushed.flush().expect("flush");
+    drop(store);
+    let store = Store::open(&path).expect("reopen");
+    assert_eq!(store.offset().expect("offset"), Some(2));
+}

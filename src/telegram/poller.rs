@@ -219,8 +219,8 @@ impl<T: Triage> Poller<T> {
                 Err(e) => tracing::warn!("skipping an update: {e}"),
             }
         }
-        // A short WAL transaction: cheaper inline than a hop to a blocking thread.
-        let inserted = self.store().journal_batch(&journal, last + 1)?;
+        // Committed at once, flushed below: routing does not wait for the disk.
+        let (inserted, unflushed) = self.store().journal_batch_unflushed(&journal, last + 1)?;
         let journaled = journal
             .into_iter()
             .filter(|u| inserted.contains(&u.update_id))
@@ -229,7 +229,17 @@ impl<T: Triage> Poller<T> {
         // The router may be gone when the leader is stopping; the journal
         // already holds everything, so nothing is lost.
         let _ = self.batches.send(batch).await;
-        Ok(())
+        // The next getUpdates confirms this batch to Telegram, which then
+        // forgets it: it must be on disk first. The fsync runs on a blocking
+        // thread while the leader routes.
+        tokio::task::spawn_blocking(move || unflushed.flush())
+            .await
+            .unwrap_or_else(|e| match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only a runtime shutting down cancels it; the journal
+                // simply stays unconfirmed, and Telegram keeps the batch.
+                Err(_) => Ok(()),
+            })
     }
 }
 
