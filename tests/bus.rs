@@ -207,16 +207,8 @@ async fn stale_generations_are_rejected() {
     let (mut reader, mut writer) = raw_client(home.path()).await;
     let register = |id, generation| {
         ToLeader::Register(Register {
-            id,
             instance_id: "raw-instance".into(),
-            registration_generation: generation,
-            profile_key: "raw".into(),
-            session_name: "raw".into(),
-            cwd: "/raw".into(),
-            pid: 1,
-            carried: None,
-            protocol_version: BUS_PROTOCOL_VERSION,
-            retry_provisioning: false,
+            ..common::raw_register(id, "raw", generation)
         })
     };
     writer.send(&register(1, 5)).await.unwrap();
@@ -386,18 +378,11 @@ async fn a_27th_live_session_gets_a_clear_error() {
     for i in 0..26u64 {
         let (mut reader, mut writer) = raw_client(home.path()).await;
         writer
-            .send(&ToLeader::Register(Register {
-                id: 1,
-                instance_id: format!("raw-{i}"),
-                registration_generation: 1,
-                profile_key: format!("raw-{i}"),
-                session_name: format!("raw-{i}"),
-                cwd: "/raw".into(),
-                pid: 1,
-                carried: None,
-                protocol_version: BUS_PROTOCOL_VERSION,
-                retry_provisioning: false,
-            }))
+            .send(&ToLeader::Register(common::raw_register(
+                1,
+                &format!("raw-{i}"),
+                1,
+            )))
             .await
             .unwrap();
         let ack = next_ack(&mut reader).await;

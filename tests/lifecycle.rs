@@ -295,18 +295,9 @@ async fn raw_register(
         .unwrap();
     let (mut reader, mut writer) = wire::split(stream);
     writer
-        .send(&ToLeader::Register(Register {
-            id: 1,
-            instance_id: format!("raw-{profile}"),
-            registration_generation: generation,
-            profile_key: profile.into(),
-            session_name: profile.into(),
-            cwd: "/raw".into(),
-            pid: 1,
-            carried: None,
-            protocol_version: BUS_PROTOCOL_VERSION,
-            retry_provisioning: false,
-        }))
+        .send(&ToLeader::Register(common::raw_register(
+            1, profile, generation,
+        )))
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 1).await;
@@ -350,16 +341,8 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
     });
     writer
         .send(&ToLeader::Register(Register {
-            id: 3,
-            instance_id: "raw-racer".into(),
-            registration_generation: 2,
-            profile_key: "racer".into(),
-            session_name: "racer".into(),
-            cwd: "/raw".into(),
-            pid: 1,
             carried: Some(carried),
-            protocol_version: BUS_PROTOCOL_VERSION,
-            retry_provisioning: false,
+            ..common::raw_register(3, "racer", 2)
         }))
         .await
         .unwrap();

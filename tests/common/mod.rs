@@ -510,3 +510,23 @@ pub async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) -> Ve
         .await
         .unwrap_or_else(|_| panic!("{needle:?} never arrived in thread {thread}"))
 }
+
+/// A `register` envelope as a raw bus client sends it: instance `raw-<profile>`.
+pub fn raw_register(
+    id: u64,
+    profile: &str,
+    generation: u64,
+) -> agent_relay::protocol::bus::Register {
+    agent_relay::protocol::bus::Register {
+        id,
+        instance_id: format!("raw-{profile}"),
+        registration_generation: generation,
+        profile_key: profile.into(),
+        session_name: profile.into(),
+        cwd: "/raw".into(),
+        pid: 1,
+        carried: None,
+        protocol_version: agent_relay::protocol::bus::BUS_PROTOCOL_VERSION,
+        retry_provisioning: false,
+    }
+}
