@@ -263,12 +263,7 @@ async fn provision(
                     thread = target.thread_id,
                     "stored topic is gone; creating a new one"
                 );
-                if let Err(e) = shared
-                    .store()
-                    .set_binding_status(&claim.profile_key, BindingStatus::Stale)
-                {
-                    tracing::warn!("cannot mark the binding stale: {e}");
-                }
+                mark_stale(shared, &claim.profile_key);
             }
             Err(e) => {
                 return Err(error(
