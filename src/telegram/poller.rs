@@ -51,6 +51,10 @@ pub struct Batch {
 /// Decides what an update is: a message for a session's journal, or
 /// something the leader handles itself.
 pub trait Triage: Send + 'static {
+    /// Called once before each batch: a chance to read what the decisions
+    /// need once, not once per update.
+    fn prepare(&mut self) {}
+
     fn journal(&mut self, update: &Update) -> Option<NewUpdate>;
 }
 
@@ -210,6 +214,7 @@ impl<T: Triage> Poller<T> {
         };
         let mut journal = Vec::new();
         let mut others = Vec::new();
+        self.triage.prepare();
         for value in &raw {
             match Update::decode(value) {
                 Ok(update) => match self.triage.journal(&update) {

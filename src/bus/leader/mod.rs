@@ -370,10 +370,7 @@ async fn run(
     let poller = Poller {
         api: shared.relay.api().clone(),
         store: shared.store.clone(),
-        triage: Journaling {
-            store: shared.store.clone(),
-            allowed,
-        },
+        triage: Journaling::new(shared.store.clone(), allowed),
         batches: batches_tx,
         health: shared.relay.health.clone(),
         stop: shared.stop.clone(),

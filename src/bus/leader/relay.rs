@@ -2,6 +2,7 @@
 //! (its own and its followers'), topic provisioning, the triage that decides
 //! what enters the journal, and pairing.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use tokio::sync::{OnceCell, watch};
 
 use crate::config::Config;
 use crate::protocol::bus::{BusError, BusErrorCode, Health, Target};
-use crate::store::{NewUpdate, Store};
+use crate::store::{BindingStatus, NewUpdate, Store};
 use crate::telegram::poller::{PollHealth, Triage};
 use crate::telegram::{BotApi, BotInfo, RateLimiter, SetupError, TelegramError, Update};
 
@@ -257,32 +258,54 @@ pub fn telegram_error(e: TelegramError) -> BusError {
 /// What enters the journal: text from an allowed user in a topic that a
 /// binding owns. Everything else goes to the leader's own handling.
 pub struct Journaling {
-    pub store: Arc<Mutex<Store>>,
-    pub allowed: Vec<i64>,
+    store: Arc<Mutex<Store>>,
+    configured: Vec<i64>,
+    /// Read once per batch: configured and paired users.
+    allowed: HashSet<i64>,
+    /// Read once per batch: which session owns which topic.
+    owners: HashMap<(i64, i64), String>,
+}
+
+impl Journaling {
+    pub fn new(store: Arc<Mutex<Store>>, configured: Vec<i64>) -> Self {
+        Self {
+            store,
+            configured,
+            allowed: HashSet::new(),
+            owners: HashMap::new(),
+        }
+    }
 }
 
 impl Triage for Journaling {
+    fn prepare(&mut self) {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        self.allowed = self.configured.iter().copied().collect();
+        match store.allowed_users() {
+            Ok(paired) => self.allowed.extend(paired),
+            Err(e) => tracing::error!("cannot read paired users: {e}"),
+        }
+        self.owners.clear();
+        match store.bindings() {
+            Ok(bindings) => self.owners.extend(
+                bindings
+                    .into_iter()
+                    .filter(|b| b.status != BindingStatus::Offline)
+                    .filter_map(|b| Some(((b.chat_id?, b.thread_id?), b.profile_key))),
+            ),
+            Err(e) => tracing::error!("cannot read the topics' owners: {e}"),
+        }
+    }
+
     fn journal(&mut self, update: &Update) -> Option<NewUpdate> {
         let message = update.message()?;
         let text = message.text.as_ref()?;
-        let user = message.from.as_ref()?;
+        let user = message.from.as_ref().filter(|u| !u.is_bot)?;
         let thread = message.topic()?;
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let allowed = self.allowed.contains(&user.id)
-            || store
-                .allowed_users()
-                .is_ok_and(|paired| paired.contains(&user.id));
-        if !allowed || user.is_bot {
+        if !self.allowed.contains(&user.id) {
             return None;
         }
-        let owner = match store.binding_by_thread(message.chat.id, thread) {
-            Ok(Some(binding)) => binding.profile_key,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::error!("cannot look up the topic's owner: {e}");
-                return None;
-            }
-        };
+        let owner = self.owners.get(&(message.chat.id, thread))?.clone();
         let text = match update.kind {
             crate::telegram::UpdateKind::EditedMessage(_) => format!("(edited) {text}"),
             _ => text.clone(),
