@@ -226,13 +226,7 @@ impl Sidecar {
 
     /// Sends a request and waits for its response (the whole message).
     pub async fn call_raw(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = json!(self.next_id);
-        let (tx, rx) = oneshot::channel();
-        self.responders.lock().unwrap().insert(id_key(&id), tx);
-        self.send_line(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
-        );
+        let rx = self.call_later(method, params);
         tokio::time::timeout(WAIT, rx)
             .await
             .unwrap_or_else(|_| panic!("no response to {method} within {WAIT:?}"))

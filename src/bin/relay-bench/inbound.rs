@@ -69,11 +69,7 @@ pub async fn latency(world: &mut World, rate: f64, count: usize) -> anyhow::Resu
 /// deliveries per second from the first injection to the last arrival.
 pub async fn fan_out(world: &mut World, per_follower: usize) -> anyhow::Result<Measure> {
     let status = world.status().await?;
-    let followers = world.follower_indices(&status);
-    let threads = followers
-        .iter()
-        .map(|&f| world.thread_of(&status, f))
-        .collect::<anyhow::Result<Vec<i64>>>()?;
+    let (followers, threads) = world.followers_with_threads(&status)?;
     let (&first, &first_thread) = followers
         .first()
         .zip(threads.first())

@@ -100,11 +100,7 @@ pub async fn latency(world: &mut World, count: usize) -> anyhow::Result<Latencie
 /// second until the fake stored the last one.
 pub async fn throughput(world: &mut World, per_follower: usize) -> anyhow::Result<Measure> {
     let status = world.status().await?;
-    let followers = world.follower_indices(&status);
-    let threads = followers
-        .iter()
-        .map(|&f| world.thread_of(&status, f))
-        .collect::<anyhow::Result<Vec<i64>>>()?;
+    let (followers, threads) = world.followers_with_threads(&status)?;
     let api = world.api();
     let count = |api: &FakeBotApi| -> usize {
         threads

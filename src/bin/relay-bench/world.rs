@@ -183,6 +183,19 @@ impl World {
             .map(|t| t.thread_id)
             .with_context(|| format!("session of pid {pid} has no topic"))
     }
+
+    /// Every follower with its forum topic.
+    pub fn followers_with_threads(
+        &self,
+        status: &BusStatus,
+    ) -> anyhow::Result<(Vec<usize>, Vec<i64>)> {
+        let followers = self.follower_indices(status);
+        let threads = followers
+            .iter()
+            .map(|&f| self.thread_of(status, f))
+            .collect::<anyhow::Result<Vec<i64>>>()?;
+        Ok((followers, threads))
+    }
 }
 
 /// Reads frames until the ack for `id`.
