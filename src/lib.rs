@@ -26,6 +26,7 @@
 //! * [`fake_bot_api`] — a faithful Bot API simulator for tests, `demo` and
 //!   benchmarks; production paths never depend on it.
 
+mod backoff;
 pub mod bus;
 pub mod commands;
 pub mod config;
@@ -34,6 +35,7 @@ pub mod doctor;
 pub mod fake_bot_api;
 pub mod framing;
 pub mod host;
+pub mod ids;
 pub mod logging;
 pub mod paths;
 pub mod protocol;

@@ -1,7 +1,7 @@
 //! Slots A–Z, topic names and the decisions around them. Pure functions: the
 //! leader feeds them its registry and store, so the rules are testable alone.
 
-use crate::protocol::bus::Slot;
+use crate::ids::Slot;
 
 /// Telegram's limit on a topic name, in characters.
 const MAX_TOPIC_NAME: usize = 128;

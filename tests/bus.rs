@@ -212,7 +212,7 @@ async fn stale_generations_are_rejected() {
         })
     };
     writer.send(&register(1, 5)).await.unwrap();
-    assert!(next_ack(&mut reader).await.ok);
+    assert!(next_ack(&mut reader).await.outcome.is_ok());
 
     writer
         .send(&ToLeader::Heartbeat(Heartbeat {
@@ -222,7 +222,7 @@ async fn stale_generations_are_rejected() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader).await;
-    assert_eq!(ack.error.unwrap().code, BusErrorCode::StaleGeneration);
+    assert_eq!(ack.outcome.unwrap_err().code, BusErrorCode::StaleGeneration);
 
     writer
         .send(&ToLeader::Disconnect(Disconnect {
@@ -232,12 +232,12 @@ async fn stale_generations_are_rejected() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader).await;
-    assert_eq!(ack.error.unwrap().code, BusErrorCode::StaleGeneration);
+    assert_eq!(ack.outcome.unwrap_err().code, BusErrorCode::StaleGeneration);
 
     // An old duplicate registration cannot replace the current one.
     writer.send(&register(4, 3)).await.unwrap();
     let ack = next_ack(&mut reader).await;
-    assert_eq!(ack.error.unwrap().code, BusErrorCode::StaleGeneration);
+    assert_eq!(ack.outcome.unwrap_err().code, BusErrorCode::StaleGeneration);
 
     writer
         .send(&ToLeader::Heartbeat(Heartbeat {
@@ -247,7 +247,7 @@ async fn stale_generations_are_rejected() {
         .await
         .unwrap();
     assert!(
-        next_ack(&mut reader).await.ok,
+        next_ack(&mut reader).await.outcome.is_ok(),
         "the current generation still works"
     );
 }
@@ -265,7 +265,7 @@ async fn garbage_and_oversized_frames_do_not_disturb_the_others() {
         .unwrap();
     let (mut raw_reader, _raw_writer) = wire::split(raw);
     let first = next_ack(&mut raw_reader).await;
-    assert_eq!(first.error.unwrap().code, BusErrorCode::BadFrame);
+    assert_eq!(first.outcome.unwrap_err().code, BusErrorCode::BadFrame);
     let second = next_ack(&mut raw_reader).await;
     assert_eq!(second.id, Some(7), "the id of a bad frame is echoed");
     // An oversized frame closes only that connection.
@@ -387,9 +387,9 @@ async fn a_27th_live_session_gets_a_clear_error() {
             .unwrap();
         let ack = next_ack(&mut reader).await;
         if i < 25 {
-            assert!(ack.ok, "session {i}: {ack:?}");
+            assert!(ack.outcome.is_ok(), "session {i}: {ack:?}");
         } else {
-            let error = ack.error.expect("the 27th is refused");
+            let error = ack.outcome.expect_err("the 27th is refused");
             assert_eq!(error.code, BusErrorCode::NoFreeSlot);
             assert!(error.message.contains("26 slots"), "{}", error.message);
         }

@@ -203,14 +203,42 @@ async fn disconnect_declined_changes_nothing() {
     assert_eq!(deletes, 0);
 }
 
+/// A refusal that retrying cannot fix.
+fn no_rights() -> Fault {
+    Fault::BadRequest {
+        description: "Bad Request: not enough rights to delete the topic".into(),
+    }
+}
+
+/// A passing server error on a deletion (which may be sent twice) is the
+/// leader's to retry: the user sees the disconnect succeed.
+#[tokio::test]
+async fn a_passing_server_error_on_disconnect_is_retried_by_the_leader() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut all = sessions(home.path(), &fake, 2, true).await;
+    let follower = 1 - leader_index(&all);
+    fake.api()
+        .inject_fault("deleteForumTopic", Fault::ServerError { code: 502 }, 2);
+    let (ok, text) = all[follower].command("telegram-disconnect", "").await;
+    assert!(ok, "{text}");
+    assert!(live_topic(&fake, &format!("s{follower}")).is_none());
+    let deletes = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "deleteForumTopic")
+        .count();
+    assert_eq!(deletes, 3, "two failures, then the deletion");
+}
+
 #[tokio::test]
 async fn disconnect_is_not_reported_done_when_telegram_fails() {
     let home = common::home();
     let fake = common::fake().await;
     let mut all = sessions(home.path(), &fake, 2, true).await;
     let follower = 1 - leader_index(&all);
-    fake.api()
-        .inject_fault("deleteForumTopic", Fault::ServerError { code: 500 }, 1);
+    fake.api().inject_fault("deleteForumTopic", no_rights(), 1);
     let (ok, text) = all[follower].command("telegram-disconnect", "").await;
     assert!(!ok, "{text}");
     assert!(
@@ -236,8 +264,7 @@ async fn a_leaders_disconnect_hands_over_and_the_successor_finishes_the_deletion
     let leader = leader_index(&all);
     let name = format!("s{leader}");
     let thread = live_topic(&fake, &name).unwrap().thread_id;
-    fake.api()
-        .inject_fault("deleteForumTopic", Fault::ServerError { code: 502 }, 1);
+    fake.api().inject_fault("deleteForumTopic", no_rights(), 1);
     let (ok, text) = all[leader].command("telegram-disconnect", "").await;
     assert!(!ok, "{text}");
     assert!(text.contains("will finish"), "{text}");
@@ -301,7 +328,7 @@ async fn raw_register(
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 1).await;
-    let registered = serde_json::from_value(ack.result.expect("registered")).unwrap();
+    let registered = ack.decode().expect("registered");
     (reader, writer, registered)
 }
 
@@ -365,8 +392,8 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
         }
     }
     let (disconnect, register) = (disconnect.unwrap(), register.unwrap());
-    assert!(register.ok, "{register:?}");
-    let now: Registered = serde_json::from_value(register.result.unwrap()).unwrap();
+    assert!(register.outcome.is_ok(), "{register:?}");
+    let now: Registered = register.decode().unwrap();
     let live_thread = now.route.target.expect("a topic").thread_id;
     let deleted = |t: i64| {
         fake.api()
@@ -378,17 +405,15 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
         !deleted(live_thread),
         "the live registration's topic was deleted"
     );
-    if disconnect.ok {
-        assert!(
+    match disconnect.outcome {
+        Ok(_) => assert!(
             deleted(thread) && live_thread != thread,
             "disconnect won: a fresh topic"
-        );
-    } else {
-        assert_eq!(
-            disconnect.error.unwrap().code,
-            BusErrorCode::StaleGeneration
-        );
-        assert_eq!(live_thread, thread, "register won: the same topic");
+        ),
+        Err(e) => {
+            assert_eq!(e.code, BusErrorCode::StaleGeneration);
+            assert_eq!(live_thread, thread, "register won: the same topic");
+        }
     }
 }
 
@@ -414,7 +439,7 @@ async fn reconcile_rejects_routes_the_session_does_not_own() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 2).await;
-    let answer: Reconciled = serde_json::from_value(ack.result.unwrap()).unwrap();
+    let answer: Reconciled = ack.decode().unwrap();
     assert_eq!(answer.accepted, vec!["mine".to_string()]);
     assert_eq!(answer.rejected.len(), 2);
     assert!(
@@ -441,7 +466,7 @@ async fn reconcile_rejects_routes_the_session_does_not_own() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 3).await;
-    assert_eq!(ack.error.unwrap().code, BusErrorCode::BadFrame);
+    assert_eq!(ack.outcome.unwrap_err().code, BusErrorCode::BadFrame);
 }
 
 #[tokio::test]

@@ -190,6 +190,7 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
             |(id, instance_id, generation, profile_key, session_name, cwd, pid, carried, retry)| {
                 ToLeader::Register(Register {
                     id,
+                    instance_secret: instance_id.chars().rev().collect(),
                     instance_id,
                     registration_generation: generation,
                     profile_key,
@@ -222,14 +223,8 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
             }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(id, generation)| ToLeader::Disconnect(Disconnect { id, generation })),
-        (any::<u64>(), any::<u64>(), "[a-zA-Z]{1,20}", json_value()).prop_map(
-            |(id, generation, method, params)| ToLeader::Telegram(TelegramCall {
-                id,
-                generation,
-                method,
-                params,
-            })
-        ),
+        (any::<u64>(), any::<u64>(), topic_op())
+            .prop_map(|(id, generation, op)| ToLeader::Topic(TopicRequest { id, generation, op })),
         (any::<u64>(), any::<u64>()).prop_map(|(generation, delivery_id)| {
             ToLeader::DeliveryAck(DeliveryAck {
                 generation,
@@ -244,6 +239,65 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
     ]
 }
 
+fn keyboard() -> impl Strategy<Value = Keyboard> {
+    prop::collection::vec(
+        prop::collection::vec(
+            (".{0,12}", ".{0,70}").prop_map(|(text, data)| Button { text, data }),
+            0..3,
+        ),
+        0..3,
+    )
+    .prop_map(|rows| Keyboard { rows })
+}
+
+fn topic_op() -> impl Strategy<Value = TopicOp> {
+    let format = prop::sample::select(vec![TextFormat::Html, TextFormat::Plain]);
+    prop_oneof![
+        (
+            ".{0,60}",
+            format.clone(),
+            prop::option::of(keyboard()),
+            prop::option::of(any::<i64>())
+        )
+            .prop_map(
+                |(text, format, buttons, reply_to)| TopicOp::SendText(SendText {
+                    text,
+                    format,
+                    buttons,
+                    reply_to
+                })
+            ),
+        (
+            any::<i64>(),
+            ".{0,60}",
+            format,
+            prop::option::of(keyboard())
+        )
+            .prop_map(
+                |(message_id, text, format, buttons)| TopicOp::EditText(EditText {
+                    message_id,
+                    text,
+                    format,
+                    buttons
+                })
+            ),
+        (any::<i64>(), prop::option::of(keyboard())).prop_map(|(message_id, buttons)| {
+            TopicOp::EditButtons(EditButtons {
+                message_id,
+                buttons,
+            })
+        }),
+        Just(TopicOp::Typing),
+        (".{0,20}", prop::option::of(".{0,20}"), any::<bool>()).prop_map(
+            |(callback_id, text, alert)| TopicOp::AnswerCallback(AnswerCallback {
+                callback_id,
+                text,
+                alert
+            })
+        ),
+    ]
+}
+
 fn bus_error_code() -> impl Strategy<Value = BusErrorCode> {
     prop::sample::select(vec![
         BusErrorCode::BadFrame,
@@ -252,68 +306,60 @@ fn bus_error_code() -> impl Strategy<Value = BusErrorCode> {
         BusErrorCode::NotRegistered,
         BusErrorCode::NoFreeSlot,
         BusErrorCode::Forbidden,
-        BusErrorCode::Telegram,
-        BusErrorCode::BadMarkup,
+        BusErrorCode::NoTopic,
         BusErrorCode::TopicGone,
+        BusErrorCode::CommitUnknown,
+        BusErrorCode::Telegram,
         BusErrorCode::Unavailable,
         BusErrorCode::Internal,
     ])
 }
 
 fn from_leader() -> impl Strategy<Value = FromLeader> {
-    let error = (
-        bus_error_code(),
-        ".{0,30}",
-        prop::option::of(any::<u64>()),
-        any::<bool>(),
-    )
-        .prop_map(|(code, message, retry_after, commit_unknown)| BusError {
-            code,
-            message,
-            retry_after,
-            commit_unknown,
-        });
-    let ack = (
-        prop::option::of(any::<u64>()),
-        any::<u64>(),
-        any::<bool>(),
-        prop::option::of(json_value()),
-        prop::option::of(error),
-    )
-        .prop_map(|(id, epoch, ok, result, error)| {
-            FromLeader::Ack(Ack {
-                id,
-                epoch,
-                ok,
-                // `null` and absent are one thing on the wire.
-                result: result.filter(|r| !r.is_null()),
-                error,
-            })
-        });
-    let deliver = (
-        any::<u64>(),
-        any::<i64>(),
+    let error =
+        (bus_error_code(), ".{0,30}").prop_map(|(code, message)| BusError { code, message });
+    let outcome = prop_oneof![json_value().prop_map(Ok), error.prop_map(Err)];
+    let ack = (prop::option::of(any::<u64>()), any::<u64>(), outcome)
+        .prop_map(|(id, epoch, outcome)| FromLeader::Ack(Ack { id, epoch, outcome }));
+    let message = (
         any::<i64>(),
         prop::option::of(any::<i64>()),
         any::<i64>(),
         any::<i64>(),
         ".{0,40}",
+        prop::option::of(any::<i64>()),
     )
         .prop_map(
-            |(delivery_id, update_id, chat_id, thread_id, user_id, message_id, text)| {
-                FromLeader::Deliver(Deliver {
-                    delivery_id,
-                    update_id,
-                    message: InboundMessage {
-                        chat_id,
-                        thread_id,
-                        user_id,
-                        message_id,
-                        text,
-                    },
+            |(chat_id, thread_id, user_id, message_id, text, reply_to)| {
+                Inbound::Message(InboundMessage {
+                    chat_id,
+                    thread_id,
+                    user_id,
+                    message_id,
+                    text,
+                    reply_to,
                 })
             },
         );
+    let tap = (".{0,20}", any::<i64>(), any::<i64>(), ".{0,64}").prop_map(
+        |(callback_id, user_id, message_id, data)| {
+            Inbound::Callback(InboundCallback {
+                callback_id,
+                user_id,
+                message_id,
+                data,
+            })
+        },
+    );
+    let deliver = (any::<u64>(), any::<i64>(), prop_oneof![message, tap]).prop_map(
+        |(delivery_id, update_id, item)| {
+            FromLeader::Deliver(Deliver {
+                delivery_id,
+                update_id,
+                item,
+            })
+        },
+    );
     let health = prop_oneof![
         Just(Health::Ok),
         Just(Health::Starting),
@@ -458,7 +504,7 @@ proptest! {
     fn arbitrary_json_never_breaks_the_decoder(
         value in json_value(),
         kind in prop::sample::select(vec![
-            "register", "heartbeat", "reconcile", "disconnect", "telegram",
+            "register", "heartbeat", "reconcile", "disconnect", "topic",
             "deliveryAck", "restart", "status", "pair",
             "ack", "deliver", "restarting", "health", "paired",
         ]),

@@ -150,12 +150,18 @@ async fn another_users_process_is_refused_by_the_leader() {
         Some(1),
         "stdout {stdout:?}, stderr {stderr:?}"
     );
+    // Both ends check who is on the other: the client refuses to talk to a
+    // leader of another user, and the leader refuses the client.
     assert!(
-        stderr.contains("not connected to the relay"),
-        "closed without an answer: {stderr:?}"
+        stderr.contains("not asking") && stderr.contains("runs as uid 0"),
+        "the client did not refuse the foreign leader: {stderr:?}"
     );
     assert!(!stdout.contains("session(s)"), "answered: {stdout}");
-    wait_log(home.path(), "refused a bus connection from another user").await;
+    wait_log(
+        home.path(),
+        "refused a bus connection: the bus peer runs as uid",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -359,6 +365,7 @@ impl RawFollower {
                 ToLeader::Register(Register {
                     id,
                     instance_id: "raw-instance".into(),
+                    instance_secret: "raw-instance-secret-0123456789".into(),
                     registration_generation: generation,
                     profile_key: "raw".into(),
                     session_name: "raw".into(),
@@ -370,9 +377,8 @@ impl RawFollower {
                 })
             })
             .await;
-        assert!(ack.ok, "register: {ack:?}");
-        let registered: Registered =
-            serde_json::from_value(ack.result.expect("a register result")).expect("Registered");
+        assert!(ack.outcome.is_ok(), "register: {ack:?}");
+        let registered: Registered = ack.decode().expect("Registered");
         me.route = registered.route;
         me
     }
@@ -399,82 +405,133 @@ impl RawFollower {
         }
     }
 
-    async fn telegram(&mut self, method: &str, params: Value) -> Ack {
-        let method = method.to_owned();
+    async fn topic(&mut self, op: TopicOp) -> Ack {
+        self.request(|id, generation| ToLeader::Topic(TopicRequest { id, generation, op }))
+            .await
+    }
+
+    /// Sends a hand-written frame, as a process that is no sidecar could;
+    /// its `id` and `generation` are filled in.
+    async fn raw(&mut self, mut frame: Value) -> Ack {
         self.request(|id, generation| {
-            ToLeader::Telegram(TelegramCall {
-                id,
-                generation,
-                method,
-                params,
-            })
+            frame["id"] = json!(id);
+            frame["generation"] = json!(generation);
+            serde_json::from_value(frame).expect("a valid envelope")
         })
         .await
     }
 }
 
 fn code(ack: &Ack) -> Option<BusErrorCode> {
-    ack.error.as_ref().map(|e| e.code)
+    ack.outcome.as_ref().err().map(|e| e.code)
 }
 
+fn text(text: &str) -> TopicOp {
+    TopicOp::SendText(SendText {
+        text: text.into(),
+        format: TextFormat::Plain,
+        buttons: None,
+        reply_to: None,
+    })
+}
+
+/// Typed requests name no chat and no topic: a follower reaches its own
+/// topic and nothing else, and can edit, reply to or answer only what is
+/// its own (issue: a member edited a message in another session's topic).
 #[tokio::test]
 async fn a_follower_cannot_make_the_leader_act_outside_its_topic() {
     let home = common::home();
     let fake = common::fake().await;
-    let _owner = session(home.path(), &fake, "/tmp/a", "api").await;
+    let owner = session(home.path(), &fake, "/tmp/a", "api").await;
     let victim = topic(&fake, "api").thread_id;
+    // A message of the victim's: an answer the agent posted, and a tap on
+    // the victim's topic that the raw follower learns the id of.
+    owner.notify("turn/ended", json!({"assistantText": "victim-answer"}));
+    let posted = common::wait_topic_text(&fake, victim, "victim-answer").await;
+    assert!(!posted.is_empty());
+    let victims_message = fake
+        .api()
+        .messages(CHAT, Some(victim))
+        .into_iter()
+        .find(|m| m.text.contains("victim-answer"))
+        .expect("the victim's answer")
+        .message_id;
     let mut raw = RawFollower::register(home.path()).await;
     let own = raw.route.target.expect("the raw session got a topic");
     assert_ne!(own.thread_id, victim);
 
     let marker = "forbidden-marker";
-    for (what, params) in [
-        (
-            "another session's topic",
-            json!({"chat_id": CHAT, "message_thread_id": victim, "text": marker}),
-        ),
-        (
-            "another chat",
-            json!({"chat_id": -1_009_999_999_999_i64, "message_thread_id": own.thread_id, "text": marker}),
-        ),
-        (
-            "the chat outside any topic",
-            json!({"chat_id": CHAT, "text": marker}),
-        ),
-        (
-            "a thread id of the wrong type",
-            json!({"chat_id": CHAT, "message_thread_id": victim.to_string(), "text": marker}),
-        ),
+    let edit = TopicOp::EditText(EditText {
+        message_id: victims_message,
+        text: marker.into(),
+        format: TextFormat::Plain,
+        buttons: None,
+    });
+    let buttons = TopicOp::EditButtons(EditButtons {
+        message_id: victims_message,
+        buttons: None,
+    });
+    let reply = TopicOp::SendText(SendText {
+        reply_to: Some(victims_message),
+        ..match text(marker) {
+            TopicOp::SendText(s) => s,
+            _ => unreachable!(),
+        }
+    });
+    let tap = TopicOp::AnswerCallback(AnswerCallback {
+        callback_id: "a-tap-of-someone-else".into(),
+        text: Some(marker.into()),
+        alert: false,
+    });
+    for (what, op) in [
+        ("edit another session's message", edit),
+        ("remove another session's buttons", buttons),
+        ("reply to another session's message", reply),
+        ("answer a tap it was never handed", tap),
     ] {
-        let ack = raw.telegram("sendMessage", params).await;
+        let ack = raw.topic(op).await;
         assert_eq!(code(&ack), Some(BusErrorCode::Forbidden), "{what}: {ack:?}");
     }
-    for thread in [victim, own.thread_id] {
-        let ack = raw
-            .telegram(
-                "deleteForumTopic",
-                json!({"chat_id": CHAT, "message_thread_id": thread}),
-            )
-            .await;
-        assert_eq!(code(&ack), Some(BusErrorCode::Forbidden), "{ack:?}");
-    }
-    // The same connection may still do what it owns: the refusals above were
-    // about the target, not a broken registration.
+    // Naming a target anyway: the names are not part of the protocol and
+    // change nothing, and the old untyped call is no envelope at all.
     let ack = raw
-        .telegram(
-            "sendMessage",
-            json!({"chat_id": CHAT, "message_thread_id": own.thread_id, "text": "allowed"}),
-        )
+        .raw(json!({"kind": "topic", "op": {
+            "type": "sendText", "text": "allowed", "format": "plain",
+            "chatId": CHAT, "threadId": victim, "message_thread_id": victim}}))
         .await;
-    assert!(ack.ok, "{ack:?}");
+    assert!(ack.outcome.is_ok(), "{ack:?}");
+    raw.writer
+        .send(&json!({"kind": "telegram", "id": 92, "generation": 1,
+            "method": "deleteForumTopic", "params": {"chat_id": CHAT, "message_thread_id": victim}}))
+        .await
+        .expect("send");
+    let refused = loop {
+        match tokio::time::timeout(WAIT, raw.reader.recv::<FromLeader>())
+            .await
+            .expect("an answer")
+            .expect("read")
+        {
+            Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(92) => break ack,
+            Some(_) => continue,
+            None => panic!("closed"),
+        }
+    };
+    assert_eq!(code(&refused), Some(BusErrorCode::BadFrame), "{refused:?}");
+
+    let allowed = fake.api().messages(CHAT, Some(own.thread_id));
+    assert!(
+        allowed.iter().any(|m| m.text == "allowed"),
+        "the allowed text reached the raw session's own topic: {allowed:?}"
+    );
+    assert!(
+        fake.api()
+            .messages(CHAT, Some(victim))
+            .iter()
+            .all(|m| m.text != "allowed"),
+        "nothing reached the victim's topic"
+    );
 
     let calls = fake.api().calls();
-    assert!(
-        calls
-            .iter()
-            .any(|c| c.params.to_string().contains("allowed")),
-        "the allowed call reached Telegram"
-    );
     let leaked: Vec<_> = calls
         .iter()
         .filter(|c| c.method == "deleteForumTopic" || c.params.to_string().contains(marker))

@@ -161,8 +161,8 @@ async fn the_offset_survives_a_leader_sigkill_and_nothing_is_lost_or_doubled() {
     let journal = read_store(&store);
     for (id, text) in &sent {
         let entry = journal.journal_entry(*id).unwrap().unwrap();
-        assert_eq!(&entry.text, text);
-        assert_eq!(entry.owner.as_deref(), Some(owner.as_str()));
+        assert_eq!(&entry.update.text, text);
+        assert_eq!(entry.update.owner.as_deref(), Some(owner.as_str()));
     }
     let offset = journal.offset().unwrap().expect("an offset was stored");
     assert!(offset > last, "offset {offset} must be past update {last}");

@@ -13,8 +13,8 @@ use interprocess::local_socket::{GenericFilePath, ListenerOptions, Name, ToFsNam
 use interprocess::os::unix::local_socket::ListenerOptionsExt;
 use serde::{Deserialize, Serialize};
 
+use crate::ids::Epoch;
 use crate::paths::ensure_private_dir;
-use crate::protocol::bus::Epoch;
 
 /// The files of one bot's bus.
 #[derive(Debug, Clone)]

@@ -1,85 +1,21 @@
-//! The bus protocol (DESIGN §4): `kind`-tagged envelopes on the leader's local
-//! socket, one JSON object per line. Requests carry an `id` and are answered
-//! with an [`Ack`] carrying the same id and the leader's current epoch.
+//! The bus protocol (docs/DESIGN.md, "The bus"): `kind`-tagged envelopes on
+//! the leader's local socket, one JSON object per line. Requests carry an
+//! `id` and are answered with an [`Ack`] carrying the same id, the leader's
+//! current epoch and the request's outcome.
+//!
+//! A session asks the leader for *what* to do in its topic ([`TopicOp`]),
+//! never *where*: no envelope a follower sends names a chat or a topic. The
+//! leader fills the target from the session's registration, so a follower
+//! cannot reach another session's topic because it cannot name one.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The bus protocol version; a leader refuses a follower that speaks another.
-pub const BUS_PROTOCOL_VERSION: u32 = 1;
+pub const BUS_PROTOCOL_VERSION: u32 = 2;
 
-/// The leader's term. It grows by one every time a sidecar becomes leader.
-pub type Epoch = u64;
-
-/// A registration's fencing token: every request but `register` must carry
-/// the generation of the instance's current registration.
-pub type Generation = u64;
-
-/// A topic slot, `A` to `Z`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Slot(u8);
-
-impl JsonSchema for Slot {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Slot".into()
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "description": "A topic slot, one letter A-Z.",
-            "type": "string",
-            "pattern": "^[A-Z]$"
-        })
-    }
-}
-
-impl Slot {
-    pub const ALL: usize = 26;
-
-    pub fn from_index(index: usize) -> Option<Self> {
-        (index < Self::ALL).then(|| Self(b'A' + index as u8))
-    }
-
-    pub fn index(self) -> usize {
-        usize::from(self.0 - b'A')
-    }
-
-    pub fn letter(self) -> char {
-        char::from(self.0)
-    }
-}
-
-impl std::fmt::Display for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.letter())
-    }
-}
-
-impl TryFrom<String> for Slot {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_bytes() {
-            [b @ b'A'..=b'Z'] => Ok(Self(*b)),
-            _ => Err(format!("slot must be one letter A-Z, found {s:?}")),
-        }
-    }
-}
-
-impl From<Slot> for String {
-    fn from(s: Slot) -> String {
-        s.to_string()
-    }
-}
-
-/// Where a session's messages go: a chat and (once provisioned) a topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Target {
-    pub chat_id: i64,
-    pub thread_id: i64,
-}
+pub use crate::ids::{Epoch, Generation, Slot, Target};
 
 /// A session's route as the follower remembers it; carried on re-register so
 /// a new leader reuses the topic instead of creating a duplicate.
@@ -103,7 +39,7 @@ pub enum ToLeader {
     Heartbeat(Heartbeat),
     Reconcile(Reconcile),
     Disconnect(Disconnect),
-    Telegram(TelegramCall),
+    Topic(TopicRequest),
     DeliveryAck(DeliveryAck),
     Restart(Restart),
     Status(StatusQuery),
@@ -117,6 +53,11 @@ pub struct Register {
     pub id: u64,
     /// Names this sidecar process; fresh for every process.
     pub instance_id: String,
+    /// A random secret of this instance, sent with every registration: a
+    /// leader that has seen the instance refuses a registration under its
+    /// id without the same secret, so no other process can take over a
+    /// session by reusing its (public) instance id.
+    pub instance_secret: String,
     /// Fresh for every registration of this instance (strictly growing).
     pub registration_generation: Generation,
     /// Names the session across process restarts.
@@ -195,14 +136,113 @@ pub struct Disconnect {
     pub generation: Generation,
 }
 
-/// A Bot API call proxied through the leader.
+/// Something to do in the session's own topic. The leader performs it with
+/// the session's registered target and paces it with every other call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct TelegramCall {
+pub struct TopicRequest {
     pub id: u64,
     pub generation: Generation,
-    pub method: String,
-    pub params: Value,
+    pub op: TopicOp,
+}
+
+/// What a session may do in its topic. Answered with [`TopicDone`], or a
+/// [`BusError`] whose code is the leader's decision about the failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum TopicOp {
+    /// Post a message. HTML that Telegram refuses is sent again as plain
+    /// text by the leader (`TopicDone::plain`).
+    SendText(SendText),
+    /// Replace the text (and buttons) of a message this session posted.
+    EditText(EditText),
+    /// Replace or remove the buttons of a message this session posted.
+    EditButtons(EditButtons),
+    /// Show "typing…" for about five seconds.
+    Typing,
+    /// Answer a button tap that was delivered to this session.
+    AnswerCallback(AnswerCallback),
+}
+
+/// How a text is to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TextFormat {
+    /// Telegram HTML, as `telegram::render` makes it.
+    Html,
+    /// Shown as it is.
+    Plain,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendText {
+    /// At most one message's worth (4096 UTF-16 units after parsing).
+    pub text: String,
+    pub format: TextFormat,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buttons: Option<Keyboard>,
+    /// A message of this session's topic to reply to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EditText {
+    pub message_id: i64,
+    pub text: String,
+    pub format: TextFormat,
+    /// The buttons after the edit; none removes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buttons: Option<Keyboard>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EditButtons {
+    pub message_id: i64,
+    /// None removes every button.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buttons: Option<Keyboard>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnswerCallback {
+    pub callback_id: String,
+    /// A short notice shown on the tapper's screen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Show the notice as a dialog rather than a toast.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alert: bool,
+}
+
+/// Inline buttons under a message, row by row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Keyboard {
+    pub rows: Vec<Vec<Button>>,
+}
+
+/// A button that sends `data` back to the session when tapped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Button {
+    pub text: String,
+    /// 1–64 bytes, delivered verbatim with the tap.
+    pub data: String,
+}
+
+/// A topic request that was performed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicDone {
+    /// The message posted (`sendText`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<i64>,
+    /// Telegram refused the HTML, so the text went out plain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plain: bool,
 }
 
 /// The follower handed delivery `delivery_id` to its host.
@@ -278,32 +318,102 @@ pub enum Health {
     Offline { reason: String },
 }
 
-/// The answer to a request. `id` is absent when the request could not be read.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+/// The answer to a request: its outcome, decoded in one place. `id` is
+/// absent when the request could not be read. On the wire it reads
+/// `{id, epoch, ok, result?, error?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "AckWire", try_from = "AckWire")]
 pub struct Ack {
     pub id: Option<u64>,
     pub epoch: Epoch,
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<BusError>,
+    pub outcome: Result<Value, BusError>,
 }
 
-/// Why a request failed.
+impl Ack {
+    /// The outcome as the request's own result type.
+    pub fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, BusError> {
+        let value = self.outcome?;
+        serde_json::from_value(value).map_err(|e| BusError {
+            code: BusErrorCode::Internal,
+            message: format!("the leader's answer is malformed: {e}"),
+        })
+    }
+}
+
+/// [`Ack`] as it travels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename = "Ack", rename_all = "camelCase")]
+struct AckWire {
+    id: Option<u64>,
+    epoch: Epoch,
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<BusError>,
+}
+
+impl From<Ack> for AckWire {
+    fn from(ack: Ack) -> Self {
+        let (ok, result, error) = match ack.outcome {
+            Ok(value) => (true, Some(value), None),
+            Err(error) => (false, None, Some(error)),
+        };
+        Self {
+            id: ack.id,
+            epoch: ack.epoch,
+            ok,
+            result,
+            error,
+        }
+    }
+}
+
+impl TryFrom<AckWire> for Ack {
+    type Error = String;
+    fn try_from(wire: AckWire) -> Result<Self, String> {
+        let outcome = match (wire.ok, wire.result, wire.error) {
+            (true, result, None) => Ok(result.unwrap_or(Value::Null)),
+            (false, None, Some(error)) => Err(error),
+            (true, _, Some(_)) => return Err("an ok ack carries no error".into()),
+            (false, _, _) => return Err("a failed ack carries exactly an error".into()),
+        };
+        Ok(Self {
+            id: wire.id,
+            epoch: wire.epoch,
+            outcome,
+        })
+    }
+}
+
+impl JsonSchema for Ack {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Ack".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        AckWire::json_schema(generator)
+    }
+}
+
+/// Why a request failed. For topic requests the code is the leader's
+/// decision about a Telegram failure, made in one place
+/// (`bus::leader::outbox`): the session acts on the code alone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
 #[serde(rename_all = "camelCase")]
 #[error("{message}")]
 pub struct BusError {
     pub code: BusErrorCode,
     pub message: String,
-    /// Seconds to wait before the same call (Telegram's 429).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after: Option<u64>,
-    /// The call may or may not have taken effect; it must not be replayed blindly.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub commit_unknown: bool,
+}
+
+impl BusError {
+    pub fn new(code: BusErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -319,27 +429,43 @@ pub enum BusErrorCode {
     NotRegistered,
     /// All 26 slots are taken by live sessions.
     NoFreeSlot,
-    /// The request reaches outside what this session owns.
+    /// The request reaches outside what this session owns (another
+    /// session's message or button tap, an instance id that is not its own).
     Forbidden,
-    /// Telegram refused or failed the call.
-    Telegram,
-    /// Telegram could not parse the HTML: send the text plain instead.
-    BadMarkup,
-    /// The session's topic is gone; registering again provisions a new one.
+    /// The session has no topic (yet): nothing was sent.
+    NoTopic,
+    /// The session's topic is gone; the leader stopped trusting it, and
+    /// registering again provisions a new one. Nothing was sent.
     TopicGone,
-    /// The leader is restarting or shutting down.
+    /// The call may or may not have reached the topic. It is never
+    /// replayed blindly: a duplicate is worse than a gap the user is told of.
+    CommitUnknown,
+    /// Telegram refused the call for good (the message says why); retrying
+    /// the same call cannot help.
+    Telegram,
+    /// The leader is restarting, or Telegram stayed unreachable past the
+    /// request's deadline. Nothing was sent.
     Unavailable,
     /// Anything else.
     Internal,
 }
 
-/// An inbound Telegram message for the session that owns its topic.
+/// Something from the session's topic, for the session that owns it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Deliver {
     pub delivery_id: u64,
     pub update_id: i64,
-    pub message: InboundMessage,
+    pub item: Inbound,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Inbound {
+    /// A message an allowed user wrote in the topic.
+    Message(InboundMessage),
+    /// An allowed user tapped a button under one of the session's messages.
+    Callback(InboundCallback),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -351,6 +477,22 @@ pub struct InboundMessage {
     pub user_id: i64,
     pub message_id: i64,
     pub text: String,
+    /// The message of the topic this one replies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundCallback {
+    /// Answer it with [`TopicOp::AnswerCallback`]; Telegram shows a spinner
+    /// until somebody does.
+    pub callback_id: String,
+    pub user_id: i64,
+    /// The message the button is on.
+    pub message_id: i64,
+    /// The button's data, verbatim.
+    pub data: String,
 }
 
 /// The leader is about to step down on purpose; expect these to come back.
@@ -439,6 +581,33 @@ pub struct Disconnected {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acks_decode_their_outcome_in_one_place() {
+        let ok = r#"{"id":4,"epoch":2,"ok":true,"result":{"messageId":9}}"#;
+        let ack: Ack = serde_json::from_str(ok).unwrap();
+        assert_eq!(
+            ack.clone().decode::<TopicDone>().unwrap().message_id,
+            Some(9)
+        );
+        assert_eq!(serde_json::to_string(&ack).unwrap(), ok);
+        let failed =
+            r#"{"id":4,"epoch":2,"ok":false,"error":{"code":"topicGone","message":"gone"}}"#;
+        let ack: Ack = serde_json::from_str(failed).unwrap();
+        assert_eq!(
+            ack.decode::<TopicDone>().unwrap_err().code,
+            BusErrorCode::TopicGone
+        );
+        for contradictory in [
+            r#"{"id":1,"epoch":1,"ok":false}"#,
+            r#"{"id":1,"epoch":1,"ok":true,"error":{"code":"internal","message":"x"}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<Ack>(contradictory).is_err(),
+                "{contradictory}"
+            );
+        }
+    }
 
     #[test]
     fn envelopes_are_kind_tagged() {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::Session;
 use super::outbound::Outgoing;
 use crate::bus::Member;
-use crate::protocol::bus::Deliver;
+use crate::protocol::bus::{AnswerCallback, Deliver, Inbound, TopicOp};
 use crate::protocol::host::{DeliverAs, MessageOrigin, SendUserMessageParams};
 
 /// How long the host may take to accept a prompt.
@@ -82,7 +82,7 @@ pub async fn run(
         let Some(session) = session.upgrade() else {
             break;
         };
-        if handle(&session, &deliver).await {
+        if handle(&session, &member, &deliver).await {
             seen.insert(deliver.update_id);
             member.ack_delivery(deliver.delivery_id);
         }
@@ -91,8 +91,23 @@ pub async fn run(
 
 /// Hands one delivery to the host. True when it is settled (delivered, or
 /// refused for good); false leaves it in the journal for a later attempt.
-async fn handle(session: &Session, deliver: &Deliver) -> bool {
-    let message = &deliver.message;
+async fn handle(session: &Session, member: &Member, deliver: &Deliver) -> bool {
+    let message = match &deliver.item {
+        Inbound::Message(message) => message,
+        Inbound::Callback(tap) => {
+            // No button of this session waits for a tap yet: say so, so the
+            // phone stops its spinner.
+            let answer = TopicOp::AnswerCallback(AnswerCallback {
+                callback_id: tap.callback_id.clone(),
+                text: Some("This button has expired.".into()),
+                alert: false,
+            });
+            if let Err(e) = member.topic(answer).await {
+                tracing::debug!("cannot answer a tap: {e}");
+            }
+            return true;
+        }
+    };
     match topic_command(&message.text) {
         Some("status") => {
             let report = session.status_report(false).await;

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Member, MemberError};
-use crate::protocol::bus::{BusErrorCode, Target};
+use crate::protocol::bus::{BusErrorCode, SendText, Target, TextFormat, TopicOp};
 use crate::telegram::render;
 
 /// Telegram shows `typing` for about 5 s; renew a little before.
@@ -48,12 +47,12 @@ async fn run(
                 None => break,
                 Some(Outgoing::Answer(markdown)) => {
                     for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
-                        send(&member, &chunk, true).await;
+                        send(&member, &chunk, TextFormat::Html).await;
                     }
                 }
                 Some(Outgoing::Plain(text)) => {
                     for chunk in plain_chunks(&text) {
-                        send(&member, &chunk, false).await;
+                        send(&member, &chunk, TextFormat::Plain).await;
                     }
                 }
                 Some(Outgoing::Busy(busy)) => {
@@ -61,11 +60,10 @@ async fn run(
                 }
             },
             _ = async { typing.as_mut().expect("guarded").tick().await }, if typing.is_some() => {
-                if let Some(target) = target(&member) {
-                    let params = json!({"chat_id": target.chat_id, "message_thread_id": target.thread_id, "action": "typing"});
-                    if let Err(e) = member.telegram("sendChatAction", params).await {
-                        tracing::debug!("typing indicator failed: {e}");
-                    }
+                if target(&member).is_some()
+                    && let Err(e) = member.topic(TopicOp::Typing).await
+                {
+                    tracing::debug!("typing indicator failed: {e}");
                 }
             }
         }
@@ -94,72 +92,44 @@ fn plain_chunks(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Sends one chunk into the session's topic. Falls back to plain text when
-/// Telegram rejects the markup, and re-provisions once when the topic is gone.
-async fn send(member: &Member, text: &str, html: bool) {
-    let mut reprovisioned = false;
-    let mut as_html = html;
-    loop {
-        let Some(target) = target(member) else {
-            tracing::warn!(
-                "no topic to send to; dropping a message of {} bytes",
-                text.len()
-            );
+/// Sends one chunk into the session's topic. The leader paces it, falls
+/// back to plain text and retries what can be retried; what is left to the
+/// session is a topic that is gone: it registers again once for a new one.
+async fn send(member: &Member, text: &str, format: TextFormat) {
+    let op = || {
+        TopicOp::SendText(SendText {
+            text: text.to_string(),
+            format,
+            buttons: None,
+            reply_to: None,
+        })
+    };
+    let mut result = member.topic(op()).await;
+    if result.as_ref().err().and_then(MemberError::code) == Some(BusErrorCode::TopicGone) {
+        tracing::info!("the topic is gone; asking for a new one");
+        let old = target(member);
+        if let Err(e) = member.reregister().await {
+            tracing::warn!("cannot register again: {e}");
             return;
-        };
-        let body = if as_html {
-            text.to_string()
-        } else if html {
-            render::to_plain(text)
-        } else {
-            text.to_string()
-        };
-        let mut params = json!({
-            "chat_id": target.chat_id,
-            "message_thread_id": target.thread_id,
-            "text": body,
-            "link_preview_options": {"is_disabled": true},
+        }
+        let mut states = member.watch();
+        let fresh = states.wait_for(|s| {
+            s.role.is_connected()
+                && s.route
+                    .as_ref()
+                    .and_then(|r| r.target)
+                    .is_some_and(|t| Some(t) != old)
         });
-        if as_html {
-            params["parse_mode"] = Value::from("HTML");
+        if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
+            tracing::warn!("no new topic appeared; dropping the message");
+            return;
         }
-        match member.telegram("sendMessage", params).await {
-            Ok(_) => return,
-            Err(MemberError::Refused(e)) if e.code == BusErrorCode::BadMarkup && as_html => {
-                tracing::info!("Telegram refused the markup; sending as plain text");
-                as_html = false;
-            }
-            Err(MemberError::Refused(e)) if e.code == BusErrorCode::TopicGone && !reprovisioned => {
-                tracing::info!("the topic is gone; asking for a new one");
-                reprovisioned = true;
-                if let Err(e) = member.reregister().await {
-                    tracing::warn!("cannot register again: {e}");
-                    return;
-                }
-                let mut states = member.watch();
-                let fresh = states.wait_for(|s| {
-                    s.role.is_connected()
-                        && s.route
-                            .as_ref()
-                            .and_then(|r| r.target)
-                            .is_some_and(|t| t != target)
-                });
-                if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
-                    tracing::warn!("no new topic appeared; dropping the message");
-                    return;
-                }
-            }
-            Err(MemberError::Refused(e)) if e.retry_after.is_some() && !e.commit_unknown => {
-                let wait = Duration::from_secs(e.retry_after.unwrap_or(1));
-                tokio::time::sleep(wait).await;
-            }
-            Err(e) => {
-                // Ambiguous failures are not replayed: a duplicate answer is
-                // worse than a missing one the user can ask for again.
-                tracing::warn!("cannot send into the topic: {e}");
-                return;
-            }
-        }
+        result = member.topic(op()).await;
+    }
+    if let Err(e) = result {
+        // Ambiguous failures are not replayed: a duplicate answer is
+        // worse than a missing one the user can ask for again.
+        tracing::warn!("cannot send into the topic: {e}");
     }
 }
 

@@ -1,6 +1,13 @@
-//! The leader's durable state (DESIGN §6): one SQLite file per bot holding the
-//! epoch, topic bindings, the `getUpdates` offset, the inbound journal,
-//! unfinished topic cleanups and the paired users.
+//! The leader's durable state (docs/DESIGN.md, "State"): one SQLite file per
+//! bot holding the epoch, topic bindings, the `getUpdates` offset, the
+//! inbound journal, unfinished topic cleanups, the paired users and which
+//! session posted which message.
+//!
+//! Every table is bounded ([`Store::prune`] runs on a timer in the leader):
+//! settled journal entries beyond the newest [`KEEP_SETTLED`] go, pending
+//! ones never; `sent` keeps [`KEEP_SENT_DAYS`] days; bindings are one per
+//! slot (26 at most); a cleanup intent is one per topic and is given up
+//! after [`MAX_CLEANUP_ATTEMPTS`] leaders failed it.
 //!
 //! Only the leader writes; followers may open the file read-only for
 //! diagnostics. The API is synchronous and every call is one short
@@ -26,7 +33,7 @@ use rusqlite::{
     params,
 };
 
-use crate::protocol::bus::{Epoch, Slot, Target};
+use crate::ids::{Epoch, Slot, Target};
 use schema::{APPLICATION_ID, CURRENT_VERSION, MIGRATIONS};
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -210,17 +217,37 @@ impl JournalState {
     }
 }
 
-/// An inbound message as journaled by the poller.
+/// What a journal entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JournalKind {
+    /// A message; `text` is what the user wrote.
+    Message,
+    /// A button tap; `text` is the button's data, `message_id` the message
+    /// the button is on.
+    Callback,
+}
+
+impl JournalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Message => "message",
+            Self::Callback => "callback",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "message" => Self::Message,
+            "callback" => Self::Callback,
+            _ => return None,
+        })
+    }
+}
+
+/// An inbound update as journaled by the poller, with its bookkeeping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
-    pub update_id: i64,
-    /// The profile key of the session it is for, if any.
-    pub owner: Option<String>,
-    pub chat_id: i64,
-    pub thread_id: Option<i64>,
-    pub user_id: i64,
-    pub message_id: i64,
-    pub text: String,
+    pub update: NewUpdate,
     pub state: JournalState,
     pub attempts: u32,
     /// Why it was dropped; `None` unless `state` is `Dropped`.
@@ -232,12 +259,34 @@ pub struct JournalEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewUpdate {
     pub update_id: i64,
+    pub kind: JournalKind,
+    /// The profile key of the session it is for, if any.
     pub owner: Option<String>,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub user_id: i64,
     pub message_id: i64,
     pub text: String,
+    /// What only the leader interprets (JSON), e.g. a tap's callback id.
+    pub detail: Option<String>,
+}
+
+/// Settled journal entries kept for diagnostics; older ones are pruned.
+pub const KEEP_SETTLED: usize = 1_000;
+/// How long the store remembers who posted a message (for edits).
+pub const KEEP_SENT_DAYS: u64 = 14;
+/// Leaders that may fail a topic deletion before the intent is given up.
+pub const MAX_CLEANUP_ATTEMPTS: u32 = 20;
+
+/// The write-ahead log is truncated to this many bytes after a checkpoint.
+const WAL_LIMIT: i64 = 1024 * 1024;
+
+/// What one [`Store::prune`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub journal: usize,
+    pub sent: usize,
+    pub cleanups: usize,
 }
 
 /// A journal commit that may not be on disk yet. Nothing may tell Telegram
@@ -518,8 +567,8 @@ impl Store {
             let now = now_ms();
             let mut insert = tx.prepare_cached(
                 "INSERT INTO journal (update_id, owner, chat_id, thread_id, user_id, \
-                     message_id, text, received_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     message_id, text, received_ms, kind, detail) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
                  ON CONFLICT (update_id) DO NOTHING",
             )?;
             let mut inserted = Vec::with_capacity(updates.len());
@@ -533,6 +582,8 @@ impl Store {
                     u.message_id,
                     u.text,
                     now,
+                    u.kind.as_str(),
+                    u.detail,
                 ])?;
                 if changed > 0 {
                     inserted.push(u.update_id);
@@ -647,22 +698,69 @@ impl Store {
         })
     }
 
-    /// Deletes all but the newest `keep_settled` delivered or dropped
-    /// entries. Pending entries are never pruned. Returns how many went.
+    /// Keeps every table bounded (see the module docs); returns what went.
+    /// Pending journal entries are never pruned.
     ///
     /// Pruned entries cannot come back as duplicates: each was journaled in
     /// the transaction that moved the offset past it, and Telegram never
     /// resends an update below a confirmed offset.
-    pub fn prune_journal(&mut self, keep_settled: usize) -> Result<usize> {
+    pub fn prune(&mut self) -> Result<Pruned> {
+        self.prune_with(KEEP_SETTLED, now_ms())
+    }
+
+    fn prune_with(&mut self, keep_settled: usize, now: i64) -> Result<Pruned> {
         let keep = i64::try_from(keep_settled).unwrap_or(i64::MAX);
-        self.write(|tx| {
-            Ok(tx
+        let sent_before =
+            now.saturating_sub(i64::try_from(KEEP_SENT_DAYS * 86_400_000).unwrap_or(0));
+        self.write_unflushed(|tx| {
+            let journal = tx
                 .prepare_cached(
-                    "DELETE FROM journal WHERE state <> 'pending' AND update_id NOT IN \
+                    "DELETE FROM journal WHERE state <> 'pending' AND update_id < coalesce( \
                      (SELECT update_id FROM journal WHERE state <> 'pending' \
-                      ORDER BY update_id DESC LIMIT ?1)",
+                      ORDER BY update_id DESC LIMIT 1 OFFSET ?1 - 1), -1)",
                 )?
-                .execute([keep])?)
+                .execute([keep])?;
+            let sent = tx
+                .prepare_cached("DELETE FROM sent WHERE sent_ms < ?1")?
+                .execute([sent_before])?;
+            let cleanups = tx
+                .prepare_cached("DELETE FROM cleanups WHERE attempts >= ?1")?
+                .execute([MAX_CLEANUP_ATTEMPTS])?;
+            Ok(Pruned {
+                journal,
+                sent,
+                cleanups,
+            })
+        })
+    }
+
+    /// Remembers that `profile_key`'s session posted `message_id` in `chat_id`.
+    pub fn record_sent(&mut self, chat_id: i64, message_id: i64, profile_key: &str) -> Result<()> {
+        self.write_unflushed(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO sent (chat_id, message_id, profile_key, sent_ms) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO UPDATE SET \
+                 profile_key = excluded.profile_key, sent_ms = excluded.sent_ms",
+            )?
+            .execute(params![chat_id, message_id, profile_key, now_ms()])?;
+            Ok(())
+        })
+    }
+
+    /// The session a message of `chat_id` belongs to: the one that posted
+    /// it, or the one its journal entry was for.
+    pub fn message_owner(&self, chat_id: i64, message_id: i64) -> Result<Option<String>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT profile_key FROM sent WHERE chat_id = ?1 AND message_id = ?2 \
+                 UNION ALL \
+                 SELECT owner FROM journal WHERE chat_id = ?1 AND message_id = ?2 \
+                     AND owner IS NOT NULL AND kind = 'message' \
+                 LIMIT 1",
+            )?;
+            Ok(stmt
+                .query_row(params![chat_id, message_id], |row| row.get(0))
+                .optional()?)
         })
     }
 
@@ -839,6 +937,9 @@ impl Store {
                 tracing::warn!(path = %self.path.display(), %mode, "state database is not in WAL mode");
             }
             conn.pragma_update(None, "synchronous", "FULL")?;
+            // The log is checkpointed every 1000 pages (SQLite's default);
+            // without a limit its file keeps its largest size for good.
+            conn.pragma_update(None, "journal_size_limit", WAL_LIMIT)?;
             Ok(())
         })
     }
@@ -1026,17 +1127,21 @@ fn binding_from_row(row: &Row<'_>) -> rusqlite::Result<Binding> {
 }
 
 const JOURNAL_COLUMNS: &str = "update_id, owner, chat_id, thread_id, user_id, message_id, text, \
-                               state, attempts, drop_reason, received_ms";
+                               state, attempts, drop_reason, received_ms, kind, detail";
 
 fn journal_from_row(row: &Row<'_>) -> rusqlite::Result<JournalEntry> {
     Ok(JournalEntry {
-        update_id: row.get(0)?,
-        owner: row.get(1)?,
-        chat_id: row.get(2)?,
-        thread_id: row.get(3)?,
-        user_id: row.get(4)?,
-        message_id: row.get(5)?,
-        text: row.get(6)?,
+        update: NewUpdate {
+            update_id: row.get(0)?,
+            kind: row.get(11)?,
+            owner: row.get(1)?,
+            chat_id: row.get(2)?,
+            thread_id: row.get(3)?,
+            user_id: row.get(4)?,
+            message_id: row.get(5)?,
+            text: row.get(6)?,
+            detail: row.get(12)?,
+        },
         state: row.get(7)?,
         attempts: row.get(8)?,
         drop_reason: row.get(9)?,
@@ -1055,6 +1160,14 @@ impl FromSql for BindingStatus {
         let text = value.as_str()?;
         Self::parse(text)
             .ok_or_else(|| FromSqlError::Other(format!("unknown binding status {text:?}").into()))
+    }
+}
+
+impl FromSql for JournalKind {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let text = value.as_str()?;
+        Self::parse(text)
+            .ok_or_else(|| FromSqlError::Other(format!("unknown journal kind {text:?}").into()))
     }
 }
 

@@ -83,6 +83,26 @@ pub(super) const MIGRATIONS: &[&str] = &[
         paired_ms INTEGER NOT NULL CHECK (paired_ms >= 0)
     ) STRICT;
     ",
+    // 2: button taps travel through the journal like messages, with what
+    // only the leader interprets (the tap's id, a reply's target) in
+    // `detail`; `sent` remembers which session posted which message, so a
+    // session can edit only its own messages; lookups by message for both.
+    r"
+    ALTER TABLE journal ADD COLUMN kind TEXT NOT NULL DEFAULT 'message'
+        CHECK (kind IN ('message', 'callback'));
+    ALTER TABLE journal ADD COLUMN detail TEXT;
+    CREATE INDEX journal_by_message ON journal (chat_id, message_id);
+    CREATE INDEX journal_settled ON journal (update_id) WHERE state <> 'pending';
+
+    CREATE TABLE sent (
+        chat_id     INTEGER NOT NULL,
+        message_id  INTEGER NOT NULL,
+        profile_key TEXT NOT NULL,
+        sent_ms     INTEGER NOT NULL CHECK (sent_ms >= 0),
+        PRIMARY KEY (chat_id, message_id)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX sent_by_age ON sent (sent_ms);
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

@@ -40,11 +40,13 @@ fn update(update_id: i64, owner: Option<&str>) -> NewUpdate {
         user_id: 42,
         message_id: 1000 + update_id,
         text: format!("message {update_id}"),
+        kind: JournalKind::Message,
+        detail: None,
     }
 }
 
 fn ids(entries: &[JournalEntry]) -> Vec<i64> {
-    entries.iter().map(|e| e.update_id).collect()
+    entries.iter().map(|e| e.update.update_id).collect()
 }
 
 /// Reads a header value with a plain connection, beside the store.
@@ -248,7 +250,7 @@ fn journal_batches_skip_duplicates_and_only_grow_the_offset() {
     assert_eq!(store.journal_batch(&second, 8).expect("batch"), [7]);
     let kept = store.journal_entry(5).expect("entry").expect("present");
     assert_eq!(
-        kept.owner.as_deref(),
+        kept.update.owner.as_deref(),
         Some("api"),
         "a duplicate must not overwrite"
     );
@@ -276,14 +278,7 @@ fn a_journal_entry_round_trips_every_field() {
         .journal_batch(std::slice::from_ref(&unowned), 10)
         .expect("batch");
     let entry = store.journal_entry(9).expect("entry").expect("present");
-    assert_eq!(
-        (entry.owner, entry.chat_id, entry.thread_id, entry.user_id),
-        (None, unowned.chat_id, None, unowned.user_id)
-    );
-    assert_eq!(
-        (entry.message_id, entry.text),
-        (unowned.message_id, unowned.text)
-    );
+    assert_eq!(entry.update, unowned);
     assert_eq!(
         (entry.state, entry.attempts, entry.drop_reason),
         (JournalState::Pending, 0, None)
@@ -405,7 +400,7 @@ fn pending_entries_move_to_another_owner() {
     assert!(store.pending_for("old").expect("pending").is_empty());
     let delivered = store.journal_entry(1).expect("entry").expect("present");
     assert_eq!(
-        delivered.owner.as_deref(),
+        delivered.update.owner.as_deref(),
         Some("old"),
         "settled history is not rewritten"
     );
@@ -422,14 +417,119 @@ fn pruning_keeps_pending_and_the_newest_settled_entries() {
     store.mark_dropped(8, "gone").expect("drop");
 
     // Settled: 1..=6 and 8. Keep the newest two of them: 6 and 8.
-    assert_eq!(store.prune_journal(2).expect("prune"), 5);
+    assert_eq!(store.prune_with(2, 0).expect("prune").journal, 5);
     let left: Vec<i64> = (1..=10)
         .filter(|id| store.journal_entry(*id).expect("entry").is_some())
         .collect();
     assert_eq!(left, [6, 7, 8, 9, 10]);
-    assert_eq!(store.prune_journal(2).expect("prune again"), 0);
-    assert_eq!(store.prune_journal(0).expect("prune all settled"), 2);
+    assert_eq!(store.prune_with(2, 0).expect("prune again").journal, 0);
+    assert_eq!(store.prune_with(1, 0).expect("prune to one").journal, 1);
     assert_eq!(ids(&store.pending_for("api").expect("pending")), [7, 9, 10]);
+}
+
+#[test]
+fn who_posted_a_message_is_remembered_for_a_while() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store.record_sent(-1001, 50, "api").expect("sent");
+    store
+        .journal_batch(&[update(3, Some("web"))], 4)
+        .expect("batch");
+    assert_eq!(
+        store.message_owner(-1001, 50).expect("owner").as_deref(),
+        Some("api")
+    );
+    assert_eq!(
+        store.message_owner(-1001, 1003).expect("owner").as_deref(),
+        Some("web"),
+        "a message the user wrote belongs to the session it was for"
+    );
+    assert_eq!(
+        store.message_owner(-1002, 50).expect("owner"),
+        None,
+        "another chat"
+    );
+    let later = now_ms() + i64::try_from(KEEP_SENT_DAYS * 86_400_000).unwrap() + 1;
+    assert_eq!(
+        store.prune_with(KEEP_SETTLED, later).expect("prune").sent,
+        1
+    );
+    assert_eq!(store.message_owner(-1001, 50).expect("owner"), None);
+}
+
+#[test]
+fn cleanups_are_given_up_after_many_failed_leaders() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let id = store
+        .add_cleanup(&NewCleanup {
+            chat_id: -1001,
+            thread_id: 9,
+            profile_key: "api".into(),
+            reason: "test".into(),
+        })
+        .expect("intent");
+    for _ in 1..MAX_CLEANUP_ATTEMPTS {
+        store.record_cleanup_attempt(id).expect("attempt");
+    }
+    assert_eq!(store.prune().expect("prune").cleanups, 0);
+    store.record_cleanup_attempt(id).expect("attempt");
+    assert_eq!(store.prune().expect("prune").cleanups, 1);
+    assert!(store.pending_cleanups().expect("intents").is_empty());
+}
+
+/// 100,000 updates through the store, each delivered as the leader does it
+/// (journaled in batches of 100, acknowledged, pruned every 10 batches as the
+/// leader's timer would): the file stays under a fixed bound instead of
+/// growing with every message ever received.
+#[test]
+fn the_file_stays_bounded_over_a_hundred_thousand_updates() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let text = "a message of a typical length, a line or two of what to do next".repeat(2);
+    let mut largest = 0;
+    for batch in 0..1_000_i64 {
+        let updates: Vec<NewUpdate> = (1..=100)
+            .map(|i| NewUpdate {
+                text: text.clone(),
+                ..update(batch * 100 + i, Some("api"))
+            })
+            .collect();
+        store
+            .journal_batch_unflushed(&updates, batch * 100 + 101)
+            .expect("batch")
+            .1
+            .flush()
+            .expect("flush");
+        let acks: Vec<(String, i64)> = updates
+            .iter()
+            .map(|u| ("api".to_string(), u.update_id))
+            .collect();
+        assert_eq!(store.mark_delivered(&acks).expect("deliver"), 100);
+        store.record_sent(-1001, batch, "api").expect("sent");
+        if batch % 10 == 9 {
+            store.prune().expect("prune");
+        }
+        largest = largest.max(file_size(&path));
+    }
+    eprintln!("largest database + WAL: {largest} bytes");
+    // 2 × KEEP_SETTLED entries of ~250 bytes with their indexes, the sent
+    // table, and a write-ahead log of at most `WAL_LIMIT` plus one
+    // checkpoint's worth.
+    const BOUND: u64 = 6 * 1024 * 1024;
+    assert!(largest < BOUND, "the database grew to {largest} bytes");
+    let settled = (1..=100_000)
+        .filter(|id| id % 997 == 0)
+        .filter(|id| store.journal_entry(*id).expect("entry").is_some())
+        .count();
+    assert!(settled <= KEEP_SETTLED / 997 + 1, "old entries were pruned");
+}
+
+/// The database and its write-ahead log together.
+fn file_size(path: &std::path::Path) -> u64 {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    fs::metadata(path).map_or(0, |m| m.len()) + fs::metadata(&wal).map_or(0, |m| m.len())
 }
 
 #[test]

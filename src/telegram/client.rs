@@ -13,7 +13,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::error::{TelegramError, is_idempotent};
-use super::types::{BotCommand, BotInfo, Chat, ChatMember, ForumTopic, Message};
+use super::types::{
+    BotCommand, BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic,
+    Message, SendMessage,
+};
 use crate::config::BotToken;
 use crate::redact::redact;
 
@@ -132,6 +135,21 @@ impl BotApi {
         TelegramError::classify_response(method, status, &body)
     }
 
+    async fn call_typed<P: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<T, TelegramError> {
+        let params = serde_json::to_value(params).map_err(|e| TelegramError::Refused {
+            reason: if e.is_data() {
+                "parameters do not serialize"
+            } else {
+                "parameters are not JSON"
+            },
+        })?;
+        self.call_as(method, &params).await
+    }
+
     async fn call_as<T: DeserializeOwned>(
         &self,
         method: &str,
@@ -179,23 +197,39 @@ impl BotApi {
         decode("getUpdates", result)
     }
 
-    /// Sends `text` (already rendered and split) with link previews off: an
-    /// agent's answer quoting a URL should not grow a card.
-    pub async fn send_message(
+    pub async fn send_message(&self, params: &SendMessage) -> Result<Message, TelegramError> {
+        self.call_typed("sendMessage", params).await
+    }
+
+    /// "Message is not modified" comes back as [`TelegramError::NotModified`].
+    pub async fn edit_message_text(&self, params: &EditMessageText) -> Result<(), TelegramError> {
+        // The result is the edited message, or `true` for inline messages.
+        self.call_typed::<_, Value>("editMessageText", params)
+            .await
+            .map(drop)
+    }
+
+    pub async fn edit_message_reply_markup(
         &self,
-        chat: i64,
-        thread: Option<i64>,
-        text: &str,
-        parse_mode: Option<&str>,
-    ) -> Result<Message, TelegramError> {
-        let mut params = json!({
-            "chat_id": chat,
-            "text": text,
-            "link_preview_options": {"is_disabled": true},
-        });
-        put(&mut params, "message_thread_id", thread);
-        put(&mut params, "parse_mode", parse_mode);
-        self.call_as("sendMessage", &params).await
+        params: &EditMessageReplyMarkup,
+    ) -> Result<(), TelegramError> {
+        self.call_typed::<_, Value>("editMessageReplyMarkup", params)
+            .await
+            .map(drop)
+    }
+
+    pub async fn answer_callback_query(
+        &self,
+        callback_query_id: &str,
+        text: Option<&str>,
+        show_alert: bool,
+    ) -> Result<(), TelegramError> {
+        let mut params = json!({"callback_query_id": callback_query_id});
+        put(&mut params, "text", text);
+        if show_alert {
+            params["show_alert"] = json!(true);
+        }
+        self.call("answerCallbackQuery", &params).await.map(drop)
     }
 
     pub async fn send_chat_action(
@@ -330,11 +364,24 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::telegram::types::ParseMode;
 
     const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
     const SECRET: &str = "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
     /// Bounds every test against a hung server or client.
     const TEST_DEADLINE: Duration = Duration::from_secs(10);
+
+    fn message(chat: i64, thread: Option<i64>, text: &str, mode: Option<ParseMode>) -> SendMessage {
+        SendMessage {
+            chat_id: chat,
+            message_thread_id: thread,
+            text: text.into(),
+            parse_mode: mode,
+            reply_markup: None,
+            reply_parameters: None,
+            link_preview_options: Some(Default::default()),
+        }
+    }
 
     enum Reply {
         Answer(StatusCode, &'static str),
@@ -438,9 +485,10 @@ mod tests {
         assert_eq!(me.username, "relay_bot");
         assert!(me.has_topics_enabled);
 
-        let sent = within(api.send_message(-100, Some(9), "<b>hi</b>", Some("HTML")))
-            .await
-            .unwrap();
+        let sent =
+            within(api.send_message(&message(-100, Some(9), "<b>hi</b>", Some(ParseMode::Html))))
+                .await
+                .unwrap();
         assert_eq!((sent.message_id, sent.topic()), (5, Some(9)));
 
         let topic = within(api.create_forum_topic(-100, "A · api", None))
@@ -509,7 +557,7 @@ mod tests {
     async fn a_send_that_times_out_is_commit_unknown_and_redacted() {
         let (api, _server) = start(|_| Reply::Hang).await;
         let api = api.with_timeout(Duration::from_millis(200));
-        let error = within(api.send_message(5, None, "hi", None))
+        let error = within(api.send_message(&message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert_eq!(
@@ -530,7 +578,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let error = within(api(addr).send_message(5, None, "hi", None))
+        let error = within(api(addr).send_message(&message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert!(
@@ -560,7 +608,7 @@ mod tests {
             stream.write_all(br#"{"ok":true,"res"#).await.unwrap();
             stream.shutdown().await.unwrap();
         });
-        let error = within(api(addr).send_message(5, None, "hi", None))
+        let error = within(api(addr).send_message(&message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert!(error.commit_unknown(), "{error:?}");
@@ -598,7 +646,7 @@ mod tests {
     #[tokio::test]
     async fn the_general_topic_and_negative_offsets_are_refused_without_a_request() {
         let (api, server) = start(script).await;
-        let general = within(api.send_message(-100, Some(1), "hi", None))
+        let general = within(api.send_message(&message(-100, Some(1), "hi", None)))
             .await
             .unwrap_err();
         assert!(matches!(general, TelegramError::Refused { .. }));

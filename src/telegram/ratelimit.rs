@@ -60,13 +60,27 @@ impl RateLimiter {
     /// Waits until `method` may be called for `chat` (`None` for calls not
     /// addressed to a chat), and books the call.
     pub async fn acquire(&self, chat: Option<i64>, method: &str) {
+        let far = Instant::now() + Duration::from_secs(365 * 86_400);
+        let _ = self.acquire_until(chat, method, far).await;
+    }
+
+    /// Like [`RateLimiter::acquire`], but gives up at once, booking nothing,
+    /// when the call could not go before `deadline`; the error is how long
+    /// it would have waited.
+    pub async fn acquire_until(
+        &self,
+        chat: Option<i64>,
+        method: &str,
+        deadline: Instant,
+    ) -> Result<(), Duration> {
         let counted = self.paced && produces_message(method);
         loop {
             let ready_at = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 let now = Instant::now();
                 match state.grant(now, chat, counted) {
-                    None => return,
+                    None => return Ok(()),
+                    Some(at) if at > deadline => return Err(at - now),
                     Some(at) => at,
                 }
             };
@@ -330,6 +344,30 @@ mod tests {
         assert_eq!(
             timed(&limiter, Some(ALICE), "sendMessage").await,
             Duration::from_secs(3)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_refuses_a_wait_that_would_pass_it_and_books_nothing() {
+        let limiter = RateLimiter::new();
+        limiter.penalize(Some(ALICE), Duration::from_secs(30));
+        let soon = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            limiter
+                .acquire_until(Some(ALICE), "sendMessage", soon)
+                .await,
+            Err(Duration::from_secs(30))
+        );
+        limiter.acquire(Some(BOB), "sendMessage").await;
+        let later = Instant::now() + Duration::from_secs(2);
+        assert_eq!(
+            limiter.acquire_until(Some(BOB), "sendMessage", later).await,
+            Ok(())
+        );
+        assert_eq!(
+            Instant::now().duration_since(soon - Duration::from_secs(10)),
+            Duration::from_secs(1),
+            "the second send in Bob's private chat waited its second"
         );
     }
 

@@ -158,6 +158,9 @@ pub struct Message {
     pub forum_topic_closed: Option<ForumTopicClosed>,
     #[serde(default)]
     pub forum_topic_reopened: Option<ForumTopicReopened>,
+    /// The message this one replies to (Telegram sends it one level deep).
+    #[serde(default)]
+    pub reply_to_message: Option<Box<Message>>,
 }
 
 impl Message {
@@ -258,6 +261,85 @@ pub struct CallbackQuery {
     pub message: Option<Message>,
     #[serde(default)]
     pub data: Option<String>,
+}
+
+/// How Telegram should read a text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ParseMode {
+    #[serde(rename = "HTML")]
+    Html,
+}
+
+/// `sendMessage` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SendMessage {
+    pub chat_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_thread_id: Option<i64>,
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parse_mode: Option<ParseMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_markup: Option<InlineKeyboardMarkup>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_parameters: Option<ReplyParameters>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_preview_options: Option<LinkPreviewOptions>,
+}
+
+/// `editMessageText` parameters. Without `reply_markup` Telegram removes
+/// the message's buttons.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EditMessageText {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parse_mode: Option<ParseMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_markup: Option<InlineKeyboardMarkup>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_preview_options: Option<LinkPreviewOptions>,
+}
+
+/// `editMessageReplyMarkup` parameters; no markup removes the buttons.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EditMessageReplyMarkup {
+    pub chat_id: i64,
+    pub message_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_markup: Option<InlineKeyboardMarkup>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlineKeyboardMarkup {
+    pub inline_keyboard: Vec<Vec<InlineKeyboardButton>>,
+}
+
+/// A button that sends `callback_data` back as a `callback_query`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlineKeyboardButton {
+    pub text: String,
+    pub callback_data: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplyParameters {
+    pub message_id: i64,
+    /// Send anyway when the replied-to message is gone.
+    pub allow_sending_without_reply: bool,
+}
+
+/// Link previews; the relay turns them off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinkPreviewOptions {
+    pub is_disabled: bool,
+}
+
+impl Default for LinkPreviewOptions {
+    fn default() -> Self {
+        Self { is_disabled: true }
+    }
 }
 
 /// One entry of the `/` menu published with `setMyCommands`.

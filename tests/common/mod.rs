@@ -514,6 +514,7 @@ pub fn raw_register(
     agent_relay::protocol::bus::Register {
         id,
         instance_id: format!("raw-{profile}"),
+        instance_secret: format!("raw-{profile}-secret-of-this-test"),
         registration_generation: generation,
         profile_key: profile.into(),
         session_name: profile.into(),

@@ -150,10 +150,7 @@ impl World {
             .send(&ToLeader::Status(StatusQuery { id: 1 }))
             .await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
-        let result = ack
-            .result
-            .ok_or_else(|| anyhow!("status refused: {:?}", ack.error))?;
-        Ok(serde_json::from_value(result)?)
+        ack.decode().map_err(|e| anyhow!("status refused: {e}"))
     }
 
     pub async fn connect(&self) -> anyhow::Result<Stream> {
@@ -245,6 +242,7 @@ impl Probe {
         let register = ToLeader::Register(Register {
             id: 1,
             instance_id: "relay-bench-probe".into(),
+            instance_secret: "relay-bench-probe-secret".into(),
             registration_generation: self.generation,
             profile_key: "relay-bench-probe".into(),
             session_name: "probe".into(),
@@ -256,10 +254,9 @@ impl Probe {
         });
         writer.send(&register).await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
-        let result = ack
-            .result
-            .ok_or_else(|| anyhow!("registration refused: {:?}", ack.error))?;
-        let registered: Registered = serde_json::from_value(result)?;
+        let registered: Registered = ack
+            .decode()
+            .map_err(|e| anyhow!("registration refused: {e}"))?;
         self.carried = Some(registered.route);
         Ok(())
     }

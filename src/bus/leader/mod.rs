@@ -1,52 +1,58 @@
 //! The leader: the one sidecar per bot that holds the bus lock. It owns the
-//! socket, the registry of live sessions, the Telegram poller and outbox, and
-//! every write to the store.
+//! socket, the registry of live sessions, the Telegram poller and outbox,
+//! and every write to the store.
 //!
-//! Each connection gets a reader loop and a writer task joined by a bounded
-//! channel, so the leader can push deliveries at any time and a slow follower
-//! can never stall the others (its channel fills and it is dropped).
-//! Register and disconnect for one profile are serialized by a per-profile
-//! lock; everything else a session sends is fenced by its generation.
+//! [`Leader`] is made of owners, each with one job:
+//!
+//! * [`registry::Registry`] — connections, registrations, the generation
+//!   check, who owns which profile. Bookkeeping only.
+//! * [`router::Router`] — delivery: journaled updates to their sessions (one
+//!   path for a new batch and for a backlog), acknowledgements, taps, and
+//!   the leader's own answers off the routing path.
+//! * [`outbox::Outbox`] — every Bot API call, typed and paced, and the one
+//!   decision of what a failure means. Never touches the store.
+//! * [`access::Access`] — who may drive sessions, and pairing.
+//! * the store, behind a mutex, written by the leader alone.
+//!
+//! The flows that combine them (register, disconnect, a topic request, the
+//! status table) live in [`sessions`]; one connection's reader and writer in
+//! [`conn`]. The lock order is written where the locks are
+//! ([`registry::Registry`]).
 
+mod access;
+mod conn;
+mod outbox;
 mod registry;
-mod relay;
 mod router;
+mod sessions;
+mod triage;
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
-use interprocess::local_socket::tokio::{Listener, Stream};
-use interprocess::local_socket::traits::StreamCommon as _;
+use interprocess::local_socket::tokio::Listener;
 use interprocess::local_socket::traits::tokio::Listener as _;
-use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::election::{LeaderInfo, LeaderLock};
-use super::wire::{self, Incoming};
 use crate::config::Config;
 use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 use crate::telegram::SetupError;
-use crate::telegram::poller::Poller;
-use registry::Registration;
-use relay::{Journaling, Relay};
+use crate::telegram::poller::{PollHealth, Poller};
+use access::Access;
+use outbox::Outbox;
+use registry::{ConnId, Registry};
+use router::Router;
 
-/// Most frames written to one follower with one flush.
-const WRITE_BURST: usize = 256;
-
-/// How many frames may wait for one follower before it counts as stuck.
-const OUTBOX_FRAMES: usize = 4096;
-
-/// A connection's id inside this leader.
-type ConnId = u64;
+pub(crate) use outbox::TOPIC_DEADLINE;
 
 /// Why a sidecar that won the lock could not lead.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaderError {
+pub(crate) enum LeaderError {
     #[error("the relay database cannot be used: {0}")]
     Store(#[from] StoreError),
     #[error("cannot bind the bus socket: {0}")]
@@ -55,162 +61,90 @@ pub enum LeaderError {
     Telegram(#[from] SetupError),
 }
 
-/// A running leader. Call [`LeaderHandle::stop`] to step down.
-pub struct LeaderHandle {
-    shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
-    lock: LeaderLock,
-}
-
-struct Conn {
-    outbox: mpsc::Sender<FromLeader>,
-    last_seen: Instant,
-    session: Option<Registration>,
-    close: CancellationToken,
-}
-
-#[derive(Default)]
-struct Registry {
-    next_conn: ConnId,
-    conns: HashMap<ConnId, Conn>,
-}
-
-impl Registry {
-    fn live(&self) -> impl Iterator<Item = (ConnId, &Registration)> {
-        self.conns
-            .iter()
-            .filter_map(|(id, c)| c.session.as_ref().map(|s| (*id, s)))
-    }
-
-    /// The connection whose live session owns `profile_key`.
-    fn owner_of(&self, profile_key: &str) -> Option<(ConnId, &Registration)> {
-        self.live()
-            .find(|(_, s)| s.route.profile_key == profile_key)
-    }
-}
-
-struct Shared {
+/// The leader's owners and the little it knows besides.
+pub(super) struct Leader {
     epoch: Epoch,
     instance_id: String,
     since_ms: u64,
+    /// The configured chat for topics, if any.
+    chat_id: Option<i64>,
     store: Arc<Mutex<Store>>,
-    registry: Mutex<Registry>,
-    profile_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    relay: Relay,
-    /// Profiles whose topic was told that the session is away, so it is told
-    /// only once per absence.
-    told_offline: Mutex<HashSet<String>>,
+    registry: Registry,
+    router: Router,
+    outbox: Outbox,
+    access: Arc<Access>,
+    health: watch::Sender<PollHealth>,
     /// The restart this leader is stepping down for, once one was asked:
     /// a second request joins it.
-    restarting: std::sync::OnceLock<Restarting>,
+    restarting: OnceLock<Restarting>,
     /// Held while the cleanup intents a predecessor left are worked off:
     /// nothing is provisioned before.
     cleanup: Arc<tokio::sync::Mutex<()>>,
-    /// Delivery acknowledgements waiting to be written (`router::settle`).
-    settle: mpsc::UnboundedSender<(String, i64)>,
     stop: CancellationToken,
 }
 
-impl Shared {
-    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+impl Leader {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn profile_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.profile_locks.lock().unwrap_or_else(|e| e.into_inner());
-        locks.entry(key.to_string()).or_default().clone()
-    }
-
-    fn ack_ok<T: Serialize>(&self, id: u64, result: &T) -> FromLeader {
-        FromLeader::Ack(Ack {
-            id: Some(id),
-            epoch: self.epoch,
-            ok: true,
-            result: serde_json::to_value(result).ok(),
-            error: None,
-        })
-    }
-
-    fn ack_err(&self, id: Option<u64>, error: BusError) -> FromLeader {
+    fn ack<T: serde::Serialize>(&self, id: Option<u64>, result: Result<T, BusError>) -> FromLeader {
         FromLeader::Ack(Ack {
             id,
             epoch: self.epoch,
-            ok: false,
-            result: None,
-            error: Some(error),
+            outcome: result.and_then(|r| {
+                serde_json::to_value(r)
+                    .map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
+            }),
         })
     }
 
-    fn ack<T: Serialize>(&self, id: u64, result: Result<T, BusError>) -> FromLeader {
-        match result {
-            Ok(r) => self.ack_ok(id, &r),
-            Err(e) => self.ack_err(Some(id), e),
+    /// The poll health as the bus wire states it.
+    fn wire_health(&self) -> Health {
+        match &*self.health.borrow() {
+            PollHealth::Starting => Health::Starting,
+            PollHealth::Ok => Health::Ok,
+            PollHealth::Conflict => Health::Conflict,
+            PollHealth::Offline(reason) => Health::Offline {
+                reason: reason.clone(),
+            },
         }
-    }
-
-    /// Queues a frame for one connection; a follower that does not read is
-    /// dropped rather than allowed to stall the leader.
-    fn send(&self, conn: ConnId, frame: FromLeader) {
-        let registry = self.registry();
-        if let Some(c) = registry.conns.get(&conn)
-            && c.outbox.try_send(frame).is_err()
-        {
-            tracing::warn!(conn, "follower is not reading; dropping its connection");
-            c.close.cancel();
-        }
-    }
-
-    fn broadcast(&self, frame: &FromLeader) {
-        let registry = self.registry();
-        for (id, c) in &registry.conns {
-            if c.session.is_some() && c.outbox.try_send(frame.clone()).is_err() {
-                tracing::warn!(
-                    conn = id,
-                    "follower is not reading; dropping its connection"
-                );
-                c.close.cancel();
-            }
-        }
-    }
-}
-
-fn error(code: BusErrorCode, message: impl Into<String>) -> BusError {
-    BusError {
-        code,
-        message: message.into(),
-        retry_after: None,
-        commit_unknown: false,
     }
 }
 
 fn store_error(e: StoreError) -> BusError {
-    error(BusErrorCode::Internal, format!("relay database: {e}"))
+    BusError::new(BusErrorCode::Internal, format!("relay database: {e}"))
 }
 
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A running leader. Call [`LeaderHandle::stop`] to step down.
+pub(crate) struct LeaderHandle {
+    leader: Arc<Leader>,
+    task: tokio::task::JoinHandle<()>,
+    lock: LeaderLock,
+}
+
 /// Starts leading: opens the store, bumps the epoch, binds the socket,
 /// writes `leader.json` and starts polling Telegram. The lock is held until
 /// [`LeaderHandle::stop`].
-pub async fn start(
+pub(crate) async fn start(
     lock: LeaderLock,
     store_path: PathBuf,
     instance_id: String,
     config: &Config,
 ) -> Result<LeaderHandle, LeaderError> {
-    let relay = Relay::new(config)?;
-    let (store, epoch) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+    let outbox = Outbox::new(config)?;
+    let configured = config.allowed_users.clone();
+    let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
         let epoch = store.bump_epoch()?;
-        Ok((store, epoch))
+        let access = Access::load(&configured, &store)?;
+        Ok((store, epoch, access))
     })
     .await
     .map_err(|e| LeaderError::Bind(std::io::Error::other(e)))??;
@@ -226,30 +160,27 @@ pub async fn start(
     }
     tracing::info!(epoch, "leading the bus");
     let (settle, acks) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
+    let (health, _) = watch::channel(PollHealth::Starting);
+    let leader = Arc::new(Leader {
         epoch,
         instance_id,
         since_ms,
+        chat_id: config.chat_id,
         store: Arc::new(Mutex::new(store)),
-        registry: Mutex::new(Registry::default()),
-        profile_locks: Mutex::default(),
-        relay,
-        told_offline: Mutex::default(),
-        restarting: std::sync::OnceLock::new(),
+        registry: Registry::default(),
+        router: Router::new(settle),
+        outbox,
+        access: Arc::new(access),
+        health,
+        restarting: OnceLock::new(),
         cleanup: Arc::default(),
-        settle,
         stop: CancellationToken::new(),
     });
-    let allowed = config.allowed_users.clone();
-    let task = tokio::spawn(run(shared.clone(), listener, allowed, acks));
-    Ok(LeaderHandle { shared, task, lock })
+    let task = tokio::spawn(run(leader.clone(), listener, acks));
+    Ok(LeaderHandle { leader, task, lock })
 }
 
 impl LeaderHandle {
-    pub fn epoch(&self) -> Epoch {
-        self.shared.epoch
-    }
-
     /// Whether the leader is still serving.
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
@@ -259,7 +190,7 @@ impl LeaderHandle {
     /// removes the control files and only then releases the lock, so there
     /// are never two pollers and never a socket without a lock holder.
     pub async fn stop(self) {
-        self.shared.stop.cancel();
+        self.leader.stop.cancel();
         if let Err(e) = self.task.await {
             tracing::warn!("leader task ended abnormally: {e}");
         }
@@ -271,16 +202,19 @@ impl LeaderHandle {
 /// `/relay restart`: answers with the plan, tells every session, and steps
 /// down. The member that owns this leader then releases the lock, and the
 /// bus elects a leader again; sessions come back on their own.
-fn restart(shared: &Arc<Shared>, conn: ConnId, req: &Restart) {
-    if let Err(e) = registry::check_generation(shared, conn, req.generation) {
-        shared.send(conn, shared.ack_err(Some(req.id), e));
+fn restart(leader: &Leader, conn: ConnId, req: &Restart) {
+    if let Err(e) = leader.registry.session(conn, req.generation) {
+        leader
+            .registry
+            .send(conn, leader.ack::<()>(Some(req.id), Err(e)));
         return;
     }
     let mut first = false;
-    let plan = shared.restarting.get_or_init(|| {
+    let plan = leader.restarting.get_or_init(|| {
         first = true;
-        let mut expected: Vec<String> = shared
-            .registry()
+        let mut expected: Vec<String> = leader
+            .registry
+            .lock()
             .live()
             .filter(|(_, s)| s.ready)
             .map(|(_, s)| s.route.profile_key.clone())
@@ -288,27 +222,31 @@ fn restart(shared: &Arc<Shared>, conn: ConnId, req: &Restart) {
         expected.sort();
         let count = expected.len() as u32;
         Restarting {
-            epoch: shared.epoch,
+            epoch: leader.epoch,
             expected_instances: count,
             expected_routes: count,
             expected,
         }
     });
-    shared.send(conn, shared.ack_ok(req.id, plan));
+    leader
+        .registry
+        .send(conn, leader.ack(Some(req.id), Ok(plan)));
     if first {
         tracing::info!(
             routes = plan.expected_routes,
             "restarting the relay on request"
         );
-        shared.broadcast(&FromLeader::Restarting(plan.clone()));
-        shared.stop.cancel();
+        leader
+            .registry
+            .broadcast(&FromLeader::Restarting(plan.clone()));
+        leader.stop.cancel();
     }
 }
 
 /// Finishes the topic deletions a previous leader promised but could not
 /// confirm, before anything is provisioned.
-async fn finish_cleanups(shared: &Shared) {
-    let intents = match shared.store().pending_cleanups() {
+async fn finish_cleanups(leader: &Leader) {
+    let intents = match leader.store().pending_cleanups() {
         Ok(intents) => intents,
         Err(e) => {
             tracing::error!("cannot read cleanup intents: {e}");
@@ -316,15 +254,17 @@ async fn finish_cleanups(shared: &Shared) {
         }
     };
     for intent in intents {
-        let params =
-            serde_json::json!({"chat_id": intent.chat_id, "message_thread_id": intent.thread_id});
-        let result = tokio::select! {
-            () = shared.stop.cancelled() => return,
-            r = shared.relay.call("deleteForumTopic", &params) => r,
+        let target = Target {
+            chat_id: intent.chat_id,
+            thread_id: intent.thread_id,
         };
-        let mut store = shared.store();
+        let result = tokio::select! {
+            () = leader.stop.cancelled() => return,
+            r = leader.outbox.delete_topic(target) => r,
+        };
+        let mut store = leader.store();
         let recorded = match result {
-            Ok(_) | Err(crate::telegram::TelegramError::ThreadGone { .. }) => {
+            Ok(()) => {
                 tracing::info!(
                     thread = intent.thread_id,
                     "finished a predecessor's topic deletion"
@@ -348,19 +288,21 @@ async fn finish_cleanups(shared: &Shared) {
 /// Most acknowledgements written in one transaction.
 const SETTLE_BATCH: usize = 1024;
 
+/// How often the store is pruned (see `Store::prune`).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
 async fn run(
-    shared: Arc<Shared>,
+    leader: Arc<Leader>,
     listener: Listener,
-    allowed: Vec<i64>,
     mut acks: mpsc::UnboundedReceiver<(String, i64)>,
 ) {
     // Taken before the first accept, so no registration provisions anything
     // until the cleanups are done.
-    match shared.cleanup.clone().try_lock_owned() {
+    match leader.cleanup.clone().try_lock_owned() {
         Ok(guard) => {
-            let shared = shared.clone();
+            let leader = leader.clone();
             tokio::spawn(async move {
-                finish_cleanups(&shared).await;
+                finish_cleanups(&leader).await;
                 drop(guard);
             });
         }
@@ -368,44 +310,48 @@ async fn run(
     }
     let (batches_tx, mut batches) = mpsc::channel(64);
     let poller = Poller {
-        api: shared.relay.api().clone(),
-        store: shared.store.clone(),
-        triage: Journaling::new(shared.store.clone(), allowed),
+        api: leader.outbox.api().clone(),
+        store: leader.store.clone(),
+        triage: triage::Journaling::new(leader.store.clone(), leader.access.clone()),
         batches: batches_tx,
-        health: shared.relay.health.clone(),
-        stop: shared.stop.clone(),
+        health: leader.health.clone(),
+        stop: leader.stop.clone(),
     };
     let mut poller = tokio::spawn(poller.run());
-    let mut health = shared.relay.health.subscribe();
+    let mut health = leader.health.subscribe();
     let mut conns = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
+    let mut prune = tokio::time::interval(PRUNE_EVERY);
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
     loop {
         tokio::select! {
-            () = shared.stop.cancelled() => break,
+            () = leader.stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
-                    conns.spawn(serve_connection(shared.clone(), stream));
+                    conns.spawn(conn::serve(leader.clone(), stream));
                 }
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            Some(batch) = batches.recv() => router::route(&shared, batch).await,
+            Some(batch) = batches.recv() => leader.route(batch),
             Some(first) = acks.recv() => {
                 // Whatever queued up meanwhile goes into the same transaction.
                 let mut batch = vec![first];
                 while batch.len() < SETTLE_BATCH && let Ok(ack) = acks.try_recv() {
                     batch.push(ack);
                 }
-                router::settle(&shared, &batch);
+                leader.settle(&batch);
             }
             Ok(()) = health.changed() => {
-                let frame = FromLeader::Health(shared.relay.wire_health());
-                shared.broadcast(&frame);
+                leader.registry.broadcast(&FromLeader::Health(leader.wire_health()));
             }
-            _ = sweep.tick() => drop_silent(&shared, silent_limit),
+            _ = sweep.tick() => leader.registry.sweep(silent_limit),
+            _ = prune.tick() => match leader.store().prune() {
+                Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
+                Err(e) => tracing::warn!("cannot prune the store: {e}"),
+            },
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller only returns on a store failure: without its
@@ -415,13 +361,11 @@ async fn run(
             }
         }
     }
-    shared.stop.cancel();
+    leader.stop.cancel();
     if !poller.is_finished() {
         let _ = poller.await;
     }
-    for conn in shared.registry().conns.values() {
-        conn.close.cancel();
-    }
+    leader.registry.close_all();
     while conns.join_next().await.is_some() {}
     drop(listener);
     // Acknowledgements that came in before the connections closed.
@@ -429,183 +373,5 @@ async fn run(
     while let Ok(ack) = acks.try_recv() {
         rest.push(ack);
     }
-    router::settle(&shared, &rest);
-}
-
-/// Drops followers that missed [`HEARTBEAT_MISSES`] heartbeats. Their
-/// bindings stay: only live routing authority goes.
-fn drop_silent(shared: &Shared, limit: Duration) {
-    let registry = shared.registry();
-    for (id, conn) in &registry.conns {
-        if conn.session.is_some() && conn.last_seen.elapsed() > limit {
-            tracing::info!(conn = id, "follower silent for {limit:?}; dropping it");
-            conn.close.cancel();
-        }
-    }
-}
-
-/// Only processes of the same user may join the bus.
-fn same_user(stream: &Stream) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    match stream.peer_creds() {
-        Ok(creds) => creds.euid() == Some(me),
-        Err(e) => {
-            tracing::warn!("cannot read peer credentials: {e}");
-            false
-        }
-    }
-}
-
-async fn serve_connection(shared: Arc<Shared>, stream: Stream) {
-    if !same_user(&stream) {
-        tracing::warn!("refused a bus connection from another user");
-        return;
-    }
-    let (mut reader, mut writer) = wire::split(stream);
-    let (outbox, mut outgoing) = mpsc::channel::<FromLeader>(OUTBOX_FRAMES);
-    let close = CancellationToken::new();
-    let id = {
-        let mut registry = shared.registry();
-        registry.next_conn += 1;
-        let id = registry.next_conn;
-        registry.conns.insert(
-            id,
-            Conn {
-                outbox,
-                last_seen: Instant::now(),
-                session: None,
-                close: close.clone(),
-            },
-        );
-        id
-    };
-    let writer_close = close.clone();
-    let writer_task = tokio::spawn(async move {
-        // Whatever queued up meanwhile goes out in one write.
-        let mut burst = Vec::with_capacity(WRITE_BURST);
-        while outgoing.recv_many(&mut burst, WRITE_BURST).await > 0 {
-            if let Err(e) = writer.send_all(&burst).await {
-                tracing::debug!("bus write failed: {e}");
-                break;
-            }
-            burst.clear();
-        }
-        writer_close.cancel();
-    });
-    let mut requests = JoinSet::new();
-    loop {
-        let incoming = tokio::select! {
-            () = close.cancelled() => break,
-            () = shared.stop.cancelled() => break,
-            incoming = reader.recv::<ToLeader>() => incoming,
-            Some(_) = requests.join_next(), if !requests.is_empty() => continue,
-        };
-        match incoming {
-            Ok(Some(Incoming::Envelope(envelope))) => {
-                if let Some(c) = shared.registry().conns.get_mut(&id) {
-                    c.last_seen = Instant::now();
-                }
-                handle(&shared, id, envelope, &mut requests);
-            }
-            Ok(Some(Incoming::Malformed { id: request, error })) => {
-                tracing::debug!(conn = id, "malformed bus frame: {error}");
-                shared.send(
-                    id,
-                    shared.ack_err(request, self::error(BusErrorCode::BadFrame, error)),
-                );
-            }
-            Ok(Some(Incoming::Oversized)) => {
-                tracing::warn!(conn = id, "oversized bus frame; closing that connection");
-                break;
-            }
-            Ok(None) => break,
-            Err(e) => {
-                tracing::debug!(conn = id, "bus read failed: {e}");
-                break;
-            }
-        }
-    }
-    // Wait for the cancelled requests so none of them writes after we leave.
-    requests.shutdown().await;
-    let gone = shared.registry().conns.remove(&id);
-    if let Some(session) = gone.and_then(|c| c.session) {
-        tracing::info!(slot = %session.route.slot, "session left the bus; its binding stays");
-    }
-    // Dropping the registry entry dropped the outbox sender: the writer
-    // drains what is queued (an ack, an error) and ends.
-    let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
-}
-
-/// Runs one request. Quick ones are answered inline; those that may wait on
-/// a lock or on Telegram get a task, so heartbeats keep flowing meanwhile.
-fn handle(shared: &Arc<Shared>, conn: ConnId, envelope: ToLeader, requests: &mut JoinSet<()>) {
-    match envelope {
-        ToLeader::Heartbeat(hb) => {
-            let result = registry::check_generation(shared, conn, hb.generation).map(drop);
-            shared.send(conn, shared.ack(hb.id, result));
-        }
-        ToLeader::Status(q) => {
-            shared.send(conn, shared.ack(q.id, registry::status(shared)));
-        }
-        ToLeader::DeliveryAck(ack) => router::delivered(shared, conn, &ack),
-        ToLeader::Reconcile(req) => {
-            shared.send(
-                conn,
-                shared.ack(req.id, registry::reconcile(shared, conn, &req)),
-            );
-        }
-        ToLeader::Restart(req) => restart(shared, conn, &req),
-        ToLeader::Pair(req) => {
-            let shared = shared.clone();
-            requests.spawn(async move {
-                let result = router::pair(&shared, conn, req.generation).await;
-                shared.send(conn, shared.ack(req.id, result));
-            });
-        }
-        ToLeader::Register(req) => {
-            let shared = shared.clone();
-            requests.spawn(async move {
-                let (id, generation) = (req.id, req.registration_generation);
-                let result = registry::register(&shared, conn, req).await;
-                let registered = result.is_ok();
-                shared.send(conn, shared.ack(id, result));
-                if registered {
-                    shared.send(conn, FromLeader::Health(shared.relay.wire_health()));
-                    router::go_live(&shared, conn, generation);
-                }
-            });
-        }
-        ToLeader::Disconnect(req) => {
-            let shared = shared.clone();
-            requests.spawn(async move {
-                let result = registry::disconnect(&shared, conn, req.generation).await;
-                shared.send(conn, shared.ack(req.id, result));
-            });
-        }
-        ToLeader::Telegram(req) => {
-            let shared = shared.clone();
-            requests.spawn(async move {
-                let result = match registry::check_generation(&shared, conn, req.generation) {
-                    Ok(session) => {
-                        let result = shared
-                            .relay
-                            .call_for(session.route.target, &req.method, &req.params)
-                            .await;
-                        if let Err(BusError {
-                            code: BusErrorCode::TopicGone,
-                            ..
-                        }) = &result
-                        {
-                            // Its next registration must not trust the topic.
-                            registry::mark_stale(&shared, &session.route.profile_key);
-                        }
-                        result
-                    }
-                    Err(e) => Err(e),
-                };
-                shared.send(conn, shared.ack(req.id, result));
-            });
-        }
-    }
+    leader.settle(&rest);
 }

@@ -1,287 +1,467 @@
-//! Inbound routing: journaled messages to the session that owns their topic,
-//! acknowledgements back into the journal, and what the leader answers
-//! itself (pairing, messages outside any session's topic).
+//! Inbound routing: journaled updates to the session that owns their
+//! topic, acknowledgements back into the journal, and what the leader
+//! answers itself (pairing, people outside any session, taps nobody owns).
+//!
+//! Nothing here awaits Telegram on the routing path: deliveries are frames
+//! queued to connections, and every answer the leader writes itself goes
+//! through [`Replies`], a small bounded queue served off the path, so a
+//! stranger's flood can never delay anybody else's messages.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use super::{ConnId, Shared, error, registry, store_error};
+use tokio::sync::{Semaphore, mpsc};
+
+use super::Leader;
+use super::registry::{ConnId, Conns};
+use super::triage::{CallbackDetail, MessageDetail};
 use crate::protocol::bus::*;
-use crate::store::NewUpdate;
+use crate::store::{JournalKind, NewUpdate};
 use crate::telegram::poller::Batch;
-use crate::telegram::{ChatKind, Update};
+use crate::telegram::{ChatKind, Message, Update, UpdateKind};
 
 /// What the topic is told when its session is away.
 const AWAY_NOTICE: &str =
     "⏸ This session is offline. Your message is kept and will be delivered when it comes back.";
+/// What a tap on a button of an offline session answers.
+const AWAY_TAP: &str = "This session is offline: nothing was done.";
 
-/// Routes one journaled batch. The journal already holds it durably, so a
-/// failure here only delays delivery until the owner registers again.
-pub(super) async fn route(shared: &Arc<Shared>, batch: Batch) {
-    let sent: Vec<i64> = batch
-        .journaled
-        .into_iter()
-        .filter_map(|update| deliver_new(shared, update))
-        .collect();
-    if let Err(e) = shared.store().record_attempts(&sent) {
-        tracing::warn!("cannot count delivery attempts: {e}");
-    }
-    for update in batch.others {
-        answer_directly(shared, &update).await;
-    }
+/// How long a delivered tap may wait for its session's answer before the
+/// leader forgets it (Telegram stops accepting answers long before).
+const TAP_TTL: Duration = Duration::from_secs(300);
+
+pub(super) struct Router {
+    /// Profiles whose topic was told that the session is away, so it is told
+    /// only once per absence.
+    told_away: Mutex<HashSet<String>>,
+    /// Taps delivered to a session and not answered yet: callback id →
+    /// profile key. A session may answer only its own.
+    taps: Mutex<HashMap<String, (String, Instant)>>,
+    /// Delivery acknowledgements waiting to be written (`Leader::settle`).
+    settle: mpsc::UnboundedSender<(String, i64)>,
+    pub replies: Replies,
 }
 
-/// Sends a new message to its live owner; returns its id when it was sent.
-fn deliver_new(shared: &Arc<Shared>, update: NewUpdate) -> Option<i64> {
-    let owner = update.owner.clone()?;
-    let conn = shared
-        .registry()
-        .owner_of(&owner)
-        .filter(|(_, s)| s.ready)
-        .map(|(conn, _)| conn);
-    let Some(conn) = conn else {
-        tell_away(shared, &owner, update.chat_id, update.thread_id);
-        return None;
-    };
-    shared.send(
-        conn,
-        FromLeader::Deliver(Deliver {
-            delivery_id: update.update_id as u64,
-            update_id: update.update_id,
-            message: InboundMessage {
-                chat_id: update.chat_id,
-                thread_id: update.thread_id,
-                user_id: update.user_id,
-                message_id: update.message_id,
-                text: update.text,
-            },
-        }),
-    );
-    Some(update.update_id)
-}
-
-/// Tells a topic once per absence that its session is away.
-fn tell_away(shared: &Arc<Shared>, owner: &str, chat: i64, thread: Option<i64>) {
-    let first = shared
-        .told_offline
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(owner.to_string());
-    if !first {
-        return;
-    }
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        if let Err(e) = shared.relay.say(chat, thread, AWAY_NOTICE).await {
-            tracing::warn!("cannot tell the topic its session is away: {e}");
+impl Router {
+    pub fn new(settle: mpsc::UnboundedSender<(String, i64)>) -> Self {
+        Self {
+            told_away: Mutex::default(),
+            taps: Mutex::default(),
+            settle,
+            replies: Replies::default(),
         }
-    });
-}
+    }
 
-/// Makes a just-registered session live: delivers, in order, everything
-/// the journal holds for it, and only then lets new messages through. Both
-/// happen under the registry lock, so a message arriving meanwhile can come
-/// twice (the session drops the repeat) but never ahead of older ones.
-pub(super) fn go_live(shared: &Shared, conn: ConnId, generation: Generation) {
-    let mut delivered = Vec::new();
-    {
-        let mut registry = shared.registry();
-        let Some(c) = registry.conns.get_mut(&conn) else {
-            return;
-        };
-        let Some(session) = c.session.as_mut().filter(|s| s.generation == generation) else {
-            return;
-        };
-        let pending = match shared.store().pending_for(&session.route.profile_key) {
-            Ok(pending) => pending,
-            Err(e) => {
-                tracing::error!("cannot read the journal: {e}");
-                return;
-            }
-        };
-        for entry in pending {
+    /// Queues `updates` to `conn` in order; returns the ids that were queued.
+    /// The one path for new updates and for a backlog.
+    fn push(&self, conns: &Conns, conn: ConnId, updates: &[NewUpdate]) -> Vec<i64> {
+        let mut queued = Vec::with_capacity(updates.len());
+        for update in updates {
+            let Some(item) = self.inbound(update) else {
+                continue;
+            };
             let frame = FromLeader::Deliver(Deliver {
-                delivery_id: entry.update_id as u64,
-                update_id: entry.update_id,
-                message: InboundMessage {
-                    chat_id: entry.chat_id,
-                    thread_id: entry.thread_id,
-                    user_id: entry.user_id,
-                    message_id: entry.message_id,
-                    text: entry.text,
-                },
+                delivery_id: update.update_id as u64,
+                update_id: update.update_id,
+                item,
             });
-            if c.outbox.try_send(frame).is_err() {
-                tracing::warn!(conn, "follower is not reading; dropping its connection");
-                c.close.cancel();
+            if !conns.push(conn, frame) {
+                break;
+            }
+            queued.push(update.update_id);
+        }
+        queued
+    }
+
+    /// A journal entry as the session receives it.
+    fn inbound(&self, update: &NewUpdate) -> Option<Inbound> {
+        match update.kind {
+            JournalKind::Message => {
+                let detail: MessageDetail = update
+                    .detail
+                    .as_deref()
+                    .and_then(|d| serde_json::from_str(d).ok())
+                    .unwrap_or_default();
+                Some(Inbound::Message(InboundMessage {
+                    chat_id: update.chat_id,
+                    thread_id: update.thread_id,
+                    user_id: update.user_id,
+                    message_id: update.message_id,
+                    text: update.text.clone(),
+                    reply_to: detail.reply_to,
+                }))
+            }
+            JournalKind::Callback => {
+                let detail: CallbackDetail =
+                    serde_json::from_str(update.detail.as_deref()?).ok()?;
+                let owner = update.owner.clone()?;
+                let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
+                taps.retain(|_, (_, at)| at.elapsed() < TAP_TTL);
+                taps.insert(detail.callback_id.clone(), (owner, Instant::now()));
+                Some(Inbound::Callback(InboundCallback {
+                    callback_id: detail.callback_id,
+                    user_id: update.user_id,
+                    message_id: update.message_id,
+                    data: update.text.clone(),
+                }))
+            }
+        }
+    }
+
+    /// Whether `profile_key`'s session was handed the tap `callback_id`;
+    /// consumes it, so a tap is answered once.
+    pub fn take_tap(&self, callback_id: &str, profile_key: &str) -> bool {
+        let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
+        match taps.get(callback_id) {
+            Some((owner, _)) if owner == profile_key => {
+                taps.remove(callback_id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The session of `profile_key` is back: its topic may be told again.
+    pub fn back(&self, profile_key: &str) {
+        self.told_away
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(profile_key);
+    }
+
+    /// A follower handed a delivery to its host: queue it to be settled in
+    /// the journal. Acks are written in batches (`Leader::settle`): one
+    /// fsync per batch instead of per message. An ack lost with a crashing
+    /// leader only means the message comes again, and the session drops
+    /// the repeat.
+    pub fn delivered(&self, profile_key: String, delivery_id: u64) {
+        let _ = self.settle.send((profile_key, delivery_id as i64));
+    }
+}
+
+impl Leader {
+    /// Routes one journaled batch. The journal already holds it durably, so
+    /// a failure here only delays delivery until the owner registers again.
+    pub(super) fn route(self: &Arc<Self>, batch: Batch) {
+        let mut sent = Vec::new();
+        let mut away = Vec::new();
+        {
+            let conns = self.registry.lock();
+            let mut by_owner: Vec<(String, Vec<NewUpdate>)> = Vec::new();
+            for update in batch.journaled {
+                let Some(owner) = update.owner.clone() else {
+                    continue;
+                };
+                match by_owner.iter_mut().find(|(o, _)| *o == owner) {
+                    Some((_, updates)) => updates.push(update),
+                    None => by_owner.push((owner, vec![update])),
+                }
+            }
+            for (owner, updates) in by_owner {
+                match conns.owner_of(&owner).filter(|(_, s)| s.ready) {
+                    Some((conn, _)) => sent.extend(self.router.push(&conns, conn, &updates)),
+                    None => away.extend(updates),
+                }
+            }
+        }
+        if let Err(e) = self.store().record_attempts(&sent) {
+            tracing::warn!("cannot count delivery attempts: {e}");
+        }
+        for update in away {
+            self.tell_away(update);
+        }
+        for update in batch.others {
+            self.answer_directly(update);
+        }
+    }
+
+    /// Makes a just-registered session live: queues, in order, everything
+    /// the journal holds for it, and only then lets new updates through.
+    /// Both happen under the registry lock, so an update arriving meanwhile
+    /// can come twice (the session drops the repeat) but never ahead of
+    /// older ones.
+    pub(super) fn go_live(&self, conn: ConnId, generation: Generation) {
+        let queued = {
+            let mut conns = self.registry.lock();
+            let Ok(session) = conns.session(conn, generation) else {
+                return;
+            };
+            let profile = session.route.profile_key.clone();
+            let pending = match self.store().pending_for(&profile) {
+                Ok(pending) => pending,
+                Err(e) => {
+                    tracing::error!("cannot read the journal: {e}");
+                    return;
+                }
+            };
+            let updates: Vec<NewUpdate> = pending.into_iter().map(|e| e.update).collect();
+            let queued = self.router.push(&conns, conn, &updates);
+            if queued.len() < updates.len() {
                 return;
             }
-            delivered.push(entry.update_id);
+            if let Ok(session) = conns.session_mut(conn, generation) {
+                session.ready = true;
+            }
+            queued
+        };
+        if let Err(e) = self.store().record_attempts(&queued) {
+            tracing::warn!("cannot count delivery attempts: {e}");
         }
-        session.ready = true;
     }
-    if let Err(e) = shared.store().record_attempts(&delivered) {
-        tracing::warn!("cannot count delivery attempts: {e}");
-    }
-}
 
-/// A follower handed a delivery to its host: queue it to be settled in the
-/// journal. Acks are written in batches (see [`settle`]): one fsync per
-/// batch instead of per message. An ack lost with a crashing leader only
-/// means the message comes again, and the session drops the repeat.
-pub(super) fn delivered(shared: &Shared, conn: ConnId, ack: &DeliveryAck) {
-    let Ok(session) = registry::check_generation(shared, conn, ack.generation) else {
-        tracing::debug!("delivery ack with a stale generation ignored");
-        return;
-    };
-    let _ = shared
-        .settle
-        .send((session.route.profile_key, ack.delivery_id as i64));
-}
-
-/// Writes a batch of acknowledgements: pending → delivered, each only for
-/// the session that owns the entry.
-pub(super) fn settle(shared: &Shared, acks: &[(String, i64)]) {
-    match shared.store().mark_delivered(acks) {
-        Ok(changed) if changed < acks.len() => tracing::debug!(
-            acks = acks.len(),
-            changed,
-            "some acknowledgements were repeats or not the session's own"
-        ),
-        Ok(_) => {}
-        Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
-    }
-}
-
-/// A one-time pairing link for `/telegram-connect` when nobody is paired.
-pub(super) async fn pair(
-    shared: &Shared,
-    conn: ConnId,
-    generation: Generation,
-) -> Result<PairingLink, BusError> {
-    registry::check_generation(shared, conn, generation)?;
-    let bot = shared
-        .relay
-        .bot()
-        .await
-        .map_err(super::relay::telegram_error)?;
-    let username = bot.username.clone();
-    if username.is_empty() {
-        return Err(error(
-            BusErrorCode::Telegram,
-            "the bot has no username, so it cannot be paired by link",
-        ));
-    }
-    let code = shared.relay.new_pairing_code();
-    Ok(PairingLink {
-        url: format!("https://t.me/{username}?start={code}"),
-        expires_in_s: super::relay::PAIRING_TTL.as_secs(),
-    })
-}
-
-/// Posts the "connected" notice in a topic that was just bound.
-pub(super) fn announce(
-    shared: &Arc<Shared>,
-    target: Target,
-    profile_key: &str,
-    topic_name: &str,
-    cwd: &str,
-) {
-    let shared = shared.clone();
-    let profile_key = profile_key.to_string();
-    let text = format!("🟢 {topic_name} connected\n{cwd}");
-    tokio::spawn(async move {
-        match shared
-            .relay
-            .say(target.chat_id, Some(target.thread_id), &text)
-            .await
-        {
-            Ok(()) => {
-                let mut store = shared.store();
-                let marked = store.binding(&profile_key).and_then(|b| match b {
-                    Some(mut b) if b.target() == Some(target) => {
-                        b.announced = true;
-                        store.upsert_binding(&b)
-                    }
-                    _ => Ok(()),
-                });
-                if let Err(e) = marked {
-                    tracing::warn!(
-                        "cannot remember the topic was announced: {}",
-                        store_error(e)
+    /// An update for a session that is away: a message waits in the journal
+    /// (its topic is told once per absence); a tap cannot wait, so it is
+    /// answered and dropped.
+    fn tell_away(self: &Arc<Self>, update: NewUpdate) {
+        let Some(owner) = update.owner.clone() else {
+            return;
+        };
+        match update.kind {
+            JournalKind::Message => {
+                let first = self
+                    .router
+                    .told_away
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(owner);
+                if first {
+                    self.router.replies.say(
+                        self,
+                        update.chat_id,
+                        update.thread_id,
+                        AWAY_NOTICE.into(),
                     );
                 }
             }
-            Err(e) => tracing::warn!("cannot post the connected notice: {e}"),
+            JournalKind::Callback => {
+                if let Err(e) = self
+                    .store()
+                    .mark_dropped(update.update_id, "a tap for an offline session")
+                {
+                    tracing::warn!("cannot drop a tap: {e}");
+                }
+                if let Some(detail) = update
+                    .detail
+                    .as_deref()
+                    .and_then(|d| serde_json::from_str::<CallbackDetail>(d).ok())
+                {
+                    self.router
+                        .replies
+                        .answer_tap(self, detail.callback_id, AWAY_TAP);
+                }
+            }
         }
-    });
-}
+    }
 
-/// Updates that are not for a session: pairing, and messages outside any
-/// session's topic from allowed users, who get the list of sessions.
-async fn answer_directly(shared: &Arc<Shared>, update: &Update) {
-    let Some(message) = update.message() else {
-        return;
-    };
-    let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
-        return;
-    };
-    let text = message.text.as_deref().unwrap_or_default().trim();
-    if message.chat.kind == ChatKind::Private
-        && let Some(code) = text.strip_prefix("/start")
-    {
-        let code = code.trim();
-        if !code.is_empty() {
-            pair_user(shared, user.id, message.chat.id, code).await;
+    /// Updates that are not for a session: pairing, messages outside any
+    /// session's topic, taps nobody can take. Never awaits.
+    fn answer_directly(self: &Arc<Self>, update: Update) {
+        match update.kind {
+            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
+                self.answer_message(&message)
+            }
+            UpdateKind::CallbackQuery(query) => {
+                let text = if self.access.is_allowed(query.from.id) {
+                    "This button no longer belongs to a session."
+                } else {
+                    "You are not allowed to use this bot's buttons."
+                };
+                // Every tap is answered, or the phone shows a spinner; a
+                // stranger's taps at most once a window.
+                if self.access.is_allowed(query.from.id)
+                    || self.router.replies.admit(query.from.id, Refusal::Tap)
+                {
+                    self.router.replies.answer_tap(self, query.id, text);
+                }
+            }
+            UpdateKind::Unknown { .. } => {}
+        }
+    }
+
+    fn answer_message(self: &Arc<Self>, message: &Message) {
+        let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
+            return;
+        };
+        let text = message.text.as_deref().unwrap_or_default().trim();
+        let private = message.chat.kind == ChatKind::Private;
+        if private && let Some(code) = text.strip_prefix("/start") {
+            let code = code.trim();
+            if !code.is_empty() {
+                self.pair_user(user.id, message.chat.id, code);
+                return;
+            }
+        }
+        if !self.access.is_allowed(user.id) || text.is_empty() {
             return;
         }
+        // The session list names local paths: only where the relay lives,
+        // never in some other group an allowed user happens to be in.
+        let ours = private || Some(message.chat.id) == self.chat_id;
+        if ours {
+            let reply = self.sessions_overview();
+            self.router
+                .replies
+                .say(self, message.chat.id, message.topic(), reply);
+        }
     }
-    let allowed = shared.relay.allowed_users(&shared.store).contains(&user.id);
-    if !allowed || text.is_empty() {
-        return;
-    }
-    let reply = sessions_overview(shared);
-    if let Err(e) = shared
-        .relay
-        .say(message.chat.id, message.topic(), &reply)
-        .await
-    {
-        tracing::warn!("cannot answer outside a topic: {e}");
-    }
-}
 
-async fn pair_user(shared: &Shared, user: i64, chat: i64, code: &str) {
-    let reply = if shared.relay.redeem(code) {
-        match shared.store().add_allowed_user(user) {
-            Ok(()) => {
+    fn pair_user(self: &Arc<Self>, user: i64, chat: i64, code: &str) {
+        let reply = match self.access.pair(&self.store, user, code) {
+            Ok(true) => {
                 tracing::info!(user, "paired a Telegram user");
-                shared.broadcast(&FromLeader::Paired(Paired { user_id: user }));
+                self.registry
+                    .broadcast(&FromLeader::Paired(Paired { user_id: user }));
                 "✅ Paired. Your agent sessions will appear here as topics."
+            }
+            Ok(false) => {
+                if !self.router.replies.admit(chat, Refusal::Guess) {
+                    return;
+                }
+                "That pairing code is wrong or has expired. Run /telegram-connect in your agent for a new link."
             }
             Err(e) => {
                 tracing::error!("cannot store the paired user: {e}");
                 "⚠️ Pairing failed: the relay could not save it. Try /telegram-connect again."
             }
+        };
+        self.router.replies.say(self, chat, None, reply.into());
+    }
+
+    fn sessions_overview(&self) -> String {
+        let status = match self.status() {
+            Ok(status) => status,
+            Err(e) => return format!("The relay cannot list its sessions: {}", e.message),
+        };
+        if status.sessions.is_empty() {
+            return "No agent sessions are connected. Run /telegram-connect in one.".into();
         }
-    } else {
-        "That pairing code is wrong or has expired. Run /telegram-connect in your agent for a new link."
-    };
-    if let Err(e) = shared.relay.say(chat, None, reply).await {
-        tracing::warn!("cannot answer the pairing request: {e}");
+        let mut out = String::from("Write in a session's topic to talk to it:\n");
+        for s in &status.sessions {
+            let state = if s.live { "live" } else { "offline" };
+            out.push_str(&format!("• {} — {state} — {}\n", s.topic_name, s.cwd));
+        }
+        out.trim_end().to_string()
+    }
+
+    /// Writes a batch of acknowledgements: pending → delivered, each only for
+    /// the session that owns the entry.
+    pub(super) fn settle(&self, acks: &[(String, i64)]) {
+        match self.store().mark_delivered(acks) {
+            Ok(changed) if changed < acks.len() => tracing::debug!(
+                acks = acks.len(),
+                changed,
+                "some acknowledgements were repeats or not the session's own"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
+        }
     }
 }
 
-fn sessions_overview(shared: &Shared) -> String {
-    let status = match registry::status(shared) {
-        Ok(status) => status,
-        Err(e) => return format!("The relay cannot list its sessions: {}", e.message),
-    };
-    if status.sessions.is_empty() {
-        return "No agent sessions are connected. Run /telegram-connect in one.".into();
+/// What a refusal is for, each with its own allowance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Refusal {
+    /// A wrong pairing code.
+    Guess,
+    /// A tap by somebody who may not tap.
+    Tap,
+}
+
+/// The window in which a chat gets at most one refusal of a kind.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(600);
+/// Refusals a chat may earn before it hears nothing at all for a window.
+const MAX_REFUSALS: u32 = 3;
+/// Answers waiting to be written, at most; beyond, they are dropped (and
+/// logged): the relay owes strangers nothing, and its users come first.
+const MAX_WAITING_REPLIES: usize = 64;
+
+/// The leader's own answers, written by short tasks off the routing path,
+/// bounded in number, with a refusal allowance per chat.
+pub(super) struct Replies {
+    waiting: Arc<Semaphore>,
+    refusals: Mutex<HashMap<(i64, Refusal), (Instant, u32)>>,
+}
+
+impl Default for Replies {
+    fn default() -> Self {
+        Self {
+            waiting: Arc::new(Semaphore::new(MAX_WAITING_REPLIES)),
+            refusals: Mutex::default(),
+        }
     }
-    let mut out = String::from("Write in a session's topic to talk to it:\n");
-    for s in &status.sessions {
-        let state = if s.live { "live" } else { "offline" };
-        out.push_str(&format!("• {} — {state} — {}\n", s.topic_name, s.cwd));
+}
+
+impl Replies {
+    /// Whether `chat` may get a refusal of `kind` now: one per window, and
+    /// none at all once it kept trying past [`MAX_REFUSALS`].
+    pub fn admit(&self, chat: i64, kind: Refusal) -> bool {
+        let mut refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        refusals.retain(|_, (since, _)| now.duration_since(*since) < REFUSAL_WINDOW);
+        let (since, count) = refusals.entry((chat, kind)).or_insert((now, 0));
+        *count += 1;
+        if *count > MAX_REFUSALS {
+            // Keeps guessing: the window starts again with every try.
+            *since = now;
+        }
+        *count == 1
     }
-    out.trim_end().to_string()
+
+    pub fn say(&self, leader: &Arc<Leader>, chat: i64, thread: Option<i64>, text: String) {
+        self.spawn(leader, move |leader| async move {
+            if let Err(e) = leader.outbox.say(chat, thread, &text).await {
+                tracing::warn!(chat, "cannot answer: {e}");
+            }
+        });
+    }
+
+    pub fn answer_tap(&self, leader: &Arc<Leader>, callback_id: String, text: &'static str) {
+        self.spawn(leader, move |leader| async move {
+            if let Err(e) = leader
+                .outbox
+                .answer_callback(&callback_id, Some(text), false)
+                .await
+            {
+                tracing::debug!("cannot answer a tap: {e}");
+            }
+        });
+    }
+
+    fn spawn<F, Fut>(&self, leader: &Arc<Leader>, answer: F)
+    where
+        F: FnOnce(Arc<Leader>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
+            tracing::warn!("too many answers waiting; dropping one");
+            return;
+        };
+        let leader = leader.clone();
+        let stop = leader.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = answer(leader) => {}
+                () = stop.cancelled() => {}
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_gets_one_refusal_per_window_and_silence_when_it_keeps_trying() {
+        let replies = Replies::default();
+        assert!(replies.admit(5, Refusal::Guess));
+        assert!(!replies.admit(5, Refusal::Guess), "once per window");
+        assert!(replies.admit(5, Refusal::Tap), "each kind has its own");
+        assert!(replies.admit(6, Refusal::Guess), "each chat has its own");
+        for _ in 0..10 {
+            assert!(!replies.admit(5, Refusal::Guess));
+        }
+    }
 }

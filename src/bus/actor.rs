@@ -1,0 +1,508 @@
+//! The member's actor. It loops forever: try the lock (and lead if it is
+//! free), connect to the socket, check that the leader runs as this user,
+//! register, then serve the connection until it breaks; then back off
+//! briefly and start again.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::tokio::Stream as _;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::election::BusDir;
+use super::leader::{self, LeaderHandle};
+use super::member::{Call, JoinRequest, MemberError, MemberState, Pending, Role};
+use super::wire::{self, Incoming, WireReader, WireWriter};
+use crate::backoff::Backoff;
+use crate::config::BotId;
+use crate::protocol::bus::*;
+
+/// Reconnecting after a lost connection: fast, the leader may be gone and
+/// a new one elected within milliseconds.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+/// After a refused registration or a bus that cannot be trusted: retrying
+/// at once would only hammer the leader (and Telegram) with the same request.
+const REFUSED: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+/// Most delivery acknowledgements sent with one write.
+const ACK_BURST: usize = 256;
+/// How long the leader has to answer a registration.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a connection ended.
+enum Ended {
+    Stopped,
+    Lost(String),
+    /// The leader refused the registration, or the bus cannot be trusted.
+    Refused(String),
+    /// The session asked to register again.
+    Reregister,
+}
+
+/// What the connection loop does after a frame.
+enum Next {
+    Go,
+    Reconcile,
+    Reregister,
+}
+
+type Waiting = HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>;
+
+pub(super) struct Actor {
+    request: JoinRequest,
+    bus: BusDir,
+    store_path: std::path::PathBuf,
+    instance_id: String,
+    /// Proves to a leader that a registration under `instance_id` is ours.
+    instance_secret: String,
+    generation: Generation,
+    next_id: u64,
+    carried: Option<Route>,
+    retry_provisioning: bool,
+    leader: Option<LeaderHandle>,
+    state: watch::Sender<MemberState>,
+    calls: mpsc::Receiver<Pending>,
+    acks: mpsc::UnboundedReceiver<u64>,
+    deliveries: mpsc::Sender<Deliver>,
+    stop: CancellationToken,
+}
+
+impl Actor {
+    pub fn new(
+        request: JoinRequest,
+        state: watch::Sender<MemberState>,
+        calls: mpsc::Receiver<Pending>,
+        acks: mpsc::UnboundedReceiver<u64>,
+        deliveries: mpsc::Sender<Deliver>,
+        stop: CancellationToken,
+    ) -> Self {
+        let bot = request.config.bot_id().unwrap_or(BotId(0));
+        Self {
+            bus: BusDir::new(request.paths.bus_dir(bot)),
+            store_path: request.paths.store_file(bot),
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            instance_secret: uuid::Uuid::new_v4().simple().to_string(),
+            request,
+            generation: 0,
+            next_id: 0,
+            carried: None,
+            retry_provisioning: false,
+            leader: None,
+            state,
+            calls,
+            acks,
+            deliveries,
+            stop,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut reconnect = RECONNECT;
+        let mut refused = REFUSED;
+        loop {
+            if self.stop.is_cancelled() {
+                break;
+            }
+            let ended = match self.try_lead().await {
+                Err(why) => Ended::Refused(why),
+                Ok(()) => match self.connect().await {
+                    Ok(stream) => self.serve(stream).await,
+                    Err(e) => {
+                        tracing::debug!("cannot reach the bus leader: {e}");
+                        self.set(|s| {
+                            if s.role != Role::Joining {
+                                s.role = Role::Reconnecting;
+                            }
+                        });
+                        if self.idle(reconnect.step()).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match ended {
+                Ended::Stopped => break,
+                Ended::Reregister => continue,
+                Ended::Lost(why) => {
+                    tracing::info!("bus connection lost: {why}");
+                    reconnect.reset();
+                    refused.reset();
+                    self.set(|s| s.role = Role::Reconnecting);
+                    // Straight back to the lock: the leader may be gone.
+                }
+                Ended::Refused(why) => {
+                    tracing::warn!("not joining the bus: {why}");
+                    self.set(|s| {
+                        s.role = Role::Reconnecting;
+                        s.problem = Some(why);
+                    });
+                    if self.idle(refused.step()).await {
+                        break;
+                    }
+                }
+            }
+        }
+        self.set(|s| s.role = Role::Stopped);
+        if let Some(leader) = self.leader.take() {
+            leader.stop().await;
+        }
+    }
+
+    /// Waits `delay`, failing calls that arrive meanwhile. True when stopping.
+    async fn idle(&mut self, delay: Duration) -> bool {
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return false,
+                () = self.stop.cancelled() => return true,
+                // Acks without a connection are dropped: the leader will
+                // deliver again, and the session drops the repeat.
+                Some(_) = self.acks.recv(), if !self.acks.is_closed() => {}
+                Some(pending) = self.calls.recv() => {
+                    let answer = match pending.call {
+                        // Remembered for the next registration.
+                        Call::Rebind { profile_key, session_name } => {
+                            self.rebind(profile_key, session_name);
+                            Ok(Value::Null)
+                        }
+                        _ => Err(MemberError::NotConnected),
+                    };
+                    let _ = pending.reply.send(answer);
+                }
+            }
+        }
+    }
+
+    fn set(&self, change: impl FnOnce(&mut MemberState)) {
+        self.state.send_if_modified(|s| {
+            let before = s.clone();
+            change(s);
+            *s != before
+        });
+    }
+
+    fn rebind(&mut self, profile_key: String, session_name: String) {
+        self.request.profile_key = profile_key;
+        self.request.session_name = session_name;
+        self.carried = None;
+        self.set(|s| s.route = None);
+    }
+
+    /// Becomes leader if the lock is free. An error means the bus directory
+    /// cannot be trusted or used: the member then does not join at all.
+    async fn try_lead(&mut self) -> Result<(), String> {
+        if self.leader.as_ref().is_some_and(LeaderHandle::is_running) {
+            return Ok(());
+        }
+        if let Some(dead) = self.leader.take() {
+            dead.stop().await;
+        }
+        match self.bus.try_lock() {
+            Ok(Some(lock)) => {
+                let started = leader::start(
+                    lock,
+                    self.store_path.clone(),
+                    self.instance_id.clone(),
+                    &self.request.config,
+                )
+                .await;
+                match started {
+                    Ok(handle) => self.leader = Some(handle),
+                    Err(e) => {
+                        tracing::error!("won the bus lock but cannot lead: {e}");
+                        self.set(|s| s.problem = Some(e.to_string()));
+                    }
+                }
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(format!("the bus lock cannot be used: {e}")),
+        }
+    }
+
+    /// Connects, and checks that the leader runs as this user.
+    async fn connect(&self) -> std::io::Result<Stream> {
+        let stream = Stream::connect(self.bus.socket_name()?).await?;
+        wire::check_peer(&stream)?;
+        Ok(stream)
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Registers on `stream` and serves it until it breaks or we stop.
+    async fn serve(&mut self, stream: Stream) -> Ended {
+        let (mut reader, mut writer) = wire::split(stream);
+        match self.register(&mut reader, &mut writer).await {
+            Ok(registered) => {
+                let role = if self.leader.is_some() {
+                    Role::Leader
+                } else {
+                    Role::Follower
+                };
+                let leader_pid = self.bus.leader_info().map(|i| i.pid);
+                self.carried = Some(registered.route.clone());
+                self.retry_provisioning = false;
+                self.set(|s| {
+                    s.role = role;
+                    s.route = Some(registered.route);
+                    s.epoch = Some(registered.epoch);
+                    s.leader_pid = leader_pid;
+                    s.problem = registered.problem;
+                    s.needs_pairing = registered.needs_pairing;
+                });
+            }
+            Err(ended) => return ended,
+        }
+        self.serve_registered(reader, writer).await
+    }
+
+    async fn register(
+        &mut self,
+        reader: &mut WireReader,
+        writer: &mut WireWriter,
+    ) -> Result<Registered, Ended> {
+        self.generation += 1;
+        let id = self.next_id();
+        let register = ToLeader::Register(Register {
+            id,
+            instance_id: self.instance_id.clone(),
+            instance_secret: self.instance_secret.clone(),
+            registration_generation: self.generation,
+            profile_key: self.request.profile_key.clone(),
+            session_name: self.request.session_name.clone(),
+            cwd: self.request.cwd.clone(),
+            pid: self.request.pid,
+            carried: self.carried.clone(),
+            protocol_version: BUS_PROTOCOL_VERSION,
+            retry_provisioning: self.retry_provisioning,
+        });
+        writer
+            .send(&register)
+            .await
+            .map_err(|e| Ended::Lost(format!("register: {e}")))?;
+        let deadline = tokio::time::sleep(REGISTER_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            let frame = tokio::select! {
+                () = self.stop.cancelled() => return Err(Ended::Stopped),
+                () = &mut deadline => return Err(Ended::Lost("the leader did not answer the registration".into())),
+                frame = reader.recv::<FromLeader>() => frame,
+            };
+            match frame {
+                // A refusal is a problem to show; a connection lost while
+                // registering is just part of reconnecting (syncing).
+                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(id) => {
+                    return ack.decode().map_err(|e| Ended::Refused(e.message));
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(Ended::Lost("the leader closed the connection".into())),
+                Err(e) => return Err(Ended::Lost(e.to_string())),
+            }
+        }
+    }
+
+    async fn serve_registered(&mut self, mut reader: WireReader, mut writer: WireWriter) -> Ended {
+        let mut waiting = Waiting::new();
+        let interval = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
+        let mut heartbeat =
+            tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        let silent_limit = interval * HEARTBEAT_MISSES;
+        let mut last_heard = Instant::now();
+        let mut acks = Vec::with_capacity(ACK_BURST);
+        // Every (re)connect starts with the route snapshot.
+        let mut reconcile = match self.send_reconcile(&mut writer).await {
+            Ok(id) => Some(id),
+            Err(e) => return Ended::Lost(e.to_string()),
+        };
+        let ended = loop {
+            tokio::select! {
+                () = self.stop.cancelled() => break Ended::Stopped,
+                frame = reader.recv::<FromLeader>() => match frame {
+                    Ok(Some(Incoming::Envelope(frame))) => {
+                        last_heard = Instant::now();
+                        match self.on_frame(frame, &mut waiting, &mut reconcile).await {
+                            Next::Go => {}
+                            Next::Reconcile => match self.send_reconcile(&mut writer).await {
+                                Ok(id) => reconcile = Some(id),
+                                Err(e) => break Ended::Lost(e.to_string()),
+                            },
+                            Next::Reregister => break Ended::Reregister,
+                        }
+                    }
+                    Ok(Some(Incoming::Malformed { error, .. })) => {
+                        tracing::warn!("malformed frame from the leader: {error}");
+                    }
+                    Ok(Some(Incoming::Oversized)) => break Ended::Lost("oversized frame from the leader".into()),
+                    Ok(None) => break Ended::Lost("the leader closed the connection".into()),
+                    Err(e) => break Ended::Lost(e.to_string()),
+                },
+                Some(call) = self.calls.recv() => {
+                    let id = self.next_id();
+                    let generation = self.generation;
+                    let envelope = match call.call {
+                        Call::Reregister => {
+                            self.retry_provisioning = true;
+                            let _ = call.reply.send(Ok(Value::Null));
+                            break Ended::Reregister;
+                        }
+                        Call::Rebind { profile_key, session_name } => {
+                            self.rebind(profile_key, session_name);
+                            let _ = call.reply.send(Ok(Value::Null));
+                            break Ended::Reregister;
+                        }
+                        Call::Pair => ToLeader::Pair(Pair { id, generation }),
+                        Call::Status => ToLeader::Status(StatusQuery { id }),
+                        Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
+                        Call::Restart => ToLeader::Restart(Restart { id, generation }),
+                        Call::Topic(op) => ToLeader::Topic(TopicRequest { id, generation, op }),
+                    };
+                    if let Err(e) = writer.send(&envelope).await {
+                        let _ = call.reply.send(Err(MemberError::NotConnected));
+                        break Ended::Lost(e.to_string());
+                    }
+                    waiting.insert(id, call.reply);
+                }
+                n = self.acks.recv_many(&mut acks, ACK_BURST), if !self.acks.is_closed() => {
+                    let generation = self.generation;
+                    let frames: Vec<ToLeader> = acks
+                        .drain(..n)
+                        .map(|delivery_id| ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id }))
+                        .collect();
+                    if let Err(e) = writer.send_all(&frames).await {
+                        break Ended::Lost(e.to_string());
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > silent_limit {
+                        break Ended::Lost(format!("the leader was silent for {silent_limit:?}"));
+                    }
+                    let id = self.next_id();
+                    let hb = ToLeader::Heartbeat(Heartbeat { id, generation: self.generation });
+                    if let Err(e) = writer.send(&hb).await {
+                        break Ended::Lost(e.to_string());
+                    }
+                }
+            }
+        };
+        for (_, reply) in waiting.drain() {
+            let _ = reply.send(Err(MemberError::NotConnected));
+        }
+        ended
+    }
+
+    /// Sends this session's full route snapshot; returns the request id.
+    async fn send_reconcile(&mut self, writer: &mut WireWriter) -> std::io::Result<u64> {
+        let id = self.next_id();
+        let (observed_epoch, routes) = {
+            let state = self.state.borrow();
+            (
+                state.epoch.unwrap_or(0),
+                state.route.iter().cloned().collect(),
+            )
+        };
+        self.set(|s| s.synced = false);
+        writer
+            .send(&ToLeader::Reconcile(Reconcile {
+                id,
+                generation: self.generation,
+                observed_epoch,
+                routes,
+            }))
+            .await?;
+        Ok(id)
+    }
+
+    /// Handles one frame from the leader.
+    async fn on_frame(
+        &mut self,
+        frame: FromLeader,
+        waiting: &mut Waiting,
+        reconcile: &mut Option<u64>,
+    ) -> Next {
+        match frame {
+            FromLeader::Ack(ack) => {
+                if ack.id.is_some() && ack.id == *reconcile {
+                    *reconcile = None;
+                    return self.reconciled(ack);
+                }
+                let moved = self.state.borrow().epoch != Some(ack.epoch);
+                if moved {
+                    tracing::info!(epoch = ack.epoch, "the leader's epoch changed; reconciling");
+                    self.set(|s| s.epoch = Some(ack.epoch));
+                }
+                match ack.id.and_then(|id| waiting.remove(&id)) {
+                    Some(reply) => {
+                        let _ = reply.send(ack.outcome.map_err(MemberError::Refused));
+                    }
+                    None => {
+                        if let Err(e) = ack.outcome {
+                            tracing::debug!("leader refused a frame: {e}");
+                        }
+                    }
+                }
+                if moved && reconcile.is_none() {
+                    return Next::Reconcile;
+                }
+            }
+            FromLeader::Deliver(deliver) => {
+                if self.deliveries.send(deliver).await.is_err() {
+                    tracing::debug!("no session listens for deliveries");
+                }
+            }
+            FromLeader::Restarting(plan) => {
+                tracing::info!(epoch = plan.epoch, "the leader is restarting the relay");
+                self.set(|s| {
+                    s.synced = false;
+                    s.restarting = Some((plan, Instant::now()));
+                });
+            }
+            FromLeader::Health(health) => self.set(|s| s.telegram = health),
+            FromLeader::Paired(_) => {
+                self.set(|s| s.needs_pairing = false);
+                // Paired while this session had no topic: register again so
+                // the leader can provision one now.
+                let topicless = self
+                    .state
+                    .borrow()
+                    .route
+                    .as_ref()
+                    .is_some_and(|r| r.target.is_none());
+                if topicless {
+                    return Next::Reregister;
+                }
+            }
+        }
+        Next::Go
+    }
+
+    /// The leader's answer to our route snapshot.
+    fn reconciled(&mut self, ack: Ack) -> Next {
+        let answer = match ack.decode::<Reconciled>() {
+            Ok(answer) => answer,
+            Err(why) => {
+                tracing::warn!("reconcile failed: {why}");
+                self.set(|s| s.problem = Some(format!("reconcile failed: {why}")));
+                return Next::Go;
+            }
+        };
+        if let Some(rejected) = answer.rejected.first() {
+            // Our picture is wrong: forget it and register afresh.
+            tracing::warn!(key = %rejected.key, "route rejected: {}", rejected.reason);
+            self.carried = None;
+            self.set(|s| s.problem = Some(format!("route rejected: {}", rejected.reason)));
+            return Next::Reregister;
+        }
+        self.set(|s| {
+            s.epoch = Some(answer.epoch);
+            s.synced = true;
+        });
+        Next::Go
+    }
+}

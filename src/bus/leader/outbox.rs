@@ -1,0 +1,394 @@
+//! The leader's Telegram side: every Bot API call it makes goes through
+//! here, typed, paced by one [`RateLimiter`], and every failure is decided
+//! here, once.
+//!
+//! [`Outbox::perform`] runs a session's [`TopicOp`] in its topic and turns
+//! what Telegram answered into what the session should do:
+//!
+//! | Telegram said | the outbox does | the session gets |
+//! |---|---|---|
+//! | 429 `retry_after` | waits (for that chat, or all) and sends again | the result, later |
+//! | a transient failure that cannot have posted anything | backs off and sends again | the result, later |
+//! | can't parse entities (HTML) | sends the text again as plain text | `TopicDone { plain: true }` |
+//! | message is not modified (an edit) | nothing | success |
+//! | the topic is closed | reopens it (the bot made it) and sends again | the result |
+//! | the topic is gone | nothing | `TopicGone`: register again for a new topic |
+//! | a send that may or may not have happened | never replays it | `CommitUnknown` |
+//! | anything else | nothing | `Telegram` with the reason |
+//!
+//! It never touches the store: the leader records what it needs from the
+//! results (a stale topic, who posted which message).
+
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::protocol::bus::*;
+use crate::telegram::render;
+use crate::telegram::types::{
+    EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, ParseMode,
+    ReplyParameters, SendMessage,
+};
+use crate::telegram::{BotApi, BotInfo, RateLimiter, SetupError, TelegramError};
+
+/// How long a session's request may wait for pacing and retries before
+/// the outbox gives up on it (the member waits a little longer).
+pub(crate) const TOPIC_DEADLINE: Duration = Duration::from_secs(240);
+
+/// Topic management (create, delete, reopen, probe) gives up sooner: a
+/// person waits for it at the terminal.
+const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Longest `callback_data` Telegram accepts, in bytes.
+const MAX_BUTTON_DATA: usize = 64;
+
+pub(super) struct Outbox {
+    api: BotApi,
+    limiter: RateLimiter,
+    bot: OnceCell<BotInfo>,
+}
+
+impl Outbox {
+    pub fn new(config: &Config) -> Result<Self, SetupError> {
+        let token = config.token.as_ref().ok_or(SetupError::Http {
+            message: "no bot token".into(),
+        })?;
+        // Benchmarks measure the relay itself, not Telegram's pacing.
+        let limiter = if std::env::var_os("AGENT_RELAY_UNLIMITED").is_some_and(|v| v == "1") {
+            RateLimiter::unlimited()
+        } else {
+            RateLimiter::new()
+        };
+        Ok(Self {
+            api: BotApi::new(&config.api_url, token)?,
+            limiter,
+            bot: OnceCell::new(),
+        })
+    }
+
+    pub fn api(&self) -> &BotApi {
+        &self.api
+    }
+
+    /// `getMe`, asked once per leader.
+    pub async fn bot(&self) -> Result<&BotInfo, TelegramError> {
+        self.bot.get_or_try_init(|| self.api.get_me()).await
+    }
+
+    /// Runs a session's request in `target`, with pacing, retries and the
+    /// fallbacks of the table above.
+    pub async fn perform(&self, target: Target, op: &TopicOp) -> Result<TopicDone, BusError> {
+        check_buttons(op)?;
+        let deadline = Instant::now() + TOPIC_DEADLINE;
+        let mut reopened = false;
+        let mut plain = false;
+        loop {
+            let attempt = match op {
+                TopicOp::SendText(send) => {
+                    let params = send_message(target, send, plain);
+                    self.paced("sendMessage", Some(target.chat_id), deadline, || {
+                        self.api.send_message(&params)
+                    })
+                    .await
+                    .map(|m| TopicDone {
+                        message_id: Some(m.message_id),
+                        plain,
+                    })
+                }
+                TopicOp::EditText(edit) => {
+                    let params = EditMessageText {
+                        chat_id: target.chat_id,
+                        message_id: edit.message_id,
+                        text: text_for(&edit.text, edit.format, plain),
+                        parse_mode: parse_mode(edit.format, plain),
+                        reply_markup: edit.buttons.as_ref().map(markup),
+                        link_preview_options: Some(Default::default()),
+                    };
+                    self.paced("editMessageText", Some(target.chat_id), deadline, || {
+                        self.api.edit_message_text(&params)
+                    })
+                    .await
+                    .map(|()| TopicDone::default())
+                }
+                TopicOp::EditButtons(edit) => {
+                    let params = EditMessageReplyMarkup {
+                        chat_id: target.chat_id,
+                        message_id: edit.message_id,
+                        reply_markup: edit.buttons.as_ref().map(markup),
+                    };
+                    self.paced(
+                        "editMessageReplyMarkup",
+                        Some(target.chat_id),
+                        deadline,
+                        || self.api.edit_message_reply_markup(&params),
+                    )
+                    .await
+                    .map(|()| TopicDone::default())
+                }
+                TopicOp::Typing => self
+                    .paced("sendChatAction", Some(target.chat_id), deadline, || {
+                        self.api
+                            .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
+                    })
+                    .await
+                    .map(|()| TopicDone::default()),
+                TopicOp::AnswerCallback(answer) => self
+                    .answer_callback(&answer.callback_id, answer.text.as_deref(), answer.alert)
+                    .await
+                    .map(|()| TopicDone::default()),
+            };
+            match attempt {
+                Ok(done) => return Ok(done),
+                Err(TelegramError::NotModified { .. }) => return Ok(TopicDone::default()),
+                Err(TelegramError::ParseEntities { description }) if !plain && is_html(op) => {
+                    tracing::info!(
+                        "Telegram refused the markup ({description}); sending plain text"
+                    );
+                    plain = true;
+                }
+                Err(TelegramError::TopicClosed { .. }) if !reopened => {
+                    reopened = true;
+                    tracing::info!(
+                        thread = target.thread_id,
+                        "the topic is closed; reopening it"
+                    );
+                    if let Err(e) = self.reopen_topic(target).await {
+                        return Err(decide(e));
+                    }
+                }
+                Err(e) => return Err(decide(e)),
+            }
+        }
+    }
+
+    /// Sends plain text into a topic, or outside topics when `thread` is None:
+    /// the leader's own notices.
+    pub async fn say(
+        &self,
+        chat: i64,
+        thread: Option<i64>,
+        text: &str,
+    ) -> Result<(), TelegramError> {
+        let params = SendMessage {
+            chat_id: chat,
+            message_thread_id: thread,
+            text: text.to_string(),
+            parse_mode: None,
+            reply_markup: None,
+            reply_parameters: None,
+            link_preview_options: Some(Default::default()),
+        };
+        let deadline = Instant::now() + TOPIC_DEADLINE;
+        self.paced("sendMessage", Some(chat), deadline, || {
+            self.api.send_message(&params)
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn answer_callback(
+        &self,
+        callback_id: &str,
+        text: Option<&str>,
+        alert: bool,
+    ) -> Result<(), TelegramError> {
+        // Not paced per chat: an answer is no message, and a spinner that
+        // waits behind a long answer helps nobody.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        self.paced("answerCallbackQuery", None, deadline, || {
+            self.api.answer_callback_query(callback_id, text, alert)
+        })
+        .await
+    }
+
+    pub async fn create_topic(&self, chat: i64, name: &str) -> Result<Target, TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        let topic = self
+            .paced("createForumTopic", Some(chat), deadline, || {
+                self.api.create_forum_topic(chat, name, None)
+            })
+            .await?;
+        Ok(Target {
+            chat_id: chat,
+            thread_id: topic.message_thread_id,
+        })
+    }
+
+    /// Deletes a topic; one that is gone already counts as deleted.
+    pub async fn delete_topic(&self, target: Target) -> Result<(), TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        match self
+            .paced("deleteForumTopic", Some(target.chat_id), deadline, || {
+                self.api
+                    .delete_forum_topic(target.chat_id, target.thread_id)
+            })
+            .await
+        {
+            Ok(()) | Err(TelegramError::ThreadGone { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        match self
+            .paced("reopenForumTopic", Some(target.chat_id), deadline, || {
+                self.api
+                    .reopen_forum_topic(target.chat_id, target.thread_id)
+            })
+            .await
+        {
+            Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Probes a stored topic with a chat action: `Ok(true)` it exists,
+    /// `Ok(false)` it is gone, `Err` the answer was ambiguous.
+    pub async fn probe(&self, target: Target) -> Result<bool, TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        match self
+            .paced("sendChatAction", Some(target.chat_id), deadline, || {
+                self.api
+                    .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
+            })
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(TelegramError::ThreadGone { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One call, paced; a 429 holds back the chat (or every call) and the
+    /// call goes again, as does a transient failure that cannot have taken
+    /// effect, until `deadline`.
+    async fn paced<T, F, Fut>(
+        &self,
+        method: &'static str,
+        chat: Option<i64>,
+        deadline: Instant,
+        call: F,
+    ) -> Result<T, TelegramError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, TelegramError>>,
+    {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        loop {
+            if let Err(wait) = self.limiter.acquire_until(chat, method, deadline).await {
+                return Err(TelegramError::RateLimited { retry_after: wait });
+            }
+            let error = match call().await {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            let wait = match error.retry_after() {
+                Some(wait) => {
+                    self.limiter.penalize(chat, wait);
+                    wait
+                }
+                None if error.is_retryable() => backoff.step(),
+                None => return Err(error),
+            };
+            if Instant::now() + wait > deadline {
+                return Err(error);
+            }
+            if error.retry_after().is_none() {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// The one place that decides what a failed Telegram call means for the
+/// session that asked (see the module docs).
+pub(super) fn decide(e: TelegramError) -> BusError {
+    let code = match &e {
+        TelegramError::ThreadGone { .. } => BusErrorCode::TopicGone,
+        _ if e.commit_unknown() => BusErrorCode::CommitUnknown,
+        _ if e.is_transient() => BusErrorCode::Unavailable,
+        _ => BusErrorCode::Telegram,
+    };
+    BusError::new(code, e.to_string())
+}
+
+fn is_html(op: &TopicOp) -> bool {
+    match op {
+        TopicOp::SendText(s) => s.format == TextFormat::Html,
+        TopicOp::EditText(e) => e.format == TextFormat::Html,
+        _ => false,
+    }
+}
+
+fn parse_mode(format: TextFormat, plain: bool) -> Option<ParseMode> {
+    (format == TextFormat::Html && !plain).then_some(ParseMode::Html)
+}
+
+fn text_for(text: &str, format: TextFormat, plain: bool) -> String {
+    if format == TextFormat::Html && plain {
+        render::to_plain(text)
+    } else {
+        text.to_string()
+    }
+}
+
+fn send_message(target: Target, send: &SendText, plain: bool) -> SendMessage {
+    SendMessage {
+        chat_id: target.chat_id,
+        message_thread_id: Some(target.thread_id),
+        text: text_for(&send.text, send.format, plain),
+        parse_mode: parse_mode(send.format, plain),
+        reply_markup: send.buttons.as_ref().map(markup),
+        reply_parameters: send.reply_to.map(|message_id| ReplyParameters {
+            message_id,
+            allow_sending_without_reply: true,
+        }),
+        // An agent's answer quoting a URL should not grow a card.
+        link_preview_options: Some(Default::default()),
+    }
+}
+
+fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
+    InlineKeyboardMarkup {
+        inline_keyboard: keyboard
+            .rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|b| InlineKeyboardButton {
+                        text: b.text.clone(),
+                        callback_data: b.data.clone(),
+                    })
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+/// Refuses buttons Telegram would refuse, before anything is sent.
+fn check_buttons(op: &TopicOp) -> Result<(), BusError> {
+    let keyboard = match op {
+        TopicOp::SendText(s) => s.buttons.as_ref(),
+        TopicOp::EditText(e) => e.buttons.as_ref(),
+        TopicOp::EditButtons(e) => e.buttons.as_ref(),
+        _ => None,
+    };
+    let bad = keyboard
+        .into_iter()
+        .flat_map(|k| k.rows.iter().flatten())
+        .find(|b| b.data.is_empty() || b.data.len() > MAX_BUTTON_DATA || b.text.trim().is_empty());
+    match bad {
+        Some(b) => Err(BusError::new(
+            BusErrorCode::BadFrame,
+            format!(
+                "button {:?}: a button needs text and 1-{MAX_BUTTON_DATA} bytes of data",
+                b.text
+            ),
+        )),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,292 @@
+//! [`Member`]: a session's handle on its bot's bus. Every method is a
+//! message to the member's actor ([`super::actor`]), which owns the
+//! connection; the handle itself holds channels only.
+
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::actor::Actor;
+use crate::config::Config;
+use crate::paths::Paths;
+use crate::protocol::bus::*;
+
+/// How long a request to the leader may take before the caller gives up.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a topic request may take, pacing included: a little longer
+/// than the leader's own deadline, so the leader's answer (sent, or why
+/// not) is what the session hears, not a timeout.
+const TOPIC_TIMEOUT: Duration = Duration::from_secs(super::leader::TOPIC_DEADLINE.as_secs() + 30);
+
+/// What a session needs to join its bot's bus.
+#[derive(Debug, Clone)]
+pub struct JoinRequest {
+    pub paths: Paths,
+    pub config: Config,
+    pub profile_key: String,
+    pub session_name: String,
+    pub cwd: String,
+    pub pid: u32,
+}
+
+/// This member's place on the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Not registered yet.
+    Joining,
+    /// Registered, and this process holds the lock.
+    Leader,
+    /// Registered through another process's leader.
+    Follower,
+    /// The connection broke; trying again.
+    Reconnecting,
+    /// Left the bus.
+    Stopped,
+}
+
+impl Role {
+    pub fn is_connected(self) -> bool {
+        matches!(self, Role::Leader | Role::Follower)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Role::Joining => "joining the relay",
+            Role::Leader => "leading the relay",
+            Role::Follower => "following the relay's leader",
+            Role::Reconnecting => "reconnecting to the relay",
+            Role::Stopped => "not on the relay",
+        }
+    }
+}
+
+/// Everything a session may want to show about its membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub role: Role,
+    pub route: Option<Route>,
+    pub epoch: Option<Epoch>,
+    pub leader_pid: Option<u32>,
+    /// How the leader's link to Telegram is doing.
+    pub telegram: Health,
+    /// Nobody may drive sessions yet: pairing is needed.
+    pub needs_pairing: bool,
+    /// The route snapshot was reconciled with the leader at `epoch`.
+    pub synced: bool,
+    /// The last restart announced by a leader, and when it was heard.
+    pub restarting: Option<(Restarting, Instant)>,
+    /// Why the member cannot do its job right now, if it cannot.
+    pub problem: Option<String>,
+}
+
+impl MemberState {
+    fn joining() -> Self {
+        Self {
+            role: Role::Joining,
+            route: None,
+            epoch: None,
+            leader_pid: None,
+            telegram: Health::Starting,
+            needs_pairing: false,
+            synced: false,
+            restarting: None,
+            problem: None,
+        }
+    }
+}
+
+/// Why a request through the bus failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("not connected to the relay (reconnecting)")]
+    NotConnected,
+    #[error("the relay did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("this session has left the relay")]
+    Stopped,
+    /// The leader's answer, with its decision in the code.
+    #[error("{0}")]
+    Refused(BusError),
+}
+
+impl MemberError {
+    /// The leader's decision, when it made one.
+    pub fn code(&self) -> Option<BusErrorCode> {
+        match self {
+            Self::Refused(e) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+/// What the session asks its actor for.
+pub(super) enum Call {
+    /// Register again on a fresh connection, retrying topic creation.
+    Reregister,
+    /// Register again as another session (the host switched sessions).
+    Rebind {
+        profile_key: String,
+        session_name: String,
+    },
+    Status,
+    Disconnect,
+    Restart,
+    Pair,
+    Topic(TopicOp),
+}
+
+pub(super) struct Pending {
+    pub call: Call,
+    pub reply: oneshot::Sender<Result<Value, MemberError>>,
+}
+
+/// One sidecar's membership of its bot's bus.
+pub struct Member {
+    calls: mpsc::Sender<Pending>,
+    /// Delivery acknowledgements, apart from requests: they are never
+    /// dropped for a busy request queue, and go out in bursts.
+    acks: mpsc::UnboundedSender<u64>,
+    state: watch::Receiver<MemberState>,
+    stop: CancellationToken,
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Member {
+    /// Starts the member actor. Deliveries for this session arrive on the
+    /// returned channel.
+    pub fn join(request: JoinRequest) -> (Member, mpsc::Receiver<Deliver>) {
+        let (calls_tx, calls_rx) = mpsc::channel(64);
+        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+        let (deliveries_tx, deliveries_rx) = mpsc::channel(1024);
+        let (state_tx, state_rx) = watch::channel(MemberState::joining());
+        let stop = CancellationToken::new();
+        let actor = Actor::new(
+            request,
+            state_tx,
+            calls_rx,
+            acks_rx,
+            deliveries_tx,
+            stop.clone(),
+        );
+        let task = tokio::spawn(actor.run());
+        (
+            Member {
+                calls: calls_tx,
+                acks: acks_tx,
+                state: state_rx,
+                stop,
+                task: tokio::sync::Mutex::new(Some(task)),
+            },
+            deliveries_rx,
+        )
+    }
+
+    pub fn watch(&self) -> watch::Receiver<MemberState> {
+        self.state.clone()
+    }
+
+    /// Waits until registered (or `timeout`), then returns the state.
+    pub async fn wait_registered(&self, timeout: Duration) -> MemberState {
+        let mut state = self.state.clone();
+        let registered = state.wait_for(|s| s.role.is_connected() && s.route.is_some());
+        match tokio::time::timeout(timeout, registered).await {
+            Ok(Ok(s)) => s.clone(),
+            _ => self.state.borrow().clone(),
+        }
+    }
+
+    pub(super) async fn call<T: DeserializeOwned>(
+        &self,
+        call: Call,
+        timeout: Duration,
+    ) -> Result<T, MemberError> {
+        let (reply, answer) = oneshot::channel();
+        self.calls
+            .send(Pending { call, reply })
+            .await
+            .map_err(|_| MemberError::Stopped)?;
+        let value = tokio::time::timeout(timeout, answer)
+            .await
+            .map_err(|_| MemberError::Timeout(timeout))?
+            .map_err(|_| MemberError::Stopped)??;
+        serde_json::from_value(value).map_err(|e| {
+            MemberError::Refused(BusError::new(
+                BusErrorCode::Internal,
+                format!("the leader's answer is malformed: {e}"),
+            ))
+        })
+    }
+
+    /// Registers again, asking the leader to retry creating the topic even
+    /// after an unknown outcome (the user asked for it).
+    pub async fn reregister(&self) -> Result<(), MemberError> {
+        self.call::<Value>(Call::Reregister, REQUEST_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// Registers again as another session of the same host: its own profile,
+    /// its own topic. The previous registration ends; its binding stays.
+    pub async fn rebind(
+        &self,
+        profile_key: String,
+        session_name: String,
+    ) -> Result<(), MemberError> {
+        self.call::<Value>(
+            Call::Rebind {
+                profile_key,
+                session_name,
+            },
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn status(&self) -> Result<BusStatus, MemberError> {
+        self.call(Call::Status, REQUEST_TIMEOUT).await
+    }
+
+    /// Deletes this session's topic through the leader (generation-fenced).
+    pub async fn disconnect(&self) -> Result<Disconnected, MemberError> {
+        self.call(Call::Disconnect, REQUEST_TIMEOUT).await
+    }
+
+    /// A one-time pairing link (when nobody is paired yet).
+    pub async fn pair(&self) -> Result<PairingLink, MemberError> {
+        self.call(Call::Pair, REQUEST_TIMEOUT).await
+    }
+
+    /// Does `op` in this session's topic. It may wait at the leader for the
+    /// chat's pace (and any `retry_after`); a failure carries the leader's
+    /// decision ([`MemberError::code`]).
+    pub async fn topic(&self, op: TopicOp) -> Result<TopicDone, MemberError> {
+        self.call(Call::Topic(op), TOPIC_TIMEOUT).await
+    }
+
+    /// Tells the leader a delivery reached the host. Best effort: an ack lost
+    /// with the connection means the delivery comes again, and the session
+    /// drops it as a duplicate.
+    pub fn ack_delivery(&self, delivery_id: u64) {
+        if self.acks.send(delivery_id).is_err() {
+            tracing::debug!(delivery_id, "delivery ack not sent: the member is gone");
+        }
+    }
+
+    /// Leaves the bus; a leader stops leading and releases the lock.
+    pub async fn leave(&self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.lock().await.take()
+            && let Err(e) = task.await
+        {
+            tracing::warn!("bus member ended abnormally: {e}");
+        }
+    }
+
+    pub(super) fn state(&self) -> MemberState {
+        self.state.borrow().clone()
+    }
+}

@@ -1,0 +1,54 @@
+//! The bus status without joining it, for `agent-relay status` and
+//! `doctor`: one `status` request on a fresh connection to the leader.
+
+use std::time::Duration;
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::tokio::Stream as _;
+
+use super::election::BusDir;
+use super::member::MemberError;
+use super::wire::{self, Incoming};
+use crate::config::BotId;
+use crate::paths::Paths;
+use crate::protocol::bus::*;
+
+/// How long the leader has to answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the running leader for the bus status. `Ok(None)` when no leader
+/// is running.
+pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>, MemberError> {
+    let bus = BusDir::new(paths.bus_dir(bot));
+    let Ok(name) = bus.socket_name() else {
+        return Ok(None);
+    };
+    let Ok(stream) = Stream::connect(name).await else {
+        return Ok(None);
+    };
+    if let Err(e) = wire::check_peer(&stream) {
+        return Err(MemberError::Refused(BusError::new(
+            BusErrorCode::Forbidden,
+            format!("not asking {}: {e}", bus.socket_path().display()),
+        )));
+    }
+    let (mut reader, mut writer) = wire::split(stream);
+    writer
+        .send(&ToLeader::Status(StatusQuery { id: 1 }))
+        .await
+        .map_err(|_| MemberError::NotConnected)?;
+    let ack = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        loop {
+            match reader.recv::<FromLeader>().await {
+                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(1) => {
+                    return Ok(ack);
+                }
+                Ok(Some(_)) => continue,
+                _ => return Err(MemberError::NotConnected),
+            }
+        }
+    })
+    .await
+    .map_err(|_| MemberError::Timeout(ANSWER_TIMEOUT))??;
+    ack.decode().map(Some).map_err(MemberError::Refused)
+}

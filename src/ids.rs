@@ -1,0 +1,79 @@
+//! The small value types every layer names: a leader's [`Epoch`], a
+//! registration's [`Generation`], a topic [`Slot`] and a [`Target`] (chat
+//! and topic). They live apart from the wire types so the store and the
+//! topic rules can use them without depending on any protocol.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The leader's term. It grows by one every time a sidecar becomes leader.
+pub type Epoch = u64;
+
+/// A registration's fencing token: every request but `register` must carry
+/// the generation of the instance's current registration.
+pub type Generation = u64;
+
+/// A topic slot, `A` to `Z`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Slot(u8);
+
+impl JsonSchema for Slot {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Slot".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A topic slot, one letter A-Z.",
+            "type": "string",
+            "pattern": "^[A-Z]$"
+        })
+    }
+}
+
+impl Slot {
+    pub const ALL: usize = 26;
+
+    pub fn from_index(index: usize) -> Option<Self> {
+        (index < Self::ALL).then(|| Self(b'A' + index as u8))
+    }
+
+    pub fn index(self) -> usize {
+        usize::from(self.0 - b'A')
+    }
+
+    pub fn letter(self) -> char {
+        char::from(self.0)
+    }
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.letter())
+    }
+}
+
+impl TryFrom<String> for Slot {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_bytes() {
+            [b @ b'A'..=b'Z'] => Ok(Self(*b)),
+            _ => Err(format!("slot must be one letter A-Z, found {s:?}")),
+        }
+    }
+}
+
+impl From<Slot> for String {
+    fn from(s: Slot) -> String {
+        s.to_string()
+    }
+}
+
+/// Where a session's messages go: a chat and (once provisioned) a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    pub chat_id: i64,
+    pub thread_id: i64,
+}
