@@ -40,6 +40,7 @@ pub mod logging;
 pub mod paths;
 pub mod protocol;
 pub mod redact;
+pub mod schema;
 pub mod session;
 pub mod store;
 pub mod telegram;

@@ -12,7 +12,7 @@ use agent_relay::commands;
 use agent_relay::config::Config;
 use agent_relay::paths::{Paths, ensure_private_dir};
 use agent_relay::session::Session;
-use agent_relay::{bus, host, logging, protocol};
+use agent_relay::{bus, host, logging};
 
 #[derive(Parser)]
 #[command(
@@ -164,8 +164,8 @@ fn doctor() -> anyhow::Result<ExitCode> {
 }
 
 fn schema(out: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let written =
-        protocol::write_schemas(out).with_context(|| format!("cannot write {}", out.display()))?;
+    let written = agent_relay::schema::write_schemas(out)
+        .with_context(|| format!("cannot write {}", out.display()))?;
     println!("wrote {} schemas under {}", written.len(), out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -13,14 +13,11 @@
 //! * [`render`] — Markdown → Telegram HTML, split into chunks that each fit
 //!   one message, and the plain-text fallback.
 //!
-//! The durable poller (`poller`: long poll from the stored offset, journal
-//! and offset in one transaction, 409/backoff handling) joins this module
-//! once the store exists; it builds on [`BotApi::get_updates`] and
-//! [`Update::decode`].
+//! It knows nothing of the bus, the store or the host: the leader's poller
+//! (`bus::leader::poller`) and outbox (`bus::leader::outbox`) build on it.
 
 pub mod client;
 pub mod error;
-pub mod poller;
 pub mod ratelimit;
 pub mod render;
 pub mod types;

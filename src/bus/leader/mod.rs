@@ -22,6 +22,7 @@
 mod access;
 mod conn;
 mod outbox;
+mod poller;
 mod registry;
 mod router;
 mod sessions;
@@ -42,9 +43,9 @@ use crate::config::Config;
 use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 use crate::telegram::SetupError;
-use crate::telegram::poller::{PollHealth, Poller};
 use access::Access;
 use outbox::Outbox;
+use poller::{PollHealth, Poller};
 use registry::{ConnId, Registry};
 use router::Router;
 
@@ -97,6 +98,13 @@ impl Leader {
                     .map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
             }),
         })
+    }
+
+    fn prune(&self) {
+        match self.store().prune() {
+            Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
+            Err(e) => tracing::warn!("cannot prune the store: {e}"),
+        }
     }
 
     /// The poll health as the bus wire states it.
@@ -288,7 +296,9 @@ async fn finish_cleanups(leader: &Leader) {
 /// Most acknowledgements written in one transaction.
 const SETTLE_BATCH: usize = 1024;
 
-/// How often the store is pruned (see `Store::prune`).
+/// How often the store is pruned (see `Store::prune`), at the latest: it
+/// is pruned sooner after every `KEEP_SETTLED` acknowledgements, so a busy
+/// relay keeps at most twice that many settled entries.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 async fn run(
@@ -323,6 +333,7 @@ async fn run(
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
     let mut prune = tokio::time::interval(PRUNE_EVERY);
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
+    let mut settled_since_prune = 0;
     loop {
         tokio::select! {
             () = leader.stop.cancelled() => break,
@@ -343,15 +354,17 @@ async fn run(
                     batch.push(ack);
                 }
                 leader.settle(&batch);
+                settled_since_prune += batch.len();
+                if settled_since_prune >= crate::store::KEEP_SETTLED {
+                    settled_since_prune = 0;
+                    leader.prune();
+                }
             }
             Ok(()) = health.changed() => {
                 leader.registry.broadcast(&FromLeader::Health(leader.wire_health()));
             }
             _ = sweep.tick() => leader.registry.sweep(silent_limit),
-            _ = prune.tick() => match leader.store().prune() {
-                Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
-                Err(e) => tracing::warn!("cannot prune the store: {e}"),
-            },
+            _ = prune.tick() => leader.prune(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller only returns on a store failure: without its

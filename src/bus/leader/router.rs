@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::Leader;
+use super::poller::Batch;
 use super::registry::{ConnId, Conns};
 use super::triage::{CallbackDetail, MessageDetail};
 use crate::protocol::bus::*;
 use crate::store::{JournalKind, NewUpdate};
-use crate::telegram::poller::Batch;
 use crate::telegram::{ChatKind, Message, Update, UpdateKind};
 
 /// What the topic is told when its session is away.

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::access::Access;
 use crate::store::{BindingStatus, JournalKind, NewUpdate, Store};
-use crate::telegram::poller::Triage;
 use crate::telegram::{Update, UpdateKind};
 
 /// What a journaled tap keeps besides the columns every entry has.
@@ -47,8 +46,10 @@ impl Journaling {
     }
 }
 
-impl Triage for Journaling {
-    fn prepare(&mut self) {
+impl Journaling {
+    /// Called once before each batch: reads what the decisions need once,
+    /// not once per update.
+    pub fn prepare(&mut self) {
         self.allowed = self.access.snapshot();
         self.owners.clear();
         let bindings = self
@@ -67,7 +68,9 @@ impl Triage for Journaling {
         }
     }
 
-    fn journal(&mut self, update: &Update) -> Option<NewUpdate> {
+    /// The journal entry for `update`, or `None` when the leader answers
+    /// it itself.
+    pub fn journal(&mut self, update: &Update) -> Option<NewUpdate> {
         match &update.kind {
             UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
                 let text = message.text.as_ref()?;

@@ -1,4 +1,4 @@
-//! The leader's long poll (DESIGN §5).
+//! The leader's long poll (docs/DESIGN.md, "Inbound").
 //!
 //! Each `getUpdates` batch is written to the inbound journal and the offset
 //! advanced in one SQLite transaction *before* anything is routed, so a
@@ -15,8 +15,10 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{BotApi, TelegramError, Update};
+use super::triage::Journaling;
+use crate::backoff::Backoff;
 use crate::store::{NewUpdate, Store, StoreError};
+use crate::telegram::{BotApi, TelegramError, Update};
 
 /// Seconds Telegram may hold one long poll open.
 pub const POLL_TIMEOUT_S: u32 = 30;
@@ -29,7 +31,7 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// How the poll is doing, for the status line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PollHealth {
+pub(super) enum PollHealth {
     /// Not polled yet.
     Starting,
     Ok,
@@ -41,64 +43,27 @@ pub enum PollHealth {
 
 /// One journaled batch, handed to the router after the transaction.
 #[derive(Debug, Default)]
-pub struct Batch {
+pub(super) struct Batch {
     /// Updates newly written to the journal, in update order.
     pub journaled: Vec<NewUpdate>,
     /// Decoded updates the triage did not journal (pairing, General, …).
     pub others: Vec<Update>,
 }
 
-/// Decides what an update is: a message for a session's journal, or
-/// something the leader handles itself.
-pub trait Triage: Send + 'static {
-    /// Called once before each batch: a chance to read what the decisions
-    /// need once, not once per update.
-    fn prepare(&mut self) {}
-
-    fn journal(&mut self, update: &Update) -> Option<NewUpdate>;
-}
-
-pub struct Poller<T> {
+pub(super) struct Poller {
     pub api: BotApi,
     pub store: Arc<Mutex<Store>>,
-    pub triage: T,
+    pub triage: Journaling,
     pub batches: mpsc::Sender<Batch>,
     pub health: watch::Sender<PollHealth>,
     pub stop: CancellationToken,
-}
-
-/// Exponential backoff with full jitter, for one kind of failure.
-struct Backoff {
-    start: Duration,
-    cap: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(start: Duration, cap: Duration) -> Self {
-        Self {
-            start,
-            cap,
-            next: start,
-        }
-    }
-
-    fn reset(&mut self) {
-        self.next = self.start;
-    }
-
-    fn step(&mut self) -> Duration {
-        let wait = self.next.mul_f64(0.5 + fastrand::f64() / 2.0);
-        self.next = (self.next * 2).min(self.cap);
-        wait
-    }
 }
 
 fn update_id_of(value: &Value) -> Option<i64> {
     value.get("update_id").and_then(Value::as_i64)
 }
 
-impl<T: Triage> Poller<T> {
+impl Poller {
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }

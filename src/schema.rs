@@ -1,0 +1,87 @@
+//! The JSON Schemas under `schema/`: every wire type of the host protocol
+//! and the bus, and the config file. `agent-relay schema` writes them, and a
+//! test fails when the checked-in copies are stale (`UPDATE_SCHEMAS=1`
+//! rewrites them).
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, generate::SchemaSettings};
+
+/// One schema file: its name under `schema/` and its contents.
+pub struct SchemaFile {
+    pub name: String,
+    pub schema: Schema,
+}
+
+fn file<T: JsonSchema>(name: &str) -> SchemaFile {
+    let generator = SchemaGenerator::new(SchemaSettings::draft2020_12());
+    SchemaFile {
+        name: format!("{name}.schema.json"),
+        schema: generator.into_root_schema_for::<T>(),
+    }
+}
+
+/// Every schema `schema/` must hold, in a stable order.
+pub fn schemas() -> Vec<SchemaFile> {
+    use crate::protocol::bus as b;
+    use crate::protocol::host as h;
+    vec![
+        // host → sidecar
+        file::<h::InitializeParams>("host/initialize.params"),
+        file::<h::InitializeResult>("host/initialize.result"),
+        file::<h::InitializedParams>("host/initialized.params"),
+        file::<h::SessionStartedParams>("host/session-started.params"),
+        file::<h::SessionShutdownParams>("host/session-shutdown.params"),
+        file::<h::ExecuteParams>("host/command-execute.params"),
+        file::<h::ExecuteResult>("host/command-execute.result"),
+        file::<h::EmptyParams>("host/agent-started.params"),
+        file::<h::AgentEndedParams>("host/agent-ended.params"),
+        file::<h::EmptyParams>("host/turn-started.params"),
+        file::<h::TurnEndedParams>("host/turn-ended.params"),
+        file::<h::ToolParams>("host/tool-started.params"),
+        file::<h::ToolParams>("host/tool-ended.params"),
+        file::<h::InputReceivedParams>("host/input-received.params"),
+        file::<h::ShutdownParams>("host/shutdown.params"),
+        // sidecar → host
+        file::<h::SetStatusParams>("host/ui-set-status.params"),
+        file::<h::NotifyParams>("host/ui-notify.params"),
+        file::<h::ConfirmParams>("host/ui-confirm.params"),
+        file::<h::ConfirmResult>("host/ui-confirm.result"),
+        file::<h::SendUserMessageParams>("host/agent-send-user-message.params"),
+        file::<h::SendUserMessageResult>("host/agent-send-user-message.result"),
+        file::<h::AbortParams>("host/agent-abort.params"),
+        file::<h::AbortParams>("host/agent-abort.result"),
+        // bus
+        file::<b::ToLeader>("bus/to-leader"),
+        file::<b::FromLeader>("bus/from-leader"),
+        file::<b::Registered>("bus/register.result"),
+        file::<b::Reconciled>("bus/reconcile.result"),
+        file::<b::Disconnected>("bus/disconnect.result"),
+        file::<b::RestartPlan>("bus/restart.result"),
+        file::<b::BusStatus>("bus/status.result"),
+        file::<b::PairingLink>("bus/pair.result"),
+        // config
+        file::<crate::config::ConfigFile>("config"),
+    ]
+}
+
+impl SchemaFile {
+    /// The file's bytes: pretty JSON with a trailing newline.
+    pub fn render(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.schema).expect("schemas serialize");
+        text.push('\n');
+        text
+    }
+}
+
+/// Writes every schema under `dir` (creating subfolders); returns the paths.
+pub fn write_schemas(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut written = Vec::new();
+    for file in schemas() {
+        let path = dir.join(&file.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, file.render())?;
+        written.push(path);
+    }
+    Ok(written)
+}
