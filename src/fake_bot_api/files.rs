@@ -208,22 +208,19 @@ impl Inner {
             describe(&mut object, &file, mime_type.as_deref(), w, h);
             objects.push(object);
             file_ids.push(file_id.clone());
-            self.files.insert(
-                file_id.clone(),
-                FileRecord {
-                    file_id,
-                    file_unique_id,
-                    kind,
-                    file_size: size,
-                    file_name: file.file_name.clone(),
-                    mime_type: mime_type.clone(),
-                    file_path: None,
-                    from_bot,
-                    chat_id,
-                    message_id,
-                    bytes,
-                },
-            );
+            self.files.push(FileRecord {
+                file_id,
+                file_unique_id,
+                kind,
+                file_size: size,
+                file_name: file.file_name.clone(),
+                mime_type: mime_type.clone(),
+                file_path: None,
+                from_bot,
+                chat_id,
+                message_id,
+                bytes,
+            });
         }
         Media {
             kind,
@@ -232,10 +229,10 @@ impl Inner {
         }
     }
 
-    /// `getFile`'s answer: gives the file a download path the first time.
-    pub fn file_path_for(&mut self, file_id: &str) -> Option<&FileRecord> {
+    /// The file `getFile` describes, given a download path the first time.
+    pub fn file_with_path(&mut self, file_id: &str) -> Option<&FileRecord> {
         let number = self.next_file_number;
-        let file = self.files.get_mut(file_id)?;
+        let file = self.files.iter_mut().find(|f| f.file_id == file_id)?;
         if file.file_path.is_none() {
             let extension = file
                 .file_name
@@ -245,7 +242,7 @@ impl Inner {
             file.file_path = Some(format!("{}/file_{number}.{extension}", file.kind.folder()));
             self.next_file_number += 1;
         }
-        self.files.get(file_id)
+        Some(file)
     }
 }
 

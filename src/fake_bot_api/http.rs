@@ -307,7 +307,7 @@ async fn download(
     let found = api.mutate(|inner| {
         let found = inner
             .files
-            .values()
+            .iter()
             .find(|f| authorized && f.file_path.as_deref() == Some(file_path.as_str()))
             .map(|f| (f.file_id.clone(), f.bytes.clone()));
         let status = match (&found, authorized) {

@@ -124,10 +124,10 @@ pub(super) async fn dispatch(
         "sendMessage" => send_message(inner, params),
         "editMessageText" => edit_message_text(inner, params),
         "editMessageReplyMarkup" => edit_message_reply_markup(inner, params),
-        "sendPhoto" => send_media(inner, params, uploads, MediaKind::Photo),
-        "sendDocument" => send_media(inner, params, uploads, MediaKind::Document),
-        "sendVoice" => send_media(inner, params, uploads, MediaKind::Voice),
-        "sendAudio" => send_media(inner, params, uploads, MediaKind::Audio),
+        "sendPhoto" => send_media(inner, method, params, uploads, MediaKind::Photo),
+        "sendDocument" => send_media(inner, method, params, uploads, MediaKind::Document),
+        "sendVoice" => send_media(inner, method, params, uploads, MediaKind::Voice),
+        "sendAudio" => send_media(inner, method, params, uploads, MediaKind::Audio),
         "getFile" => get_file(inner, params),
         "sendChatAction" => send_chat_action(inner, params),
         "answerCallbackQuery" => answer_callback_query(inner, params),
@@ -595,11 +595,7 @@ fn deliver(
     message.record_version(method, now_ms);
     let Inner { chats, users, .. } = &mut *inner;
     let chat = find_chat(chats, target.chat_id)?;
-    let id = chat.store(message);
-    let stored = chat
-        .message(id)
-        .ok_or_else(|| ApiError::new(500, "Internal Server Error"))?;
-    Ok(chat.message_json(stored, &bot, users))
+    Ok(chat.post(message, &bot, users).1)
 }
 
 fn send_message(inner: &mut Inner, params: &Value) -> Answer {
@@ -613,69 +609,57 @@ fn send_message(inner: &mut Inner, params: &Value) -> Answer {
 }
 
 /// `sendPhoto`, `sendDocument`, `sendVoice`, `sendAudio`: the file comes as a
-/// multipart part (named like the parameter, or `attach://<part>`), or as the
-/// `file_id` of a file Telegram already has.
-fn send_media(inner: &mut Inner, params: &Value, uploads: &Uploads, kind: MediaKind) -> Answer {
+/// multipart part with a file name (named like the parameter, or
+/// `attach://<part>`), or as the `file_id` of a file Telegram already has.
+fn send_media(
+    inner: &mut Inner,
+    method: &str,
+    params: &Value,
+    uploads: &Uploads,
+    kind: MediaKind,
+) -> Answer {
     let field = kind.field();
-    let upload = match params.get(field).and_then(Value::as_str) {
-        Some(reference) if reference.starts_with("attach://") => Some(
-            uploads
-                .get(&reference["attach://".len()..])
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!("there is no {field} in the request"))
-                })?,
-        ),
-        Some(_) => None,
-        None => uploads.get(field),
+    let missing = || ApiError::bad_request(format!("there is no {field} in the request"));
+    let reference = params
+        .get(field)
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let upload = match reference.strip_prefix("attach://") {
+        Some(part) => Some(uploads.get(part).ok_or_else(missing)?),
+        None if reference.is_empty() => uploads.get(field),
+        None => None,
     };
     // The size limit is enforced in front of the API, before anything is read.
-    if let Some(upload) = upload
-        && upload.bytes.len() as u64 > kind.upload_limit()
-    {
+    if upload.is_some_and(|u| u.bytes.len() as u64 > kind.upload_limit()) {
         return Err(ApiError::too_large());
     }
     let caption = parse_text(params, "caption")?;
     let reply_markup = markup::reply_markup(params)?;
     let target = send_target(inner, params)?;
-    let attachment = match (upload, params.get(field).and_then(Value::as_str)) {
-        (Some(upload), _) => {
-            if kind == MediaKind::Photo && !files::looks_like_image(&upload.bytes) {
-                return Err(ApiError::bad_request("IMAGE_PROCESS_FAILED"));
-            }
-            let duration = int(params, "duration")?.and_then(|d| u32::try_from(d).ok());
-            Attachment::New(NewFile::uploaded(kind, upload.clone(), duration))
+    let attachment = if let Some(upload) = upload {
+        if kind == MediaKind::Photo && !files::looks_like_image(&upload.bytes) {
+            return Err(ApiError::bad_request("IMAGE_PROCESS_FAILED"));
         }
-        (None, Some(url)) if url.starts_with("http://") || url.starts_with("https://") => {
-            // Telegram would fetch it; the fake reaches nothing outside.
-            return Err(ApiError::bad_request("failed to get HTTP URL content"));
-        }
-        (None, Some(file_id)) if !file_id.is_empty() => {
-            Attachment::Reused(reused_media(inner, file_id, kind)?)
-        }
-        (None, _) => {
-            return Err(ApiError::bad_request(format!(
-                "there is no {field} in the request"
-            )));
-        }
+        let duration = int(params, "duration")?.and_then(|d| u32::try_from(d).ok());
+        Attachment::New(NewFile::uploaded(kind, upload.clone(), duration))
+    } else if reference.starts_with("http://") || reference.starts_with("https://") {
+        // Telegram would fetch it; the fake reaches nothing outside.
+        return Err(ApiError::bad_request("failed to get HTTP URL content"));
+    } else if !reference.is_empty() {
+        Attachment::Reused(reused_media(inner, reference, kind)?)
+    } else {
+        return Err(missing());
     };
     let mut message = StoredMessage::new(Author::Bot, target.thread_id);
     message.text = caption;
     message.reply_markup = reply_markup;
-    let method = match kind {
-        MediaKind::Photo => "sendPhoto",
-        MediaKind::Voice => "sendVoice",
-        MediaKind::Audio => "sendAudio",
-        _ => "sendDocument",
-    };
     deliver(inner, &target, message, attachment, method)
 }
 
 /// The media of the message that first carried `file_id`.
 fn reused_media(inner: &Inner, file_id: &str, kind: MediaKind) -> Result<Media, ApiError> {
-    let file = inner
-        .files
-        .get(file_id)
-        .ok_or_else(|| ApiError::bad_request("wrong file identifier/HTTP URL specified"))?;
+    let unknown = || ApiError::bad_request("wrong file identifier/HTTP URL specified");
+    let file = inner.file(file_id).ok_or_else(unknown)?;
     if file.kind != kind {
         return Err(ApiError::bad_request("type of file mismatch"));
     }
@@ -684,7 +668,7 @@ fn reused_media(inner: &Inner, file_id: &str, kind: MediaKind) -> Result<Media, 
         .get(&file.chat_id)
         .and_then(|chat| chat.message(file.message_id))
         .and_then(|message| message.media.clone())
-        .ok_or_else(|| ApiError::bad_request("wrong file identifier/HTTP URL specified"))
+        .ok_or_else(unknown)
 }
 
 fn get_file(inner: &mut Inner, params: &Value) -> Answer {
@@ -692,18 +676,11 @@ fn get_file(inner: &mut Inner, params: &Value) -> Answer {
     if file_id.is_empty() {
         return Err(ApiError::bad_request("file_id is empty"));
     }
-    let too_big = inner
-        .files
-        .get(&file_id)
-        .ok_or_else(|| ApiError::bad_request("invalid file_id"))?
-        .file_size
-        > files::DOWNLOAD_MAX;
-    if too_big {
+    let invalid = || ApiError::bad_request("invalid file_id");
+    if inner.file(&file_id).ok_or_else(invalid)?.file_size > files::DOWNLOAD_MAX {
         return Err(ApiError::bad_request("file is too big"));
     }
-    let file = inner
-        .file_path_for(&file_id)
-        .ok_or_else(|| ApiError::bad_request("invalid file_id"))?;
+    let file = inner.file_with_path(&file_id).ok_or_else(invalid)?;
     Ok(json!({
         "file_id": file.file_id,
         "file_unique_id": file.file_unique_id,

@@ -689,21 +689,14 @@ impl FakeBotApi {
 
     /// A file the fake holds, bytes included.
     pub fn file(&self, file_id: &str) -> Option<FileRecord> {
-        self.lock().files.get(file_id).cloned()
+        self.lock().file(file_id).cloned()
     }
 
     /// The files the bot uploaded, in upload order, bytes included (a photo
-    /// appears once per size; the largest is the uploaded bytes).
+    /// appears once per size, smallest first; the largest is the uploaded bytes).
     pub fn uploads(&self) -> Vec<FileRecord> {
         let inner = self.lock();
-        let mut uploads: Vec<FileRecord> = inner
-            .files
-            .values()
-            .filter(|f| f.from_bot)
-            .cloned()
-            .collect();
-        uploads.sort_by_key(|f| (f.chat_id, f.message_id, f.file_size));
-        uploads
+        inner.files.iter().filter(|f| f.from_bot).cloned().collect()
     }
 
     /// Every request for a file's content, served or not.
@@ -849,10 +842,7 @@ fn post_user_message(inner: &mut Inner, message: UserMessage) -> Injected {
     let bot = inner.bot_user_json();
     let Inner { chats, users, .. } = &mut *inner;
     let chat = state::chat_entry(chats, users, chat_id, message.user_id);
-    let message_id = chat.store(stored);
-    let json = chat
-        .message(message_id)
-        .map(|stored| chat.message_json(stored, &bot, users));
+    let (message_id, json) = chat.post(stored, &bot, users);
     let update_id = inner.push_update(json!({ "message": json }));
     Injected {
         update_id,

@@ -185,6 +185,21 @@ impl Chat {
         self.store(message);
     }
 
+    /// Stores `message` under the next id; returns the id and its message object.
+    pub fn post(
+        &mut self,
+        message: StoredMessage,
+        bot: &Value,
+        users: &HashMap<i64, String>,
+    ) -> (i64, Value) {
+        let id = self.store(message);
+        let json = self
+            .messages
+            .last()
+            .map_or(Value::Null, |stored| self.message_json(stored, bot, users));
+        (id, json)
+    }
+
     pub fn message_index(&self, message_id: i64) -> Option<usize> {
         self.messages
             .binary_search_by_key(&message_id, |m| m.message_id)
@@ -404,7 +419,8 @@ pub(super) struct Inner {
     pub calls: Vec<CallRecord>,
     pub commands: Value,
     pub callback_queries: Vec<CallbackQueryRecord>,
-    pub files: HashMap<String, FileRecord>,
+    /// In the order they were made (few enough for linear look-ups).
+    pub files: Vec<FileRecord>,
     /// Numbers file ids and download paths.
     pub next_file_number: u64,
     pub downloads: Vec<DownloadRecord>,
@@ -436,11 +452,15 @@ impl Inner {
             calls: Vec::new(),
             commands: json!([]),
             callback_queries: Vec::new(),
-            files: HashMap::new(),
+            files: Vec::new(),
             next_file_number: 1,
             downloads: Vec::new(),
             sends: VecDeque::new(),
         }
+    }
+
+    pub fn file(&self, file_id: &str) -> Option<&FileRecord> {
+        self.files.iter().find(|f| f.file_id == file_id)
     }
 
     pub fn now_ms(&self) -> u64 {
