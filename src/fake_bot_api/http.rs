@@ -19,9 +19,9 @@ use super::{
     UserMessage,
 };
 
-/// Bodies bigger than this are refused with 413 before anything is read: the
-/// largest upload Telegram takes (50 MB) plus room for the other parts, so one
-/// just over a limit still reaches the per-kind check.
+/// Bodies bigger than this are refused with 413: the largest upload Telegram
+/// takes (50 MB) plus room for the other parts, so an upload just over its limit
+/// still reaches the per-kind check.
 const MAX_BODY: usize = files::UPLOAD_MAX as usize + 1024 * 1024;
 
 pub(super) fn router(api: FakeBotApi) -> Router {

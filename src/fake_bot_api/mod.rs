@@ -64,13 +64,16 @@
 //!   answers; the message object carries `reply_to_message`, one level deep.
 //! * `answerCallbackQuery`: an unknown id, or one already answered → 400 `Bad
 //!   Request: query is too old and response timeout expired or query ID is invalid`.
-//! * Files: uploads as multipart parts (named like the parameter, or
-//!   `attach://<part>`) or a known `file_id`. Photos ≤ 10 MB, others ≤ 50 MB, else
+//! * Files: uploads as multipart parts with a file name (named like the parameter,
+//!   or `attach://<part>`; a part without a file name is a plain field, as for
+//!   Telegram's HTTP reader) or a known `file_id`. Photos ≤ 10 MB, others ≤ 50 MB, else
 //!   HTTP 413 `Request Entity Too Large`; a photo that is no JPEG/PNG/GIF/WebP/BMP →
 //!   `IMAGE_PROCESS_FAILED`; another kind's `file_id` → `type of file mismatch`; an
 //!   unknown one → `wrong file identifier/HTTP URL specified`. `getFile`: unknown
 //!   → `invalid file_id`, over 20 MB → `file is too big`. The fake never
 //!   transcodes: the largest photo size is the uploaded bytes (see `files`).
+//!   Every request to `/file/…` is recorded ([`DownloadRecord`]); reading a file
+//!   over the control routes is not.
 //! * With [`FakeConfig::rate_limits`], every send and edit beyond 1/s per private
 //!   chat, 20/min per group or 30/s overall answers 429 with
 //!   `parameters.retry_after` and a `Retry-After` header. Sends, edits and refusals
@@ -108,7 +111,7 @@
 //!
 //! | route | body / query | answer |
 //! |---|---|---|
-//! | `POST inject_message` | [`UserMessage`]: `{chat_id, thread_id?, user_id, text?, entities?, reply_to_message_id?, media_group_id?, media?: {kind, data_base64?, declared_size?, file_name?, mime_type?, duration?, width?, height?}}` | [`Injected`] `{update_id, message_id, file_ids}` or 400 |
+//! | `POST inject_message` | [`UserMessage`]: `{chat_id, thread_id?, user_id, text?, entities?, reply_to_message_id?, media_group_id?, media?: {kind: "photo"\|"document"\|"voice"\|"audio"\|"video"\|"video_note"\|"animation"\|"sticker", data_base64?, declared_size?, file_name?, mime_type?, duration?, width?, height?}}` | [`Injected`] `{update_id, message_id, file_ids}` or 400 |
 //! | `POST inject_update` | any update object without `update_id` | `{update_id}` |
 //! | `POST inject_callback_query` | `{chat_id, thread_id?, user_id, message_id, data}` | `{update_id, callback_query_id}` |
 //! | `POST inject_topic` | `{chat_id, user_id, name}` | `{thread_id, update_id}` or 400 |
@@ -224,7 +227,8 @@ pub enum Fault {
     BadRequest { description: String },
     /// `getUpdates` answers `[]` (after its `timeout`, or `immediately`) and
     /// confirms nothing, while updates keep piling up: a poller that is alive but
-    /// not receiving. Other methods are handled normally.
+    /// not receiving. Plan it for `getUpdates`: another method meeting it is
+    /// handled normally (and uses up one of its `times`).
     Deaf { immediately: bool },
 }
 
