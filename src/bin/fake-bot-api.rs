@@ -27,9 +27,13 @@ struct Args {
     /// Enforce Telegram's send limits with 429 answers.
     #[arg(long)]
     rate_limits: bool,
-    /// Report `has_topics_enabled: false` (no topics in private chats).
+    /// Report `has_topics_enabled: false` (no topics in private chats); a test
+    /// can switch it on later with `POST control/bot_settings`.
     #[arg(long)]
     no_topics: bool,
+    /// Report `allows_users_to_create_topics: false`.
+    #[arg(long)]
+    no_user_topics: bool,
 }
 
 #[tokio::main]
@@ -40,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         token: args.token.unwrap_or(defaults.token),
         bot_username: args.username.unwrap_or(defaults.bot_username),
         has_topics_enabled: !args.no_topics,
+        allows_users_to_create_topics: !args.no_user_topics,
         rate_limits: args.rate_limits,
         addr: args.addr,
         ..defaults

@@ -1,16 +1,19 @@
 //! The Bot API methods: parameters in, Telegram's `result` or error out.
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
-use super::FakeBotApi;
+use super::files::{self, NewFile, Upload};
 use super::html::{self, utf16_len};
+use super::markup;
 use super::state::{
-    ActivePoll, Author, Chat, ChatKind, GENERAL_THREAD_ID, ICON_COLORS, Inner, StoredMessage,
-    Topic, unix_now,
+    ActivePoll, Author, Chat, ChatKind, GENERAL_THREAD_ID, ICON_COLORS, Inner, Media,
+    StoredMessage, Text, Topic,
 };
+use super::{CallbackAnswer, FakeBotApi, MediaKind};
 
 /// An error answer: `{"ok":false,"error_code":code,"description":…}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +51,11 @@ impl ApiError {
         )
     }
 
+    /// An upload over its limit (Telegram's front end answers before the API).
+    pub fn too_large() -> Self {
+        Self::new(413, "Request Entity Too Large")
+    }
+
     pub fn json(&self) -> Value {
         let mut body =
             json!({"ok": false, "error_code": self.code, "description": self.description});
@@ -60,13 +68,23 @@ impl ApiError {
 
 type Answer = Result<Value, ApiError>;
 
+/// File parts of a multipart request, by part name.
+pub(super) type Uploads = HashMap<String, Upload>;
+
 /// Every method the fake implements, in Telegram's spelling.
-const METHODS: [&str; 17] = [
+const METHODS: [&str; 24] = [
     "getMe",
     "deleteWebhook",
+    "getWebhookInfo",
     "getUpdates",
     "sendMessage",
     "editMessageText",
+    "editMessageReplyMarkup",
+    "sendPhoto",
+    "sendDocument",
+    "sendVoice",
+    "sendAudio",
+    "getFile",
     "sendChatAction",
     "answerCallbackQuery",
     "getChat",
@@ -86,15 +104,31 @@ pub(super) fn canonical(method: &str) -> Option<&'static str> {
     METHODS.into_iter().find(|m| m.eq_ignore_ascii_case(method))
 }
 
-pub(super) async fn dispatch(api: &FakeBotApi, method: &'static str, params: &Value) -> Answer {
+pub(super) async fn dispatch(
+    api: &FakeBotApi,
+    method: &'static str,
+    params: &Value,
+    uploads: &Uploads,
+) -> Answer {
     if method == "getUpdates" {
-        return get_updates(api, params).await;
+        return get_updates(api, params, Hearing::Normal).await;
     }
     api.mutate(|inner| match method {
         "getMe" => Ok(get_me(inner)),
         "deleteWebhook" => delete_webhook(inner, params),
+        "getWebhookInfo" => Ok(json!({
+            "url": "",
+            "has_custom_certificate": false,
+            "pending_update_count": inner.updates.len(),
+        })),
         "sendMessage" => send_message(inner, params),
         "editMessageText" => edit_message_text(inner, params),
+        "editMessageReplyMarkup" => edit_message_reply_markup(inner, params),
+        "sendPhoto" => send_media(inner, method, params, uploads, MediaKind::Photo),
+        "sendDocument" => send_media(inner, method, params, uploads, MediaKind::Document),
+        "sendVoice" => send_media(inner, method, params, uploads, MediaKind::Voice),
+        "sendAudio" => send_media(inner, method, params, uploads, MediaKind::Audio),
+        "getFile" => get_file(inner, params),
         "sendChatAction" => send_chat_action(inner, params),
         "answerCallbackQuery" => answer_callback_query(inner, params),
         "getChat" => Ok(chat(inner, params)?.json()),
@@ -184,10 +218,12 @@ fn chat_id(params: &Value) -> Result<i64, ApiError> {
 }
 
 fn chat<'a>(inner: &'a mut Inner, params: &Value) -> Result<&'a mut Chat, ApiError> {
-    let id = chat_id(params)?;
-    inner
-        .chats
-        .get_mut(&id)
+    find_chat(&mut inner.chats, chat_id(params)?)
+}
+
+fn find_chat(chats: &mut BTreeMap<i64, Chat>, chat_id: i64) -> Result<&mut Chat, ApiError> {
+    chats
+        .get_mut(&chat_id)
         .ok_or_else(|| ApiError::bad_request("chat not found"))
 }
 
@@ -195,7 +231,9 @@ fn thread_not_found() -> ApiError {
     ApiError::bad_request("message thread not found")
 }
 
-/// Checks that a send or chat action may target `thread_id` in `chat`.
+/// Checks that a send or chat action may target `thread_id` in `chat`. Thread 1
+/// is the General topic only in supergroups; a private chat has none, so there it
+/// is just a thread that does not exist.
 fn check_thread_for_send(
     chat: &Chat,
     thread_id: Option<i64>,
@@ -204,7 +242,7 @@ fn check_thread_for_send(
     let Some(thread_id) = thread_id else {
         return Ok(());
     };
-    if !chat.has_topics(bot_has_topics) || thread_id == GENERAL_THREAD_ID {
+    if !chat.has_topics(bot_has_topics) || (!chat.is_private() && thread_id == GENERAL_THREAD_ID) {
         return Err(thread_not_found());
     }
     match chat.topics.get(&thread_id) {
@@ -221,7 +259,7 @@ fn check_thread_for_send(
 /// The live topic a topic method addresses.
 fn live_topic<'a>(chat: &'a mut Chat, params: &Value) -> Result<(i64, &'a mut Topic), ApiError> {
     let thread_id = required_int(params, "message_thread_id")?;
-    if thread_id == GENERAL_THREAD_ID {
+    if !chat.is_private() && thread_id == GENERAL_THREAD_ID {
         return Err(ApiError::bad_request("TOPIC_ID_INVALID"));
     }
     match chat.topics.get_mut(&thread_id) {
@@ -241,6 +279,7 @@ fn get_me(inner: &Inner) -> Value {
         "can_connect_to_business": false,
         "has_main_web_app": false,
         "has_topics_enabled": inner.config.has_topics_enabled,
+        "allows_users_to_create_topics": inner.config.allows_users_to_create_topics,
     });
     if let (Some(me), Value::Object(extra)) = (me.as_object_mut(), extra) {
         me.extend(extra);
@@ -255,54 +294,81 @@ fn delete_webhook(inner: &mut Inner, params: &Value) -> Answer {
     Ok(json!(true))
 }
 
-async fn get_updates(api: &FakeBotApi, params: &Value) -> Answer {
+/// Whether `getUpdates` hears the queue. A deaf poll (the `Deaf` fault) answers
+/// an empty list and confirms nothing, so updates pile up while the poller looks
+/// alive; it still counts as a poll and still conflicts with others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hearing {
+    Normal,
+    /// Empty after the requested timeout.
+    Deaf,
+    /// Empty at once.
+    DeafAtOnce,
+}
+
+pub(super) async fn get_updates(api: &FakeBotApi, params: &Value, hearing: Hearing) -> Answer {
     let offset = int(params, "offset")?.unwrap_or(0);
     let limit = usize::try_from(int(params, "limit")?.unwrap_or(100).clamp(1, 100)).unwrap_or(100);
-    let timeout = int(params, "timeout")?.unwrap_or(0).clamp(0, 3600);
+    let mut timeout = int(params, "timeout")?.unwrap_or(0).clamp(0, 3600);
     let allowed = list(params, "allowed_updates")?;
+    let short_poll = timeout == 0;
+    if hearing == Hearing::DeafAtOnce {
+        timeout = 0;
+    }
+    let deaf = hearing != Hearing::Normal;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout.unsigned_abs());
     let mut changed = api.shared.changed.subscribe();
     let (terminate, mut terminated) = oneshot::channel();
     let poll_id = api.mutate(|inner| {
-        if let Some(kinds) = allowed {
-            let kinds: Vec<String> = kinds
-                .iter()
-                .filter_map(|k| k.as_str().map(str::to_owned))
-                .collect();
-            // An empty list means "the default set" again.
-            inner.allowed_updates = (!kinds.is_empty()).then_some(kinds);
+        if !deaf {
+            if let Some(kinds) = allowed {
+                let kinds: Vec<String> = kinds
+                    .iter()
+                    .filter_map(|k| k.as_str().map(str::to_owned))
+                    .collect();
+                // An empty list means "the default set" again.
+                inner.allowed_updates = (!kinds.is_empty()).then_some(kinds);
+            }
+            inner.confirm(offset);
         }
-        inner.confirm(offset);
-        if let Some(older) = inner.active_poll.take() {
-            // The receiver may be gone if that poll already answered; nothing to do then.
-            let _ = older.terminate.send(());
-        }
-        let id = inner.next_poll_id;
-        inner.next_poll_id += 1;
-        inner.active_poll = Some(ActivePoll { id, terminate });
-        id
+        inner.start_poll(terminate, short_poll)
     });
+    // Ends the poll's registration however this call ends, also when the client
+    // hangs up and the server drops this future mid-wait.
+    let mut registration = PollRegistration {
+        api,
+        id: poll_id,
+        open: true,
+    };
     let shutdown = api.shared.shutdown.clone();
     loop {
         changed.borrow_and_update();
         let batch = {
             let mut inner = api.lock();
-            let batch: Vec<Value> = inner
-                .updates
-                .iter()
-                .filter(|(id, _)| offset <= 0 || *id >= offset)
-                .take(limit)
-                .map(|(_, update)| update.clone())
-                .collect();
+            let batch: Vec<Value> = if deaf {
+                Vec::new()
+            } else {
+                inner
+                    .updates
+                    .iter()
+                    .filter(|(id, _)| offset <= 0 || *id >= offset)
+                    .take(limit)
+                    .map(|(_, update)| update.clone())
+                    .collect()
+            };
             let done = !batch.is_empty()
                 || tokio::time::Instant::now() >= deadline
                 || shutdown.is_cancelled();
-            if done && inner.active_poll.as_ref().is_some_and(|p| p.id == poll_id) {
-                inner.active_poll = None;
+            if done {
+                // Under the same lock as the check: a poll arriving after this
+                // answer was decided does not count as overlapping it.
+                inner.end_poll(poll_id);
+                registration.open = false;
             }
             done.then_some(batch)
         };
         if let Some(batch) = batch {
+            api.notify();
             return Ok(Value::Array(batch));
         }
         tokio::select! {
@@ -314,9 +380,53 @@ async fn get_updates(api: &FakeBotApi, params: &Value) -> Answer {
     }
 }
 
-/// Validates text and parse mode as Telegram does; returns (text, entities).
-fn parse_text(params: &Value) -> Result<(String, Option<String>, html::Parsed), ApiError> {
-    let raw = string(params, "text").unwrap_or_default();
+struct PollRegistration<'a> {
+    api: &'a FakeBotApi,
+    id: u64,
+    open: bool,
+}
+
+impl Drop for PollRegistration<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.api.mutate(|inner| inner.end_poll(self.id));
+        }
+    }
+}
+
+impl Inner {
+    /// Registers a poll as the one poller, terminating an older one (an overlap).
+    fn start_poll(&mut self, terminate: oneshot::Sender<()>, short_poll: bool) -> u64 {
+        self.polls.polls += 1;
+        if let Some(older) = self.active_poll.take() {
+            self.polls.overlaps += 1;
+            if short_poll {
+                self.polls.short_poll_overlaps += 1;
+            }
+            // The receiver may be gone if that poll already answered; nothing to do then.
+            let _ = older.terminate.send(());
+        }
+        self.polls.open_now += 1;
+        self.polls.max_open = self.polls.max_open.max(self.polls.open_now);
+        let id = self.next_poll_id;
+        self.next_poll_id += 1;
+        self.active_poll = Some(ActivePoll { id, terminate });
+        id
+    }
+
+    fn end_poll(&mut self, id: u64) {
+        self.polls.open_now = self.polls.open_now.saturating_sub(1);
+        if self.active_poll.as_ref().is_some_and(|p| p.id == id) {
+            self.active_poll = None;
+        }
+    }
+}
+
+/// Text or a caption, validated and parsed as Telegram does. Captions may be
+/// empty; texts may not.
+fn parse_text(params: &Value, key: &str) -> Result<Text, ApiError> {
+    let caption = key == "caption";
+    let raw = string(params, key).unwrap_or_default();
     let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
     let parsed = match parse_mode.as_deref() {
         None => html::Parsed {
@@ -336,61 +446,92 @@ fn parse_text(params: &Value) -> Result<(String, Option<String>, html::Parsed), 
         }
         Some(_) => return Err(ApiError::bad_request("unsupported parse_mode")),
     };
-    if parsed.text.trim().is_empty() {
+    if caption {
+        if utf16_len(&parsed.text) > MAX_CAPTION {
+            return Err(ApiError::bad_request("message caption is too long"));
+        }
+    } else if parsed.text.trim().is_empty() {
         return Err(ApiError::bad_request("message text is empty"));
-    }
-    if utf16_len(&parsed.text) > 4096 {
+    } else if utf16_len(&parsed.text) > MAX_TEXT {
         return Err(ApiError::bad_request("message is too long"));
     }
-    Ok((raw, parse_mode, parsed))
+    Ok(Text {
+        raw,
+        parse_mode,
+        plain: parsed.text,
+        entities: parsed.entities,
+    })
 }
 
-fn send_message(inner: &mut Inner, params: &Value) -> Answer {
-    let bot_has_topics = inner.config.has_topics_enabled;
-    let rate_limits = inner.config.rate_limits;
+/// Longest text and caption, in UTF-16 units after entity parsing.
+pub(super) const MAX_TEXT: usize = 4096;
+pub(super) const MAX_CAPTION: usize = 1024;
+
+/// Where a new bot message goes, checked: a known chat, a usable thread, and the
+/// message it replies to.
+struct Target {
+    chat_id: i64,
+    thread_id: Option<i64>,
+    reply_to: Option<i64>,
+}
+
+fn send_target(inner: &Inner, params: &Value) -> Result<Target, ApiError> {
     let chat_id = chat_id(params)?;
-    let thread_id = int(params, "message_thread_id")?;
-    let (raw, parse_mode, parsed) = parse_text(params)?;
-    let bot = inner.bot_user_json();
+    let mut thread_id = int(params, "message_thread_id")?;
     let chat = inner
         .chats
-        .get_mut(&chat_id)
+        .get(&chat_id)
         .ok_or_else(|| ApiError::bad_request("chat not found"))?;
-    check_thread_for_send(chat, thread_id, bot_has_topics)?;
-    if rate_limits {
-        admit_send(&mut inner.sends, chat)?;
-    }
-    let message = StoredMessage {
-        message_id: chat.allocate_message_id(),
-        thread_id,
-        author: Author::Bot,
-        raw_text: raw,
-        parse_mode,
-        text: parsed.text,
-        entities: parsed.entities,
-        date: unix_now(),
-        edited: false,
-        reply_markup: params.get("reply_markup").cloned(),
-        service: None,
+    let (reply_to, allow_without) = match params.get("reply_parameters") {
+        Some(Value::String(s)) if !s.is_empty() => {
+            let reply: Value = serde_json::from_str(s)
+                .map_err(|_| ApiError::bad_request("can't parse reply parameters JSON object"))?;
+            (
+                int(&reply, "message_id")?,
+                boolean(&reply, "allow_sending_without_reply"),
+            )
+        }
+        Some(reply @ Value::Object(_)) => (
+            int(reply, "message_id")?,
+            boolean(reply, "allow_sending_without_reply"),
+        ),
+        _ => (
+            int(params, "reply_to_message_id")?,
+            boolean(params, "allow_sending_without_reply"),
+        ),
     };
-    let answer = chat.message_json(&message, &bot, &inner.users);
-    chat.messages.push(message);
-    Ok(answer)
+    let replied = reply_to.and_then(|id| chat.message(id));
+    let reply_to = match (reply_to, replied) {
+        (Some(_), None) if !allow_without => {
+            return Err(ApiError::bad_request("message to be replied not found"));
+        }
+        (_, replied) => replied.map(|m| m.message_id),
+    };
+    // A reply goes into the topic of the message it answers.
+    if thread_id.is_none() && chat.has_topics(inner.config.has_topics_enabled) {
+        thread_id = replied.and_then(|m| m.thread_id);
+    }
+    check_thread_for_send(chat, thread_id, inner.config.has_topics_enabled)?;
+    Ok(Target {
+        chat_id,
+        thread_id,
+        reply_to,
+    })
 }
 
-/// Telegram's send limits: 1/s per private chat, 20/min per group, 30/s overall.
-/// A refused send does not count against any of them.
-fn admit_send(
-    global: &mut std::collections::VecDeque<Instant>,
-    chat: &mut Chat,
-) -> Result<(), ApiError> {
+/// Telegram's send limits: 1/s per private chat, 20/min per group, 30/s overall;
+/// edits spend the same budgets. A refused call does not count against any.
+fn pace(global: &mut VecDeque<Instant>, chat: &mut Chat, enforce: bool) -> Result<(), ApiError> {
+    if !enforce {
+        return Ok(());
+    }
     let now = Instant::now();
     let (window, max) = if chat.is_private() {
         (Duration::from_secs(1), 1)
     } else {
         (Duration::from_secs(60), 20)
     };
-    let wait_for = |log: &mut std::collections::VecDeque<Instant>, window: Duration, max: usize| {
+    let wait_for = |log: &mut VecDeque<Instant>, window: Duration, max: usize| {
         while log
             .front()
             .is_some_and(|t| now.duration_since(*t) >= window)
@@ -407,6 +548,7 @@ fn admit_send(
     let refusal = wait_for(global, Duration::from_secs(1), 30)
         .or_else(|| wait_for(&mut chat.sends, window, max));
     if let Some(seconds) = refusal {
+        chat.counters.rate_limited += 1;
         return Err(ApiError::too_many_requests(
             u64::try_from(seconds).unwrap_or(u64::MAX),
         ));
@@ -416,7 +558,145 @@ fn admit_send(
     Ok(())
 }
 
-fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
+/// The file a new bot message carries.
+enum Attachment {
+    None,
+    New(NewFile),
+    /// Sent again by `file_id`: the same files, photo sizes and all.
+    Reused(Media),
+}
+
+/// Stores a new bot message at `target` once pacing admits it; answers its
+/// message object.
+fn deliver(
+    inner: &mut Inner,
+    target: &Target,
+    mut message: StoredMessage,
+    attachment: Attachment,
+    method: &str,
+) -> Answer {
+    let enforce = inner.config.rate_limits;
+    let now_ms = inner.now_ms();
+    let bot = inner.bot_user_json();
+    let message_id = {
+        let Inner { chats, sends, .. } = &mut *inner;
+        let chat = find_chat(chats, target.chat_id)?;
+        pace(sends, chat, enforce)?;
+        chat.counters.sent += 1;
+        chat.next_message_id
+    };
+    message.media = match attachment {
+        Attachment::None => None,
+        Attachment::New(file) => Some(inner.add_media(file, true, target.chat_id, message_id)),
+        Attachment::Reused(media) => Some(media),
+    };
+    message.thread_id = target.thread_id;
+    message.reply_to = target.reply_to;
+    message.record_version(method, now_ms);
+    let Inner { chats, users, .. } = &mut *inner;
+    let chat = find_chat(chats, target.chat_id)?;
+    Ok(chat.post(message, &bot, users).1)
+}
+
+fn send_message(inner: &mut Inner, params: &Value) -> Answer {
+    let text = parse_text(params, "text")?;
+    let reply_markup = markup::reply_markup(params)?;
+    let target = send_target(inner, params)?;
+    let mut message = StoredMessage::new(Author::Bot, target.thread_id);
+    message.text = text;
+    message.reply_markup = reply_markup;
+    deliver(inner, &target, message, Attachment::None, "sendMessage")
+}
+
+/// `sendPhoto`, `sendDocument`, `sendVoice`, `sendAudio`: the file comes as a
+/// multipart part with a file name (named like the parameter, or
+/// `attach://<part>`), or as the `file_id` of a file Telegram already has.
+fn send_media(
+    inner: &mut Inner,
+    method: &str,
+    params: &Value,
+    uploads: &Uploads,
+    kind: MediaKind,
+) -> Answer {
+    let field = kind.field();
+    let missing = || ApiError::bad_request(format!("there is no {field} in the request"));
+    let reference = params
+        .get(field)
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let upload = match reference.strip_prefix("attach://") {
+        Some(part) => Some(uploads.get(part).ok_or_else(missing)?),
+        None if reference.is_empty() => uploads.get(field),
+        None => None,
+    };
+    // The size limit is enforced in front of the API, before anything is read.
+    if upload.is_some_and(|u| u.bytes.len() as u64 > kind.upload_limit()) {
+        return Err(ApiError::too_large());
+    }
+    let caption = parse_text(params, "caption")?;
+    let reply_markup = markup::reply_markup(params)?;
+    let target = send_target(inner, params)?;
+    let attachment = if let Some(upload) = upload {
+        if kind == MediaKind::Photo && !files::looks_like_image(&upload.bytes) {
+            return Err(ApiError::bad_request("IMAGE_PROCESS_FAILED"));
+        }
+        let duration = int(params, "duration")?.and_then(|d| u32::try_from(d).ok());
+        Attachment::New(NewFile::uploaded(kind, upload.clone(), duration))
+    } else if reference.starts_with("http://") || reference.starts_with("https://") {
+        // Telegram would fetch it; the fake reaches nothing outside.
+        return Err(ApiError::bad_request("failed to get HTTP URL content"));
+    } else if !reference.is_empty() {
+        Attachment::Reused(reused_media(inner, reference, kind)?)
+    } else {
+        return Err(missing());
+    };
+    let mut message = StoredMessage::new(Author::Bot, target.thread_id);
+    message.text = caption;
+    message.reply_markup = reply_markup;
+    deliver(inner, &target, message, attachment, method)
+}
+
+/// The media of the message that first carried `file_id`.
+fn reused_media(inner: &Inner, file_id: &str, kind: MediaKind) -> Result<Media, ApiError> {
+    let unknown = || ApiError::bad_request("wrong file identifier/HTTP URL specified");
+    let file = inner.file(file_id).ok_or_else(unknown)?;
+    if file.kind != kind {
+        return Err(ApiError::bad_request("type of file mismatch"));
+    }
+    inner
+        .chats
+        .get(&file.chat_id)
+        .and_then(|chat| chat.message(file.message_id))
+        .and_then(|message| message.media.clone())
+        .ok_or_else(unknown)
+}
+
+fn get_file(inner: &mut Inner, params: &Value) -> Answer {
+    let file_id = string(params, "file_id").unwrap_or_default();
+    if file_id.is_empty() {
+        return Err(ApiError::bad_request("file_id is empty"));
+    }
+    let invalid = || ApiError::bad_request("invalid file_id");
+    if inner.file(&file_id).ok_or_else(invalid)?.file_size > files::DOWNLOAD_MAX {
+        return Err(ApiError::bad_request("file is too big"));
+    }
+    let file = inner.file_with_path(&file_id).ok_or_else(invalid)?;
+    Ok(json!({
+        "file_id": file.file_id,
+        "file_unique_id": file.file_unique_id,
+        "file_size": file.file_size,
+        "file_path": file.file_path,
+    }))
+}
+
+/// Applies an edit to the bot's own message (in a chat and thread that still
+/// exist) once pacing admits it; `change` refuses what Telegram would refuse.
+fn edit(
+    inner: &mut Inner,
+    params: &Value,
+    method: &str,
+    change: impl FnOnce(&mut StoredMessage) -> Result<(), ApiError>,
+) -> Answer {
     if params.get("inline_message_id").is_some() {
         return Err(ApiError::bad_request(
             "inline messages are not supported by the fake",
@@ -424,18 +704,21 @@ fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
     }
     let chat_id = chat_id(params)?;
     let message_id = required_int(params, "message_id")?;
-    let (raw, parse_mode, parsed) = parse_text(params)?;
+    let enforce = inner.config.rate_limits;
+    let now_ms = inner.now_ms();
     let bot = inner.bot_user_json();
-    let chat = inner
-        .chats
-        .get_mut(&chat_id)
-        .ok_or_else(|| ApiError::bad_request("chat not found"))?;
+    let Inner {
+        chats,
+        sends,
+        users,
+        ..
+    } = &mut *inner;
+    let chat = find_chat(chats, chat_id)?;
     let index = chat
-        .messages
-        .iter()
-        .position(|m| m.message_id == message_id && m.service.is_none())
+        .message_index(message_id)
+        .filter(|i| chat.messages[*i].service.is_none())
         .ok_or_else(|| ApiError::bad_request("message to edit not found"))?;
-    let message = &chat.messages[index];
+    let mut message = chat.messages[index].clone();
     if let Some(thread_id) = message.thread_id
         && chat.topics.get(&thread_id).is_none_or(|t| t.deleted)
     {
@@ -444,24 +727,53 @@ fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
     if !matches!(message.author, Author::Bot) {
         return Err(ApiError::bad_request("message can't be edited"));
     }
-    let reply_markup = params.get("reply_markup").cloned();
-    if message.text == parsed.text
-        && message.entities == parsed.entities
-        && message.reply_markup == reply_markup
-    {
-        return Err(ApiError::bad_request(
-            "message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
-        ));
-    }
-    let message = &mut chat.messages[index];
-    message.raw_text = raw;
-    message.parse_mode = parse_mode;
-    message.text = parsed.text;
-    message.entities = parsed.entities;
-    message.reply_markup = reply_markup;
+    change(&mut message)?;
+    pace(sends, chat, enforce)?;
+    chat.counters.edited += 1;
     message.edited = true;
-    let message = chat.messages[index].clone();
-    Ok(chat.message_json(&message, &bot, &inner.users))
+    message.record_version(method, now_ms);
+    chat.messages[index] = message;
+    Ok(chat.message_json(&chat.messages[index], &bot, users))
+}
+
+fn not_modified() -> ApiError {
+    ApiError::bad_request(
+        "message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+    )
+}
+
+/// Replaces the text; the buttons become what the call carries, so an edit
+/// without `reply_markup` removes them, as on Telegram.
+fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
+    let text = parse_text(params, "text")?;
+    let reply_markup = markup::inline_markup_for_edit(params)?;
+    edit(inner, params, "editMessageText", |message| {
+        if message.media.is_some() {
+            return Err(ApiError::bad_request(
+                "there is no text in the message to edit",
+            ));
+        }
+        if message.text.plain == text.plain
+            && message.text.entities == text.entities
+            && message.reply_markup == reply_markup
+        {
+            return Err(not_modified());
+        }
+        message.text = text;
+        message.reply_markup = reply_markup;
+        Ok(())
+    })
+}
+
+fn edit_message_reply_markup(inner: &mut Inner, params: &Value) -> Answer {
+    let reply_markup = markup::inline_markup_for_edit(params)?;
+    edit(inner, params, "editMessageReplyMarkup", |message| {
+        if message.reply_markup == reply_markup {
+            return Err(not_modified());
+        }
+        message.reply_markup = reply_markup;
+        Ok(())
+    })
 }
 
 const CHAT_ACTIONS: [&str; 11] = [
@@ -490,16 +802,41 @@ fn send_chat_action(inner: &mut Inner, params: &Value) -> Answer {
     Ok(json!(true))
 }
 
+/// Longest `answerCallbackQuery` text.
+const MAX_CALLBACK_ANSWER: usize = 200;
+
 fn answer_callback_query(inner: &mut Inner, params: &Value) -> Answer {
     let id = string(params, "callback_query_id").unwrap_or_default();
     if id.is_empty() {
         return Err(ApiError::bad_request("callback_query_id is empty"));
     }
-    if !inner.callback_query_ids.remove(&id) {
-        return Err(ApiError::bad_request(
-            "query is too old and response timeout expired or query ID is invalid",
-        ));
+    let text = string(params, "text").filter(|t| !t.is_empty());
+    let show_alert = boolean(params, "show_alert");
+    let url = string(params, "url").filter(|u| !u.is_empty());
+    let answered_ms = inner.now_ms();
+    // Unknown and already answered ids read the same: Telegram forgets a query
+    // once it is answered.
+    let query = inner
+        .callback_queries
+        .iter_mut()
+        .find(|q| q.callback_query_id == id && q.answer.is_none())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "query is too old and response timeout expired or query ID is invalid",
+            )
+        })?;
+    if text
+        .as_ref()
+        .is_some_and(|t| t.chars().count() > MAX_CALLBACK_ANSWER)
+    {
+        return Err(ApiError::bad_request("MESSAGE_TOO_LONG"));
     }
+    query.answer = Some(CallbackAnswer {
+        text,
+        show_alert,
+        url,
+        answered_ms,
+    });
     Ok(json!(true))
 }
 
@@ -574,33 +911,6 @@ fn topic_name(params: &Value, required: bool) -> Result<Option<String>, ApiError
     }
 }
 
-fn push_service(chat: &mut Chat, thread_id: i64, kind: &'static str, payload: Value) {
-    let message_id = chat.allocate_message_id();
-    chat.messages
-        .push(service_message(message_id, thread_id, kind, payload));
-}
-
-fn service_message(
-    message_id: i64,
-    thread_id: i64,
-    kind: &'static str,
-    payload: Value,
-) -> StoredMessage {
-    StoredMessage {
-        message_id,
-        thread_id: Some(thread_id),
-        author: Author::Bot,
-        raw_text: String::new(),
-        parse_mode: None,
-        text: String::new(),
-        entities: Vec::new(),
-        date: unix_now(),
-        edited: false,
-        reply_markup: None,
-        service: Some((kind, payload)),
-    }
-}
-
 fn create_forum_topic(inner: &mut Inner, params: &Value) -> Answer {
     let bot_has_topics = inner.config.has_topics_enabled;
     let name = topic_name(params, true)?.unwrap_or_default();
@@ -618,23 +928,7 @@ fn create_forum_topic(inner: &mut Inner, params: &Value) -> Answer {
         // Telegram picks a colour; rotating keeps neighbouring topics apart.
         None => ICON_COLORS[chat.topics.len() % ICON_COLORS.len()],
     };
-    // The topic's thread id is the id of its creation message.
-    let thread_id = chat.allocate_message_id();
-    chat.topics.insert(
-        thread_id,
-        Topic {
-            name: name.clone(),
-            icon_color,
-            closed: false,
-            deleted: false,
-        },
-    );
-    chat.messages.push(service_message(
-        thread_id,
-        thread_id,
-        "forum_topic_created",
-        json!({"name": name, "icon_color": icon_color}),
-    ));
+    let thread_id = chat.open_topic(&name, icon_color, Author::Bot);
     Ok(json!({"message_thread_id": thread_id, "name": name, "icon_color": icon_color}))
 }
 
@@ -655,12 +949,7 @@ fn edit_forum_topic(inner: &mut Inner, params: &Value) -> Answer {
     if let Some(emoji) = icon_emoji {
         payload.insert("icon_custom_emoji_id".to_owned(), json!(emoji));
     }
-    push_service(
-        chat,
-        thread_id,
-        "forum_topic_edited",
-        Value::Object(payload),
-    );
+    chat.push_service(thread_id, "forum_topic_edited", Value::Object(payload));
     Ok(json!(true))
 }
 
@@ -676,7 +965,7 @@ fn set_topic_closed(inner: &mut Inner, params: &Value, closed: bool) -> Answer {
     } else {
         "forum_topic_reopened"
     };
-    push_service(chat, thread_id, kind, json!({}));
+    chat.push_service(thread_id, kind, json!({}));
     Ok(json!(true))
 }
 

@@ -5,74 +5,155 @@
 //! It is a real HTTP server (axum, on 127.0.0.1) so the relay's client is exercised
 //! end to end. Start one in-process with [`FakeBotApi::start`], or run the
 //! `fake-bot-api` binary and drive it from another process over the control routes.
+//! The Telegram facts it reproduces are listed in `shared/TELEGRAM.md`.
 //!
-//! # Bot API (`{url}/bot<token>/<method>`, GET or POST, JSON / form / query params)
+//! Layout: `methods` (the Bot API methods), `markup` (`reply_markup`), `files`
+//! (media in and out), `html` (HTML parse mode), `state` (chats, messages, the
+//! update queue), `http` (routes, faults, uploads, downloads), `records` (what
+//! tests inject and read back).
+//!
+//! # Bot API (`{url}/bot<token>/<method>`, GET or POST; JSON, form, query or multipart)
 //!
 //! Wrong token → 401 `Unauthorized`; unknown method → 404 `Not Found`; HTTP status
 //! always equals `error_code`. Method names are case-insensitive, as on Telegram.
-//! Implemented: `getMe`, `deleteWebhook`, `getUpdates`, `sendMessage`,
-//! `editMessageText`, `sendChatAction`, `answerCallbackQuery`, `getChat`,
-//! `getChatMember`, `setMyCommands`, `getMyCommands`, `deleteMyCommands`,
-//! `createForumTopic`, `editForumTopic`, `closeForumTopic`, `reopenForumTopic`,
-//! `deleteForumTopic`.
+//! Implemented: `getMe`, `deleteWebhook`, `getWebhookInfo`, `getUpdates`,
+//! `sendMessage`, `editMessageText`, `editMessageReplyMarkup`, `sendPhoto`,
+//! `sendDocument`, `sendVoice`, `sendAudio`, `getFile`, `sendChatAction`,
+//! `answerCallbackQuery`, `getChat`, `getChatMember`, `setMyCommands`,
+//! `getMyCommands`, `deleteMyCommands`, `createForumTopic`, `editForumTopic`,
+//! `closeForumTopic`, `reopenForumTopic`, `deleteForumTopic`.
+//! Files: `GET {url}/file/bot<token>/<file_path>` (wrong token → 401, unknown path → 404).
 //!
 //! Semantics worth knowing:
 //! * `getUpdates`: a positive `offset` forgets every lower update id, a negative one
 //!   keeps only the last |offset| updates; `limit` is clamped to 1–100; `timeout`
 //!   long-polls and answers as soon as an update arrives; `allowed_updates` is
 //!   remembered and filters updates when they are *created*.
-//! * Only one poller: when a `getUpdates` arrives while another is still waiting,
-//!   the **older** one is terminated with 409 `Conflict: terminated by other
-//!   getUpdates request; …` and the newer one proceeds.
+//! * Only one poller: when a `getUpdates` arrives while another is still open, the
+//!   **older** one is terminated with 409 `Conflict: terminated by other
+//!   getUpdates request; …` and the newer one proceeds. Such overlaps are counted
+//!   ([`PollStats`]); one whose newcomer is a short poll (`timeout` 0, a stepping-down
+//!   leader confirming its offset) is also counted apart.
+//! * `getWebhookInfo` → `{url: "", has_custom_certificate: false,
+//!   pending_update_count}` (updates not yet confirmed).
 //! * Thread ids are message ids of the `forum_topic_created` service message, so they
-//!   are never 1 (the General topic). Sending, acting or editing in a deleted, never
-//!   existing or General thread → 400 `Bad Request: message thread not found`.
+//!   are never 1. In supergroups thread 1 is the General topic: sending, acting or
+//!   editing there, or in a deleted or never existing thread → 400 `Bad Request:
+//!   message thread not found`. A private chat has no General topic (thread 1 is
+//!   just a thread that does not exist there).
+//! * Private chats have topics while the bot has them enabled (`getMe` →
+//!   `has_topics_enabled`, switchable at runtime); otherwise `createForumTopic`
+//!   there → 400 `Bad Request: the chat is not a forum` (what Telegram answers for
+//!   any chat without topics; the exact text for this case is not documented).
+//!   In supergroups `createForumTopic` needs `can_manage_topics` (400 `Bad
+//!   Request: not enough rights to create a topic`), `deleteForumTopic`
+//!   `can_delete_messages`.
 //! * HTML parse mode is validated (the tags of TELEGRAM.md plus their documented
-//!   synonyms); the 4096 limit is counted in UTF-16 units after parsing.
-//! * With [`FakeConfig::rate_limits`], `sendMessage` beyond 1/s per private chat,
-//!   20/min per group or 30/s overall answers 429 with `parameters.retry_after`.
+//!   synonyms); 4096 (text) and 1024 (caption) are counted in UTF-16 units after
+//!   parsing (`message is too long`, `message caption is too long`).
+//! * `reply_markup` (object, or JSON in a string) is validated as the Bot API server
+//!   does (see `markup`): `callback_data` 1–64 bytes (`BUTTON_DATA_INVALID`), a
+//!   button with `url` and `callback_data` keeps the url, unparsable JSON → `can't
+//!   parse reply keyboard markup JSON object`. The markup is stored with the
+//!   message. `editMessageText` without `reply_markup` removes the buttons;
+//!   `editMessageReplyMarkup` without it (or with `{"inline_keyboard":[]}`)
+//!   removes them too; an edit that changes nothing → `message is not modified: …`.
+//! * Replies: `reply_parameters` (or `reply_to_message_id`) must name a message of
+//!   the chat (`message to be replied not found` unless
+//!   `allow_sending_without_reply`); a reply lands in the topic of the message it
+//!   answers; the message object carries `reply_to_message`, one level deep.
+//! * `answerCallbackQuery`: an unknown id, or one already answered → 400 `Bad
+//!   Request: query is too old and response timeout expired or query ID is invalid`.
+//! * Files: uploads as multipart parts with a file name (named like the parameter,
+//!   or `attach://<part>`; a part without a file name is a plain field, as for
+//!   Telegram's HTTP reader) or a known `file_id`. Photos ≤ 10 MB, others ≤ 50 MB, else
+//!   HTTP 413 `Request Entity Too Large`; a photo that is no JPEG/PNG/GIF/WebP/BMP →
+//!   `IMAGE_PROCESS_FAILED`; another kind's `file_id` → `type of file mismatch`; an
+//!   unknown one → `wrong file identifier/HTTP URL specified`. `getFile`: unknown
+//!   → `invalid file_id`, over 20 MB → `file is too big`. The fake never
+//!   transcodes: the largest photo size is the uploaded bytes (see `files`).
+//!   Every request to `/file/…` is recorded ([`DownloadRecord`]); reading a file
+//!   over the control routes is not.
+//! * With [`FakeConfig::rate_limits`], every send and edit beyond 1/s per private
+//!   chat, 20/min per group or 30/s overall answers 429 with
+//!   `parameters.retry_after` and a `Retry-After` header. Sends, edits and refusals
+//!   are counted per chat either way ([`ChatCounters`]).
 //! * A deleted topic keeps its messages for inspection (Telegram would delete them).
+//! * Accepted connections get `TCP_NODELAY` (see [`FakeBotApi::start`]).
 //!
 //! # Faults
 //!
 //! [`FakeBotApi::inject_fault`] queues a [`Fault`] for the next `times` calls of a
-//! method (`"*"` = any method), consumed before normal handling. `TruncatedJson`
-//! *performs* the call and cuts its answer (a connection dying mid-response: the
-//! side effect happened but the client cannot know); every other fault except
-//! `Delay` answers without performing it.
+//! method (`"*"` = any method), consumed before normal handling;
+//! [`FakeBotApi::inject_fault_until_cleared`] keeps it until
+//! [`FakeBotApi::clear_faults`]. `TruncatedJson` *performs* the call and cuts its
+//! answer (a connection dying mid-response: the side effect happened but the
+//! client cannot know); `Deaf` makes `getUpdates` answer `[]` while updates pile
+//! up (other methods are unaffected); every other fault except `Delay` answers
+//! without performing the call.
+//!
+//! # In-process API ([`FakeBotApi`])
+//!
+//! * World: `add_forum_supergroup`, `add_supergroup`, `add_private_chat`,
+//!   `add_default_chats`, `set_has_topics_enabled`,
+//!   `set_allows_users_to_create_topics`.
+//! * Users act: `inject_message` (text), `inject_user_message` (replies, files,
+//!   captions, albums), `inject_callback_query` (taps, also forged ones),
+//!   `inject_topic` (a user opens a topic), `inject_raw_update`,
+//!   `delete_topic_externally`.
+//! * Faults: `inject_fault`, `inject_fault_until_cleared`, `clear_faults`.
+//! * Read back: `calls`, `topics`, `messages` (per thread), `message` (one, by id,
+//!   with its markup and edit history), `pending_update_ids`, `callback_queries`,
+//!   `unanswered_callback_queries`, `file`, `uploads`, `downloads`, `stats`.
+//! * Wait: `wait_until`, `wait_for_messages`, `wait_for_call`, `wait_for_poller`.
 //!
 //! # Control routes (`{url}/control/…`, JSON), for tests in other processes
 //!
 //! | route | body / query | answer |
 //! |---|---|---|
-//! | `POST inject_message` | `{chat_id, thread_id?, user_id, text}` | `{update_id}` |
+//! | `POST inject_message` | [`UserMessage`]: `{chat_id, thread_id?, user_id, text?, entities?, reply_to_message_id?, media_group_id?, media?: {kind: "photo"\|"document"\|"voice"\|"audio"\|"video"\|"video_note"\|"animation"\|"sticker", data_base64?, declared_size?, file_name?, mime_type?, duration?, width?, height?}}` | [`Injected`] `{update_id, message_id, file_ids}` or 400 |
 //! | `POST inject_update` | any update object without `update_id` | `{update_id}` |
 //! | `POST inject_callback_query` | `{chat_id, thread_id?, user_id, message_id, data}` | `{update_id, callback_query_id}` |
-//! | `POST fault` | `{method, times, fault:{kind:"too_many_requests",retry_after} \| {kind:"server_error",code} \| {kind:"delay",ms} \| {kind:"hang"} \| {kind:"garbage_body"} \| {kind:"truncated_json"} \| {kind:"conflict"} \| {kind:"bad_request",description}}` | `{}` |
+//! | `POST inject_topic` | `{chat_id, user_id, name}` | `{thread_id, update_id}` or 400 |
+//! | `POST fault` | `{method, times?, until_cleared?, fault:{kind:"too_many_requests",retry_after} \| {kind:"server_error",code} \| {kind:"delay",ms} \| {kind:"hang"} \| {kind:"garbage_body"} \| {kind:"truncated_json"} \| {kind:"conflict"} \| {kind:"bad_request",description} \| {kind:"deaf",immediately?}}` | `{}` |
+//! | `POST clear_faults` | `{}` | `{}` |
+//! | `POST bot_settings` | `{has_topics_enabled?, allows_users_to_create_topics?}` | `{}` |
 //! | `GET calls` | | `[CallRecord]` |
 //! | `GET topics?chat_id=` | | `[TopicInfo]` |
 //! | `GET messages?chat_id=&thread_id=` | `thread_id` omitted = outside topics | `[SentMessage]` |
+//! | `GET message?chat_id=&message_id=` | | [`SentMessage`] (with `reply_markup`, `history`) or 404 |
 //! | `GET wait_messages?chat_id=&thread_id=&count=&timeout_ms=` | | `[SentMessage]` or 408 |
+//! | `GET callback_queries?unanswered=` | `unanswered=true`: only those | `[CallbackQueryRecord]` |
+//! | `GET uploads` | | `[FileRecord]` the bot uploaded (without bytes) |
+//! | `GET file?file_id=` | | [`FileRecord`] (without bytes) or 404 |
+//! | `GET file_content?file_id=` | | the file's bytes or 404 |
+//! | `GET downloads` | | `[DownloadRecord]` |
+//! | `GET stats` | | [`FakeStats`] `{polls, pending_update_count, chats}` |
 //! | `POST delete_topic` | `{chat_id, thread_id}` | `{}` or 400 |
 //! | `POST chat` | `{kind:"forum_supergroup"\|"supergroup", chat_id, title, can_manage_topics, can_delete_messages}` or `{kind:"private", user_id, first_name}` | `{}` |
 
+mod files;
 mod html;
 mod http;
+mod markup;
 mod methods;
+mod records;
 mod state;
 #[cfg(test)]
 mod tests;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use state::{Author, Chat, ChatKind, Inner, PlannedFault, StoredMessage};
+pub use records::*;
+use state::{Author, Chat, Inner, PlannedFault, StoredMessage, Text};
 
 /// The forum supergroup created by [`FakeBotApi::add_default_chats`].
 pub const DEFAULT_FORUM_CHAT_ID: i64 = -1_001_000_000_001;
@@ -87,6 +168,9 @@ pub struct FakeConfig {
     pub bot_first_name: String,
     /// `getMe.has_topics_enabled`: whether topics work in private chats.
     pub has_topics_enabled: bool,
+    /// `getMe.allows_users_to_create_topics`: whether users may open topics in
+    /// their private chat with the bot ([`FakeBotApi::inject_topic`]).
+    pub allows_users_to_create_topics: bool,
     /// Answer 429 beyond Telegram's send limits.
     pub rate_limits: bool,
     pub addr: SocketAddr,
@@ -99,6 +183,7 @@ impl Default for FakeConfig {
             bot_username: "relay_test_bot".to_owned(),
             bot_first_name: "Relay Test Bot".to_owned(),
             has_topics_enabled: true,
+            allows_users_to_create_topics: true,
             rate_limits: false,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -121,31 +206,10 @@ impl BotRights {
     };
 }
 
-/// A message a user writes, to become a `message` update.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inject {
-    pub chat_id: i64,
-    #[serde(default)]
-    pub thread_id: Option<i64>,
-    pub user_id: i64,
-    pub text: String,
-}
-
-/// A button press on one of the bot's messages, to become a `callback_query` update.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CallbackInject {
-    pub chat_id: i64,
-    #[serde(default)]
-    pub thread_id: Option<i64>,
-    pub user_id: i64,
-    pub message_id: i64,
-    pub data: String,
-}
-
 /// A misbehaviour of Telegram (or of the network in front of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
-    /// 429 with `parameters.retry_after`.
+    /// 429 with `parameters.retry_after` and a `Retry-After` header.
     TooManyRequests { retry_after: u64 },
     /// A 5xx (or any) status with a Telegram-shaped error body.
     ServerError { code: u16 },
@@ -161,49 +225,11 @@ pub enum Fault {
     Conflict,
     /// 400 with this description (use Telegram's `Bad Request: …` wording).
     BadRequest { description: String },
-}
-
-/// One Bot API call as the fake saw it. Times are milliseconds since the server
-/// started, on a monotonic clock.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CallRecord {
-    pub seq: u64,
-    /// Canonical spelling (`sendMessage`) for known methods, as sent otherwise.
-    pub method: String,
-    pub params: Value,
-    pub started_ms: u64,
-    /// `None` while the call has not been answered (or never will be: `Hang`).
-    pub finished_ms: Option<u64>,
-    pub status: Option<u16>,
-    /// The `ok` field of the answer; false for unparseable answers.
-    pub ok: bool,
-    /// The fault applied to this call, if any (its `Debug` form).
-    pub fault: Option<String>,
-}
-
-/// A forum topic as the fake knows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopicInfo {
-    pub thread_id: i64,
-    pub name: String,
-    pub icon_color: i64,
-    pub closed: bool,
-    pub deleted: bool,
-}
-
-/// A text message the bot sent (service messages and users' messages excluded).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SentMessage {
-    pub message_id: i64,
-    pub thread_id: Option<i64>,
-    /// The text as the bot sent it, markup included (after the last edit).
-    pub text: String,
-    pub parse_mode: Option<String>,
-    /// The text as Telegram displays it, after entity parsing.
-    pub plain_text: String,
-    pub entities: Vec<Value>,
-    pub date: i64,
-    pub edited: bool,
+    /// `getUpdates` answers `[]` (after its `timeout`, or `immediately`) and
+    /// confirms nothing, while updates keep piling up: a poller that is alive but
+    /// not receiving. Plan it for `getUpdates`: another method meeting it is
+    /// handled normally (and uses up one of its `times`).
+    Deaf { immediately: bool },
 }
 
 /// Errors of the in-process and control API (not Bot API answers).
@@ -213,6 +239,11 @@ pub enum FakeError {
     UnknownChat(i64),
     #[error("chat {chat_id} has no live topic {thread_id}")]
     UnknownTopic { chat_id: i64, thread_id: i64 },
+    #[error("chat {chat_id} has no message {message_id}")]
+    UnknownMessage { chat_id: i64, message_id: i64 },
+    /// What a Telegram client would not let a user send.
+    #[error("a user could not send this: {0}")]
+    Refused(String),
     #[error("timed out after {0:?} waiting for the fake Bot API")]
     Timeout(Duration),
 }
@@ -223,7 +254,6 @@ struct Shared {
     /// and a `watch` (unlike a bare `Notify`) cannot lose a wake-up that happens
     /// between checking a condition and starting to wait.
     changed: watch::Sender<u64>,
-    epoch: Instant,
     shutdown: CancellationToken,
 }
 
@@ -276,8 +306,18 @@ impl Drop for FakeServer {
     }
 }
 
+/// Disables Nagle's algorithm on an accepted connection. hyper may write an
+/// answer's head and body separately; with Nagle on, the second small write waits
+/// for the client's delayed ACK (~40 ms on Linux) and every call looks slow.
+fn configure_accepted(stream: &mut tokio::net::TcpStream) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "fake Bot API: could not set TCP_NODELAY");
+    }
+}
+
 impl FakeBotApi {
-    /// Binds `config.addr` and serves the Bot API and the control routes.
+    /// Binds `config.addr` and serves the Bot API and the control routes, with
+    /// `TCP_NODELAY` on every accepted connection.
     ///
     /// A token without Telegram's shape (`<digits>:<30+ of [A-Za-z0-9_-]>`) is
     /// refused: the relay's redaction relies on that shape, and a test with an
@@ -291,6 +331,7 @@ impl FakeBotApi {
         }
         let listener = tokio::net::TcpListener::bind(config.addr).await?;
         let addr = listener.local_addr()?;
+        let listener = listener.tap_io(configure_accepted);
         let api = Self::new(config);
         let router = http::router(api.clone());
         let shutdown = api.shared.shutdown.clone();
@@ -312,7 +353,6 @@ impl FakeBotApi {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner::new(config)),
                 changed,
-                epoch: Instant::now(),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -330,14 +370,19 @@ impl FakeBotApi {
     /// Runs `f` on the state and wakes everything watching it.
     fn mutate<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         let out = f(&mut self.lock());
-        self.shared
-            .changed
-            .send_modify(|generation| *generation += 1);
+        self.notify();
         out
     }
 
+    /// Wakes everything watching the state, after a change made under `lock`.
+    fn notify(&self) {
+        self.shared
+            .changed
+            .send_modify(|generation| *generation += 1);
+    }
+
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.shared.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.lock().now_ms()
     }
 
     pub fn token(&self) -> String {
@@ -348,12 +393,12 @@ impl FakeBotApi {
         self.lock().bot_id
     }
 
-    // ---- chats ----
+    // ---- the world ----
 
     pub fn add_forum_supergroup(&self, chat_id: i64, title: &str, rights: BotRights) {
         self.add_chat(
             chat_id,
-            ChatKind::Supergroup {
+            state::ChatKind::Supergroup {
                 title: title.to_owned(),
                 is_forum: true,
             },
@@ -365,7 +410,7 @@ impl FakeBotApi {
     pub fn add_supergroup(&self, chat_id: i64, title: &str, rights: BotRights) {
         self.add_chat(
             chat_id,
-            ChatKind::Supergroup {
+            state::ChatKind::Supergroup {
                 title: title.to_owned(),
                 is_forum: false,
             },
@@ -378,7 +423,7 @@ impl FakeBotApi {
         self.mutate(|inner| inner.users.insert(user_id, first_name.to_owned()));
         self.add_chat(
             user_id,
-            ChatKind::Private {
+            state::ChatKind::Private {
                 first_name: first_name.to_owned(),
             },
             BotRights::default(),
@@ -392,7 +437,7 @@ impl FakeBotApi {
         self.add_private_chat(DEFAULT_USER_ID, "Alice");
     }
 
-    fn add_chat(&self, chat_id: i64, kind: ChatKind, rights: BotRights) {
+    fn add_chat(&self, chat_id: i64, kind: state::ChatKind, rights: BotRights) {
         self.mutate(|inner| {
             inner
                 .chats
@@ -400,34 +445,54 @@ impl FakeBotApi {
         });
     }
 
-    // ---- injection ----
+    /// The owner switches topics in private chats on or off in @BotFather
+    /// (`getMe.has_topics_enabled`), possibly while the relay runs. Topics made
+    /// while it was on stay, but cannot be used while it is off.
+    pub fn set_has_topics_enabled(&self, enabled: bool) {
+        self.mutate(|inner| inner.config.has_topics_enabled = enabled);
+    }
+
+    /// `getMe.allows_users_to_create_topics`.
+    pub fn set_allows_users_to_create_topics(&self, allowed: bool) {
+        self.mutate(|inner| inner.config.allows_users_to_create_topics = allowed);
+    }
+
+    // ---- users act ----
 
     /// A user writes `text`; returns the update id. A chat the fake does not know
     /// is registered implicitly (private if `chat_id > 0`, else a plain supergroup).
     /// The update is dropped if the poller's `allowed_updates` excludes messages.
     pub fn inject_message(&self, inject: Inject) -> i64 {
+        self.mutate(|inner| post_user_message(inner, inject.into()).update_id)
+    }
+
+    /// A user posts anything a client lets them: text, a file with a caption, a
+    /// reply, part of an album. Refused (as a client would refuse it): an empty
+    /// text, a text over 4096 or a caption over 1024 UTF-16 units, a reply to a
+    /// message the chat does not have.
+    pub fn inject_user_message(&self, message: UserMessage) -> Result<Injected, FakeError> {
+        let length = html::utf16_len(&message.text);
+        if message.media.is_some() && length > methods::MAX_CAPTION {
+            return Err(FakeError::Refused(format!("a caption of {length} units")));
+        }
+        if message.media.is_none() && (message.text.is_empty() || length > methods::MAX_TEXT) {
+            return Err(FakeError::Refused(format!("a text of {length} units")));
+        }
         self.mutate(|inner| {
-            let bot = inner.bot_user_json();
-            let date = state::unix_now();
-            let Inner { chats, users, .. } = &mut *inner;
-            let chat = state::chat_entry(chats, users, inject.chat_id, inject.user_id);
-            let message = StoredMessage {
-                message_id: chat.allocate_message_id(),
-                thread_id: inject.thread_id,
-                author: Author::User(inject.user_id),
-                raw_text: inject.text.clone(),
-                parse_mode: None,
-                text: inject.text,
-                entities: Vec::new(),
-                date,
-                edited: false,
-                reply_markup: None,
-                service: None,
-            };
-            // Telegram marks commands so clients need not parse them.
-            let json = with_command_entity(chat.message_json(&message, &bot, users));
-            chat.messages.push(message);
-            inner.push_update(json!({ "message": json }))
+            if let Some(message_id) = message.reply_to_message_id {
+                let chat_id = message.chat_id;
+                let known = inner
+                    .chats
+                    .get(&chat_id)
+                    .is_some_and(|chat| chat.message(message_id).is_some());
+                if !known {
+                    return Err(FakeError::UnknownMessage {
+                        chat_id,
+                        message_id,
+                    });
+                }
+            }
+            Ok(post_user_message(inner, message))
         })
     }
 
@@ -438,57 +503,122 @@ impl FakeBotApi {
     }
 
     /// A user presses a button on message `message_id`; returns (update id,
-    /// callback query id). Answering an unknown query id is a 400, as on Telegram.
+    /// callback query id). The update's `message` is the stored message, with its
+    /// topic; for a message the chat does not have (a forged tap) it is made of
+    /// what `press` says. The query is recorded until answered
+    /// ([`Self::unanswered_callback_queries`]).
     pub fn inject_callback_query(&self, press: CallbackInject) -> (i64, String) {
         self.mutate(|inner| {
             let id = format!(
                 "{}",
-                4_000_000_000_000_000_000u64 + inner.next_callback_query_id
+                4_000_000_000_000_000_000u64 + inner.callback_queries.len() as u64 + 1
             );
-            inner.next_callback_query_id += 1;
-            inner.callback_query_ids.insert(id.clone());
             let from = state::user_json(press.user_id, &inner.users);
             let bot = inner.bot_user_json();
-            let Inner { chats, users, .. } = &mut *inner;
-            let chat = state::chat_entry(chats, users, press.chat_id, press.user_id);
-            let mut message = json!({
-                "message_id": press.message_id,
-                "from": bot,
-                "chat": chat.json(),
-                "date": state::unix_now(),
+            let stored = inner.chats.get(&press.chat_id).and_then(|chat| {
+                let message = chat.message(press.message_id)?;
+                Some(chat.message_json(message, &bot, &inner.users))
             });
-            if let Some(stored) = chat
-                .messages
-                .iter()
-                .find(|m| m.message_id == press.message_id)
-            {
-                message = chat.message_json(stored, &bot, users);
-            } else if let Some(thread_id) = press.thread_id {
-                message["message_thread_id"] = json!(thread_id);
-                message["is_topic_message"] = json!(true);
-            }
-            let update = json!({"callback_query": {
+            let message = stored.unwrap_or_else(|| {
+                let chat = match inner.chats.get(&press.chat_id) {
+                    Some(chat) => chat.json(),
+                    None => Chat::new(
+                        press.chat_id,
+                        state::implied_kind(&inner.users, press.chat_id, press.user_id),
+                        BotRights::default(),
+                    )
+                    .json(),
+                };
+                let mut message = json!({
+                    "message_id": press.message_id,
+                    "from": bot,
+                    "chat": chat,
+                    "date": state::unix_now(),
+                });
+                if let Some(thread_id) = press.thread_id {
+                    message["message_thread_id"] = json!(thread_id);
+                    message["is_topic_message"] = json!(true);
+                }
+                message
+            });
+            let update_id = inner.push_update(json!({"callback_query": {
                 "id": id,
                 "from": from,
                 "message": message,
-                "chat_instance": format!("{}", press.chat_id.unsigned_abs()),
+                "chat_instance": chat_instance(press.chat_id),
                 "data": press.data,
-            }});
-            (inner.push_update(update), id)
+            }}));
+            let injected_ms = inner.now_ms();
+            inner.callback_queries.push(CallbackQueryRecord {
+                callback_query_id: id.clone(),
+                update_id,
+                user_id: press.user_id,
+                chat_id: press.chat_id,
+                message_id: press.message_id,
+                data: press.data,
+                injected_ms,
+                answer: None,
+            });
+            (update_id, id)
+        })
+    }
+
+    /// A user opens a topic named `name` (in a forum, or in their private chat
+    /// when the bot allows it); returns (thread id, update id of the
+    /// `forum_topic_created` message).
+    pub fn inject_topic(
+        &self,
+        chat_id: i64,
+        user_id: i64,
+        name: &str,
+    ) -> Result<(i64, i64), FakeError> {
+        self.mutate(|inner| {
+            let bot = inner.bot_user_json();
+            let has_topics = inner.config.has_topics_enabled;
+            let users_may = inner.config.allows_users_to_create_topics;
+            let Inner { chats, users, .. } = &mut *inner;
+            let chat = chats
+                .get_mut(&chat_id)
+                .ok_or(FakeError::UnknownChat(chat_id))?;
+            if !chat.has_topics(has_topics) || (chat.is_private() && !users_may) {
+                return Err(FakeError::Refused(format!(
+                    "chat {chat_id} lets no user open topics"
+                )));
+            }
+            let color = state::ICON_COLORS[chat.topics.len() % state::ICON_COLORS.len()];
+            let thread_id = chat.open_topic(name, color, Author::User(user_id));
+            let json = chat
+                .message(thread_id)
+                .map(|created| chat.message_json(created, &bot, users));
+            let update_id = inner.push_update(json!({ "message": json }));
+            Ok((thread_id, update_id))
         })
     }
 
     /// The next `times` calls of `method` (case-insensitive; `"*"` = any method)
     /// meet `fault` before normal handling.
     pub fn inject_fault(&self, method: &str, fault: Fault, times: u32) {
-        if times == 0 {
-            return;
+        if times > 0 {
+            self.plan_fault(method, fault, Some(times));
         }
+    }
+
+    /// Every call of `method` meets `fault` until [`Self::clear_faults`].
+    pub fn inject_fault_until_cleared(&self, method: &str, fault: Fault) {
+        self.plan_fault(method, fault, None);
+    }
+
+    /// Forgets every planned fault.
+    pub fn clear_faults(&self) {
+        self.mutate(|inner| inner.faults.clear());
+    }
+
+    fn plan_fault(&self, method: &str, fault: Fault, remaining: Option<u32>) {
         self.mutate(|inner| {
             inner.faults.push(PlannedFault {
                 method: method.to_ascii_lowercase(),
                 fault,
-                remaining: times,
+                remaining,
             });
         });
     }
@@ -510,7 +640,7 @@ impl FakeBotApi {
         })
     }
 
-    // ---- inspection ----
+    // ---- read back ----
 
     pub fn calls(&self) -> Vec<CallRecord> {
         self.lock().calls.clone()
@@ -525,7 +655,7 @@ impl FakeBotApi {
             .unwrap_or_default()
     }
 
-    /// Text messages the bot sent in `thread_id` (`None`: outside any topic).
+    /// Messages the bot sent in `thread_id` (`None`: outside any topic).
     pub fn messages(&self, chat_id: i64, thread_id: Option<i64>) -> Vec<SentMessage> {
         self.lock()
             .chats
@@ -534,9 +664,63 @@ impl FakeBotApi {
             .unwrap_or_default()
     }
 
+    /// One message the bot sent, as it is now (markup included) with its history.
+    pub fn message(&self, chat_id: i64, message_id: i64) -> Option<SentMessage> {
+        let inner = self.lock();
+        state::sent_message(inner.chats.get(&chat_id)?.message(message_id)?)
+    }
+
     /// Updates not yet confirmed by a `getUpdates` offset.
     pub fn pending_update_ids(&self) -> Vec<i64> {
         self.lock().updates.iter().map(|(id, _)| *id).collect()
+    }
+
+    /// Every injected callback query, in order, with the bot's answer if any.
+    pub fn callback_queries(&self) -> Vec<CallbackQueryRecord> {
+        self.lock().callback_queries.clone()
+    }
+
+    /// The callback queries the bot has not answered (the client still spins).
+    pub fn unanswered_callback_queries(&self) -> Vec<CallbackQueryRecord> {
+        let inner = self.lock();
+        inner
+            .callback_queries
+            .iter()
+            .filter(|q| q.answer.is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// A file the fake holds, bytes included.
+    pub fn file(&self, file_id: &str) -> Option<FileRecord> {
+        self.lock().file(file_id).cloned()
+    }
+
+    /// The files the bot uploaded, in upload order, bytes included (a photo
+    /// appears once per size, smallest first; the largest is the uploaded bytes).
+    pub fn uploads(&self) -> Vec<FileRecord> {
+        let inner = self.lock();
+        inner.files.iter().filter(|f| f.from_bot).cloned().collect()
+    }
+
+    /// Every request for a file's content, served or not.
+    pub fn downloads(&self) -> Vec<DownloadRecord> {
+        self.lock().downloads.clone()
+    }
+
+    /// Poll overlaps, the pending update count and per-chat counters.
+    pub fn stats(&self) -> FakeStats {
+        let inner = self.lock();
+        FakeStats {
+            polls: inner.polls,
+            pending_update_count: inner.updates.len(),
+            chats: inner
+                .chats
+                .values()
+                .map(|chat| chat.counters)
+                .filter(|c| c.sent + c.edited + c.rate_limited > 0)
+                .collect(),
+        }
     }
 
     // ---- waiting ----
@@ -628,16 +812,63 @@ fn has_token_shape(token: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// Adds the `bot_command` entity Telegram attaches to a leading `/command`.
-fn with_command_entity(mut message: Value) -> Value {
-    let Some(text) = message["text"].as_str() else {
-        return message;
+/// Stores a user's message and queues its update (no checks: see
+/// [`FakeBotApi::inject_user_message`] for what a client would refuse).
+fn post_user_message(inner: &mut Inner, message: UserMessage) -> Injected {
+    let chat_id = message.chat_id;
+    let message_id = {
+        let Inner { chats, users, .. } = &mut *inner;
+        state::chat_entry(chats, users, chat_id, message.user_id).next_message_id
     };
+    let media = message
+        .media
+        .as_ref()
+        .map(|media| inner.add_media(files::NewFile::injected(media), false, chat_id, message_id));
+    let entities = if message.entities.is_empty() && media.is_none() {
+        command_entities(&message.text)
+    } else {
+        message.entities
+    };
+    let mut stored = StoredMessage::new(Author::User(message.user_id), message.thread_id);
+    stored.text = Text {
+        raw: message.text.clone(),
+        parse_mode: None,
+        plain: message.text,
+        entities,
+    };
+    stored.reply_to = message.reply_to_message_id;
+    stored.media_group_id = message.media_group_id;
+    let file_ids = media
+        .as_ref()
+        .map(|m| m.file_ids.clone())
+        .unwrap_or_default();
+    stored.media = media;
+    let bot = inner.bot_user_json();
+    let Inner { chats, users, .. } = &mut *inner;
+    let chat = state::chat_entry(chats, users, chat_id, message.user_id);
+    let (message_id, json) = chat.post(stored, &bot, users);
+    let update_id = inner.push_update(json!({ "message": json }));
+    Injected {
+        update_id,
+        message_id,
+        file_ids,
+    }
+}
+
+/// The `bot_command` entity Telegram attaches to a leading `/command`, so
+/// clients need not parse commands.
+fn command_entities(text: &str) -> Vec<Value> {
     if !text.starts_with('/') {
-        return message;
+        return Vec::new();
     }
     let command = text.split_whitespace().next().unwrap_or(text);
     let length = html::utf16_len(command);
-    message["entities"] = json!([{"type": "bot_command", "offset": 0, "length": length}]);
-    message
+    vec![json!({"type": "bot_command", "offset": 0, "length": length})]
+}
+
+/// A callback query's `chat_instance`: stable per chat, but not its id (code
+/// that mistakes one for the other fails against the fake too).
+fn chat_instance(chat_id: i64) -> String {
+    let mixed = u64::from_ne_bytes(chat_id.to_ne_bytes()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    i64::from_ne_bytes(mixed.to_ne_bytes()).to_string()
 }
