@@ -35,6 +35,7 @@ pub mod doctor;
 pub mod fake_bot_api;
 pub mod framing;
 pub mod host;
+pub mod host_client;
 pub mod ids;
 pub mod logging;
 pub mod paths;

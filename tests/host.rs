@@ -274,7 +274,7 @@ async fn real_traffic_matches_the_checked_in_schemas() {
     sidecar.command("telegram-disconnect", "").await;
     sidecar.call("shutdown", json!({})).await;
 
-    let traffic = sidecar.traffic.lock().unwrap().clone();
+    let traffic = sidecar.traffic();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema");
     let mut methods_by_id = std::collections::HashMap::new();
     let mut checked = 0;

@@ -228,7 +228,7 @@ async fn the_token_appears_in_no_log_line_and_no_output() {
     let logs = log_text(home.path()) + &log_text(broken_home.path());
     let mut outputs: Vec<String> = Vec::new();
     for s in &sidecars {
-        let traffic = s.traffic.lock().expect("traffic lock");
+        let traffic = s.traffic();
         outputs.extend(traffic.iter().map(|(_, value)| value.to_string()));
         outputs.extend(s.garbage());
     }

@@ -10,8 +10,6 @@
 //! the sidecars live only as long as the demo: children are killed and the
 //! temporary home is removed on success, failure and Ctrl-C alike.
 
-pub mod host;
-
 use std::fmt::Display;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,11 +24,11 @@ use crate::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
     Inject, TopicInfo,
 };
+use crate::host_client::{FromSidecar, HostError, Incoming, Link, Sidecar};
 use crate::protocol::host::{
     AgentEndedParams, EmptyParams, PROTOCOL_VERSION, SendUserMessageParams, SetStatusParams,
     TurnEndedParams, method,
 };
-use host::{FromSidecar, HostError, Link, Sidecar};
 
 /// How long any one step may take. Each is a fraction of a second on a
 /// laptop; the margin is for loaded CI machines.
@@ -235,7 +233,7 @@ pub async fn run(sidecar_exe: &Path, out: impl Write + Send + 'static) -> Result
     for session in &mut cast {
         // Already dead (the killed leader) is fine.
         let _ = session.sidecar.kill();
-        session.sidecar.wait_exit(STEP).await;
+        let _ = session.sidecar.wait_exit(STEP).await;
     }
     let _ = server.shutdown().await;
     drop(home);
@@ -419,12 +417,12 @@ async fn start(
 async fn play_agent(
     agent: &'static Agent,
     link: Link,
-    mut incoming: mpsc::UnboundedReceiver<FromSidecar>,
+    mut incoming: mpsc::UnboundedReceiver<Incoming>,
     publish: watch::Sender<View>,
     transcript: Transcript,
 ) {
-    while let Some(event) = incoming.recv().await {
-        match event {
+    while let Some(Incoming { message, .. }) = incoming.recv().await {
+        match message {
             FromSidecar::Notification { method, params } if method == method::UI_SET_STATUS => {
                 let Ok(status) = serde_json::from_value::<SetStatusParams>(params) else {
                     continue;
@@ -445,7 +443,9 @@ async fn play_agent(
                     true
                 });
             }
-            FromSidecar::Notification { .. } => {}
+            FromSidecar::Notification { .. }
+            | FromSidecar::Response(_)
+            | FromSidecar::NotJson(_) => {}
             FromSidecar::Request { id, method, params }
                 if method == method::AGENT_SEND_USER_MESSAGE =>
             {
@@ -582,7 +582,7 @@ async fn kill_leader(leader: &mut Session, transcript: &Transcript) -> Result<In
         session: name,
         source,
     })?;
-    if !leader.sidecar.wait_exit(STEP).await {
+    if leader.sidecar.wait_exit(STEP).await.is_err() {
         return Err(DemoError::Timeout {
             what: format!("session {name}'s sidecar did not die"),
             after: STEP,

@@ -5,20 +5,20 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::process::Command;
+use tokio::sync::{Notify, oneshot};
 
 pub use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
 };
+pub use agent_relay::host_client::Direction;
+use agent_relay::host_client::{self, FromSidecar, Incoming, Link};
 
 /// The fake's default token.
 pub const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
@@ -44,12 +44,6 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_agent-relay"))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    ToSidecar,
-    FromSidecar,
-}
-
 /// Answers the sidecar's own requests (`ui/confirm` and friends): given the
 /// method and params, the result to send, or `None` to leave it unanswered.
 pub type AutoAnswer = Arc<dyn Fn(&str, &Value) -> Option<Value> + Send + Sync>;
@@ -63,17 +57,13 @@ struct Inbox {
     closed: bool,
 }
 
-type Responders = Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>;
-
+/// A real sidecar process played by the crate's one host client, with an
+/// inbox of everything it said and optional auto-answers to its requests.
 pub struct Sidecar {
-    pub child: Child,
-    lines: Option<mpsc::UnboundedSender<String>>,
+    process: host_client::Sidecar,
+    link: Link,
     inbox: Arc<Mutex<Inbox>>,
     changed: Arc<Notify>,
-    responders: Responders,
-    next_id: u64,
-    /// Every message exchanged, for checking against the schemas.
-    pub traffic: Arc<Mutex<Vec<(Direction, Value)>>>,
 }
 
 pub struct Options<'a> {
@@ -110,10 +100,6 @@ impl<'a> Options<'a> {
     }
 }
 
-fn id_key(id: &Value) -> String {
-    id.to_string()
-}
-
 impl Sidecar {
     pub fn spawn(options: Options<'_>) -> Sidecar {
         let mut command = Command::new(binary());
@@ -123,72 +109,41 @@ impl Sidecar {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("AGENT_RELAY_HOME", options.home)
             .env("AGENT_RELAY_LOG", "debug")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
+            .stderr(Stdio::null());
         for (k, v) in &options.env {
             command.env(k, v);
         }
-        let mut child = command.spawn().expect("spawn agent-relay");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut stdin = child.stdin.take().expect("stdin");
+        let (process, mut incoming) =
+            host_client::Sidecar::spawn_with(command, true).expect("spawn agent-relay");
+        let link = process.link().clone();
         let inbox = Arc::new(Mutex::new(Inbox::default()));
         let changed = Arc::new(Notify::new());
-        let responders: Responders = Arc::default();
-        let traffic: Arc<Mutex<Vec<(Direction, Value)>>> = Arc::default();
-        let (lines_tx, mut lines_rx) = mpsc::unbounded_channel::<String>();
-
-        // Writer: one task owns stdin, so answers never wait on the reader.
-        tokio::spawn(async move {
-            while let Some(line) = lines_rx.recv().await {
-                if stdin.write_all(line.as_bytes()).await.is_err()
-                    || stdin.write_all(b"\n").await.is_err()
-                    || stdin.flush().await.is_err()
-                {
-                    break;
-                }
-            }
-        });
-
-        // Reader: responses to their waiters, everything else to the inbox.
         {
             let inbox = inbox.clone();
             let changed = changed.clone();
-            let responders = responders.clone();
-            let traffic = traffic.clone();
+            let link = link.clone();
             let auto = options.auto_answer.clone();
-            // Weak, so that dropping the test's sender really closes stdin.
-            let answers = lines_tx.downgrade();
             tokio::spawn(async move {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let Ok(value) = serde_json::from_str::<Value>(&line) else {
-                        inbox.lock().unwrap().garbage.push(line);
-                        changed.notify_waiters();
-                        continue;
-                    };
-                    traffic
-                        .lock()
-                        .unwrap()
-                        .push((Direction::FromSidecar, value.clone()));
-                    if value.get("method").is_none() {
-                        let key = value.get("id").map(id_key).unwrap_or_default();
-                        let waiter = responders.lock().unwrap().remove(&key);
-                        if let Some(tx) = waiter {
-                            let _ = tx.send(value);
+                while let Some(Incoming { message, .. }) = incoming.recv().await {
+                    let value = match message {
+                        FromSidecar::NotJson(line) => {
+                            inbox.lock().unwrap().garbage.push(line);
+                            changed.notify_waiters();
                             continue;
                         }
-                    } else if let (Some(id), Some(auto)) = (value.get("id"), &auto) {
-                        let method = value["method"].as_str().unwrap_or_default();
-                        if let (Some(result), Some(answers)) =
-                            (auto(method, &value["params"]), answers.upgrade())
-                        {
-                            let _ = answers.send(
-                                json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
-                            );
+                        FromSidecar::Response(response) => response,
+                        FromSidecar::Notification { method, params } => {
+                            json!({"jsonrpc": "2.0", "method": method, "params": params})
                         }
-                    }
+                        FromSidecar::Request { id, method, params } => {
+                            if let Some(result) =
+                                auto.as_ref().and_then(|auto| auto(&method, &params))
+                            {
+                                let _ = link.respond(id.clone(), result);
+                            }
+                            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+                        }
+                    };
                     inbox.lock().unwrap().messages.push(value);
                     changed.notify_waiters();
                 }
@@ -197,53 +152,49 @@ impl Sidecar {
             });
         }
         Sidecar {
-            child,
-            lines: Some(lines_tx),
+            process,
+            link,
             inbox,
             changed,
-            responders,
-            next_id: 0,
-            traffic,
         }
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
+        self.process.pid().expect("running") as i32
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Every message both ways, for checking against the schemas.
+    pub fn traffic(&self) -> Vec<(Direction, Value)> {
+        self.link.traffic()
     }
 
     /// Writes one raw line.
     pub fn send_line(&self, line: &str) {
-        if let Ok(value) = serde_json::from_str::<Value>(line) {
-            self.traffic
-                .lock()
-                .unwrap()
-                .push((Direction::ToSidecar, value));
-        }
-        if let Some(lines) = &self.lines {
-            let _ = lines.send(line.to_string());
-        }
+        let _ = self.link.send_line(line);
     }
 
     /// Sends a request and waits for its response (the whole message).
     pub async fn call_raw(&mut self, method: &str, params: Value) -> Value {
-        let rx = self.call_later(method, params);
-        tokio::time::timeout(WAIT, rx)
+        self.link
+            .request_message(method, params, WAIT)
             .await
-            .unwrap_or_else(|_| panic!("no response to {method} within {WAIT:?}"))
-            .expect("sidecar closed")
+            .unwrap_or_else(|e| panic!("no response to {method}: {e}"))
     }
 
     /// Sends a request whose response is a waiter of its own, for
     /// overlapping requests.
     pub fn call_later(&mut self, method: &str, params: Value) -> oneshot::Receiver<Value> {
-        self.next_id += 1;
-        let id = json!(self.next_id);
-        let (tx, rx) = oneshot::channel();
-        self.responders.lock().unwrap().insert(id_key(&id), tx);
-        self.send_line(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
-        );
-        rx
+        self.link
+            .request_later(method, params)
+            .expect("the sidecar is running")
     }
 
     /// Sends a request and returns its `result`, panicking on an error.
@@ -257,7 +208,7 @@ impl Sidecar {
     }
 
     pub fn notify(&self, method: &str, params: Value) {
-        self.send_line(&json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string());
+        let _ = self.link.notify(method, params);
     }
 
     /// `initialize` + `initialized` as a host named `test-host` in `cwd`.
@@ -368,40 +319,24 @@ impl Sidecar {
 
     /// Closes stdin, as a host does when it goes away.
     pub fn close_stdin(&mut self) {
-        self.lines = None;
+        self.link.close();
     }
 
     /// Waits for the process to exit; returns its exit code.
     pub async fn wait_exit(&mut self) -> Option<i32> {
-        let status = tokio::time::timeout(WAIT, self.child.wait())
+        self.process
+            .wait_exit(WAIT)
             .await
             .expect("sidecar did not exit in time")
-            .expect("wait");
-        status.code()
     }
 
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) with a pid we spawned and still own.
-        let rc = unsafe { libc::kill(self.pid(), signal) };
-        assert_eq!(rc, 0, "kill({signal}) failed");
+        assert!(self.process.signal(signal), "kill({signal}) failed");
     }
 
     pub async fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
-        let _ = tokio::time::timeout(WAIT, self.child.wait()).await;
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        // A SIGSTOPped child must be continued to die promptly.
-        if let Some(pid) = self.child.id() {
-            // SAFETY: signalling a child we spawned.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGCONT);
-            }
-        }
-        let _ = self.child.start_kill();
+        let _ = self.process.wait_exit(WAIT).await;
     }
 }
 

@@ -1,19 +1,15 @@
-//! A lean scripted host: spawns one `agent-relay stdio` and speaks NDJSON
-//! JSON-RPC with it as a coding agent would. It accepts every relayed
-//! prompt (`agent/sendUserMessage`) and stamps it the moment its line is
-//! read, so latency figures end where a real host would see the prompt.
+//! A lean scripted host on the crate's one host client: it accepts every
+//! relayed prompt (`agent/sendUserMessage`) and keeps the instant its line
+//! was read, so latency figures end where a real host would see the prompt.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use agent_relay::host_client::{FromSidecar, Incoming, Link, Sidecar};
 use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
 
 /// How long a request to the sidecar may take before the bench gives up.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,18 +21,14 @@ pub struct Prompt {
     pub at: Instant,
 }
 
-type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
-
 /// One sidecar process and the host end of its stdio. Dropping it kills
 /// the process, so a panicking or interrupted bench leaves nothing behind.
 pub struct Host {
-    child: Child,
+    sidecar: Sidecar,
     pid: u32,
-    lines: mpsc::UnboundedSender<String>,
-    waiters: Waiters,
+    link: Link,
     status: watch::Receiver<Option<String>>,
     prompts: mpsc::UnboundedReceiver<Prompt>,
-    next_id: u64,
     /// The session's identity, so a replacement can take over its topic.
     pub cwd: String,
     pub name: String,
@@ -56,43 +48,20 @@ impl Host {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("spawning {}", relay.display()))?;
-        let pid = child.id().context("the sidecar exited at once")?;
-        let mut stdin = child.stdin.take().context("no stdin")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (lines, mut outgoing) = mpsc::unbounded_channel::<String>();
-        tokio::spawn(async move {
-            while let Some(mut line) = outgoing.recv().await {
-                line.push('\n');
-                if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                    break;
-                }
-            }
-        });
-        let waiters: Waiters = Arc::default();
+            .stderr(std::process::Stdio::null());
+        let (sidecar, incoming) =
+            Sidecar::spawn(command).with_context(|| format!("spawning {}", relay.display()))?;
+        let pid = sidecar.pid().context("the sidecar exited at once")?;
+        let link = sidecar.link().clone();
         let (status_tx, status) = watch::channel(None);
         let (prompts_tx, prompts) = mpsc::unbounded_channel();
-        tokio::spawn(read_stdout(
-            stdout,
-            lines.clone(),
-            waiters.clone(),
-            status_tx,
-            prompts_tx,
-        ));
+        tokio::spawn(play(incoming, link.clone(), status_tx, prompts_tx));
         Ok(Host {
-            child,
+            sidecar,
             pid,
-            lines,
-            waiters,
+            link,
             status,
             prompts,
-            next_id: 0,
             cwd: cwd.into(),
             name: name.into(),
         })
@@ -104,31 +73,15 @@ impl Host {
 
     /// Sends a request and waits for its `result`.
     pub async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
-        self.next_id += 1;
-        let id = self.next_id;
-        let (tx, rx) = oneshot::channel();
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, tx);
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        let answer = tokio::time::timeout(ANSWER_TIMEOUT, rx)
+        self.link
+            .request(method, params, ANSWER_TIMEOUT)
             .await
-            .map_err(|_| anyhow!("{method}: no answer within {ANSWER_TIMEOUT:?}"))?
-            .map_err(|_| anyhow!("{method}: the sidecar closed its stdout"))?;
-        if let Some(error) = answer.get("error") {
-            bail!("{method} failed: {error}");
-        }
-        Ok(answer["result"].clone())
+            .map_err(|e| anyhow!("{e}"))
     }
 
     pub fn notify(&self, method: &str, params: Value) {
-        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
-    }
-
-    fn send(&self, message: Value) {
         // A dead sidecar shows up as a missing answer, with its own timeout.
-        let _ = self.lines.send(message.to_string());
+        let _ = self.link.notify(method, params);
     }
 
     pub async fn initialize(&mut self) -> anyhow::Result<Value> {
@@ -228,71 +181,46 @@ impl Host {
     /// Sends SIGKILL; returns the instant it was sent. Reap with [`Host::reap`].
     pub fn sigkill(&self) -> Instant {
         let at = Instant::now();
-        // SAFETY: kill(2) on a child we spawned and have not reaped yet.
-        unsafe {
-            libc::kill(self.pid as i32, libc::SIGKILL);
-        }
+        self.sidecar.signal(libc::SIGKILL);
         at
     }
 
     /// Waits (bounded) for the process to exit.
     pub async fn reap(&mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        let _ = self.sidecar.wait_exit(Duration::from_secs(10)).await;
     }
 }
 
-/// Responses to their waiters, requests answered, status lines kept.
-async fn read_stdout(
-    stdout: ChildStdout,
-    lines: mpsc::UnboundedSender<String>,
-    waiters: Waiters,
+/// The host's side of the conversation: prompts accepted and stamped,
+/// confirmations granted, status lines kept.
+async fn play(
+    mut incoming: mpsc::UnboundedReceiver<Incoming>,
+    link: Link,
     status: watch::Sender<Option<String>>,
     prompts: mpsc::UnboundedSender<Prompt>,
 ) {
-    let mut reader = BufReader::new(stdout).lines();
-    while let Ok(Some(line)) = reader.next_line().await {
-        let at = Instant::now();
-        let Ok(message) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        let method = message.get("method").and_then(Value::as_str);
-        match (message.get("id"), method) {
-            (Some(id), Some(method)) => {
-                let answer = match method {
+    while let Some(Incoming { message, at }) = incoming.recv().await {
+        match message {
+            FromSidecar::Request { id, method, params } => {
+                let _ = match method.as_str() {
                     "agent/sendUserMessage" => {
-                        let text = message["params"]["text"].as_str().unwrap_or_default();
+                        let text = params["text"].as_str().unwrap_or_default();
                         let _ = prompts.send(Prompt {
                             text: text.to_string(),
                             at,
                         });
-                        json!({"result": {"accepted": true}})
+                        link.respond(id, json!({"accepted": true}))
                     }
-                    "ui/confirm" => json!({"result": {"confirmed": true}}),
-                    _ => {
-                        json!({"error": {"code": -32601, "message": "not offered by relay-bench"}})
-                    }
+                    "ui/confirm" => link.respond(id, json!({"confirmed": true})),
+                    _ => link.respond_error(id, -32601, "not offered by relay-bench"),
                 };
-                let mut answer = answer;
-                answer["jsonrpc"] = json!("2.0");
-                answer["id"] = id.clone();
-                let _ = lines.send(answer.to_string());
             }
-            (None, Some("ui/setStatus")) => {
-                let text = message["params"]["text"].as_str().map(String::from);
-                status.send_replace(text);
+            FromSidecar::Notification { method, params } if method == "ui/setStatus" => {
+                status.send_replace(params["text"].as_str().map(String::from));
             }
-            (Some(id), None) => {
-                let waiter = id.as_u64().and_then(|id| {
-                    waiters
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&id)
-                });
-                if let Some(waiter) = waiter {
-                    let _ = waiter.send(message);
-                }
-            }
-            _ => {}
+            FromSidecar::Notification { .. }
+            | FromSidecar::Response(_)
+            | FromSidecar::NotJson(_) => {}
         }
     }
 }

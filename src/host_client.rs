@@ -1,18 +1,20 @@
-//! A minimal JSON-RPC host: the side of the host protocol a coding agent
-//! plays. It spawns a sidecar, sends requests and matches their responses by
-//! id, sends notifications, and hands everything the sidecar says on its own
-//! (notifications and its requests to the host) to one channel so the caller
-//! decides how to answer.
+//! The host's end of the host protocol: the side a coding agent plays. It
+//! spawns a sidecar, sends requests and matches their responses by id,
+//! sends notifications, and hands everything the sidecar says on its own
+//! (its notifications and its requests to the host) to one channel, each
+//! stamped with the instant its line was read, so the caller decides how to
+//! answer and can measure when a prompt arrived.
 //!
-//! The demo drives its simulated agents with it; anything else that needs to
-//! play host to a real sidecar process can too. It reads stdout with the
-//! crate's one line codec, so it frames exactly as the sidecar does.
+//! The demo, the benchmark and the integration tests all play host with
+//! it; each adds only what it needs on top (an inbox and auto-answers for
+//! the tests, prompt timestamps for the benchmark). It frames stdout with
+//! the crate's one line codec, exactly as the sidecar frames it.
 
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -37,6 +39,27 @@ pub enum FromSidecar {
         method: String,
         params: Value,
     },
+    /// A response no request of ours waits for: the error answering a line
+    /// the sidecar could not read (id `null`), or an answer after its
+    /// request timed out.
+    Response(Value),
+    /// A line on stdout that is not JSON: the sidecar's bug (stdout
+    /// carries protocol only), reported so tests can assert there is none.
+    NotJson(String),
+}
+
+/// One thing the sidecar said, and when its line was read.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub message: FromSidecar,
+    pub at: Instant,
+}
+
+/// Which way a recorded message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    ToSidecar,
+    FromSidecar,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,21 +78,26 @@ pub enum HostError {
     },
 }
 
-/// A response as it came: `result`, or the error's code and message.
-type Answer = Result<Value, (i64, String)>;
-
-/// Requests waiting for their response. `closed` once stdout ended, so a
-/// request sent after that fails at once instead of waiting out its timeout.
+/// Requests waiting for their response (the whole response message).
+/// `closed` once stdout ended, so a request sent after that fails at once
+/// instead of waiting out its timeout.
 #[derive(Debug, Default)]
 struct Waiters {
-    by_id: HashMap<u64, oneshot::Sender<Answer>>,
+    by_id: HashMap<u64, oneshot::Sender<Value>>,
     closed: bool,
 }
 
 type Pending = Arc<Mutex<Waiters>>;
+type Traffic = Arc<Mutex<Vec<(Direction, Value)>>>;
 
-/// A spawned sidecar. Dropping it kills the process (SIGKILL) and closes its
-/// stdin.
+enum Out {
+    Line(String),
+    /// Close stdin, as a host does when it goes away.
+    Close,
+}
+
+/// A spawned sidecar. Dropping it kills the process (SIGKILL, after a
+/// SIGCONT in case a test stopped it) and closes its stdin.
 #[derive(Debug)]
 pub struct Sidecar {
     child: Child,
@@ -80,18 +108,35 @@ pub struct Sidecar {
 /// answers the sidecar's requests needs no access to the process.
 #[derive(Debug, Clone)]
 pub struct Link {
-    lines: mpsc::UnboundedSender<String>,
+    lines: mpsc::UnboundedSender<Out>,
     pending: Pending,
     next_id: Arc<AtomicU64>,
+    traffic: Option<Traffic>,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Out::Line(line) => write!(f, "Line({line:?})"),
+            Out::Close => write!(f, "Close"),
+        }
+    }
 }
 
 impl Sidecar {
     /// Spawns `command` with piped stdin and stdout (stderr is left as the
     /// command has it) and starts reading. The receiver yields what the
     /// sidecar says on its own and ends when its stdout closes.
-    pub fn spawn(
+    pub fn spawn(command: Command) -> Result<(Self, mpsc::UnboundedReceiver<Incoming>), HostError> {
+        Self::spawn_with(command, false)
+    }
+
+    /// Like [`Sidecar::spawn`]; with `record`, every message both ways is
+    /// kept for [`Link::traffic`] (tests check it against the schemas).
+    pub fn spawn_with(
         mut command: Command,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<FromSidecar>), HostError> {
+        record: bool,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Incoming>), HostError> {
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -104,11 +149,11 @@ impl Sidecar {
             )));
         };
 
-        let (lines, mut outgoing) = mpsc::unbounded_channel::<String>();
+        let (lines, mut outgoing) = mpsc::unbounded_channel::<Out>();
         // One task owns stdin so that answering never waits on reading; it
-        // ends, closing stdin, when every `Link` is gone.
+        // ends, closing stdin, when every `Link` is gone or on `Close`.
         tokio::spawn(async move {
-            while let Some(mut line) = outgoing.recv().await {
+            while let Some(Out::Line(mut line)) = outgoing.recv().await {
                 line.push('\n');
                 if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
                     break;
@@ -117,20 +162,35 @@ impl Sidecar {
         });
 
         let pending: Pending = Arc::default();
+        let traffic: Option<Traffic> = record.then(Traffic::default);
         let (events, incoming) = mpsc::unbounded_channel();
         let waiting = pending.clone();
+        let recorded = traffic.clone();
         tokio::spawn(async move {
             let mut frames = FramedRead::new(stdout, LineCodec::default());
             while let Some(Ok(frame)) = frames.next().await {
-                // stdout carries protocol only; anything else is the
-                // sidecar's bug, not something a host could act on.
-                let Frame::Line(line) = frame else { continue };
-                let Ok(message) = serde_json::from_str::<Value>(&line) else {
-                    continue;
+                let at = Instant::now();
+                let line = match frame {
+                    Frame::Line(line) => line,
+                    Frame::NotUtf8 => String::from("<not UTF-8>"),
+                    Frame::Oversized { .. } => String::from("<oversized line>"),
                 };
-                if let Some(event) = route(message, &waiting) {
+                let message = match serde_json::from_str::<Value>(&line) {
+                    Ok(message) => message,
+                    Err(_) => {
+                        let _ = events.send(Incoming {
+                            message: FromSidecar::NotJson(line),
+                            at,
+                        });
+                        continue;
+                    }
+                };
+                if let Some(traffic) = &recorded {
+                    lock(traffic).push((Direction::FromSidecar, message.clone()));
+                }
+                if let Some(message) = route(message, &waiting) {
                     // Nobody listening is fine: responses still matter.
-                    let _ = events.send(event);
+                    let _ = events.send(Incoming { message, at });
                 }
             }
             // Every request still waiting learns the sidecar is gone.
@@ -143,6 +203,7 @@ impl Sidecar {
             lines,
             pending,
             next_id: Arc::new(AtomicU64::new(1)),
+            traffic,
         };
         Ok((Self { child, link }, incoming))
     }
@@ -156,17 +217,40 @@ impl Sidecar {
         self.child.id()
     }
 
+    /// Whether the process still runs (it is reaped when it has exited).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends `signal` to the process (false when it is gone).
+    pub fn signal(&self, signal: i32) -> bool {
+        let Some(pid) = self.child.id() else {
+            return false;
+        };
+        // SAFETY: kill(2) on a child we spawned and have not reaped yet.
+        unsafe { libc::kill(pid as i32, signal) == 0 }
+    }
+
     /// Sends SIGKILL (no goodbye: what a crash looks like to the others).
     pub fn kill(&mut self) -> std::io::Result<()> {
         self.child.start_kill()
     }
 
-    /// Waits up to `timeout` for the process to exit; `false` if it did not.
-    pub async fn wait_exit(&mut self, timeout: Duration) -> bool {
-        matches!(
-            tokio::time::timeout(timeout, self.child.wait()).await,
-            Ok(Ok(_))
-        )
+    /// Waits up to `timeout` for the process to exit; its exit code, or
+    /// `None` (killed by a signal); `Err(())` when it did not exit in time.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>, ()> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => Ok(status.code()),
+            _ => Err(()),
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        // A SIGSTOPped child must be continued to die promptly.
+        self.signal(libc::SIGCONT);
+        let _ = self.child.start_kill();
     }
 }
 
@@ -186,20 +270,14 @@ fn route(message: Value, pending: &Pending) -> Option<FromSidecar> {
         (None, id) => {
             let waiter = id
                 .and_then(Value::as_u64)
-                .and_then(|id| lock(pending).by_id.remove(&id))?;
-            let answer = match message.get("error") {
-                Some(error) => Err((
-                    error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                    error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
-                )),
-                None => Ok(message.get("result").cloned().unwrap_or(Value::Null)),
-            };
-            let _ = waiter.send(answer);
-            None
+                .and_then(|id| lock(pending).by_id.remove(&id));
+            match waiter {
+                Some(waiter) => {
+                    let _ = waiter.send(message);
+                    None
+                }
+                None => Some(FromSidecar::Response(message)),
+            }
         }
     }
 }
@@ -217,6 +295,45 @@ impl Link {
         params: Value,
         timeout: Duration,
     ) -> Result<Value, HostError> {
+        let response = self.request_message(method, params, timeout).await?;
+        match response.get("error") {
+            Some(error) => Err(HostError::Rpc {
+                method: method.to_owned(),
+                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            }),
+            None => Ok(response.get("result").cloned().unwrap_or(Value::Null)),
+        }
+    }
+
+    /// Sends a request and waits up to `timeout` for the whole response.
+    pub async fn request_message(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, HostError> {
+        let answer = self.request_later(method, params)?;
+        tokio::time::timeout(timeout, answer)
+            .await
+            .map_err(|_| HostError::Timeout {
+                method: method.to_owned(),
+                after: timeout,
+            })?
+            .map_err(|_| HostError::Closed)
+    }
+
+    /// Sends a request now; its whole response arrives on the receiver, so
+    /// several requests may overlap.
+    pub fn request_later(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<oneshot::Receiver<Value>, HostError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -232,22 +349,7 @@ impl Link {
             lock(&self.pending).by_id.remove(&id);
             return Err(e);
         }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(Ok(result))) => Ok(result),
-            Ok(Ok(Err((code, message)))) => Err(HostError::Rpc {
-                method: method.to_owned(),
-                code,
-                message,
-            }),
-            Ok(Err(_)) => Err(HostError::Closed),
-            Err(_) => {
-                lock(&self.pending).by_id.remove(&id);
-                Err(HostError::Timeout {
-                    method: method.to_owned(),
-                    after: timeout,
-                })
-            }
-        }
+        Ok(rx)
     }
 
     pub fn notify(&self, method: &str, params: Value) -> Result<(), HostError> {
@@ -268,10 +370,31 @@ impl Link {
         }))
     }
 
-    fn send(&self, message: Value) -> Result<(), HostError> {
+    /// Writes one line as it is (tests send broken ones on purpose).
+    pub fn send_line(&self, line: &str) -> Result<(), HostError> {
+        if let (Some(traffic), Ok(value)) = (&self.traffic, serde_json::from_str::<Value>(line)) {
+            lock(traffic).push((Direction::ToSidecar, value));
+        }
         self.lines
-            .send(message.to_string())
+            .send(Out::Line(line.to_owned()))
             .map_err(|_| HostError::Closed)
+    }
+
+    /// Closes the sidecar's stdin, as a host does when it goes away.
+    pub fn close(&self) {
+        let _ = self.lines.send(Out::Close);
+    }
+
+    /// Every message both ways so far (empty unless spawned recording).
+    pub fn traffic(&self) -> Vec<(Direction, Value)> {
+        self.traffic
+            .as_ref()
+            .map(|t| lock(t).clone())
+            .unwrap_or_default()
+    }
+
+    fn send(&self, message: Value) -> Result<(), HostError> {
+        self.send_line(&message.to_string())
     }
 }
 
@@ -292,15 +415,18 @@ mod tests {
         // A stand-in sidecar: says something on its own, asks the host a
         // question, then answers the first request it reads, out of order
         // with a stray response nobody waits for.
-        let (sidecar, mut incoming) = Sidecar::spawn(script(
-            r#"echo '{"jsonrpc":"2.0","method":"ui/setStatus","params":{"text":"hi"}}'
+        let (sidecar, mut incoming) = Sidecar::spawn_with(
+            script(
+                r#"echo '{"jsonrpc":"2.0","method":"ui/setStatus","params":{"text":"hi"}}'
                echo 'not json'
                echo '{"jsonrpc":"2.0","id":"q1","method":"ui/confirm","params":{}}'
                read request
                echo '{"jsonrpc":"2.0","id":99,"result":"stray"}'
                echo '{"jsonrpc":"2.0","id":1,"result":{"ok":true}}'
                read answer"#,
-        ))
+            ),
+            true,
+        )
         .unwrap();
         let result = sidecar
             .link()
@@ -308,14 +434,16 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(result, json!({"ok": true}));
+        let mut next = async || incoming.recv().await.map(|i| i.message);
         assert_eq!(
-            incoming.recv().await,
+            next().await,
             Some(FromSidecar::Notification {
                 method: "ui/setStatus".into(),
                 params: json!({"text": "hi"}),
             })
         );
-        let Some(FromSidecar::Request { id, method, .. }) = incoming.recv().await else {
+        assert_eq!(next().await, Some(FromSidecar::NotJson("not json".into())));
+        let Some(FromSidecar::Request { id, method, .. }) = next().await else {
             panic!("expected the sidecar's request");
         };
         assert_eq!((id.clone(), method.as_str()), (json!("q1"), "ui/confirm"));
@@ -324,10 +452,14 @@ mod tests {
             .respond(id, json!({"confirmed": true}))
             .unwrap();
         assert_eq!(
-            incoming.recv().await,
-            None,
-            "stdout closed after the script"
+            next().await,
+            Some(FromSidecar::Response(
+                json!({"jsonrpc":"2.0","id":99,"result":"stray"})
+            ))
         );
+        assert_eq!(next().await, None, "stdout closed after the script");
+        let directions: Vec<Direction> = sidecar.link().traffic().iter().map(|(d, _)| *d).collect();
+        assert_eq!(directions.len(), 6, "{directions:?}");
     }
 
     #[tokio::test]
@@ -350,7 +482,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_silent_sidecar_times_out_and_kill_ends_it() {
+    async fn a_silent_sidecar_times_out_closing_stdin_ends_it_and_kill_ends_it() {
         let (mut sidecar, _incoming) = Sidecar::spawn(script("sleep 30")).unwrap();
         let silent = sidecar
             .link()
@@ -361,6 +493,10 @@ mod tests {
             "{silent:?}"
         );
         sidecar.kill().unwrap();
-        assert!(sidecar.wait_exit(WAIT).await);
+        assert!(sidecar.wait_exit(WAIT).await.is_ok());
+
+        let (mut reader, _incoming) = Sidecar::spawn(script("cat >/dev/null")).unwrap();
+        reader.link().close();
+        assert_eq!(reader.wait_exit(WAIT).await, Ok(Some(0)), "EOF ends cat");
     }
 }
