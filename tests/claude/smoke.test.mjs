@@ -147,6 +147,21 @@ test("without a decision, print mode refuses a Bash call that needs permission",
 	assert.equal(run.result.permission_denials.length, 1);
 });
 
+test("a PermissionRequest hook that outlives its timeout decides nothing", { timeout: TEST_MS }, async (t) => {
+	const world = await World.create(t);
+	// `timeout` is in seconds; the hook would answer allow after 10 s.
+	const settings = await world.hookSettings(["PermissionRequest"], { timeout: 2 });
+	const started = Date.now();
+	const run = await world.run(BASH_CUE, {
+		args: ["--settings", settings],
+		env: { HOOK_DECISION: "allow", HOOK_DELAY_MS: "10000" },
+	});
+	assert.equal(run.code, 0, run.stderr);
+	assert.ok(Date.now() - started < 9_000, `Claude Code did not wait for the late hook (${Date.now() - started} ms)`);
+	assert.equal(existsSync(join(world.project, "made-by-bash.txt")), false, "no allow was taken from it");
+	assert.match(run.result.result, /^tool Bash failed: .*needs approval/);
+});
+
 test("an --mcp-config stdio server: discover, initialize, tools/list, tools/call with _meta", { timeout: TEST_MS }, async (t) => {
 	const world = await World.create(t);
 	const config = await world.mcpConfig();
