@@ -19,7 +19,8 @@
 // What a request is answered with, first match wins:
 // 1. The next step queued with `model.queue(step, …)`. A step is
 //    `{ text }`, `{ toolCall: { name, arguments, id? } }` (or `toolCalls: [...]`,
-//    optionally with `text` too), `{ error: { status, message } }` (an HTTP error),
+//    optionally with `text` too), `{ error: { status, message } }` (an HTTP error;
+//    each retry would take the next step, so the harness turns pi's retries off),
 //    `{ hang: true, text? }` (streams `text`, then never finishes until the client
 //    goes away — for abort tests; the record gets `aborted: true`), or a function
 //    of the request record returning one of these.

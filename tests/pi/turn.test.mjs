@@ -120,3 +120,17 @@ test("aborting a turn while the model streams ends it as aborted", { timeout: TE
 	await new Promise((r) => setTimeout(r, 100));
 	assert.equal(request.aborted, true, "pi closed the model's stream");
 });
+
+test("a model error ends the turn with stopReason error, asked once (retries are off)", { timeout: TEST_MS }, async (t) => {
+	const world = await World.create(t);
+	const pi = await world.startPi("alpha");
+	world.model.queue({ error: { status: 500, message: "the fake model is down" } });
+
+	const from = pi.mark();
+	await pi.prompt("hello");
+	const end = await pi.waitFor((e) => e.type === "agent_end", { ms: 30_000, from, what: "the failed turn's end" });
+	const answer = end.messages.findLast((m) => m.role === "assistant");
+	assert.equal(answer.stopReason, "error");
+	assert.equal(answer.errorMessage, "500 the fake model is down");
+	assert.equal(world.model.completions.length, 1);
+});
