@@ -49,6 +49,7 @@ export class World {
 		this.fake = fake;
 		this.home = join(root, "home");
 		this.project = join(root, "project");
+		this.tmp = join(root, "tmp");
 	}
 
 	/** A fresh world for test `t` (fake API, scratch HOME and project), torn down when `t` ends. */
@@ -59,6 +60,7 @@ export class World {
 		world.fake = await FakeAnthropic.start();
 		await mkdir(world.home, { recursive: true });
 		await mkdir(world.project, { recursive: true });
+		await mkdir(world.tmp, { recursive: true });
 		return world;
 	}
 
@@ -122,6 +124,10 @@ export class World {
 				HTTPS_PROXY: proxy,
 				HTTP_PROXY: proxy,
 				NO_PROXY: "127.0.0.1,localhost",
+				// Claude Code keeps per-session scratch (and its messaging socket) under the
+				// temp dir: inside the world, so nothing is left in /tmp.
+				TMPDIR: this.tmp,
+				CLAUDE_CODE_TMPDIR: this.tmp,
 				HOOK_LOG: this.hookLog ?? join(this.root, "hooks.jsonl"),
 				...env,
 			},
