@@ -6,11 +6,13 @@
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync, readlinkSync, readdirSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import http from "node:http";
 import { tmpdir } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
+import { FakeModel } from "./fake-model.mjs";
+
+export { FakeModel };
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const REPO = resolve(here, "..", "..");
@@ -166,85 +168,23 @@ class FakeBotApi {
 		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: USER_ID, text });
 	}
 
+	/** What the bot sent into topic `threadId` (`[SentMessage]`: text, plain_text, edited, …). */
+	messages(threadId) {
+		return this.control("GET", `messages?chat_id=${CHAT_ID}&thread_id=${threadId}`);
+	}
+
+	/** The first message the bot sent into `threadId` whose displayed text satisfies `test`. */
+	said(threadId, test, { ms = 30_000, what = "a message in the topic" } = {}) {
+		return eventually(
+			async () => (await this.messages(threadId)).find((m) => test(m.plain_text)),
+			ms,
+			what,
+		);
+	}
+
 	async stop() {
 		this.child.kill("SIGTERM");
 		if (!(await waitExit(this.child, EXIT_MS))) this.child.kill("SIGKILL");
-	}
-}
-
-// ------------------------------------------------------------------- fake model
-
-/**
- * An OpenAI-compatible chat-completions server on 127.0.0.1 that streams back
- * `echo: <last user text>`, so pi can run a real turn without a real model.
- */
-class FakeModel {
-	constructor(server, url) {
-		this.server = server;
-		this.url = url;
-		this.prompts = [];
-	}
-
-	static async start() {
-		const model = new FakeModel(null, "");
-		const server = http.createServer((req, res) => model.answer(req, res));
-		await new Promise((done) => server.listen(0, "127.0.0.1", done));
-		model.server = server;
-		model.url = `http://127.0.0.1:${server.address().port}/v1`;
-		return model;
-	}
-
-	answer(req, res) {
-		let body = "";
-		req.on("data", (c) => {
-			body += c;
-		});
-		req.on("end", () => {
-			if (req.method !== "POST" || !req.url.endsWith("/chat/completions")) {
-				res.writeHead(404).end();
-				return;
-			}
-			const request = JSON.parse(body);
-			const user = [...request.messages].reverse().find((m) => m.role === "user");
-			const prompt = typeof user?.content === "string" ? user.content : (user?.content ?? []).map((p) => p.text ?? "").join("");
-			this.prompts.push(prompt);
-			const frame = (choices, extra = {}) =>
-				`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 0, model: request.model, choices, ...extra })}\n\n`;
-			res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-			res.write(frame([{ index: 0, delta: { role: "assistant", content: `echo: ${prompt}` }, finish_reason: null }]));
-			res.write(frame([{ index: 0, delta: {}, finish_reason: "stop" }]));
-			res.write(frame([], { usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } }));
-			res.end("data: [DONE]\n\n");
-		});
-	}
-
-	/** pi's models.json naming this server as provider `fake`, model `echo`. */
-	modelsJson() {
-		return {
-			providers: {
-				fake: {
-					baseUrl: this.url,
-					api: "openai-completions",
-					apiKey: "fake-key",
-					compat: { supportsDeveloperRole: false, supportsReasoningEffort: false },
-					models: [
-						{
-							id: "echo",
-							reasoning: false,
-							input: ["text"],
-							contextWindow: 32000,
-							maxTokens: 1000,
-							cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
-						},
-					],
-				},
-			},
-		};
-	}
-
-	stop() {
-		this.server.closeAllConnections();
-		return new Promise((done) => this.server.close(() => done()));
 	}
 }
 
@@ -360,37 +300,73 @@ export class Pi {
 
 // ------------------------------------------------------------------- the world
 
+/**
+ * The scratch pi agent dir's settings.json (keys: pi-coding-agent docs/settings.md).
+ * Retries are off so a failing fake answer is seen once, not retried with backoff.
+ */
+const PI_SETTINGS = {
+	defaultProvider: "fake",
+	defaultModel: "echo",
+	quietStartup: true,
+	enableInstallTelemetry: false,
+	retry: { enabled: false, provider: { maxRetries: 0 } },
+};
+
 export class World {
 	constructor(root, bot, model) {
 		this.root = root;
 		this.bot = bot;
 		this.model = model;
 		this.home = join(root, "home");
+		// pi's config dir: `PI_CODING_AGENT_DIR` overrides the default ~/.pi/agent
+		// (pi-coding-agent README.md "Environment variables", docs/usage.md); it holds
+		// models.json (docs/models.md) and settings.json (docs/settings.md).
+		this.agentDir = join(this.home, ".pi", "agent");
 		this.relayHome = join(root, "relay");
 		this.pis = [];
 	}
 
-	/** A fresh world for test `t`, torn down when `t` ends whatever its outcome. */
-	static async create(t) {
+	/**
+	 * A fresh world for test `t`, torn down when `t` ends whatever its outcome: the
+	 * fake Bot API, the fake model (tests/pi/fake-model.mjs) and a scratch agent dir
+	 * naming it. `settings` is merged over PI_SETTINGS; `modelInput` is the fake
+	 * model's input kinds (`["text"]` makes pi drop images).
+	 */
+	static async create(t, { settings = {}, modelInput } = {}) {
 		const root = await mkdtemp(join(tmpdir(), "agent-relay-pi-"));
 		const world = new World(root, null, null);
 		t.after(() => world.destroy());
 		world.bot = await FakeBotApi.start();
 		world.model = await FakeModel.start();
-		const agentDir = join(world.home, ".pi", "agent");
-		await mkdir(agentDir, { recursive: true });
+		await mkdir(world.agentDir, { recursive: true });
 		await mkdir(world.relayHome, { recursive: true });
-		await writeFile(join(agentDir, "models.json"), JSON.stringify(world.model.modelsJson(), null, 2));
+		await writeFile(
+			join(world.agentDir, "models.json"),
+			JSON.stringify(world.model.modelsJson(modelInput ? { input: modelInput } : {}), null, 2),
+		);
+		await writeFile(join(world.agentDir, "settings.json"), JSON.stringify({ ...PI_SETTINGS, ...settings }, null, 2));
 		return world;
 	}
 
-	/** Starts pi in its own working directory `<root>/<name>`, so its topic is `X · <name>`. */
-	async startPi(name, { env = {} } = {}) {
+	/** The live forum topic named `X · <name>`, if any. */
+	async topicOf(name) {
+		const topics = await this.bot.topics();
+		return topics.find((topic) => !topic.deleted && topic.name.endsWith(` · ${name}`));
+	}
+
+	/**
+	 * Starts pi in its own working directory `<root>/<name>`, so its topic is
+	 * `X · <name>`; `args` are added to pi's command line, `env` to its environment.
+	 */
+	async startPi(name, { env = {}, args = [] } = {}) {
 		const cwd = join(this.root, name);
 		await mkdir(cwd, { recursive: true });
+		// `--mode rpc`: JSON lines over stdin/stdout (docs/rpc.md); `--offline`: no
+		// startup network (README.md); `--provider`/`--model` pick the fake from
+		// models.json (docs/usage.md); `-e`: load our extension (docs/extensions.md).
 		const child = spawn(
 			process.execPath,
-			[PI_CLI, "--mode", "rpc", "--no-session", "--offline", "--provider", "fake", "--model", "echo", "-e", EXTENSION],
+			[PI_CLI, "--mode", "rpc", "--no-session", "--offline", "--provider", "fake", "--model", "echo", "-e", EXTENSION, ...args],
 			{
 				cwd,
 				stdio: ["pipe", "pipe", "pipe"],
@@ -398,7 +374,8 @@ export class World {
 				env: {
 					PATH: process.env.PATH,
 					HOME: this.home,
-					PI_CODING_AGENT_DIR: join(this.home, ".pi", "agent"),
+					PI_CODING_AGENT_DIR: this.agentDir,
+					PI_OFFLINE: "1",
 					TELEGRAM_BOT_TOKEN: this.bot.token,
 					AGENT_RELAY_CHAT_ID: String(CHAT_ID),
 					AGENT_RELAY_ALLOWED_USERS: String(USER_ID),

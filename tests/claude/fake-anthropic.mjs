@@ -1,0 +1,281 @@
+// A fake Anthropic Messages API on 127.0.0.1, enough for the real Claude Code to
+// run whole turns offline. Dependency-free; scriptable from a test.
+//
+// What it answers (every request is recorded in `fake.requests`):
+// * `POST /v1/messages` — streaming (SSE: message_start, content_block_start /
+//   content_block_delta (text_delta, input_json_delta) / content_block_stop,
+//   message_delta with stop_reason, message_stop) when the body says
+//   `"stream": true`, else one JSON message.
+// * `POST /v1/messages/count_tokens` — `{input_tokens}` (a rough length / 4).
+// * `HEAD|GET /` and `/api/hello` — 200, so connectivity probes succeed.
+// * anything else — 404 with an Anthropic-style error, and logged in
+//   `fake.unknown` so a test can tell what Claude Code tried. That includes proxy
+//   requests: pointed at as HTTPS_PROXY, it refuses every CONNECT tunnel.
+//
+// What a /v1/messages call is answered with, first match wins:
+// 1. A *side call* (no `tools` offered: Claude Code's title/summary/topic calls) —
+//    a short fixed text, never consuming the script. Tests that need to see
+//    them read `fake.requests` (`kind: "side"`).
+// 2. The next step queued with `fake.queue(step, …)`, a step being
+//    `{ text }`, `{ toolUse: { name, input, id? } }` (or `toolUses: [...]`),
+//    `{ error: { status, type, message } }`, or a function of the request
+//    returning one of these.
+// 3. When the conversation ends in a `tool_result` — a text naming each result:
+//    `tool <name> returned: <content>` (`… failed: <content>` when is_error), so a
+//    test sees whether the tool ran or was blocked, and why.
+// 4. When the last user text holds a cue `[[tool:NAME {json input}]]` — a tool_use
+//    of NAME with that input.
+// 5. Otherwise `echo: <last user text>`.
+//
+// Latency: Nagle is off and every answer goes out with its headers in one write,
+// so Claude Code never waits on a delayed ACK.
+
+import http from "node:http";
+
+const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
+
+/** The text of a message's content (string or blocks), tool results left out. */
+function textOf(content) {
+	if (typeof content === "string") return content;
+	if (!Array.isArray(content)) return "";
+	return content
+		.filter((b) => b?.type === "text")
+		.map((b) => b.text)
+		.join("\n");
+}
+
+/**
+ * What the user typed: Claude Code adds `<system-reminder>` blocks (git
+ * attribution, context) to the user's message; those are not the prompt.
+ */
+function promptOf(content) {
+	return textOf(content)
+		.replace(/<system-reminder>[\s\S]*?<\/system-reminder>/g, "")
+		.trim();
+}
+
+function toolResultText(block) {
+	if (typeof block.content === "string") return block.content;
+	if (Array.isArray(block.content)) return textOf(block.content);
+	return "";
+}
+
+let nextId = 1;
+const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
+
+export class FakeAnthropic {
+	constructor() {
+		/** Every request: `{ method, path, headers, body, kind, ... }`. */
+		this.requests = [];
+		/** Requests this fake has no answer for (method + path), to learn what the client wants. */
+		this.unknown = [];
+		this.steps = [];
+		this.server = null;
+		this.url = "";
+	}
+
+	static async start() {
+		const fake = new FakeAnthropic();
+		const server = http.createServer({ noDelay: true }, (req, res) => fake.handle(req, res));
+		server.on("connection", (socket) => socket.setNoDelay(true));
+		// As an HTTPS proxy (the harness sets HTTPS_PROXY to this server), it refuses
+		// every tunnel: nothing reaches the network, and the attempt is on record.
+		server.on("connect", (req, socket) => {
+			fake.requests.push({ method: "CONNECT", path: req.url, url: req.url, headers: req.headers, kind: "unknown" });
+			fake.unknown.push(`CONNECT ${req.url}`);
+			socket.end("HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n");
+		});
+		await new Promise((done) => server.listen(0, "127.0.0.1", done));
+		fake.server = server;
+		fake.url = `http://127.0.0.1:${server.address().port}`;
+		return fake;
+	}
+
+	/** Queues the answers to the next main-loop calls, in order. */
+	queue(...steps) {
+		this.steps.push(...steps);
+		return this;
+	}
+
+	/** Main-loop (tool-offering) `/v1/messages` requests, in order. */
+	get turns() {
+		return this.requests.filter((r) => r.kind === "turn");
+	}
+
+	/** `/v1/messages` requests that offered no tools (titles, summaries, …). */
+	get sideCalls() {
+		return this.requests.filter((r) => r.kind === "side");
+	}
+
+	handle(req, res) {
+		const chunks = [];
+		req.on("data", (c) => chunks.push(c));
+		req.on("end", () => {
+			const raw = Buffer.concat(chunks).toString("utf8");
+			let body;
+			try {
+				body = raw ? JSON.parse(raw) : undefined;
+			} catch {
+				body = raw;
+			}
+			const path = req.url.split("?")[0];
+			const record = { method: req.method, path, url: req.url, headers: req.headers, body };
+			this.requests.push(record);
+			try {
+				this.route(record, res);
+			} catch (error) {
+				send(res, 500, "application/json", errorBody("api_error", String(error?.stack ?? error)));
+			}
+		});
+	}
+
+	route(record, res) {
+		const { method, path, body } = record;
+		if (method === "POST" && path === "/v1/messages/count_tokens") {
+			record.kind = "count_tokens";
+			const tokens = Math.max(1, Math.ceil(JSON.stringify(body ?? "").length / 4));
+			return send(res, 200, "application/json", JSON.stringify({ input_tokens: tokens }));
+		}
+		if (method === "POST" && path === "/v1/messages") return this.messages(record, res);
+		if ((method === "HEAD" || method === "GET") && (path === "/" || path === "/api/hello")) {
+			record.kind = "probe";
+			return send(res, 200, "application/json", method === "HEAD" ? "" : "{}");
+		}
+		record.kind = "unknown";
+		this.unknown.push(`${method} ${record.url}`);
+		return send(res, 404, "application/json", errorBody("not_found_error", `fake: no route ${method} ${path}`));
+	}
+
+	messages(record, res) {
+		const body = record.body ?? {};
+		const messages = Array.isArray(body.messages) ? body.messages : [];
+		// The last user message; Claude Code may put a `system`-role message after it.
+		const last = messages.findLast((m) => m.role === "user" || m.role === "assistant");
+		const tools = Array.isArray(body.tools) ? body.tools : [];
+		record.tools = tools.map((t) => t.name);
+		record.lastUserText = last?.role === "user" ? promptOf(last.content) : "";
+		record.toolResults =
+			last?.role === "user" && Array.isArray(last.content)
+				? last.content.filter((b) => b?.type === "tool_result")
+				: [];
+		record.images = messages.flatMap((m) =>
+			Array.isArray(m.content) ? m.content.filter((b) => b?.type === "image") : [],
+		);
+		record.kind = tools.length === 0 ? "side" : "turn";
+
+		let step;
+		if (record.kind === "side") {
+			step = { text: "Fake title" };
+		} else if (this.steps.length > 0) {
+			step = this.steps.shift();
+			if (typeof step === "function") step = step(record);
+		} else if (record.toolResults.length > 0) {
+			const names = new Map();
+			for (const m of messages) {
+				if (m.role !== "assistant" || !Array.isArray(m.content)) continue;
+				for (const b of m.content) if (b.type === "tool_use") names.set(b.id, b.name);
+			}
+			step = {
+				text: record.toolResults
+					.map(
+						(r) =>
+							`tool ${names.get(r.tool_use_id) ?? r.tool_use_id} ${r.is_error ? "failed" : "returned"}: ${toolResultText(r)}`,
+					)
+					.join("\n"),
+			};
+		} else {
+			const cue = CUE.exec(record.lastUserText);
+			step = cue
+				? { toolUse: { name: cue[1], input: JSON.parse(cue[2]) } }
+				: { text: `echo: ${record.lastUserText}` };
+		}
+		record.answer = step;
+
+		if (step.error) {
+			const { status = 500, type = "api_error", message = "fake error" } = step.error;
+			return send(res, status, "application/json", errorBody(type, message));
+		}
+		const content = [];
+		if (step.text !== undefined) content.push({ type: "text", text: step.text });
+		for (const use of step.toolUses ?? (step.toolUse ? [step.toolUse] : [])) {
+			content.push({ type: "tool_use", id: use.id ?? newId("toolu"), name: use.name, input: use.input ?? {} });
+		}
+		const stopReason = content.some((b) => b.type === "tool_use") ? "tool_use" : "end_turn";
+		const message = {
+			id: newId("msg"),
+			type: "message",
+			role: "assistant",
+			model: body.model ?? "fake",
+			content,
+			stop_reason: stopReason,
+			stop_sequence: null,
+			usage: { input_tokens: 10, output_tokens: 5, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 },
+		};
+		if (!body.stream) return send(res, 200, "application/json", JSON.stringify(message));
+		return send(res, 200, "text/event-stream", sse(message), { "cache-control": "no-cache" });
+	}
+
+	stop() {
+		if (!this.server) return Promise.resolve();
+		this.server.closeAllConnections();
+		return new Promise((done) => this.server.close(() => done()));
+	}
+}
+
+/** The message as the stream of server-sent events the Messages API sends. */
+function sse(message) {
+	const events = [];
+	const event = (type, data) => events.push(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+	event("message_start", {
+		message: { ...message, content: [], stop_reason: null, usage: { ...message.usage, output_tokens: 1 } },
+	});
+	event("ping", {});
+	message.content.forEach((block, index) => {
+		if (block.type === "text") {
+			event("content_block_start", { index, content_block: { type: "text", text: "" } });
+			// Two deltas, so the client's accumulation is exercised.
+			const cut = Math.ceil(block.text.length / 2);
+			for (const part of [block.text.slice(0, cut), block.text.slice(cut)]) {
+				if (part) event("content_block_delta", { index, delta: { type: "text_delta", text: part } });
+			}
+		} else {
+			event("content_block_start", { index, content_block: { type: "tool_use", id: block.id, name: block.name, input: {} } });
+			const json = JSON.stringify(block.input);
+			const cut = Math.ceil(json.length / 2);
+			for (const part of [json.slice(0, cut), json.slice(cut)]) {
+				event("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: part } });
+			}
+		}
+		event("content_block_stop", { index });
+	});
+	event("message_delta", {
+		delta: { stop_reason: message.stop_reason, stop_sequence: null },
+		usage: { output_tokens: message.usage.output_tokens },
+	});
+	event("message_stop", {});
+	return events.join("");
+}
+
+function errorBody(type, message) {
+	return JSON.stringify({ type: "error", error: { type, message } });
+}
+
+/** Headers and body in one write. */
+function send(res, status, contentType, body, headers = {}) {
+	const buffer = Buffer.from(body, "utf8");
+	res.writeHead(status, { "content-type": contentType, "content-length": buffer.length, ...headers });
+	res.end(buffer);
+}
+
+// `node fake-anthropic.mjs` runs it alone, printing every request: handy to see
+// what a Claude Code version sends.
+if (import.meta.url === `file://${process.argv[1]}`) {
+	const fake = await FakeAnthropic.start();
+	console.log(`listening on ${fake.url}`);
+	const seen = fake.requests;
+	const push = seen.push.bind(seen);
+	seen.push = (record) => {
+		console.log(JSON.stringify({ method: record.method, url: record.url, body: record.body }));
+		return push(record);
+	};
+}

@@ -1,0 +1,186 @@
+// Runs the real Claude Code (the version pinned in package.json) offline against
+// the fake Anthropic API (fake-anthropic.mjs), in a scratch HOME and project dir.
+// Every run has a deadline; the whole process group (Claude Code, its hooks, its
+// MCP servers) is killed when a run ends, and the scratch dirs when the test ends.
+
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { claudeBin } from "./claude-bin.mjs";
+import { FakeAnthropic } from "./fake-anthropic.mjs";
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const HOOK = join(here, "fixtures", "hook.mjs");
+export const MCP_SERVER = join(here, "fixtures", "mcp-server.mjs");
+const RUN_MS = 60_000;
+
+/** Resolves with `promise`, or rejects naming `what` once `ms` have passed. */
+export function deadline(promise, ms, what) {
+	let timer;
+	const expired = new Promise((_, reject) => {
+		timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+	});
+	return Promise.race([promise, expired]).finally(() => clearTimeout(timer));
+}
+
+/** The JSON lines of a file (a hook's or MCP server's log); [] when it does not exist. */
+export function readJsonLines(path) {
+	if (!existsSync(path)) return [];
+	return readFileSync(path, "utf8")
+		.split("\n")
+		.filter((line) => line.trim() !== "")
+		.map((line) => JSON.parse(line));
+}
+
+function killGroup(pid, signal) {
+	try {
+		process.kill(-pid, signal);
+	} catch {
+		// already gone
+	}
+}
+
+export class World {
+	constructor(root, fake) {
+		this.root = root;
+		this.fake = fake;
+		this.home = join(root, "home");
+		this.project = join(root, "project");
+		this.tmp = join(root, "tmp");
+	}
+
+	/** A fresh world for test `t` (fake API, scratch HOME and project), torn down when `t` ends. */
+	static async create(t) {
+		const root = await mkdtemp(join(tmpdir(), "agent-relay-claude-"));
+		const world = new World(root, null);
+		t.after(() => world.destroy());
+		world.fake = await FakeAnthropic.start();
+		await mkdir(world.home, { recursive: true });
+		await mkdir(world.project, { recursive: true });
+		await mkdir(world.tmp, { recursive: true });
+		return world;
+	}
+
+	/** Writes `value` as JSON to `<root>/<name>` and returns the path. */
+	async writeJson(name, value) {
+		const path = join(this.root, name);
+		await writeFile(path, JSON.stringify(value, null, 2));
+		return path;
+	}
+
+	/**
+	 * A `--settings` file running fixtures/hook.mjs for each of `events` (logging to
+	 * `<root>/hooks.jsonl`); `timeout` (seconds) is set on each hook when given.
+	 */
+	async hookSettings(events, { timeout } = {}) {
+		this.hookLog = join(this.root, "hooks.jsonl");
+		const hooks = {};
+		for (const event of events) {
+			const hook = { type: "command", command: `node ${HOOK} ${event}` };
+			if (timeout !== undefined) hook.timeout = timeout;
+			hooks[event] = [{ matcher: "", hooks: [hook] }];
+		}
+		return this.writeJson("settings.json", { hooks });
+	}
+
+	/** An `--mcp-config` file starting fixtures/mcp-server.mjs as server `agent-relay`. */
+	async mcpConfig(env = {}) {
+		this.mcpLog = join(this.root, "mcp.jsonl");
+		return this.writeJson("mcp.json", {
+			mcpServers: {
+				"agent-relay": { type: "stdio", command: "node", args: [MCP_SERVER], env: { MCP_LOG: this.mcpLog, ...env } },
+			},
+		});
+	}
+
+	/**
+	 * `claude -p <prompt> --output-format stream-json --verbose <args>` in the project
+	 * dir, with nothing of the developer's environment but PATH. Resolves when it
+	 * exits: `{ code, signal, events, result, stdout, stderr, ms }`.
+	 */
+	async run(prompt, { args = [], env = {}, ms = RUN_MS } = {}) {
+		const started = Date.now();
+		const proxy = this.fake.url;
+		const child = spawn(claudeBin(), ["-p", prompt, "--output-format", "stream-json", "--verbose", ...args], {
+			cwd: this.project,
+			// Its own process group, so hooks and MCP servers die with it.
+			detached: true,
+			stdio: ["ignore", "pipe", "pipe"],
+			env: {
+				PATH: process.env.PATH,
+				HOME: this.home,
+				ANTHROPIC_BASE_URL: this.fake.url,
+				ANTHROPIC_API_KEY: "dummy",
+				// CLAUDE-CODE.md: without it Claude Code looks up api.anthropic.com and probes the base URL.
+				CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
+				CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL: "1",
+				DISABLE_TELEMETRY: "1",
+				DISABLE_AUTOUPDATER: "1",
+				// A safety net: any other HTTP(S) Claude Code tries goes to the fake as a
+				// proxy request, which refuses it and records it in `fake.unknown`.
+				HTTPS_PROXY: proxy,
+				HTTP_PROXY: proxy,
+				NO_PROXY: "127.0.0.1,localhost",
+				// Claude Code keeps per-session scratch (and its messaging socket) under the
+				// temp dir: inside the world, so nothing is left in /tmp.
+				TMPDIR: this.tmp,
+				CLAUDE_CODE_TMPDIR: this.tmp,
+				HOOK_LOG: this.hookLog ?? join(this.root, "hooks.jsonl"),
+				...env,
+			},
+		});
+		let stdout = "";
+		let stderr = "";
+		child.stdout.on("data", (c) => {
+			stdout += c;
+		});
+		child.stderr.on("data", (c) => {
+			stderr = (stderr + c).slice(-16384);
+		});
+		const exited = new Promise((done) => child.once("exit", (code, signal) => done({ code, signal })));
+		let exit;
+		try {
+			exit = await deadline(exited, ms, `claude -p ${JSON.stringify(prompt)} to exit`);
+		} catch (error) {
+			killGroup(child.pid, "SIGKILL");
+			throw new Error(`${error.message}; stderr: ${stderr}; stdout: ${stdout.slice(-4000)}`);
+		} finally {
+			killGroup(child.pid, "SIGKILL");
+		}
+		const events = stdout
+			.split("\n")
+			.filter((line) => line.trim() !== "")
+			.map((line) => {
+				try {
+					return JSON.parse(line);
+				} catch {
+					return { type: "unparsed", line };
+				}
+			});
+		return {
+			...exit,
+			events,
+			result: events.find((e) => e.type === "result"),
+			init: events.find((e) => e.type === "system" && e.subtype === "init"),
+			stdout,
+			stderr,
+			ms: Date.now() - started,
+		};
+	}
+
+	hooks() {
+		return readJsonLines(this.hookLog);
+	}
+
+	mcp() {
+		return readJsonLines(this.mcpLog);
+	}
+
+	async destroy() {
+		await this.fake?.stop();
+		await rm(this.root, { recursive: true, force: true });
+	}
+}

@@ -1,0 +1,255 @@
+// A fake OpenAI chat-completions server on 127.0.0.1, so the real pi runs whole
+// turns (tool calls included) offline. Dependency-free; scriptable from a test.
+//
+// pi reaches it as a custom provider in models.json with `api: "openai-completions"`
+// (docs/models.md in @mariozechner/pi-coding-agent); pi's client is
+// @mariozechner/pi-ai dist/providers/openai-completions.js, whose needs this
+// mirrors:
+// * pi POSTs `{baseUrl}/chat/completions` with `stream: true` and
+//   `stream_options: {include_usage: true}` (unless compat.supportsUsageInStreaming
+//   is false), `messages` (system, user — string or text/image_url parts —,
+//   assistant with `tool_calls`, `tool` with `tool_call_id`) and `tools`
+//   (`{type:"function", function:{name, description, parameters}}`).
+// * It reads SSE `data:` chunks: `choices[0].delta.content` for text,
+//   `choices[0].delta.tool_calls[]` (matched by `index`, then `id`; `function.name`
+//   on the first fragment, `function.arguments` concatenated and parsed at the
+//   end), `finish_reason` (`stop` → stop, `tool_calls` → toolUse, `length`, others
+//   are errors), a `usage` chunk with empty `choices`, and `data: [DONE]`.
+//
+// What a request is answered with, first match wins:
+// 1. The next step queued with `model.queue(step, …)`. A step is
+//    `{ text }`, `{ toolCall: { name, arguments, id? } }` (or `toolCalls: [...]`,
+//    optionally with `text` too), `{ error: { status, message } }` (an HTTP error;
+//    each retry would take the next step, so the harness turns pi's retries off),
+//    `{ hang: true, text? }` (streams `text`, then never finishes until the client
+//    goes away — for abort tests; the record gets `aborted: true`), or a function
+//    of the request record returning one of these.
+// 2. When the conversation ends in tool results — a text naming each one:
+//    `tool <name> returned: <content>`, so a test sees whether the tool ran or was
+//    blocked (pi puts the block reason in the result's content), and with what.
+// 3. When the last user text holds a cue `[[tool:NAME {json arguments}]]` — a call
+//    of tool NAME with those arguments.
+// 4. Otherwise `echo: <last user text>`.
+//
+// Every request is recorded in `model.requests` (parsed body, tool names offered,
+// last user text, tool results, image parts); `model.prompts` lists the user texts
+// of requests that start a turn (not the follow-ups after tool results).
+//
+// Latency: Nagle is off and a finished answer goes out with its headers in one
+// write, so pi never waits ~40 ms on a delayed ACK.
+
+import http from "node:http";
+
+const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
+
+let nextId = 1;
+const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
+
+/** The text parts of an OpenAI message's content, joined. */
+function textOf(content) {
+	if (typeof content === "string") return content;
+	if (!Array.isArray(content)) return "";
+	return content
+		.filter((p) => p?.type === "text")
+		.map((p) => p.text)
+		.join("\n");
+}
+
+export class FakeModel {
+	constructor() {
+		/** Every request: `{ method, path, headers, body, kind, ... }`, in arrival order. */
+		this.requests = [];
+		/** The user text of each request that starts a turn. */
+		this.prompts = [];
+		/** Requests this fake has no route for (`METHOD url`). */
+		this.unknown = [];
+		this.steps = [];
+		this.server = null;
+		/** The OpenAI base URL, `http://127.0.0.1:<port>/v1` (pi appends `/chat/completions`). */
+		this.url = "";
+		this.hanging = new Set();
+	}
+
+	static async start() {
+		const model = new FakeModel();
+		const server = http.createServer({ noDelay: true }, (req, res) => model.handle(req, res));
+		server.on("connection", (socket) => socket.setNoDelay(true));
+		await new Promise((done) => server.listen(0, "127.0.0.1", done));
+		model.server = server;
+		model.url = `http://127.0.0.1:${server.address().port}/v1`;
+		return model;
+	}
+
+	/** Queues the answers to the next requests, in order. */
+	queue(...steps) {
+		this.steps.push(...steps);
+		return this;
+	}
+
+	/** Chat-completion requests, in order. */
+	get completions() {
+		return this.requests.filter((r) => r.kind === "completion");
+	}
+
+	handle(req, res) {
+		const chunks = [];
+		req.on("data", (c) => chunks.push(c));
+		req.on("end", () => {
+			const raw = Buffer.concat(chunks).toString("utf8");
+			let body;
+			try {
+				body = raw ? JSON.parse(raw) : undefined;
+			} catch {
+				body = raw;
+			}
+			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body };
+			this.requests.push(record);
+			if (req.method === "POST" && record.path.endsWith("/chat/completions")) {
+				try {
+					this.complete(record, req, res);
+				} catch (error) {
+					send(res, 500, "application/json", errorBody(String(error?.stack ?? error)));
+				}
+				return;
+			}
+			record.kind = "unknown";
+			this.unknown.push(`${req.method} ${req.url}`);
+			send(res, 404, "application/json", errorBody(`fake: no route ${req.method} ${req.url}`));
+		});
+	}
+
+	complete(record, req, res) {
+		record.kind = "completion";
+		const body = record.body ?? {};
+		const messages = Array.isArray(body.messages) ? body.messages : [];
+		record.tools = (body.tools ?? []).map((t) => t.function?.name ?? t.name);
+		const lastUser = messages.findLast((m) => m.role === "user");
+		record.lastUserText = textOf(lastUser?.content);
+		// Tool results at the end of the conversation (after the last assistant message).
+		const tail = [];
+		for (let i = messages.length - 1; i >= 0 && messages[i].role === "tool"; i--) tail.unshift(messages[i]);
+		record.toolResults = tail.map((m) => ({ toolCallId: m.tool_call_id, content: textOf(m.content) }));
+		record.images = messages.flatMap((m) =>
+			Array.isArray(m.content)
+				? m.content.filter((p) => p?.type === "image_url").map((p) => ({ role: m.role, url: p.image_url?.url }))
+				: [],
+		);
+		if (record.toolResults.length === 0) this.prompts.push(record.lastUserText);
+
+		let step;
+		if (this.steps.length > 0) {
+			step = this.steps.shift();
+			if (typeof step === "function") step = step(record);
+		} else if (record.toolResults.length > 0) {
+			const names = new Map();
+			for (const m of messages) for (const call of m.tool_calls ?? []) names.set(call.id, call.function?.name);
+			step = {
+				text: record.toolResults
+					.map((r) => `tool ${names.get(r.toolCallId) ?? r.toolCallId} returned: ${r.content}`)
+					.join("\n"),
+			};
+		} else {
+			const cue = CUE.exec(record.lastUserText);
+			step = cue
+				? { toolCall: { name: cue[1], arguments: JSON.parse(cue[2]) } }
+				: { text: `echo: ${record.lastUserText}` };
+		}
+		record.answer = step;
+
+		if (step.error) {
+			const { status = 500, message = "fake error" } = step.error;
+			return send(res, status, "application/json", errorBody(message));
+		}
+		const frames = [];
+		const frame = (choices, extra = {}) =>
+			frames.push(
+				`data: ${JSON.stringify({ id: record.id, object: "chat.completion.chunk", created: 0, model: body.model, choices, ...extra })}\n\n`,
+			);
+		record.id = newId("chatcmpl");
+		frame([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
+		if (step.text) {
+			// Two deltas, so pi's accumulation is exercised.
+			const cut = Math.ceil(step.text.length / 2);
+			for (const part of [step.text.slice(0, cut), step.text.slice(cut)]) {
+				if (part) frame([{ index: 0, delta: { content: part }, finish_reason: null }]);
+			}
+		}
+		if (step.hang) return this.hang(record, req, res, frames);
+		const calls = step.toolCalls ?? (step.toolCall ? [step.toolCall] : []);
+		calls.forEach((call, index) => {
+			const id = call.id ?? newId("call");
+			const args = typeof call.arguments === "string" ? call.arguments : JSON.stringify(call.arguments ?? {});
+			const cut = Math.ceil(args.length / 2);
+			frame([
+				{
+					index: 0,
+					delta: { tool_calls: [{ index, id, type: "function", function: { name: call.name, arguments: args.slice(0, cut) } }] },
+					finish_reason: null,
+				},
+			]);
+			frame([{ index: 0, delta: { tool_calls: [{ index, function: { arguments: args.slice(cut) } }] }, finish_reason: null }]);
+		});
+		frame([{ index: 0, delta: {}, finish_reason: calls.length > 0 ? "tool_calls" : "stop" }]);
+		frame([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } });
+		frames.push("data: [DONE]\n\n");
+		return send(res, 200, "text/event-stream", frames.join(""), { "cache-control": "no-cache" });
+	}
+
+	/** Sends what there is so far and holds the stream open until the client leaves. */
+	hang(record, req, res, frames) {
+		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+		res.write(frames.join(""));
+		this.hanging.add(res);
+		record.aborted = false;
+		res.once("close", () => {
+			this.hanging.delete(res);
+			record.aborted = true;
+		});
+	}
+
+	/**
+	 * pi's models.json naming this server as provider `fake`, model `echo`.
+	 * `input` is the model's input kinds: pi replaces images with a placeholder for
+	 * a model without "image" (pi-ai dist/providers/transform-messages.js).
+	 */
+	modelsJson({ input = ["text", "image"] } = {}) {
+		return {
+			providers: {
+				fake: {
+					baseUrl: this.url,
+					api: "openai-completions",
+					apiKey: "fake-key",
+					compat: { supportsDeveloperRole: false, supportsReasoningEffort: false },
+					models: [
+						{
+							id: "echo",
+							reasoning: false,
+							input,
+							contextWindow: 32000,
+							maxTokens: 1000,
+							cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
+						},
+					],
+				},
+			},
+		};
+	}
+
+	stop() {
+		if (!this.server) return Promise.resolve();
+		for (const res of this.hanging) res.destroy();
+		this.server.closeAllConnections();
+		return new Promise((done) => this.server.close(() => done()));
+	}
+}
+
+function errorBody(message) {
+	return JSON.stringify({ error: { message, type: "fake_error", code: null } });
+}
+
+/** Headers and body in one write. */
+function send(res, status, contentType, body, headers = {}) {
+	const buffer = Buffer.from(body, "utf8");
+	res.writeHead(status, { "content-type": contentType, "content-length": buffer.length, ...headers });
+	res.end(buffer);
+}
