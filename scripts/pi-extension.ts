@@ -3,7 +3,8 @@
  * drive the `agent-relay` sidecar.
  *
  * pi loads extensions in-process and has no notion of a binary extension, so this
- * file spawns `agent-relay stdio` and speaks the host protocol of DESIGN §3 with it
+ * file spawns `agent-relay stdio` and speaks the host protocol (docs/DESIGN.md,
+ * "The host protocol") with it
  * (JSON-RPC 2.0, one object per line). Install: `pi -e /path/to/scripts/pi-extension.ts`
  * or list the path under `extensions` in pi's `settings.json` (see README.md).
  *

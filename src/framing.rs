@@ -11,7 +11,8 @@
 use bytes::{Buf, BufMut, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-/// Largest accepted frame, newline excluded (DESIGN §3, §4).
+/// Largest accepted frame, newline excluded (docs/DESIGN.md, "The host
+/// protocol" and "The bus").
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 
 /// One decoded line.

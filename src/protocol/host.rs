@@ -1,6 +1,7 @@
-//! The host protocol (DESIGN §3): JSON-RPC 2.0 params and results between a
-//! coding agent and its sidecar. Field names are camelCase on the wire;
-//! unknown fields are ignored so hosts can be newer than we are.
+//! The host protocol (docs/DESIGN.md, "The host protocol"): JSON-RPC 2.0
+//! params and results between a coding agent and its sidecar. Field names
+//! are camelCase on the wire; unknown fields are ignored so hosts can be
+//! newer than we are.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

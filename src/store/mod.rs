@@ -541,8 +541,9 @@ impl Store {
     }
 
     /// Journals one `getUpdates` batch and advances the offset, in one
-    /// transaction (DESIGN §5): either both are durable or neither is, so a
-    /// crash can only make Telegram send the batch again, never lose it.
+    /// transaction (docs/DESIGN.md, "Inbound"): either both are durable or
+    /// neither is, so a crash can only make Telegram send the batch again,
+    /// never lose it.
     ///
     /// An update whose `update_id` is already journaled is skipped, not an
     /// error. The offset becomes `max(current, next_offset)`. Returns the
