@@ -545,3 +545,194 @@ async fn a_follower_cannot_make_the_leader_act_outside_its_topic() {
         "a topic was deleted"
     );
 }
+
+/// Thirty `/start <guess>` DMs from a stranger neither delay the allowed
+/// user's message nor earn thirty answers: the leader answers off the
+/// routing path, once per window, and a chat that keeps guessing hears
+/// nothing more. (Before, each refusal was awaited in the routing loop at
+/// Telegram's pace of one message a second per private chat, so the
+/// allowed message waited about 30 s: longer than this test's wait.)
+#[tokio::test]
+async fn a_stranger_guessing_pairing_codes_delays_nobody_and_hears_once() {
+    let home = common::home();
+    let fake = common::fake_with(common::FakeConfig {
+        rate_limits: true,
+        ..common::FakeConfig::default()
+    })
+    .await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let api = fake.api();
+    let stranger = 4242;
+    api.add_private_chat(stranger, "Mallory");
+    for guess in 0..30 {
+        api.inject_message(Inject {
+            chat_id: stranger,
+            thread_id: None,
+            user_id: stranger,
+            text: format!("/start guess{guess:04}"),
+        });
+    }
+    api.inject_message(Inject {
+        chat_id: CHAT,
+        thread_id: Some(thread),
+        user_id: USER,
+        text: "after the flood".into(),
+    });
+    a.wait_for("the allowed prompt", |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "after the flood"
+    })
+    .await;
+    let refusals = api
+        .wait_until(
+            |api| {
+                let said = api.messages(stranger, None);
+                (!said.is_empty()).then_some(said)
+            },
+            WAIT,
+        )
+        .await
+        .expect("the stranger is told once that the code is wrong");
+    // Give the leader every chance to say more before counting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let said = api.messages(stranger, None);
+    assert_eq!(said.len(), 1, "one refusal per window: {said:?}");
+    assert!(refusals[0].plain_text.contains("wrong or has expired"));
+}
+
+/// Registering under another session's instance id (visible in `status`)
+/// with a huge generation takes nothing over: the instance's secret is
+/// missing, so the leader refuses, and the victim keeps its topic.
+#[tokio::test]
+async fn a_generation_jump_cannot_take_over_another_session() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let victim = session(home.path(), &fake, "/tmp/victim", "victim").await;
+    let thread = topic(&fake, "victim").thread_id;
+    let mut raw = RawFollower::register(home.path()).await;
+    let status: BusStatus = raw
+        .request(|id, _| ToLeader::Status(StatusQuery { id }))
+        .await
+        .decode()
+        .expect("status");
+    let target = status
+        .sessions
+        .iter()
+        .find(|s| s.session_name == "victim")
+        .expect("the victim is listed");
+    let hijack = raw
+        .request(|id, _| {
+            ToLeader::Register(Register {
+                id,
+                instance_id: target.instance_id.clone(),
+                instance_secret: "a-guess-at-the-secret-of-it".into(),
+                registration_generation: u64::MAX,
+                profile_key: target.profile_key.clone(),
+                session_name: "victim".into(),
+                cwd: "/tmp/victim".into(),
+                pid: 1,
+                carried: None,
+                protocol_version: BUS_PROTOCOL_VERSION,
+                retry_provisioning: false,
+            })
+        })
+        .await;
+    assert_eq!(code(&hijack), Some(BusErrorCode::Forbidden), "{hijack:?}");
+    // The victim still owns its topic: a message there reaches it.
+    fake.api().inject_message(Inject {
+        chat_id: CHAT,
+        thread_id: Some(thread),
+        user_id: USER,
+        text: "still yours".into(),
+    });
+    victim
+        .wait_for("the victim's prompt", |m| {
+            m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "still yours"
+        })
+        .await;
+}
+
+/// A relay that somebody may drive never hands out a pairing code: a code
+/// minted by any bus member could be redeemed by a stranger.
+#[tokio::test]
+async fn pairing_codes_are_only_minted_while_nobody_is_paired() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let mut raw = RawFollower::register(home.path()).await;
+    let pair = raw
+        .request(|id, generation| ToLeader::Pair(Pair { id, generation }))
+        .await;
+    assert_eq!(code(&pair), Some(BusErrorCode::Forbidden), "{pair:?}");
+}
+
+/// Connections that never register cannot pile up: beyond 32 at once they
+/// are closed at once, and each is closed after 5 s anyway; a real session
+/// still joins meanwhile.
+#[tokio::test]
+async fn idle_unregistered_connections_are_bounded_in_number_and_time() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _leader = session(home.path(), &fake, "/tmp/a", "api").await;
+    let path = home.path().join("run").join(BOT).join("bus.sock");
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        let name = path
+            .clone()
+            .to_fs_name::<GenericFilePath>()
+            .expect("a socket name");
+        idle.push(wire::split(Stream::connect(name).await.expect("connect")));
+    }
+    // Each connection ends (EOF) within the 5 s allowance plus slack; the
+    // ones over the limit end at once.
+    let mut closed = 0;
+    for (reader, _writer) in &mut idle {
+        let ended = tokio::time::timeout(WAIT, reader.recv::<FromLeader>()).await;
+        if matches!(ended, Ok(Ok(None)) | Ok(Err(_))) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 40, "every idle connection was closed");
+    let b = session(home.path(), &fake, "/tmp/b", "web").await;
+    assert!(connected(&b.latest_status().unwrap_or_default()));
+}
+
+/// The session list names local paths: an allowed user gets it in the
+/// relay's own chat and in a private chat, never in some other group.
+#[tokio::test]
+async fn the_session_list_stays_in_the_relays_own_chats() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _a = session(home.path(), &fake, "/tmp/secret-path", "api").await;
+    let api = fake.api();
+    let elsewhere = -1_002_000_000_777;
+    api.add_supergroup(
+        elsewhere,
+        "Some other group",
+        agent_relay::fake_bot_api::BotRights::FULL,
+    );
+    for chat in [elsewhere, CHAT] {
+        api.inject_message(Inject {
+            chat_id: chat,
+            thread_id: None,
+            user_id: USER,
+            text: "what runs?".into(),
+        });
+    }
+    api.wait_until(
+        |api| {
+            api.messages(CHAT, None)
+                .iter()
+                .any(|m| m.plain_text.contains("/tmp/secret-path"))
+                .then_some(())
+        },
+        WAIT,
+    )
+    .await
+    .expect("the list in the relay's chat");
+    assert!(
+        api.messages(elsewhere, None).is_empty(),
+        "the list leaked into another group: {:?}",
+        api.messages(elsewhere, None)
+    );
+}
