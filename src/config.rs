@@ -477,7 +477,10 @@ mod tests {
         let setup = Setup::load(Paths::under(&home), Missing::Leave, env);
         assert!(setup.dirs_trusted);
         let err = setup.config.unwrap_err().to_string();
-        assert!(err.contains("run/123456789") && err.contains("0733"), "{err}");
+        assert!(
+            err.contains("run/123456789") && err.contains("0733"),
+            "{err}"
+        );
 
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
         let setup = Setup::load(Paths::under(&home), Missing::Create, env);

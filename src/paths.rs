@@ -283,7 +283,9 @@ fn untrusted(path: &Path, reason: Distrust, role: Role) -> UntrustedPath {
             "remove it and write your own (it may have been planted by another user)".into()
         }
         (Distrust::Writable { .. }, Role::Own | Role::Shared) => {
-            format!("run `chmod 700 {quoted}` and check what others may have put there, or {elsewhere}")
+            format!(
+                "run `chmod 700 {quoted}` and check what others may have put there, or {elsewhere}"
+            )
         }
         (Distrust::Writable { .. }, Role::Ancestor) => {
             format!("run `chmod go-w {quoted}` if it is yours, or {elsewhere}")
@@ -619,8 +621,8 @@ mod tests {
 
     #[test]
     fn a_relative_home_is_made_absolute() {
-        let p = Paths::resolve(|k| (k == "AGENT_RELAY_HOME").then(|| PathBuf::from("rel")))
-            .unwrap();
+        let p =
+            Paths::resolve(|k| (k == "AGENT_RELAY_HOME").then(|| PathBuf::from("rel"))).unwrap();
         assert!(p.config_dir.is_absolute(), "{p:?}");
     }
 
@@ -656,7 +658,11 @@ mod tests {
         assert!(paths.checked(Missing::Leave).is_ok());
         assert!(!home.exists(), "Leave creates nothing");
         let checked = paths.checked(Missing::Create).unwrap();
-        for dir in [&home.join("config"), &home.join("state/logs"), &home.join("run")] {
+        for dir in [
+            &home.join("config"),
+            &home.join("state/logs"),
+            &home.join("run"),
+        ] {
             assert_eq!(mode(dir), 0o700, "{}", dir.display());
         }
         assert_eq!(
@@ -711,7 +717,9 @@ mod tests {
             .checked(Missing::Create)
             .unwrap();
         assert!(
-            checked.config_dir.starts_with(std::fs::canonicalize(&real).unwrap()),
+            checked
+                .config_dir
+                .starts_with(std::fs::canonicalize(&real).unwrap()),
             "{checked:?}"
         );
     }
@@ -767,7 +775,16 @@ mod tests {
         std::fs::create_dir(shared.join("agent-relay-0")).unwrap();
         chown(&shared.join("agent-relay-0"));
         let err = ensure_private_dir(&shared.join("agent-relay-0")).unwrap_err();
-        assert!(matches!(err.reason, Distrust::Owner { owner: STRANGER, .. }), "{err}");
+        assert!(
+            matches!(
+                err.reason,
+                Distrust::Owner {
+                    owner: STRANGER,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         // Ancestor: a parent of another (non-root) uid.
         let theirs = tmp.path().join("theirs");
         std::fs::create_dir(&theirs).unwrap();
@@ -807,7 +824,10 @@ mod tests {
                 "{err}"
             );
         }
-        assert_eq!(check_private_file(&link).unwrap_err().reason, Distrust::Symlink);
+        assert_eq!(
+            check_private_file(&link).unwrap_err().reason,
+            Distrust::Symlink
+        );
 
         // A config others may write is refused, not repaired.
         let config = dir.join("config.toml");
@@ -834,7 +854,13 @@ mod tests {
             set_mode(&config, 0o600);
             let err = open_private_file(&config).unwrap_err();
             assert!(
-                matches!(err.reason, Distrust::Owner { owner: STRANGER, .. }),
+                matches!(
+                    err.reason,
+                    Distrust::Owner {
+                        owner: STRANGER,
+                        ..
+                    }
+                ),
                 "{err}"
             );
         }

@@ -280,7 +280,11 @@ mod tests {
         std::fs::remove_file(bus.leader_file()).unwrap();
         std::fs::remove_file(bus.lock_path()).unwrap();
         let elsewhere = tmp.path().join("elsewhere");
-        std::fs::write(&elsewhere, r#"{"pid":9,"epoch":9,"instance":"x","started":9}"#).unwrap();
+        std::fs::write(
+            &elsewhere,
+            r#"{"pid":9,"epoch":9,"instance":"x","started":9}"#,
+        )
+        .unwrap();
         std::os::unix::fs::symlink(&elsewhere, bus.leader_file()).unwrap();
         std::os::unix::fs::symlink(&elsewhere, bus.lock_path()).unwrap();
         assert_eq!(bus.leader_info(), None);
