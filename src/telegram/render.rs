@@ -472,9 +472,11 @@ fn looks_like_host(word: &str) -> bool {
         return false;
     };
     labels.len() >= 2
-        && labels
-            .iter()
-            .all(|l| !l.is_empty() && l.chars().all(|c| c.is_alphanumeric() || c == '-'))
+        && labels.iter().all(|l| {
+            !l.is_empty()
+                && l.chars()
+                    .all(|c| c.is_alphanumeric() || c == '-' || c == '_')
+        })
         && ((top.chars().count() >= 2 && top.chars().all(char::is_alphabetic))
             || (labels.len() == 4 && labels.iter().all(|l| l.parse::<u8>().is_ok())))
 }
@@ -484,8 +486,11 @@ fn looks_like_host(word: &str) -> bool {
 /// `a.b@c.d` — is the target's host.
 fn shows_the_target(shown: &str, target: &str) -> bool {
     let target_host = host_of(target);
-    shown.split(char::is_whitespace).all(|word| {
-        let word = word.trim_matches(|c: char| "()[]{}<>\"'`.,;:!?*«»“”‘’".contains(c));
+    // Words are runs of what a URL or an address can hold, so that no
+    // punctuation glued to a domain (`a.b**c.d`, `(a.b)`) hides it.
+    let in_word = |c: char| c.is_alphanumeric() || "._-@:/?#%=&+~".contains(c);
+    shown.split(|c: char| !in_word(c)).all(|word| {
+        let word = word.trim_matches(|c: char| ".,:;?!".contains(c));
         let (had_scheme, rest) = match word.split_once("://") {
             Some((_, rest)) => (true, rest),
             None => match word.get(..7) {
