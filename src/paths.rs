@@ -19,8 +19,8 @@
 //!   the effective uid and not writable by group or others.
 //! * Their *ancestors* (`/home/me`, `/tmp`, `/`) must be owned by root or the
 //!   effective uid, and not writable by group or others, unless sticky (like
-//!   `/tmp`) with the next component the user's own: in a sticky directory
-//!   nobody else can rename or remove that entry. Symlinks among the ancestors
+//!   `/tmp`) with the next component the user's own (or root's): in a
+//!   sticky directory nobody else can rename or remove that entry. Symlinks among the ancestors
 //!   (`/tmp` → `/private/tmp`) are resolved once, by `realpath`, and the
 //!   resolved path is checked and used from then on.
 //! * Files (`config.toml`, `bus.lock`, `leader.json`, the store) must be
@@ -415,7 +415,9 @@ fn walk(path: &Path, ancestors: usize, missing: Missing) -> Result<bool, Untrust
         if !meta.is_dir() {
             return Err(untrusted(&current, Distrust::NotADirectory, role));
         }
-        if (own || shared) && meta.uid() != me {
+        // Ours if it is the relay's own; in a shared sticky directory ours
+        // or root's, the only ones nobody else can have made.
+        if (own || shared) && meta.uid() != me && (own || meta.uid() != 0) {
             return Err(untrusted(
                 &current,
                 Distrust::Owner {
