@@ -1,14 +1,23 @@
 //! Configuration: `config.toml` in the config dir, overridden by environment
 //! variables (DESIGN §8). A bad file is an error that names the file and the
 //! key; the sidecar shows it and keeps serving the host.
+//!
+//! [`Setup`] is the one way a command that uses the relay's files starts:
+//! resolve the directories, check them (see [`crate::paths`]), read the
+//! config file only if it is the user's own and not writable by others, then
+//! check the bot's bus directory and store. A file or directory that fails is
+//! a [`ConfigError::Untrusted`], so nothing is read from it and no token is
+//! sent anywhere it names.
 
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::redact::redact;
+use crate::paths::{Missing, Paths, PathsError, UntrustedPath, open_private_file};
+use crate::redact::{MIN_SECRET_CHARS, redact};
 
 pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 
@@ -53,21 +62,32 @@ pub struct BotToken {
 }
 
 impl BotToken {
-    /// Checks the token's shape: `<digits>:<[A-Za-z0-9_-]+>`.
+    /// Checks the token's shape: `<digits>:<secret>`, the secret at least
+    /// [`MIN_SECRET_CHARS`] of `[A-Za-z0-9_-]`. Telegram's secrets are 35
+    /// characters; a few fewer are accepted in case that changes, but never
+    /// so few that [`redact`] would not recognise the token.
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
         let (id, rest) = text
             .split_once(':')
             .ok_or("expected <bot id>:<secret>, found no ':'")?;
         let id: u64 = id
-            .parse()
-            .map_err(|_| "the part before ':' must be the bot's numeric id".to_string())?;
-        if rest.is_empty()
-            || !rest
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| id.parse().ok())
+            .flatten()
+            .ok_or_else(|| "the part before ':' must be the bot's numeric id".to_string())?;
+        if !rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
             return Err("the part after ':' must be letters, digits, '_' or '-'".into());
+        }
+        if rest.len() < MIN_SECRET_CHARS {
+            return Err(format!(
+                "the part after ':' is {} characters long; a bot token's secret has at least {MIN_SECRET_CHARS} (Telegram's have 35): copy the whole token from @BotFather",
+                rest.len()
+            ));
         }
         Ok(Self {
             secret: text.to_string(),
@@ -124,32 +144,86 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    /// A directory or file of the relay that another user could have
+    /// planted or changed.
+    #[error("{0}")]
+    Untrusted(#[from] UntrustedPath),
+}
+
+/// How every command that uses the relay's files starts (all but `schema`
+/// and `demo`): the directories resolved and checked, and the configuration
+/// read from them, or why it cannot be used.
+#[derive(Debug)]
+pub struct Setup {
+    /// The directories, with their ancestors resolved once checked.
+    pub paths: Paths,
+    /// Whether the relay's own directories passed the checks; if not, nothing
+    /// may be written there (no log file either).
+    pub dirs_trusted: bool,
+    pub config: Result<Config, ConfigError>,
+}
+
+impl Setup {
+    /// Resolves the directories from the process environment, then
+    /// [`Setup::load`].
+    pub fn from_env(missing: Missing) -> Result<Self, PathsError> {
+        Ok(Self::load(Paths::from_env()?, missing, |k| {
+            std::env::var(k).ok()
+        }))
+    }
+
+    /// Checks `paths` (creating missing directories if `missing` says so),
+    /// reads the config file from the checked config dir with `env` on top,
+    /// and, once the bot is known, checks its bus directory and store.
+    pub fn load(paths: Paths, missing: Missing, env: impl Fn(&str) -> Option<String>) -> Self {
+        let checked = match paths.checked(missing) {
+            Ok(checked) => checked,
+            Err(error) => {
+                return Self {
+                    paths,
+                    dirs_trusted: false,
+                    config: Err(error.into()),
+                };
+            }
+        };
+        let config = Config::load_with(&checked.config_file(), env).and_then(|config| {
+            if let Some(bot) = config.bot_id() {
+                checked.check_bot(bot, missing)?;
+            }
+            Ok(config)
+        });
+        Self {
+            paths: checked,
+            dirs_trusted: true,
+            config,
+        }
+    }
 }
 
 impl Config {
-    /// Reads `file` (a missing file is an empty config) and applies the process
-    /// environment on top.
-    pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        Self::load_with(file, |k| std::env::var(k).ok())
-    }
-
-    /// Like [`Config::load`] with an explicit environment lookup.
+    /// Reads `file` (a missing file is an empty config) and applies `env`, a
+    /// lookup of environment variables, on top. The file is read only if it
+    /// is a regular file of the user's own that others cannot write; the
+    /// directories above it are [`Setup`]'s to check.
     pub fn load_with(
         file: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let parsed = match std::fs::read_to_string(file) {
-            Ok(text) => toml::from_str::<ConfigFile>(&text).map_err(|e| ConfigError::Parse {
-                path: file.to_path_buf(),
-                message: redact(e.message()).into_owned() + &location(&text, e.span()),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
-            Err(e) => {
-                return Err(ConfigError::Read {
+        let parsed = match open_private_file(file)? {
+            Some(mut opened) => {
+                let mut text = String::new();
+                opened
+                    .read_to_string(&mut text)
+                    .map_err(|e| ConfigError::Read {
+                        path: file.to_path_buf(),
+                        message: e.to_string(),
+                    })?;
+                toml::from_str::<ConfigFile>(&text).map_err(|e| ConfigError::Parse {
                     path: file.to_path_buf(),
-                    message: e.to_string(),
-                });
+                    message: redact(e.message()).into_owned() + &location(&text, e.span()),
+                })?
             }
+            None => ConfigFile::default(),
         };
         Self::merge(file, parsed, env)
     }
@@ -327,6 +401,91 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("AGENT_RELAY_ALLOWED_USERS"), "{err}");
+    }
+
+    #[test]
+    fn token_shape_is_checked_with_a_clear_error() {
+        assert!(BotToken::parse(TOKEN).is_ok(), "the test token stays valid");
+        assert!(BotToken::parse(&format!(" {TOKEN}\n")).is_ok());
+        // A little shorter than Telegram's 35 still passes…
+        assert!(BotToken::parse("1:abcdefghijklmnopqrstuvwxyz0123").is_ok());
+        // …but never shorter than redaction recognises.
+        let err = BotToken::parse("123:abcdefghijklmnopqrstuvwxyz012").unwrap_err();
+        assert!(
+            err.contains("29 characters") && err.contains("at least 30"),
+            "{err}"
+        );
+        for bad in [
+            "nocolon",
+            "+123:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+            "12a:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+            ":AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+            "123:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/",
+            "123:",
+        ] {
+            assert!(BotToken::parse(bad).is_err(), "{bad}");
+        }
+        let err = load("", &[("TELEGRAM_BOT_TOKEN", "123:short")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TELEGRAM_BOT_TOKEN") && err.contains("at least 30"),
+            "{err}"
+        );
+        assert!(!err.contains("short"), "the secret is not echoed: {err}");
+    }
+
+    #[test]
+    fn a_config_file_others_may_write_is_refused_and_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, "api_url = \"http://127.0.0.1:9\"\n").unwrap();
+        for mode in [0o666, 0o620, 0o602] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = Config::load_with(&file, |_| None).unwrap_err();
+            assert!(matches!(err, ConfigError::Untrusted(_)), "{err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&file.display().to_string()) && text.contains("chmod 600"),
+                "{text}"
+            );
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            Config::load_with(&file, |_| None).unwrap().api_url,
+            "http://127.0.0.1:9"
+        );
+    }
+
+    #[test]
+    fn setup_checks_the_directories_and_the_bus_before_the_config_counts() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let env = |k: &str| (k == "TELEGRAM_BOT_TOKEN").then(|| TOKEN.to_string());
+        let setup = Setup::load(Paths::under(&home), Missing::Leave, env);
+        assert!(setup.config.is_ok(), "{:?}", setup.config);
+        assert!(!home.exists(), "Leave creates nothing");
+
+        let setup = Setup::load(Paths::under(&home), Missing::Create, env);
+        assert!(setup.dirs_trusted && setup.config.is_ok(), "{setup:?}");
+        assert!(home.join("run/123456789").is_dir(), "the bus dir is made");
+
+        let bus = home.join("run/123456789");
+        std::fs::set_permissions(&bus, std::fs::Permissions::from_mode(0o733)).unwrap();
+        let setup = Setup::load(Paths::under(&home), Missing::Leave, env);
+        assert!(setup.dirs_trusted);
+        let err = setup.config.unwrap_err().to_string();
+        assert!(
+            err.contains("run/123456789") && err.contains("0733"),
+            "{err}"
+        );
+
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let setup = Setup::load(Paths::under(&home), Missing::Create, env);
+        assert!(!setup.dirs_trusted);
+        assert!(matches!(setup.config, Err(ConfigError::Untrusted(_))));
     }
 
     #[test]

@@ -121,6 +121,12 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
 
     let config = match config {
         Ok(config) => config,
+        // An untrusted file or directory stops the doctor here: nothing it
+        // names (an api_url, a bus) is contacted.
+        Err(ConfigError::Untrusted(untrusted)) => {
+            report.fail("files", untrusted.problem(), untrusted.fix);
+            return report;
+        }
         Err(error) => {
             let fix = config_fix(&error);
             report.fail("config", error.to_string(), fix);
@@ -174,6 +180,7 @@ fn config_fix(error: &ConfigError) -> String {
             format!("correct or unset {key}")
         }
         ConfigError::Invalid { key, .. } => format!("correct `{key}` in the file"),
+        ConfigError::Untrusted(untrusted) => untrusted.fix.clone(),
     }
 }
 

@@ -6,7 +6,7 @@
 //! or a terminal, whichever code logged it.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::Subscriber;
 use tracing_appender::non_blocking::WorkerGuard;
@@ -20,6 +20,7 @@ use tracing_subscriber::fmt::{self, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::{SubscriberInitExt, TryInitError};
 
+use crate::paths::{UntrustedPath, ensure_private_dir};
 use crate::redact::redact;
 
 /// The environment variable holding the filter, e.g. `debug` or
@@ -35,8 +36,8 @@ const KEPT_FILES: usize = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
-    #[error("cannot create the log directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: io::Error },
+    #[error("the log directory cannot be used: {0}")]
+    Dir(#[from] UntrustedPath),
     #[error("cannot open the log file: {0}")]
     OpenFile(#[from] InitError),
     #[error("logging is already initialised: {0}")]
@@ -68,16 +69,17 @@ fn subscriber(
     to_stderr: bool,
     filter: EnvFilter,
 ) -> Result<(impl Subscriber + Send + Sync + 'static, LogGuard), LoggingError> {
-    create_private_dir(log_dir).map_err(|source| LoggingError::CreateDir {
-        path: log_dir.to_owned(),
-        source,
-    })?;
+    // The log holds prompts and replies: only the user may read it, and
+    // nobody else may plant a link where a log file will be opened. The files
+    // themselves follow the umask (the appender takes no mode); the binary
+    // sets it to 077 before anything else.
+    let log_dir = ensure_private_dir(log_dir)?;
     let file = RollingFileAppender::builder()
         .rotation(Rotation::DAILY)
         .filename_prefix(FILE_PREFIX)
         .filename_suffix(FILE_SUFFIX)
         .max_log_files(KEPT_FILES)
-        .build(log_dir)?;
+        .build(&log_dir)?;
     // The default queue is 128k lines, allocated up front (megabytes of a
     // sidecar that idles at a few). A sidecar logs little; when the queue is
     // full, lines are dropped rather than blocking the relay.
@@ -98,15 +100,6 @@ fn subscriber(
         .with(file_layer)
         .with(stderr_layer);
     Ok((subscriber, LogGuard { _file: guard }))
-}
-
-/// The log directory holds prompts and replies, so only the user may read it.
-fn create_private_dir(dir: &Path) -> io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir)
 }
 
 /// A [`MakeWriter`] whose writers redact every line before passing it on.
@@ -210,7 +203,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let log_dir = dir.path().join("a/logs");
-        create_private_dir(&log_dir).unwrap();
+        let (_subscriber, _guard) = subscriber(&log_dir, false, EnvFilter::new("info")).unwrap();
         let mode = std::fs::metadata(&log_dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
     }

@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use agent_relay::commands;
-use agent_relay::config::Config;
-use agent_relay::paths::{Paths, ensure_private_dir};
+use agent_relay::config::{ConfigError, Setup};
+use agent_relay::paths::Missing;
 use agent_relay::session::Session;
 use agent_relay::{bus, host, logging};
 
@@ -49,7 +49,15 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Cmd::Stdio { log_stderr: false }) {
+    let command = cli.command.unwrap_or(Cmd::Stdio { log_stderr: false });
+    if matches!(command, Cmd::Stdio { .. } | Cmd::Status | Cmd::Doctor) {
+        // Whatever the relay or a library it uses creates (log files,
+        // SQLite's -wal and -shm) is for the user alone, whatever umask the
+        // host passed down. Set before any thread exists, so nothing races it.
+        // SAFETY: umask has no preconditions and cannot fail.
+        unsafe { libc::umask(0o077) };
+    }
+    let result = match command {
         Cmd::Stdio { log_stderr } => stdio(log_stderr),
         Cmd::Status => status(),
         Cmd::Demo => demo(),
@@ -78,21 +86,33 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
-    let paths = Paths::from_env()?;
-    for dir in [&paths.config_dir, &paths.state_dir] {
-        ensure_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    // Logging is a convenience: a sidecar that cannot log still serves its host.
-    let _log = match logging::init(&paths.log_dir(), log_stderr) {
-        Ok(guard) => Some(guard),
-        Err(e) => {
-            eprintln!("agent-relay: logging disabled: {e}");
-            None
+    let Setup {
+        paths,
+        dirs_trusted,
+        config,
+    } = Setup::from_env(Missing::Create)?;
+    // Logging is a convenience: a sidecar that cannot log still serves its
+    // host. It never logs into directories that failed the checks.
+    let _log = if dirs_trusted {
+        match logging::init(&paths.log_dir(), log_stderr) {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                eprintln!("agent-relay: logging disabled: {e}");
+                None
+            }
         }
+    } else {
+        eprintln!("agent-relay: logging disabled: the relay's directories failed the checks");
+        None
     };
-    let config = Config::load(&paths.config_file());
+    // The session shows a bad configuration in the status line and keeps
+    // serving the host; an untrusted path also goes to stderr, since the log
+    // may be the very thing that cannot be written.
     if let Err(e) = &config {
         tracing::error!("configuration error: {e}");
+        if matches!(e, ConfigError::Untrusted(_)) {
+            eprintln!("agent-relay: refusing to join the relay: {e}");
+        }
     }
     let rt = runtime()?;
     rt.block_on(async move {
@@ -122,8 +142,8 @@ fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn status() -> anyhow::Result<ExitCode> {
-    let paths = Paths::from_env()?;
-    let config = Config::load(&paths.config_file())?;
+    let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
+    let config = config?;
     let bot = config
         .bot_id()
         .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
@@ -152,8 +172,7 @@ fn demo() -> anyhow::Result<ExitCode> {
 }
 
 fn doctor() -> anyhow::Result<ExitCode> {
-    let paths = Paths::from_env()?;
-    let config = Config::load(&paths.config_file());
+    let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
     let report = runtime()?.block_on(agent_relay::doctor::diagnose(&paths, config));
     print!("{report}");
     Ok(if report.passed() {

@@ -1,13 +1,46 @@
-//! Where agent-relay keeps its files (DESIGN §4, §8).
+//! Where agent-relay keeps its files (DESIGN §4, §8), and whether they can be
+//! trusted.
 //!
 //! `AGENT_RELAY_HOME` puts everything under one folder, which is how tests stay
 //! isolated from each other and from the user's real relay. Otherwise the
 //! platform's config and state directories are used, and the bus lives in the
 //! runtime directory (`$XDG_RUNTIME_DIR/agent-relay`), else the state dir, else
 //! `$TMPDIR/agent-relay-<uid>`.
+//!
+//! # Trust
+//!
+//! Another local user who can put a directory, a file or a symlink where the
+//! relay looks can play the leader or feed it a configuration. So nothing is
+//! used before it is checked, with `lstat` (never following a link):
+//!
+//! * The relay's *own* directories — `AGENT_RELAY_HOME` and everything under
+//!   it; without it, the config dir, the state dir and the runtime dir and
+//!   everything under them — must be real directories (no symlink) owned by
+//!   the effective uid and not writable by group or others.
+//! * Their *ancestors* (`/home/me`, `/tmp`, `/`) must be owned by root or the
+//!   effective uid, and not writable by group or others, unless sticky (like
+//!   `/tmp`) with the next component the user's own (or root's): in a
+//!   sticky directory nobody else can rename or remove that entry. Symlinks among the ancestors
+//!   (`/tmp` → `/private/tmp`) are resolved once, by `realpath`, and the
+//!   resolved path is checked and used from then on.
+//! * Files (`config.toml`, `bus.lock`, `leader.json`, the store) must be
+//!   regular files owned by the effective uid and not writable by group or
+//!   others; they are opened with `O_NOFOLLOW` and checked on the open
+//!   descriptor, and created with mode 0600 whatever the umask.
+//!
+//! Missing directories are created one component at a time (`mkdir` 0700)
+//! and each is `lstat`-checked right after: whatever someone planted before
+//! or in between is found by the check, and once a directory passes, its
+//! parent being trusted, nobody else can replace it. This is the walk OpenSSH
+//! uses for `authorized_keys` (`safe_path`), extended with the sticky rule for
+//! shared temp directories. It defends against other users, not against
+//! processes of the same uid, nor root; ACLs are not consulted.
 
+use std::ffi::OsString;
+use std::fs::{File, Metadata, OpenOptions};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
 
 use crate::config::BotId;
 
@@ -17,12 +50,72 @@ pub struct Paths {
     pub config_dir: PathBuf,
     pub state_dir: PathBuf,
     pub runtime_dir: PathBuf,
+    /// The relay's own top directories: everything at or below one of them
+    /// must be the user's own, everything above is judged as an ancestor.
+    roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum PathsError {
     #[error("cannot find a home directory; set AGENT_RELAY_HOME")]
     NoHome,
+    #[error("cannot find the current directory to resolve {0}: {1}")]
+    Relative(String, String),
+}
+
+/// What a check does about a directory that does not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// Create it (mode 0700) and check it: the sidecar, which needs it.
+    Create,
+    /// Leave it: `status` and `doctor`, which change nothing.
+    Leave,
+}
+
+/// A path the relay refuses to use, why, and what the user can do about it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} {reason}: {fix}", path.display())]
+pub struct UntrustedPath {
+    pub path: PathBuf,
+    pub reason: Distrust,
+    pub fix: String,
+}
+
+/// Why a path is not trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Distrust {
+    #[error("is owned by uid {owner}, not you (uid {me})")]
+    Owner { owner: u32, me: u32 },
+    #[error("can be written by other users (mode {mode:04o})")]
+    Writable { mode: u32 },
+    #[error("is a symbolic link")]
+    Symlink,
+    #[error("is not a directory")]
+    NotADirectory,
+    #[error("is not a regular file")]
+    NotAFile,
+    #[error("cannot be checked or created ({0})")]
+    Io(String),
+}
+
+impl UntrustedPath {
+    /// The problem without the fix: `/x is owned by uid 7, not you (uid 0)`.
+    pub fn problem(&self) -> String {
+        format!("{} {}", self.path.display(), self.reason)
+    }
+}
+
+impl From<UntrustedPath> for io::Error {
+    fn from(error: UntrustedPath) -> Self {
+        io::Error::new(io::ErrorKind::PermissionDenied, error)
+    }
+}
+
+/// The effective uid: the only owner the relay trusts besides root (for
+/// ancestors).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 impl Paths {
@@ -38,7 +131,7 @@ impl Paths {
     /// Resolves the directories from `env`, a lookup of environment variables.
     pub fn resolve(env: impl Fn(&str) -> Option<PathBuf>) -> Result<Self, PathsError> {
         if let Some(home) = env("AGENT_RELAY_HOME") {
-            return Ok(Self::under(&home));
+            return Ok(Self::under(&absolute(&home)?));
         }
         let dirs =
             directories::ProjectDirs::from("", "", "agent-relay").ok_or(PathsError::NoHome)?;
@@ -48,16 +141,17 @@ impl Paths {
             .unwrap_or_else(|| dirs.data_local_dir())
             .to_path_buf();
         let runtime_dir = match env("XDG_RUNTIME_DIR") {
-            Some(dir) => dir.join("agent-relay"),
+            Some(dir) => absolute(&dir)?.join("agent-relay"),
             None if dirs.state_dir().is_some() => state_dir.join("run"),
             None => {
                 let tmp = env("TMPDIR").unwrap_or_else(std::env::temp_dir);
-                // SAFETY: getuid has no preconditions and cannot fail.
-                let uid = unsafe { libc::getuid() };
-                tmp.join(format!("agent-relay-{uid}"))
+                // The shared temp directory is an ancestor like any other: it
+                // passes as sticky only if `agent-relay-<uid>` is our own.
+                absolute(&tmp)?.join(format!("agent-relay-{}", euid()))
             }
         };
         Ok(Self {
+            roots: vec![config_dir.clone(), state_dir.clone(), runtime_dir.clone()],
             config_dir,
             state_dir,
             runtime_dir,
@@ -70,6 +164,7 @@ impl Paths {
             config_dir: home.join("config"),
             state_dir: home.join("state"),
             runtime_dir: home.join("run"),
+            roots: vec![home.to_path_buf()],
         }
     }
 
@@ -90,26 +185,429 @@ impl Paths {
     pub fn store_file(&self, bot: BotId) -> PathBuf {
         self.state_dir.join(format!("{bot}.sqlite3"))
     }
+
+    /// Checks the config, state, log and runtime directories and everything
+    /// above them (see the module doc), creating missing ones if `missing`
+    /// says so, and returns the paths with their ancestors resolved.
+    pub fn checked(&self, missing: Missing) -> Result<Paths, UntrustedPath> {
+        let roots = self
+            .roots
+            .iter()
+            .map(|root| resolve_own(root).map(|resolved| (root, resolved)))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each directory moves to its root's resolved path.
+        let moved = |dir: &Path| -> (PathBuf, PathBuf) {
+            roots
+                .iter()
+                .filter(|(root, _)| dir.starts_with(root))
+                .max_by_key(|(root, _)| root.as_os_str().len())
+                .map_or_else(
+                    || (dir.to_path_buf(), dir.to_path_buf()),
+                    |(root, resolved)| {
+                        let below = dir.strip_prefix(root).unwrap_or(Path::new(""));
+                        (resolved.clone(), resolved.join(below))
+                    },
+                )
+        };
+        let checked = Paths {
+            config_dir: moved(&self.config_dir).1,
+            state_dir: moved(&self.state_dir).1,
+            runtime_dir: moved(&self.runtime_dir).1,
+            roots: roots.iter().map(|(_, resolved)| resolved.clone()).collect(),
+        };
+        for dir in [
+            &self.config_dir,
+            &self.state_dir,
+            &self.log_dir(),
+            &self.runtime_dir,
+        ] {
+            let (root, dir) = moved(dir);
+            check_dir(&root, &dir, missing)?;
+        }
+        Ok(checked)
+    }
+
+    /// Checks what belongs to one bot: its bus directory (created if
+    /// `missing` says so) and its store with SQLite's companion files, where
+    /// they exist.
+    pub fn check_bot(&self, bot: BotId, missing: Missing) -> Result<(), UntrustedPath> {
+        let bus = self.bus_dir(bot);
+        check_dir(&self.root_of(&bus), &bus, missing)?;
+        let store = self.store_file(bot);
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut file = store.clone().into_os_string();
+            file.push(suffix);
+            check_private_file(Path::new(&file))?;
+        }
+        Ok(())
+    }
+
+    /// The root `dir` lies under, or `dir` itself.
+    fn root_of(&self, dir: &Path) -> PathBuf {
+        self.roots
+            .iter()
+            .filter(|root| dir.starts_with(root))
+            .max_by_key(|root| root.as_os_str().len())
+            .cloned()
+            .unwrap_or_else(|| dir.to_path_buf())
+    }
 }
 
-/// Creates `dir` and its missing parents with mode 0700, and tightens `dir`
-/// itself to 0700 if it already existed with looser bits.
-pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let meta = std::fs::metadata(dir)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+fn absolute(path: &Path) -> Result<PathBuf, PathsError> {
+    std::path::absolute(path)
+        .map_err(|e| PathsError::Relative(path.display().to_string(), e.to_string()))
+}
+
+/// What the user can do about `path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// One of the relay's own directories.
+    Own,
+    /// A directory above them.
+    Ancestor,
+    /// A directory in a shared sticky one (`/tmp/x`): it must be ours.
+    Shared,
+    /// A file of the relay.
+    File,
+}
+
+fn untrusted(path: &Path, reason: Distrust, role: Role) -> UntrustedPath {
+    let quoted = shell_quote(path);
+    let elsewhere = "set AGENT_RELAY_HOME to a directory you own";
+    let fix = match (&reason, role) {
+        (Distrust::Owner { .. }, Role::Own | Role::Shared) => {
+            format!("remove it or {elsewhere}")
+        }
+        (Distrust::Owner { .. }, Role::Ancestor) => elsewhere.to_string(),
+        (Distrust::Owner { .. }, Role::File) => {
+            "remove it and write your own (it may have been planted by another user)".into()
+        }
+        (Distrust::Writable { .. }, Role::Own | Role::Shared) => {
+            format!(
+                "run `chmod 700 {quoted}` and check what others may have put there, or {elsewhere}"
+            )
+        }
+        (Distrust::Writable { .. }, Role::Ancestor) => {
+            format!("run `chmod go-w {quoted}` if it is yours, or {elsewhere}")
+        }
+        (Distrust::Writable { .. }, Role::File) => format!("run `chmod 600 {quoted}`"),
+        (Distrust::Symlink, Role::File) => "replace the link with the file itself".into(),
+        (Distrust::Symlink | Distrust::NotADirectory, _) => {
+            format!("replace it with a directory of your own, or {elsewhere}")
+        }
+        (Distrust::NotAFile, _) => "replace it with a regular file".into(),
+        (Distrust::Io(_), _) => format!("check that you may create and read it, or {elsewhere}"),
+    };
+    UntrustedPath {
+        path: path.to_path_buf(),
+        reason,
+        fix,
+    }
+}
+
+fn io_error(path: &Path, error: &io::Error, role: Role) -> UntrustedPath {
+    untrusted(path, Distrust::Io(error.to_string()), role)
+}
+
+/// `path` quoted for a shell, for the commands in fixes.
+fn shell_quote(path: &Path) -> String {
+    let text = path.display().to_string();
+    if text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c))
+    {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// `own` with its parent resolved by `realpath` as far as it exists; `own`
+/// itself is never resolved (a symlink there is refused by the walk).
+fn resolve_own(own: &Path) -> Result<PathBuf, UntrustedPath> {
+    let (Some(parent), Some(name)) = (own.parent(), own.file_name()) else {
+        return Err(untrusted(own, Distrust::NotADirectory, Role::Own));
+    };
+    let mut existing = parent.to_path_buf();
+    let mut rest: Vec<OsString> = Vec::new();
+    let resolved = loop {
+        match std::fs::canonicalize(&existing) {
+            Ok(resolved) => break resolved,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let Some(last) = existing.file_name() else {
+                    return Err(io_error(&existing, &e, Role::Ancestor));
+                };
+                rest.push(last.to_owned());
+                existing.pop();
+            }
+            Err(e) => return Err(io_error(&existing, &e, Role::Ancestor)),
+        }
+    };
+    let mut out = resolved;
+    out.extend(rest.iter().rev());
+    out.push(name);
+    Ok(out)
+}
+
+/// Checks `dir` and every directory above it, `own` being the relay's own
+/// top directory (`dir` or one of its ancestors): see the module doc. With
+/// [`Missing::Create`] missing directories are created (0700) and checked,
+/// and the relay's own directories are tightened to 0700 if they let others
+/// read. Returns `false` when something is missing and left so.
+pub fn check_dir(own: &Path, dir: &Path, missing: Missing) -> Result<bool, UntrustedPath> {
+    let resolved = resolve_own(own)?;
+    let below = dir.strip_prefix(own).map_err(|_| {
+        untrusted(
+            dir,
+            Distrust::Io(format!("not under {}", own.display())),
+            Role::Own,
+        )
+    })?;
+    let ancestors = resolved.components().count().saturating_sub(2);
+    walk(&resolved.join(below), ancestors, missing)
+}
+
+/// Checks `dir` as the relay's own and creates it (and its missing parents)
+/// if needed. Returns it with its ancestors resolved.
+pub fn ensure_private_dir(dir: &Path) -> Result<PathBuf, UntrustedPath> {
+    check_dir(dir, dir, Missing::Create)?;
+    resolve_own(dir)
+}
+
+/// The `lstat` walk from `/` down `path`, whose components from index
+/// `ancestors` on (0 = the first below `/`) are the relay's own.
+fn walk(path: &Path, ancestors: usize, missing: Missing) -> Result<bool, UntrustedPath> {
+    let me = euid();
+    let mut current = PathBuf::from("/");
+    let meta = lstat(&current, Role::Ancestor)?;
+    // Set when the directory just checked is writable by others but sticky:
+    // the next component must then be ours.
+    let mut shared = judge_ancestor(&current, &meta, me)?;
+    for (index, component) in path.components().skip(1).enumerate() {
+        let Component::Normal(name) = component else {
+            return Err(untrusted(
+                path,
+                Distrust::Io("not a plain absolute path".into()),
+                Role::Own,
+            ));
+        };
+        current.push(name);
+        let own = index >= ancestors;
+        let role = match (own, shared) {
+            (_, true) => Role::Shared,
+            (true, false) => Role::Own,
+            (false, false) => Role::Ancestor,
+        };
+        let meta = match std::fs::symlink_metadata(&current) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match missing {
+                Missing::Leave => return Ok(false),
+                Missing::Create => {
+                    create_dir(&current).map_err(|e| io_error(&current, &e, role))?;
+                    lstat(&current, role)?
+                }
+            },
+            Err(e) => return Err(io_error(&current, &e, role)),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(untrusted(&current, Distrust::Symlink, role));
+        }
+        if !meta.is_dir() {
+            return Err(untrusted(&current, Distrust::NotADirectory, role));
+        }
+        // Ours if it is the relay's own; in a shared sticky directory ours
+        // or root's, the only ones nobody else can have made.
+        if (own || shared) && meta.uid() != me && (own || meta.uid() != 0) {
+            return Err(untrusted(
+                &current,
+                Distrust::Owner {
+                    owner: meta.uid(),
+                    me,
+                },
+                role,
+            ));
+        }
+        if own {
+            let mode = meta.mode() & 0o7777;
+            if mode & 0o022 != 0 {
+                return Err(untrusted(&current, Distrust::Writable { mode }, role));
+            }
+            if missing == Missing::Create && mode & 0o077 != 0 {
+                // Ours, in a trusted parent: nobody can swap it for a link
+                // between the check and the chmod.
+                std::fs::set_permissions(&current, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| io_error(&current, &e, role))?;
+            }
+            shared = false;
+        } else {
+            shared = judge_ancestor(&current, &meta, me)?;
+        }
+    }
+    Ok(true)
+}
+
+/// An ancestor must be root's or ours, and not writable by others unless
+/// sticky. Returns whether it is such a shared sticky directory.
+fn judge_ancestor(path: &Path, meta: &Metadata, me: u32) -> Result<bool, UntrustedPath> {
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(untrusted(
+            path,
+            Distrust::Owner {
+                owner: meta.uid(),
+                me,
+            },
+            Role::Ancestor,
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 == 0 {
+        return Ok(false);
+    }
+    if mode & libc::S_ISVTX != 0 {
+        return Ok(true);
+    }
+    Err(untrusted(path, Distrust::Writable { mode }, Role::Ancestor))
+}
+
+fn lstat(path: &Path, role: Role) -> Result<Metadata, UntrustedPath> {
+    std::fs::symlink_metadata(path).map_err(|e| io_error(path, &e, role))
+}
+
+fn create_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        // Someone (maybe another sidecar) was first: the check decides.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        done => done,
+    }
+}
+
+/// Checks an open file: regular, ours, and (unless `tighten`, which makes
+/// it 0600) not writable by others.
+fn check_open_file(path: &Path, file: &File, tighten: bool) -> Result<(), UntrustedPath> {
+    let meta = file
+        .metadata()
+        .map_err(|e| io_error(path, &e, Role::File))?;
+    match judge_file(path, &meta) {
+        Err(error) if !(tighten && matches!(error.reason, Distrust::Writable { .. })) => {
+            return Err(error);
+        }
+        _ => {}
+    }
+    if tighten && meta.mode() & 0o7777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_error(path, &e, Role::File))?;
     }
     Ok(())
+}
+
+fn judge_file(path: &Path, meta: &Metadata) -> Result<(), UntrustedPath> {
+    let me = euid();
+    let reason = if meta.file_type().is_symlink() {
+        Distrust::Symlink
+    } else if !meta.is_file() {
+        Distrust::NotAFile
+    } else if meta.uid() != me {
+        Distrust::Owner {
+            owner: meta.uid(),
+            me,
+        }
+    } else if meta.mode() & 0o022 != 0 {
+        Distrust::Writable {
+            mode: meta.mode() & 0o7777,
+        }
+    } else {
+        return Ok(());
+    };
+    Err(untrusted(path, reason, Role::File))
+}
+
+fn open_error(path: &Path, error: io::Error) -> UntrustedPath {
+    if error.raw_os_error() == Some(libc::ELOOP) {
+        untrusted(path, Distrust::Symlink, Role::File)
+    } else {
+        io_error(path, &error, Role::File)
+    }
+}
+
+/// Opens a file of the relay for reading (`config.toml`, `leader.json`):
+/// not through a symlink, and only if it is a regular file of ours that
+/// others cannot write. `Ok(None)` when it does not exist.
+pub fn open_private_file(path: &Path) -> Result<Option<File>, UntrustedPath> {
+    // O_NONBLOCK: a FIFO planted here must not hang the open; it is then
+    // refused as not a regular file.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(open_error(path, e)),
+    };
+    check_open_file(path, &file, false)?;
+    Ok(Some(file))
+}
+
+/// Opens a file of the relay for reading and writing, creating it with mode
+/// 0600 (`bus.lock`). An existing file must be a regular file of ours; it is
+/// tightened to 0600.
+pub fn open_private_rw(path: &Path) -> Result<File, UntrustedPath> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    check_open_file(path, &file, true)?;
+    Ok(file)
+}
+
+/// Creates a new file of the relay with mode 0600 whatever the umask
+/// (`leader.json`'s temp file). Fails if anything exists at `path`.
+pub fn create_private_file(path: &Path) -> Result<File, UntrustedPath> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    check_open_file(path, &file, true)?;
+    Ok(file)
+}
+
+/// Checks a file of the relay that something else opens (the SQLite store):
+/// `Ok(false)` when it does not exist.
+pub fn check_private_file(path: &Path) -> Result<bool, UntrustedPath> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => judge_file(path, &meta).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error(path, &e, Role::File)),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A uid nobody has, for files that must belong to someone else.
+    const STRANGER: u32 = 54_321;
+
+    fn root() -> bool {
+        euid() == 0
+    }
 
     #[test]
     fn home_override_puts_everything_under_one_folder() {
@@ -120,6 +618,14 @@ mod tests {
             p.store_file(BotId(42)),
             PathBuf::from("/h/state/42.sqlite3")
         );
+        assert_eq!(p.roots, vec![PathBuf::from("/h")]);
+    }
+
+    #[test]
+    fn a_relative_home_is_made_absolute() {
+        let p =
+            Paths::resolve(|k| (k == "AGENT_RELAY_HOME").then(|| PathBuf::from("rel"))).unwrap();
+        assert!(p.config_dir.is_absolute(), "{p:?}");
     }
 
     #[test]
@@ -133,13 +639,238 @@ mod tests {
 
     #[test]
     fn private_dirs_are_0700() {
-        use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("a/b");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_mode(&dir, 0o755);
         ensure_private_dir(&dir).unwrap();
-        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        // Created ones too, whatever the umask would have made them.
+        let fresh = tmp.path().join("c/d");
+        ensure_private_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        assert_eq!(mode(&tmp.path().join("c")), 0o700);
+    }
+
+    #[test]
+    fn a_home_creates_and_passes_and_comes_back_resolved() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        let paths = Paths::under(&home);
+        assert!(paths.checked(Missing::Leave).is_ok());
+        assert!(!home.exists(), "Leave creates nothing");
+        let checked = paths.checked(Missing::Create).unwrap();
+        for dir in [
+            &home.join("config"),
+            &home.join("state/logs"),
+            &home.join("run"),
+        ] {
+            assert_eq!(mode(dir), 0o700, "{}", dir.display());
+        }
+        assert_eq!(
+            checked.config_dir,
+            std::fs::canonicalize(&home).unwrap().join("config")
+        );
+        checked.check_bot(BotId(9), Missing::Create).unwrap();
+        assert_eq!(mode(&home.join("run/9")), 0o700);
+    }
+
+    #[test]
+    fn group_or_other_write_on_an_own_directory_is_refused_with_the_fix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        Paths::under(&home).checked(Missing::Create).unwrap();
+        set_mode(&home.join("run"), 0o770);
+        let err = Paths::under(&home).checked(Missing::Create).unwrap_err();
+        assert_eq!(err.path, std::fs::canonicalize(home.join("run")).unwrap());
+        assert_eq!(err.reason, Distrust::Writable { mode: 0o770 });
+        assert!(err.to_string().contains("chmod 700"), "{err}");
+        assert_eq!(mode(&home.join("run")), 0o770, "refused, not repaired");
+    }
+
+    #[test]
+    fn symlinks_are_refused_in_the_relays_own_part() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        set_mode(&elsewhere, 0o700);
+        // The home itself a link…
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let err = Paths::under(&link).checked(Missing::Create).unwrap_err();
+        assert_eq!(err.reason, Distrust::Symlink, "{err}");
+        // …or a directory in it.
+        let home = tmp.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, home.join("run")).unwrap();
+        let err = Paths::under(&home).checked(Missing::Leave).unwrap_err();
+        assert_eq!(err.reason, Distrust::Symlink, "{err}");
+        assert!(err.path.ends_with("home/run"), "{err}");
+    }
+
+    #[test]
+    fn a_symlinked_ancestor_is_resolved_and_the_real_path_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let alias = tmp.path().join("alias");
+        std::os::unix::fs::symlink(&real, &alias).unwrap();
+        let checked = Paths::under(&alias.join("home"))
+            .checked(Missing::Create)
+            .unwrap();
+        assert!(
+            checked
+                .config_dir
+                .starts_with(std::fs::canonicalize(&real).unwrap()),
+            "{checked:?}"
+        );
+    }
+
+    #[test]
+    fn ancestors_writable_by_others_pass_only_when_sticky_and_the_next_is_ours() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        set_mode(&open, 0o777);
+        let err = ensure_private_dir(&open.join("relay")).unwrap_err();
+        assert_eq!(err.reason, Distrust::Writable { mode: 0o777 }, "{err}");
+        assert!(err.to_string().contains("AGENT_RELAY_HOME"), "{err}");
+
+        set_mode(&open, 0o1777);
+        ensure_private_dir(&open.join("relay")).unwrap();
+        assert_eq!(mode(&open.join("relay")), 0o700);
+    }
+
+    #[test]
+    fn a_directory_of_another_uid_is_refused_as_own_ancestor_or_in_a_sticky_dir() {
+        if !root() {
+            eprintln!("skipped: making a directory of another uid needs root (CI runs as root)");
+            return;
+        }
+        let chown = |path: &Path| std::os::unix::fs::chown(path, Some(STRANGER), None).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        // Own: the bus directory another uid made.
+        let home = tmp.path().join("home");
+        Paths::under(&home).checked(Missing::Create).unwrap();
+        std::fs::create_dir(home.join("run/5")).unwrap();
+        chown(&home.join("run/5"));
+        let err = Paths::under(&home)
+            .check_bot(BotId(5), Missing::Create)
+            .unwrap_err();
+        assert_eq!(
+            err.reason,
+            Distrust::Owner {
+                owner: STRANGER,
+                me: 0
+            }
+        );
+        assert!(
+            err.to_string().ends_with(
+                "is owned by uid 54321, not you (uid 0): remove it or set AGENT_RELAY_HOME to a directory you own"
+            ),
+            "{err}"
+        );
+        // Shared: another uid was first in a sticky directory.
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        set_mode(&shared, 0o1777);
+        std::fs::create_dir(shared.join("agent-relay-0")).unwrap();
+        chown(&shared.join("agent-relay-0"));
+        let err = ensure_private_dir(&shared.join("agent-relay-0")).unwrap_err();
+        assert!(
+            matches!(
+                err.reason,
+                Distrust::Owner {
+                    owner: STRANGER,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Ancestor: a parent of another (non-root) uid.
+        let theirs = tmp.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        chown(&theirs);
+        let err = ensure_private_dir(&theirs.join("relay")).unwrap_err();
+        assert_eq!(err.path, std::fs::canonicalize(&theirs).unwrap());
+        assert!(!theirs.join("relay").exists(), "nothing created under it");
+    }
+
+    #[test]
+    fn files_are_created_0600_and_planted_ones_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ensure_private_dir(&tmp.path().join("d")).unwrap();
+        // Loose modes of an old file of ours are tightened.
+        let lock = dir.join("bus.lock");
+        std::fs::write(&lock, "").unwrap();
+        set_mode(&lock, 0o666);
+        open_private_rw(&lock).unwrap();
+        assert_eq!(mode(&lock), 0o600);
+        let fresh = dir.join("fresh");
+        create_private_file(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o600);
+        assert!(create_private_file(&fresh).is_err(), "never reused");
+
+        // A symlink is neither followed for reading nor for writing.
+        let target = dir.join("target");
+        std::fs::write(&target, "x").unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for err in [
+            open_private_file(&link).unwrap_err(),
+            open_private_rw(&link).unwrap_err(),
+            create_private_file(&link).unwrap_err(),
+        ] {
+            assert!(
+                matches!(err.reason, Distrust::Symlink | Distrust::Io(_)),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            check_private_file(&link).unwrap_err().reason,
+            Distrust::Symlink
+        );
+
+        // A config others may write is refused, not repaired.
+        let config = dir.join("config.toml");
+        std::fs::write(&config, "").unwrap();
+        set_mode(&config, 0o620);
+        let err = open_private_file(&config).unwrap_err();
+        assert_eq!(err.reason, Distrust::Writable { mode: 0o620 });
+        assert!(err.to_string().contains("chmod 600"), "{err}");
+        assert_eq!(mode(&config), 0o620);
+        assert!(open_private_file(&dir.join("absent")).unwrap().is_none());
+
+        // A FIFO does not hang the open.
+        let fifo = dir.join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            open_private_file(&fifo).unwrap_err().reason,
+            Distrust::NotAFile
+        );
+
+        if root() {
+            std::os::unix::fs::chown(&config, Some(STRANGER), None).unwrap();
+            set_mode(&config, 0o600);
+            let err = open_private_file(&config).unwrap_err();
+            assert!(
+                matches!(
+                    err.reason,
+                    Distrust::Owner {
+                        owner: STRANGER,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn fixes_quote_paths_for_the_shell() {
+        assert_eq!(shell_quote(Path::new("/a/b-c.d")), "/a/b-c.d");
+        assert_eq!(shell_quote(Path::new("/a b/it's")), r"'/a b/it'\''s'");
     }
 }

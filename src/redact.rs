@@ -7,10 +7,17 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-/// `<bot id digits>:<secret>`; the secret is 35 characters in practice, but
-/// anything of 30 or more is treated as a token (DESIGN §5).
-static TOKEN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\d+:[A-Za-z0-9_-]{30,}").expect("token pattern is valid"));
+/// The fewest characters of a token's secret: Telegram's have 35. Anything
+/// of this length or more after `<digits>:` is masked, and
+/// [`crate::config::BotToken::parse`] refuses shorter secrets, so every
+/// token the relay accepts is one this masks.
+pub const MIN_SECRET_CHARS: usize = 30;
+
+/// `<bot id digits>:<secret>` (DESIGN §5).
+static TOKEN: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(&format!(r"\d+:[A-Za-z0-9_-]{{{MIN_SECRET_CHARS},}}"))
+        .expect("token pattern is valid")
+});
 
 /// What a token is replaced with. The bot id stays visible: it is public and
 /// useful when reading logs of several bots.
@@ -51,6 +58,27 @@ mod tests {
             redact(&text),
             "123456789:<redacted> and 123456789:<redacted>"
         );
+    }
+
+    proptest::proptest! {
+        /// Whatever the token's shape, if the configuration accepts it, no
+        /// text that contains it keeps its secret.
+        #[test]
+        fn every_token_the_config_accepts_is_masked(
+            id in "[0-9]{1,12}",
+            secret in "[A-Za-z0-9_-]{0,60}",
+            before in "\\PC{0,8}",
+            after in "\\PC{0,8}",
+        ) {
+            let token = format!("{id}:{secret}");
+            if crate::config::BotToken::parse(&token).is_ok() {
+                let text = format!("{before}{token}{after}");
+                let masked = redact(&text);
+                proptest::prop_assert!(!masked.contains(&secret), "{masked}");
+            } else {
+                proptest::prop_assert!(secret.len() < MIN_SECRET_CHARS);
+            }
+        }
     }
 
     #[test]

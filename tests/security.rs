@@ -120,27 +120,34 @@ async fn another_users_process_is_refused_by_the_leader() {
     let fake = common::fake().await;
     let _leader = session(home.path(), &fake, "/tmp/a", "api").await;
 
-    // The directory and socket modes keep other users out already; open them
-    // so that only the leader's peer-credential check stands in the way.
-    let run = home.path().join("run");
-    let bus = run.join(BOT);
-    for dir in [home.path(), &run, &bus] {
-        set_mode(dir, 0o711);
-    }
-    set_mode(&bus.join("bus.sock"), 0o666);
-    // A home of nobody's own (the leader's config dir stays closed to it)
-    // whose run/ is the leader's, so the CLI finds the same socket.
-    let foreign = common::home();
-    set_mode(foreign.path(), 0o755);
-    std::os::unix::fs::symlink(&run, foreign.path().join("run")).expect("symlink run/");
-
-    let own = status_cli(foreign.path(), None).await;
+    // The socket's mode keeps other users out already; open it so that only
+    // the peer-credential checks stand in the way. The CLI reaches it
+    // through a hard link in a home of its own user (the path checks refuse
+    // a symlinked run/, or a home of someone else).
+    let socket = home.path().join("run").join(BOT).join("bus.sock");
+    set_mode(&socket, 0o666);
+    let linked_home = |owner: Option<u32>| {
+        let linked = common::home();
+        let bus = linked.path().join("run").join(BOT);
+        std::fs::create_dir_all(&bus).expect("run/<bot>");
+        std::fs::hard_link(&socket, bus.join("bus.sock")).expect("link bus.sock");
+        for dir in [linked.path(), &linked.path().join("run"), &bus] {
+            set_mode(dir, 0o700);
+            if let Some(uid) = owner {
+                std::os::unix::fs::chown(dir, Some(uid), Some(uid)).expect("chown");
+            }
+        }
+        linked
+    };
+    let own_home = linked_home(None);
+    let own = status_cli(own_home.path(), None).await;
     let own_text = String::from_utf8_lossy(&own.stdout);
     assert!(
         own.status.success() && own_text.contains("1 session(s)"),
         "the same route works for the leader's own user: {own:?}"
     );
 
+    let foreign = linked_home(Some(NOBODY));
     let other = status_cli(foreign.path(), Some(NOBODY)).await;
     let stdout = String::from_utf8_lossy(&other.stdout);
     let stderr = String::from_utf8_lossy(&other.stderr);
@@ -159,7 +166,7 @@ async fn another_users_process_is_refused_by_the_leader() {
     assert!(!stdout.contains("session(s)"), "answered: {stdout}");
     wait_log(
         home.path(),
-        "refused a bus connection: the bus peer runs as uid",
+        &format!("refused a bus connection: the other end of the bus socket runs as uid {NOBODY}"),
     )
     .await;
 }

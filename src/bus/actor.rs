@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use interprocess::local_socket::tokio::Stream;
-use interprocess::local_socket::traits::tokio::Stream as _;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -109,6 +108,11 @@ impl Actor {
                 Err(why) => Ended::Refused(why),
                 Ok(()) => match self.connect().await {
                     Ok(stream) => self.serve(stream).await,
+                    // Somebody else's directory or socket: not a leader that
+                    // is merely gone, so no quick retry.
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                        Ended::Refused(e.to_string())
+                    }
                     Err(e) => {
                         tracing::debug!("cannot reach the bus leader: {e}");
                         self.set(|s| {
@@ -224,11 +228,10 @@ impl Actor {
         }
     }
 
-    /// Connects, and checks that the leader runs as this user.
+    /// Connects, in a bus directory that passes the checks, to a leader
+    /// that runs as this user.
     async fn connect(&self) -> std::io::Result<Stream> {
-        let stream = Stream::connect(self.bus.socket_name()?).await?;
-        wire::check_peer(&stream)?;
-        Ok(stream)
+        self.bus.connect().await
     }
 
     fn next_id(&mut self) -> u64 {

@@ -4,17 +4,31 @@
 //! the holder dies, even on SIGKILL, so failover needs no lease and no timer:
 //! the survivors notice the socket closing and race for the lock. Only the
 //! holder may touch the control files (`bus.sock`, `leader.json`).
+//!
+//! Nothing here trusts the directory by its name. The bus directory and the
+//! runtime directory above it must be the user's own (see [`crate::paths`]):
+//! [`BusDir::try_lock`] creates and checks them, and [`BusDir::socket_name`]
+//! checks them before it hands out the socket's name, so neither binding
+//! nor connecting can happen in a directory another user controls. After
+//! connecting, [`BusDir::connect`] checks that the process serving the
+//! socket runs as the same user ([`check_peer_is_me`]).
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{self, Write};
+use std::fs::{File, TryLockError};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::StreamCommon as _;
+use interprocess::local_socket::traits::tokio::Stream as _;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions, Name, ToFsName};
 use interprocess::os::unix::local_socket::ListenerOptionsExt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::Epoch;
-use crate::paths::ensure_private_dir;
+use crate::paths::{
+    Missing, UntrustedPath, check_dir, create_private_file, euid, open_private_file,
+    open_private_rw,
+};
 
 /// The files of one bot's bus.
 #[derive(Debug, Clone)]
@@ -46,8 +60,35 @@ pub struct LeaderInfo {
 const MAX_SOCKET_PATH: usize = 107;
 
 impl BusDir {
+    /// The bus in `dir`, unchecked: every use checks it (see the module doc).
     pub fn new(dir: PathBuf) -> Self {
         Self { dir }
+    }
+
+    /// The bus in `dir`, created if missing and checked: an error names the
+    /// directory that fails and the fix. For a member before it joins.
+    pub fn open_checked(dir: PathBuf) -> Result<Self, UntrustedPath> {
+        let bus = Self { dir };
+        bus.check(Missing::Create)?;
+        Ok(bus)
+    }
+
+    /// Checks the bus directory and the runtime directory holding it (the
+    /// relay's own) and everything above. `Ok(false)`: with
+    /// [`Missing::Leave`], it does not exist.
+    pub fn check(&self, missing: Missing) -> Result<bool, UntrustedPath> {
+        let own = self.dir.parent().unwrap_or(&self.dir);
+        check_dir(own, &self.dir, missing)
+    }
+
+    /// Connects to the leader: only in a directory that passes the checks,
+    /// and only to a process of the same user. An error of kind
+    /// `PermissionDenied` means someone else's directory or socket: do not
+    /// retry it as if the leader were just gone.
+    pub async fn connect(&self) -> io::Result<Stream> {
+        let stream = Stream::connect(self.socket_name()?).await?;
+        check_peer_is_me(&stream)?;
+        Ok(stream)
     }
 
     pub fn path(&self) -> &Path {
@@ -66,7 +107,9 @@ impl BusDir {
         self.dir.join("leader.json")
     }
 
-    /// The socket's name for interprocess, checked against the kernel's limit.
+    /// The socket's name for interprocess, checked against the kernel's
+    /// limit, once the directory passed the checks (`NotFound` when it does
+    /// not exist, `PermissionDenied` when it is not trusted).
     pub fn socket_name(&self) -> io::Result<Name<'static>> {
         let path = self.socket_path();
         if path.as_os_str().len() > MAX_SOCKET_PATH {
@@ -78,18 +121,22 @@ impl BusDir {
                 ),
             ));
         }
+        if !self.check(Missing::Leave)? {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} does not exist", self.dir.display()),
+            ));
+        }
         path.to_fs_name::<GenericFilePath>().map(|n| n.into_owned())
     }
 
-    /// Tries to become leader. `Ok(None)`: somebody else holds the lock.
+    /// Tries to become leader, creating and checking the directory first.
+    /// `Ok(None)`: somebody else holds the lock. An error means this bus
+    /// cannot be used at all (an untrusted directory or lock file is
+    /// `PermissionDenied`): a member must not join it.
     pub fn try_lock(&self) -> io::Result<Option<LeaderLock>> {
-        ensure_private_dir(&self.dir)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.lock_path())?;
+        self.check(Missing::Create)?;
+        let file = open_private_rw(&self.lock_path())?;
         match file.try_lock() {
             Ok(()) => Ok(Some(LeaderLock {
                 _file: file,
@@ -100,10 +147,37 @@ impl BusDir {
         }
     }
 
-    /// Reads `leader.json`, if there is a readable one.
+    /// Reads `leader.json`, if there is a readable one of the user's own.
     pub fn leader_info(&self) -> Option<LeaderInfo> {
-        let text = std::fs::read_to_string(self.leader_file()).ok()?;
+        if !self.check(Missing::Leave).ok()? {
+            return None;
+        }
+        let mut text = String::new();
+        open_private_file(&self.leader_file())
+            .ok()??
+            .read_to_string(&mut text)
+            .ok()?;
         serde_json::from_str(&text).ok()
+    }
+}
+
+/// Checks that the process at the other end of `stream` runs as the same
+/// user: a member calls this after connecting (see [`BusDir::connect`]), as
+/// the leader does for every connection it accepts, so that another user
+/// who got a socket in place can neither serve nor join the bus.
+pub fn check_peer_is_me(stream: &Stream) -> io::Result<()> {
+    let me = euid();
+    let creds = stream.peer_creds()?;
+    match creds.euid() {
+        Some(uid) if uid == me => Ok(()),
+        Some(uid) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the other end of the bus socket runs as uid {uid}, not as you (uid {me})"),
+        )),
+        None => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the kernel does not say who is on the other end of the bus socket",
+        )),
     }
 }
 
@@ -122,14 +196,19 @@ impl LeaderLock {
             .create_tokio()
     }
 
-    /// Writes `leader.json` atomically (temp file + rename).
+    /// Writes `leader.json` atomically (a fresh 0600 temp file + rename).
     pub fn write_info(&self, info: &LeaderInfo) -> io::Result<()> {
         let tmp = self
             .dir
             .dir
             .join(format!(".leader.json.{}", std::process::id()));
+        // A leftover of a dead process with our pid; never written through.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         {
-            let mut file = File::create(&tmp)?;
+            let mut file = create_private_file(&tmp)?;
             file.write_all(&serde_json::to_vec_pretty(info).map_err(io::Error::other)?)?;
             file.sync_all()?;
         }
@@ -173,6 +252,63 @@ mod tests {
         let _lock = bus.try_lock().unwrap();
         let mode = std::fs::metadata(bus.path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn lock_and_leader_files_are_0600_and_never_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let bus = BusDir::new(tmp.path().join("run/8"));
+        let lock = bus.try_lock().unwrap().expect("free lock");
+        let info = LeaderInfo {
+            pid: 1,
+            epoch: 2,
+            instance: "i".into(),
+            started: 3,
+        };
+        lock.write_info(&info).unwrap();
+        let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(bus.lock_path()), 0o600);
+        assert_eq!(mode(bus.leader_file()), 0o600);
+        assert_eq!(bus.leader_info(), Some(info));
+        drop(lock);
+
+        // A leader.json that is a link is not read; a lock that is one is
+        // not opened.
+        std::fs::remove_file(bus.leader_file()).unwrap();
+        std::fs::remove_file(bus.lock_path()).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::write(
+            &elsewhere,
+            r#"{"pid":9,"epoch":9,"instance":"x","started":9}"#,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&elsewhere, bus.leader_file()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, bus.lock_path()).unwrap();
+        assert_eq!(bus.leader_info(), None);
+        let err = bus.try_lock().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+    }
+
+    #[test]
+    fn an_untrusted_bus_dir_gets_no_socket_name_and_no_lock() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let bus = BusDir::open_checked(run.join("3")).unwrap();
+        bus.socket_name().unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = bus.socket_name().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("mode 0777"), "{err}");
+        assert!(bus.try_lock().is_err());
+        assert!(BusDir::open_checked(run.join("4")).is_err());
+        assert!(!run.join("4").exists());
+        let missing = BusDir::new(tmp.path().join("nothing/5"));
+        assert_eq!(
+            missing.socket_name().unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]

@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-use interprocess::local_socket::tokio::Stream;
-use interprocess::local_socket::traits::tokio::Stream as _;
-
 use super::election::BusDir;
 use super::member::MemberError;
 use super::wire::{self, Incoming};
@@ -20,18 +17,17 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// is running.
 pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>, MemberError> {
     let bus = BusDir::new(paths.bus_dir(bot));
-    let Ok(name) = bus.socket_name() else {
-        return Ok(None);
+    let stream = match bus.connect().await {
+        Ok(stream) => stream,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(MemberError::Refused(BusError::new(
+                BusErrorCode::Forbidden,
+                format!("not asking {}: {e}", bus.socket_path().display()),
+            )));
+        }
+        // No socket, or nobody listening: no leader runs.
+        Err(_) => return Ok(None),
     };
-    let Ok(stream) = Stream::connect(name).await else {
-        return Ok(None);
-    };
-    if let Err(e) = wire::check_peer(&stream) {
-        return Err(MemberError::Refused(BusError::new(
-            BusErrorCode::Forbidden,
-            format!("not asking {}: {e}", bus.socket_path().display()),
-        )));
-    }
     let (mut reader, mut writer) = wire::split(stream);
     writer
         .send(&ToLeader::Status(StatusQuery { id: 1 }))

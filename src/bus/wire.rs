@@ -67,27 +67,6 @@ impl AsyncWrite for Half {
     }
 }
 
-/// Checks that the process on the other end of `stream` runs as our own
-/// effective user: both ends of the bus check, so neither a stranger's
-/// client nor a stranger's leader is ever spoken to.
-pub fn check_peer(stream: &Stream) -> io::Result<()> {
-    use interprocess::local_socket::traits::StreamCommon as _;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let creds = stream.peer_creds()?;
-    match creds.euid() {
-        Some(uid) if uid == me => Ok(()),
-        Some(uid) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("the bus peer runs as uid {uid}, not as this user (uid {me})"),
-        )),
-        None => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "the bus peer's user cannot be read",
-        )),
-    }
-}
-
 /// Splits a connection into its typed halves.
 pub fn split(stream: Stream) -> (WireReader, WireWriter) {
     let stream = Arc::new(stream);

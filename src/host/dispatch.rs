@@ -71,7 +71,7 @@ pub(crate) async fn answer<H: Handler>(
     params: Option<Value>,
 ) {
     let line = respond(&module, &id, &method, params).await;
-    if !outbox.send(line) {
+    if !outbox.send(line).await {
         tracing::debug!(method, "the host is gone; answer dropped");
     }
 }

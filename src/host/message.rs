@@ -12,6 +12,9 @@ use crate::framing::Frame;
 pub(crate) const PARSE_ERROR: i32 = -32700;
 pub(crate) const INVALID_REQUEST: i32 = -32600;
 pub(crate) const INTERNAL_ERROR: i32 = -32603;
+/// A request beyond [`super::MAX_IN_FLIGHT`]: JSON-RPC's range for
+/// implementation-defined server errors.
+pub(crate) const SERVER_BUSY: i32 = -32000;
 
 /// One classified line.
 #[derive(Debug, Clone, PartialEq)]

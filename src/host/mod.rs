@@ -12,6 +12,14 @@
 //! over 1 MiB → -32600 with id `null` (the host sent it, so it is an invalid
 //! request rather than a server error). A handler that panics answers
 //! -32603. Notifications are never answered, whatever they hold.
+//!
+//! What waits for the host is bounded. The outbound queue holds at most
+//! [`outbound::QUEUE_BYTES`]; when it is full the reader stops taking lines
+//! from the host until the host reads (backpressure; see [`outbound`] for
+//! what happens to each kind of line). At most [`MAX_IN_FLIGHT`] requests
+//! are answered at once; another one is answered at once with
+//! [`message::SERVER_BUSY`] instead of waiting, since the reader must keep
+//! reading the host's answers that running requests may wait for.
 
 mod dispatch;
 mod message;
@@ -29,15 +37,17 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::framing::{Frame, LineCodec};
 use crate::protocol::host::*;
-use message::Incoming;
+use message::{Incoming, SERVER_BUSY, error_line};
 use outbound::{Outbox, PendingEntry};
+
+/// Requests from the host answered at the same time, at most.
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// What the sidecar does with the host's messages.
 pub trait Handler: Send + Sync + 'static {
@@ -139,7 +149,9 @@ impl std::fmt::Debug for HostLink {
 }
 
 impl HostLink {
-    /// Sends a notification. Never blocks; dropped silently once the host is gone.
+    /// Sends a notification. Never blocks: a status update replaces the one
+    /// of the same key still queued; another notification is dropped when
+    /// the queue is full (see [`outbound`]), and once the host is gone.
     pub fn notify<P: Serialize>(&self, method: &str, params: &P) {
         let params = match serde_json::to_value(params) {
             Ok(params) => params,
@@ -148,9 +160,19 @@ impl HostLink {
                 return;
             }
         };
+        let key = (method == method::UI_SET_STATUS).then(|| {
+            let key = params
+                .get("key")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            format!("{method} {key}")
+        });
         let line = json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string();
-        if !self.outbox.send(line) {
-            tracing::trace!(method, "the host is gone; notification dropped");
+        if !self.outbox.notify(line, key) {
+            tracing::debug!(
+                method,
+                "the host is gone or not reading; notification dropped"
+            );
         }
     }
 
@@ -176,19 +198,24 @@ impl HostLink {
         };
         let line =
             json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
-        if !self.outbox.send(line) {
-            return Err(OutboundError::Closed);
-        }
-        let answer = match tokio::time::timeout(timeout, answer).await {
+        // The timeout covers the wait for room too: a host that does not
+        // read does not answer either.
+        let sent_and_answered = tokio::time::timeout(timeout, async {
+            if !self.outbox.send(line).await {
+                return None;
+            }
+            // Err: the sender was dropped, the transport closed under us.
+            answer.await.ok()
+        });
+        let answer = match sent_and_answered.await {
             Err(_elapsed) => {
                 return Err(OutboundError::Timeout {
                     method: method.to_owned(),
                     timeout,
                 });
             }
-            // The sender was dropped: the transport closed under us.
-            Ok(Err(_)) => return Err(OutboundError::Closed),
-            Ok(Ok(answer)) => answer,
+            Ok(None) => return Err(OutboundError::Closed),
+            Ok(Some(answer)) => answer,
         };
         match answer {
             Ok(result) => serde_json::from_value(result).map_err(|e| OutboundError::Decode {
@@ -283,12 +310,11 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (lines, queued) = mpsc::unbounded_channel();
-    let outbox = Arc::new(Outbox::new(lines));
+    let outbox = Arc::new(Outbox::new());
     let handler = make_handler(HostLink {
         outbox: Arc::clone(&outbox),
     });
-    let writer = tokio::spawn(write_lines(output, queued));
+    let writer = tokio::spawn(write_lines(output, Arc::clone(&outbox)));
     let mut demux = Demultiplexer {
         module: Arc::new(dispatch::rpc_module(Arc::clone(&handler))),
         handler,
@@ -298,8 +324,10 @@ where
 
     let mut frames = FramedRead::new(input, LineCodec::default());
     let outcome = loop {
+        // Backpressure: no new line while the host leaves our output unread.
+        outbox.wait_for_room().await;
         match frames.next().await {
-            Some(Ok(frame)) => demux.route(frame),
+            Some(Ok(frame)) => demux.route(frame).await,
             None => break Ok(()),
             Some(Err(e)) => {
                 tracing::warn!("reading from the host failed: {e}");
@@ -325,8 +353,18 @@ struct Demultiplexer<H: Handler> {
 }
 
 impl<H: Handler> Demultiplexer<H> {
-    fn route(&mut self, frame: Frame) {
+    async fn route(&mut self, frame: Frame) {
+        while let Some(done) = self.requests.try_join_next() {
+            log_join(done);
+        }
         match message::classify(frame) {
+            Incoming::Request { id, .. } if self.requests.len() >= MAX_IN_FLIGHT => {
+                tracing::warn!(%id, "{MAX_IN_FLIGHT} requests in flight; answering busy");
+                let busy = format!(
+                    "Server busy: {MAX_IN_FLIGHT} requests are being answered; retry later"
+                );
+                self.outbox.send(error_line(&id, SERVER_BUSY, &busy)).await;
+            }
             Incoming::Request { id, method, params } => {
                 tracing::trace!(%id, method, "request");
                 self.requests.spawn(dispatch::answer(
@@ -349,11 +387,8 @@ impl<H: Handler> Demultiplexer<H> {
                     "rejected a line: {}",
                     rejection.message
                 );
-                self.outbox.send(rejection.to_line());
+                self.outbox.send(rejection.to_line()).await;
             }
-        }
-        while let Some(done) = self.requests.try_join_next() {
-            log_join(done);
         }
     }
 
@@ -409,20 +444,23 @@ fn log_join(done: Result<(), JoinError>) {
 }
 
 /// The writer loop: lines from the queue to `output`, one flush per burst.
-async fn write_lines<W: AsyncWrite + Unpin>(
-    output: W,
-    mut queued: mpsc::UnboundedReceiver<String>,
-) {
+async fn write_lines<W: AsyncWrite + Unpin>(output: W, outbox: Arc<Outbox>) {
     let mut sink: FramedWrite<W, LineCodec> = FramedWrite::new(output, LineCodec::default());
-    while let Some(line) = queued.recv().await {
-        let mut written = sink.feed(line).await;
-        while written.is_ok()
-            && let Ok(line) = queued.try_recv()
-        {
-            written = sink.feed(line).await;
+    while let Some((batch, bytes)) = outbox.next_batch().await {
+        let mut written = Ok(());
+        for line in batch {
+            if written.is_ok() {
+                written = sink.feed(line).await;
+            }
         }
-        if let Err(e) = written.and(SinkExt::<String>::flush(&mut sink).await) {
+        let written = match written {
+            Ok(()) => SinkExt::<String>::flush(&mut sink).await,
+            Err(e) => Err(e),
+        };
+        outbox.written(bytes);
+        if let Err(e) = written {
             tracing::warn!("writing to the host failed; output stops: {e}");
+            outbox.abandon();
             return;
         }
     }

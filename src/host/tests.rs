@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use proptest::prelude::*;
 use tokio::io::{AsyncWriteExt, DuplexStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::*;
 
@@ -788,5 +788,135 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+/// Waits until `ready` holds on three looks in a row 100 ms apart, failing
+/// the test after [`WAIT`]. `look` also runs on every look, for invariants.
+async fn settle(mut look: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut streak = 0;
+    while streak < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "did not settle in time"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        streak = if look() { streak + 1 } else { 0 };
+    }
+}
+
+#[tokio::test]
+async fn a_host_that_stops_reading_stalls_the_sidecar_at_a_bound_and_loses_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut host = Host::start().await;
+    let link = host.link();
+    // Far more answers than fit the queue and both pipes (~90 bytes each).
+    const TOTAL: usize = 40_000;
+    let written = Arc::new(AtomicUsize::new(0));
+    let mut input = host.to_sidecar.take().expect("input open");
+    let writer = {
+        let written = Arc::clone(&written);
+        tokio::spawn(async move {
+            for id in 1..=TOTAL {
+                let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"x/nope\"}}\n");
+                input.write_all(line.as_bytes()).await.unwrap();
+                written.store(id, Ordering::Relaxed);
+            }
+            input
+        })
+    };
+
+    // The host reads nothing: the sidecar fills its queue and stops reading.
+    let mut last = 0;
+    settle(|| {
+        let (queued, _) = link.outbox.queued("");
+        assert!(queued <= outbound::QUEUE_BYTES, "{queued} bytes queued");
+        let now = written.load(Ordering::Relaxed);
+        let stalled = now == last && queued + 200 >= outbound::QUEUE_BYTES;
+        last = now;
+        stalled
+    })
+    .await;
+    assert!(last < TOTAL, "the sidecar kept reading: {last}");
+
+    // While full: status updates replace each other, other notifications
+    // are dropped, nothing grows.
+    for n in 0..1000 {
+        link.set_status(&SetStatusParams {
+            text: Some(format!("status {n}")),
+            ..status()
+        });
+    }
+    link.notify_user(&NotifyParams {
+        message: "dropped".into(),
+        level: NotifyLevel::Info,
+    });
+    let (queued, statuses) = link.outbox.queued("ui/setStatus");
+    assert_eq!(statuses, 1);
+    assert!(queued <= outbound::QUEUE_BYTES + 200, "{queued}");
+    assert_eq!(link.outbox.dropped(), 1);
+
+    // The host reads again: every request gets its one answer, the latest
+    // status arrives, and the sidecar reads the rest of the input.
+    let mut answered = std::collections::HashSet::new();
+    let mut last_status = None;
+    while answered.len() < TOTAL {
+        let message = host.recv().await;
+        match message.get("id").and_then(Value::as_u64) {
+            Some(id) => assert!(answered.insert(id), "{id} answered twice"),
+            None => last_status = Some(message["params"]["text"].clone()),
+        }
+    }
+    assert_eq!(last_status, Some(json!("status 999")));
+    let input = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the rest of the input is read")
+        .unwrap();
+    drop(input);
+    tokio::time::timeout(WAIT, &mut host.served)
+        .await
+        .expect("serve returns after EOF")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn status_updates_queued_together_arrive_as_the_latest_one() {
+    let mut host = Host::start().await;
+    let link = host.link();
+    for n in 0..100 {
+        link.set_status(&SetStatusParams {
+            text: Some(format!("status {n}")),
+            ..status()
+        });
+    }
+    assert_eq!(host.recv().await["params"]["text"], "status 99");
+    host.close_input().await.unwrap();
+    assert_eq!(host.rest_of_output().await, Vec::<Value>::new());
+}
+
+#[tokio::test]
+async fn requests_beyond_the_in_flight_limit_are_answered_busy_at_once() {
+    // Every `slow` command waits for a permit that never comes.
+    let mut host = Host::start().await;
+    for id in 0..=MAX_IN_FLIGHT {
+        host.send_json(json!({
+            "jsonrpc": "2.0", "id": id, "method": "command/execute",
+            "params": {"name": "slow", "args": ""}
+        }))
+        .await;
+    }
+    let busy = host.recv().await;
+    assert_eq!(busy["id"], json!(MAX_IN_FLIGHT));
+    assert_eq!(error_code(&busy), i64::from(message::SERVER_BUSY));
+    // The reader still reads: the host's answers get through.
+    host.send_json(initialize(json!("init"))).await;
+    assert_eq!(host.recv().await["id"], "init");
+    host.handler.gate.add_permits(MAX_IN_FLIGHT);
+    let mut done = 0;
+    while done < MAX_IN_FLIGHT {
+        assert_eq!(host.recv().await["result"]["ok"], true);
+        done += 1;
     }
 }

@@ -7,8 +7,33 @@
 //! blocks become text: headings bold lines, list items bullets or numbers,
 //! tables aligned text in `<pre>`. HTML in the input is shown as text, never
 //! passed through: an agent quoting `<div>` must not break the message.
+//!
+//! # Links
+//!
+//! An agent's answer can carry text a stranger wrote (a web page, an issue),
+//! so a link must not show one thing and open another:
+//!
+//! * Only `http`, `https` and `mailto` targets become links. Any other
+//!   (`tg://login?token=…`, `javascript:`, a relative path) is shown as text
+//!   with its target: `text (target)`. So is an `http(s)` target with user
+//!   info (`https://bank.com@evil.example`), whose start reads as a host.
+//! * A link whose text looks like a URL, an address or a domain
+//!   (`https://a.b/x`, `x@a.b`, `a.b`) becomes a link only if that host is
+//!   the target's (case and a leading `www.` aside); otherwise the text is
+//!   shown plain, followed by the target as a link of its own:
+//!   `paypal.com (<a href="https://evil.example">https://evil.example</a>)`.
+//!   File names look like domains (`main.rs`), so they get the same
+//!   treatment: more to read, never a wrong impression.
+//! * Link text and targets lose every invisible character: bidi controls and
+//!   marks, zero-width spaces and joiners, soft hyphens, Unicode tags — a
+//!   link text that reads the same as another must be the same.
+//! * Everywhere else (text, code, tables) the bidi embedding, override and
+//!   isolate controls (U+202A–U+202E, U+2066–U+2069) are removed, as they can
+//!   make code or a command read differently from what it is ("Trojan
+//!   Source"). Marks (LRM, RLM, ALM) and joiners stay there: right-to-left
+//!   scripts and emoji need them, and they cannot reorder text.
 
-use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+use pulldown_cmark::{CodeBlockKind, Event, LinkType, Options, Parser, Tag, TagEnd};
 
 /// Telegram's message size limit, in UTF-16 code units.
 pub const MESSAGE_LIMIT: usize = 4096;
@@ -17,9 +42,10 @@ pub const MESSAGE_LIMIT: usize = 4096;
 /// reopens plus some text.
 pub const MIN_LIMIT: usize = 64;
 
-/// Link targets Telegram accepts in `<a href>`; anything else (relative
-/// paths, `javascript:`) would get the whole message refused.
-const LINK_SCHEMES: [&str; 4] = ["http://", "https://", "tg://", "mailto:"];
+/// Link targets that become links (see the module doc). Telegram would
+/// refuse the whole message for some others (relative paths), and `tg://`
+/// ones act inside the app (`tg://login?token=`).
+const LINK_SCHEMES: [&str; 3] = ["http://", "https://", "mailto:"];
 
 /// Longer targets are shown as text: a huge `href` cannot be reopened in
 /// every chunk of a split.
@@ -69,11 +95,15 @@ struct Table {
 }
 
 struct Anchor {
-    /// An `<a>` was written and must be closed.
-    tagged: bool,
-    /// For images: the target, shown when there is no alt text.
-    image: Option<String>,
-    /// `out.len()` when the anchor opened, to tell whether text followed.
+    /// The target without invisible characters.
+    target: String,
+    /// An image: its target is shown when there is no alt text.
+    image: bool,
+    /// Inside another link or image: Telegram cannot nest links, so only its
+    /// text is shown, judged with the outer one's.
+    nested: bool,
+    /// `out.len()` when the anchor opened: its text starts there, and so
+    /// will its `<a>` once the text has been judged.
     start: usize,
 }
 
@@ -167,8 +197,13 @@ impl Renderer {
             Tag::Emphasis => self.markup("<i>"),
             Tag::Strong => self.markup("<b>"),
             Tag::Strikethrough => self.markup("<s>"),
-            Tag::Link { dest_url, .. } => self.open_anchor(&dest_url, None),
-            Tag::Image { dest_url, .. } => self.open_anchor(&dest_url, Some(dest_url.to_string())),
+            Tag::Link {
+                link_type: LinkType::Email,
+                dest_url,
+                ..
+            } => self.open_anchor(&format!("mailto:{dest_url}"), false),
+            Tag::Link { dest_url, .. } => self.open_anchor(&dest_url, false),
+            Tag::Image { dest_url, .. } => self.open_anchor(&dest_url, true),
             Tag::FootnoteDefinition(_)
             | Tag::DefinitionList
             | Tag::DefinitionListTitle
@@ -204,34 +239,52 @@ impl Renderer {
 
     /// Telegram cannot nest links, so an image inside a link (a badge)
     /// shows its alt text inside the outer link.
-    fn open_anchor(&mut self, target: &str, image: Option<String>) {
-        let inside_link = self.links.iter().any(|anchor| anchor.tagged);
-        let tagged = !inside_link
-            && target.len() <= MAX_HREF_BYTES
-            && LINK_SCHEMES.iter().any(|scheme| {
-                target
-                    .get(..scheme.len())
-                    .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
-            });
-        if tagged {
-            self.markup(&format!("<a href=\"{}\">", escape_attribute(target)));
-        }
+    fn open_anchor(&mut self, target: &str, image: bool) {
+        let target: String = target
+            .chars()
+            .filter(|&c| !is_invisible(c) && !c.is_control())
+            .collect();
         self.links.push(Anchor {
-            tagged,
+            target,
             image,
+            nested: !self.links.is_empty(),
             start: self.out.len(),
         });
     }
 
+    /// Judges the anchor's text against its target (see the module doc) and
+    /// makes it a link, a link with the target shown, or text.
     fn close_anchor(&mut self) {
         let Some(anchor) = self.links.pop() else {
             return;
         };
-        if let Some(target) = anchor.image.filter(|_| self.out.len() == anchor.start) {
-            self.text(&target);
+        let shown = to_plain(&self.out[anchor.start..]);
+        if shown.trim().is_empty() && (anchor.image || linkable(&anchor.target)) {
+            self.text(&anchor.target);
         }
-        if anchor.tagged {
+        if anchor.nested {
+            return;
+        }
+        let shown = to_plain(&self.out[anchor.start..]);
+        let shown = shown.trim();
+        if !linkable(&anchor.target) {
+            if shown.is_empty() {
+                self.text(&anchor.target);
+            } else if shown != anchor.target && !anchor.target.is_empty() {
+                self.text(&format!(" ({})", anchor.target));
+            }
+            return;
+        }
+        let href = format!("<a href=\"{}\">", escape_attribute(&anchor.target));
+        if shows_the_target(shown, &anchor.target) {
+            self.out.insert_str(anchor.start, &href);
             self.markup("</a>");
+        } else {
+            self.text(" (");
+            self.markup(&href);
+            self.text(&anchor.target);
+            self.markup("</a>");
+            self.text(")");
         }
     }
 
@@ -316,10 +369,146 @@ impl Renderer {
         self.fresh = false;
     }
 
+    /// Writes visible text: escaped, without the characters that could make
+    /// it read as something else (see the module doc).
     fn text(&mut self, text: &str) {
-        escape_into(&mut self.out, text, false);
+        let in_link = !self.links.is_empty();
+        let kept = text
+            .chars()
+            .filter(|&c| !(is_bidi_control(c) || (in_link && is_invisible(c))));
+        for c in kept {
+            escape_char(&mut self.out, c, false);
+        }
         self.fresh = false;
     }
+}
+
+/// Bidi embeddings, overrides and isolates: they reorder what follows them.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Characters that show nothing: bidi controls and marks, zero-width spaces
+/// and joiners, invisible operators, soft hyphens, Unicode tags.
+fn is_invisible(c: char) -> bool {
+    is_bidi_control(c)
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{061C}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{17B4}'
+                | '\u{17B5}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{3164}'
+                | '\u{FEFF}'
+                | '\u{FFA0}'
+                | '\u{E0000}'..='\u{E007F}'
+        )
+}
+
+/// Whether `target` may be an `<a href>`: an allowed scheme, short enough to
+/// be reopened in every chunk, and no user info posing as the host.
+fn linkable(target: &str) -> bool {
+    let Some(scheme) = LINK_SCHEMES.iter().find(|scheme| {
+        target
+            .get(..scheme.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+    }) else {
+        return false;
+    };
+    target.len() <= MAX_HREF_BYTES
+        && (*scheme == "mailto:" || !authority(&target[scheme.len()..]).contains('@'))
+        && host_of(target).is_some()
+}
+
+/// The authority of `rest`, what follows `scheme://`.
+fn authority(rest: &str) -> &str {
+    rest.split(['/', '?', '#']).next().unwrap_or_default()
+}
+
+/// The host a URL or an e-mail address names, as compared: lowercase,
+/// without a trailing dot, a leading `www.`, user info or port.
+fn host_of(target: &str) -> Option<String> {
+    let host = if let Some((_, rest)) = target
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("mailto:"))
+        .map(|_| target.split_at(7))
+    {
+        rest.split('?').next()?.rsplit_once('@')?.1
+    } else if let Some((_, rest)) = target.split_once("://") {
+        let authority = authority(rest);
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next()?,
+            None => host.split(':').next()?,
+        }
+    } else if let Some((_, domain)) = target.rsplit_once('@') {
+        domain
+    } else {
+        target.split(['/', '?', '#', ':']).next()?
+    };
+    let host = normalize_host(host);
+    (!host.is_empty()).then_some(host)
+}
+
+/// A host as compared: lowercase, without a trailing dot or a leading `www.`.
+fn normalize_host(host: &str) -> String {
+    let host = host.trim_end_matches('.').to_lowercase();
+    host.strip_prefix("www.").unwrap_or(&host).to_string()
+}
+
+/// Whether `word` reads as a domain or an IP address: `a.b`, `x.co.uk`,
+/// `10.0.0.1`, with a top level of two letters or more.
+fn looks_like_host(word: &str) -> bool {
+    let labels: Vec<&str> = word.trim_end_matches('.').split('.').collect();
+    let Some(top) = labels.last() else {
+        return false;
+    };
+    labels.len() >= 2
+        && labels.iter().all(|l| {
+            !l.is_empty()
+                && l.chars()
+                    .all(|c| c.is_alphanumeric() || c == '-' || c == '_')
+        })
+        && ((top.chars().count() >= 2 && top.chars().all(char::is_alphabetic))
+            || (labels.len() == 4 && labels.iter().all(|l| l.parse::<u8>().is_ok())))
+}
+
+/// Whether a link's visible text may stand for `target`: every host that a
+/// word of it names — `a.b`, `https://a.b/x`, `x@a.b`, and both sides of
+/// `a.b@c.d` — is the target's host.
+fn shows_the_target(shown: &str, target: &str) -> bool {
+    let target_host = host_of(target);
+    // Words are runs of what a URL or an address can hold, so that no
+    // punctuation glued to a domain (`a.b**c.d`, `(a.b)`) hides it.
+    let in_word = |c: char| c.is_alphanumeric() || "._-@:/?#%=&+~".contains(c);
+    shown.split(|c: char| !in_word(c)).all(|word| {
+        let word = word.trim_matches(|c: char| ".,:;?!".contains(c));
+        let (had_scheme, rest) = match word.split_once("://") {
+            Some((_, rest)) => (true, rest),
+            None => match word.get(..7) {
+                Some(s) if s.eq_ignore_ascii_case("mailto:") => (true, &word[7..]),
+                _ => (false, word),
+            },
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let pieces: Vec<&str> = authority.split('@').collect();
+        pieces.iter().enumerate().all(|(index, piece)| {
+            let candidate = piece.split(':').next().unwrap_or_default();
+            let is_host = had_scheme && index + 1 == pieces.len();
+            if !is_host && !looks_like_host(candidate) {
+                return true;
+            }
+            target_host.as_deref() == Some(normalize_host(candidate).as_str())
+        })
+    })
 }
 
 impl Table {
@@ -363,21 +552,21 @@ fn language(info: &str) -> Option<String> {
     valid.then(|| word.to_string())
 }
 
-fn escape_into(out: &mut String, text: &str, attribute: bool) {
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' if attribute => out.push_str("&quot;"),
-            c => out.push(c),
-        }
+fn escape_char(out: &mut String, c: char, attribute: bool) {
+    match c {
+        '&' => out.push_str("&amp;"),
+        '<' => out.push_str("&lt;"),
+        '>' => out.push_str("&gt;"),
+        '"' if attribute => out.push_str("&quot;"),
+        c => out.push(c),
     }
 }
 
 fn escape_attribute(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    escape_into(&mut out, text, true);
+    for c in text.chars() {
+        escape_char(&mut out, c, true);
+    }
     out
 }
 
@@ -796,8 +985,11 @@ mod tests {
             render("[x](https://e.com/a\"b)"),
             "<a href=\"https://e.com/a&quot;b\">x</a>"
         );
-        assert_eq!(render("[notes](docs/notes.md)"), "notes");
-        assert_eq!(render("[x](javascript:alert(1))"), "x");
+        assert_eq!(render("[notes](docs/notes.md)"), "notes (docs/notes.md)");
+        assert_eq!(
+            render("[x](javascript:alert(1))"),
+            "x (javascript:alert(1))"
+        );
         assert_eq!(
             render("![a chart](https://e.com/c.png)"),
             "<a href=\"https://e.com/c.png\">a chart</a>"
@@ -810,6 +1002,142 @@ mod tests {
             render("[![badge](https://e.com/b.svg)](https://e.com)"),
             "<a href=\"https://e.com\">badge</a>",
             "Telegram cannot nest links"
+        );
+    }
+
+    #[test]
+    fn only_http_https_and_mailto_become_links_others_show_their_target() {
+        assert_eq!(
+            render("[Log in](tg://login?token=abc)"),
+            "Log in (tg://login?token=abc)"
+        );
+        assert_eq!(
+            render("<tg://resolve?domain=x>"),
+            "tg://resolve?domain=x",
+            "an autolink shows its target once"
+        );
+        assert_eq!(render("[x](data:text/html,hi)"), "x (data:text/html,hi)");
+        assert_eq!(render("[](docs/a.md)"), "docs/a.md");
+        assert_eq!(
+            render("[mail me](mailto:a@b.example)"),
+            "<a href=\"mailto:a@b.example\">mail me</a>"
+        );
+        assert_eq!(
+            render("<a@b.example>"),
+            "<a href=\"mailto:a@b.example\">a@b.example</a>"
+        );
+        assert_eq!(
+            render("[empty](https://)"),
+            "empty (https://)",
+            "no host, no link"
+        );
+        assert_eq!(
+            render("[bank](https://bank.example@evil.example/)"),
+            "bank (https://bank.example@evil.example/)",
+            "user info posing as the host"
+        );
+        assert_eq!(
+            render("[Tg](TG://login?token=x) [h](HTTPS://e.com)"),
+            "Tg (TG://login?token=x) <a href=\"HTTPS://e.com\">h</a>"
+        );
+    }
+
+    #[test]
+    fn link_text_that_names_another_host_shows_the_real_target() {
+        let shown =
+            |text: &str, target: &str| format!("{text} (<a href=\"{target}\">{target}</a>)");
+        for (markdown, text, target) in [
+            (
+                "[https://good.example/login](https://evil.example/login)",
+                "https://good.example/login",
+                "https://evil.example/login",
+            ),
+            (
+                "[paypal.com](https://evil.example)",
+                "paypal.com",
+                "https://evil.example",
+            ),
+            (
+                "[Sign in at accounts.google.com now](https://evil.example/x)",
+                "Sign in at accounts.google.com now",
+                "https://evil.example/x",
+            ),
+            (
+                "[10.0.0.1](http://10.0.0.2/)",
+                "10.0.0.1",
+                "http://10.0.0.2/",
+            ),
+            (
+                "[ceo@good.example](mailto:ceo@evil.example)",
+                "ceo@good.example",
+                "mailto:ceo@evil.example",
+            ),
+            (
+                "[**github.com**](https://github.com.evil.example)",
+                "<b>github.com</b>",
+                "https://github.com.evil.example",
+            ),
+            (
+                "[main.rs](https://github.com/a/b/main.rs)",
+                "main.rs",
+                "https://github.com/a/b/main.rs",
+            ),
+        ] {
+            assert_eq!(render(markdown), shown(text, target), "{markdown}");
+        }
+        // Same host: a link, whatever the case, path or `www.`.
+        for (markdown, html) in [
+            (
+                "[www.GitHub.com/a](https://github.com/b)",
+                "<a href=\"https://github.com/b\">www.GitHub.com/a</a>",
+            ),
+            (
+                "[see https://e.com:8080/x.](https://E.com/y)",
+                "<a href=\"https://E.com/y\">see https://e.com:8080/x.</a>",
+            ),
+            (
+                "[the docs](https://docs.rs/x)",
+                "<a href=\"https://docs.rs/x\">the docs</a>",
+            ),
+            (
+                "[v1.2 notes](https://e.com/n)",
+                "<a href=\"https://e.com/n\">v1.2 notes</a>",
+            ),
+        ] {
+            assert_eq!(render(markdown), html, "{markdown}");
+        }
+    }
+
+    #[test]
+    fn invisible_characters_leave_links_and_bidi_controls_leave_everything() {
+        // An override that would show `moc.evil` as `live.com`, removed, and
+        // the text judged as it then reads.
+        assert_eq!(
+            render("[\u{202E}moc.live](https://evil.example)"),
+            "moc.live (<a href=\"https://evil.example\">https://evil.example</a>)"
+        );
+        // A zero-width space hiding a domain from the check is removed first.
+        assert_eq!(
+            render("[paypal\u{200B}.com](https://evil.example)"),
+            "paypal.com (<a href=\"https://evil.example\">https://evil.example</a>)"
+        );
+        assert_eq!(
+            render("[go\u{200D}ogle\u{2060}.com\u{E0041}](https://google.com)"),
+            "<a href=\"https://google.com\">google.com</a>"
+        );
+        assert_eq!(
+            render("[x](https://exa\u{200B}mple.com/\u{202E}a)"),
+            "<a href=\"https://example.com/a\">x</a>"
+        );
+        // Outside links: the reordering controls go, also in code…
+        assert_eq!(
+            render("`if admin \u{2067}// check\u{2069}` a\u{202D}b\n\n```\nx\u{202E}y\n```"),
+            "<code>if admin // check</code> ab\n\n<pre>xy</pre>"
+        );
+        // …while marks and joiners that scripts and emoji need stay.
+        assert_eq!(
+            render("עברית\u{200F} 👨\u{200D}👩\u{200D}👧"),
+            "עברית\u{200F} 👨\u{200D}👩\u{200D}👧"
         );
     }
 
@@ -1019,8 +1347,95 @@ mod tests {
         prop::collection::vec(token, 0..300).prop_map(|tokens| tokens.concat())
     }
 
+    /// Markdown links built from hostile pieces.
+    fn hostile_link() -> impl Strategy<Value = String> {
+        let part = prop_oneof![
+            Just("paypal.com".to_string()),
+            Just("https://good.example/x".to_string()),
+            Just("good.example".to_string()),
+            Just("a@good.example".to_string()),
+            Just("click".to_string()),
+            Just("\u{202E}".to_string()),
+            Just("\u{200B}".to_string()),
+            Just("\u{2066}".to_string()),
+            Just("\u{FEFF}".to_string()),
+            Just(" ".to_string()),
+            Just("**".to_string()),
+            "[a-z.]{1,8}",
+        ];
+        let target = prop_oneof![
+            Just("https://good.example/x".to_string()),
+            Just("https://evil.example".to_string()),
+            Just("http://WWW.good.example".to_string()),
+            Just("tg://login?token=abc".to_string()),
+            Just("mailto:a@good.example".to_string()),
+            Just("javascript:alert(1)".to_string()),
+            Just("https://good.example@evil.example".to_string()),
+            Just("https://go\u{200B}od.example".to_string()),
+            Just("docs/x.md".to_string()),
+        ];
+        (prop::collection::vec(part, 0..6), target, any::<bool>()).prop_map(
+            |(parts, target, image)| {
+                format!(
+                    "{}[{}]({target}) tail",
+                    if image { "!" } else { "" },
+                    parts.concat()
+                )
+            },
+        )
+    }
+
+    /// Every `<a href="T">X</a>` in `html`, as (T, X).
+    fn anchors(html: &str) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        let mut rest = html;
+        while let Some(start) = rest.find("<a href=\"") {
+            let after = &rest[start + 9..];
+            let Some(quote) = after.find('"') else { break };
+            let body = &after[quote + 2..];
+            let Some(end) = body.find("</a>") else { break };
+            found.push((after[..quote].to_string(), to_plain(&body[..end])));
+            rest = &body[end..];
+        }
+        found
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn hostile_links_never_deceive(markdown in hostile_link()) {
+            let html = render(&markdown);
+            prop_assert!(!html.chars().any(is_bidi_control), "{html:?}");
+            for (href, text) in anchors(&html) {
+                let lower = href.to_ascii_lowercase();
+                prop_assert!(
+                    lower.starts_with("http://") || lower.starts_with("https://") || lower.starts_with("mailto:"),
+                    "{href} in {html:?}"
+                );
+                prop_assert!(!href.contains('@') || lower.starts_with("mailto:"), "{html:?}");
+                prop_assert!(!href.chars().chain(text.chars()).any(is_invisible), "{html:?}");
+                // A link whose text names a host as a word of its own goes
+                // to that host.
+                let lower = text.to_lowercase().replace("www.", "");
+                let href_host = href
+                    .to_lowercase()
+                    .split_once("://")
+                    .map(|(_, rest)| rest.split(['/', '?', '#', ':']).next().unwrap_or_default().replace("www.", ""))
+                    .or_else(|| href.rsplit_once('@').map(|(_, domain)| domain.to_lowercase()))
+                    .unwrap_or_default();
+                let part_of_name = |c: char| c.is_alphanumeric() || c == '.' || c == '-' || c == '/';
+                for name in ["paypal.com", "good.example", "evil.example"] {
+                    for (at, _) in lower.match_indices(name) {
+                        let before = lower[..at].chars().next_back();
+                        let after = lower[at + name.len()..].chars().next();
+                        if !before.is_some_and(part_of_name) && !after.is_some_and(|c| part_of_name(c) && c != '/') {
+                            prop_assert_eq!(&href_host, name, "{} → {} in {:?}", text, href, html);
+                        }
+                    }
+                }
+            }
+        }
 
         #[test]
         fn chunks_fit_parse_alone_and_keep_every_character(

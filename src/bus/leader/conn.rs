@@ -25,7 +25,7 @@ const OUTBOX_FRAMES: usize = 4096;
 
 pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     // Only processes of the same user may join the bus.
-    if let Err(e) = wire::check_peer(&stream) {
+    if let Err(e) = crate::bus::election::check_peer_is_me(&stream) {
         tracing::warn!("refused a bus connection: {e}");
         return;
     }
