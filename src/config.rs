@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::ids::BotId;
 use crate::paths::{Missing, Paths, PathsError, UntrustedPath, open_private_file};
 use crate::redact::{MIN_SECRET_CHARS, redact};
 
@@ -41,17 +42,6 @@ pub struct ConfigFile {
     /// Join the bus as soon as the host is initialized (default true); when
     /// false the session waits for `/telegram-connect`.
     pub auto_connect: Option<bool>,
-}
-
-/// The id of a bot: the digits before `:` in its token. It names the bot's bus
-/// and database, so two bots never share either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct BotId(pub u64);
-
-impl fmt::Display for BotId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
 }
 
 /// A bot token. Its `Debug` and `Display` never show the secret.

@@ -10,8 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bus::election::BusDir;
-use crate::bus::query_status;
+use crate::bus::{LeaderReport, leader_report};
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
 use crate::redact::redact;
@@ -360,10 +359,13 @@ fn check_users(report: &mut Report, users: &[i64]) {
     }
 }
 
-async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::config::BotId) {
+async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId) {
     // leader.json is for people only; the socket answering is the truth.
-    let recorded = BusDir::new(paths.bus_dir(bot)).leader_info();
-    match query_status(paths, bot).await {
+    let LeaderReport {
+        status,
+        recorded_pid,
+    } = leader_report(paths, bot).await;
+    match status {
         Ok(Some(status)) => {
             let live = status.sessions.iter().filter(|s| s.live).count();
             report.pass(
@@ -374,13 +376,10 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::config::Bo
                 ),
             );
         }
-        Ok(None) => match recorded {
-            Some(info) => report.note(
+        Ok(None) => match recorded_pid {
+            Some(pid) => report.note(
                 "leader",
-                format!(
-                    "none running (leader.json names pid {}, which no longer answers)",
-                    info.pid
-                ),
+                format!("none running (leader.json names pid {pid}, which no longer answers)"),
             ),
             None => report.note(
                 "leader",
@@ -388,7 +387,7 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::config::Bo
             ),
         },
         Err(error) => {
-            let pid = recorded.map_or_else(|| "?".to_string(), |i| i.pid.to_string());
+            let pid = recorded_pid.map_or_else(|| "?".to_string(), |pid| pid.to_string());
             report.fail(
                 "leader",
                 format!("the bus socket accepts but the leader does not answer: {error}"),

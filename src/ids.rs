@@ -1,6 +1,6 @@
-//! The small value types every layer names: a leader's [`Epoch`], a
-//! registration's [`Generation`], a topic [`Slot`] and a [`Target`] (chat
-//! and topic). They live apart from the wire types so the store and the
+//! The small value types every layer names: a bot's [`BotId`], a leader's
+//! [`Epoch`], a registration's [`Generation`], a topic [`Slot`] and a
+//! [`Target`] (chat and topic). They live apart from the wire types so the store and the
 //! topic rules can use them without depending on any protocol.
 
 use schemars::JsonSchema;
@@ -76,4 +76,15 @@ impl From<Slot> for String {
 pub struct Target {
     pub chat_id: i64,
     pub thread_id: i64,
+}
+
+/// The id of a bot: the digits before `:` in its token. It names the bot's bus
+/// and database, so two bots never share either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BotId(pub u64);
+
+impl std::fmt::Display for BotId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }

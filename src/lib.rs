@@ -41,6 +41,7 @@ pub mod logging;
 pub mod paths;
 pub mod protocol;
 pub mod redact;
+pub mod render;
 pub mod schema;
 pub mod session;
 pub mod store;

@@ -42,7 +42,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::BotId;
+use crate::ids::BotId;
 
 /// The directories of one user's relay.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,4 +24,4 @@ pub mod wire;
 
 pub use member::{JoinRequest, Member, MemberError, MemberState, Role};
 pub use restart::RESTART_WINDOW;
-pub use status::query_status;
+pub use status::{LeaderReport, leader_report, query_status};

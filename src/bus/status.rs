@@ -13,6 +13,20 @@ use crate::protocol::bus::*;
 /// How long the leader has to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What `doctor` learns about the leader: what the socket answers, and
+/// which pid `leader.json` names (for people only: it decides nothing).
+pub struct LeaderReport {
+    pub status: Result<Option<BusStatus>, MemberError>,
+    pub recorded_pid: Option<u32>,
+}
+
+pub async fn leader_report(paths: &Paths, bot: BotId) -> LeaderReport {
+    LeaderReport {
+        recorded_pid: BusDir::new(paths.bus_dir(bot)).leader_info().map(|i| i.pid),
+        status: query_status(paths, bot).await,
+    }
+}
+
 /// Asks the running leader for the bus status. `Ok(None)` when no leader
 /// is running.
 pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>, MemberError> {

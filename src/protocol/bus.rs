@@ -168,7 +168,7 @@ pub enum TopicOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum TextFormat {
-    /// Telegram HTML, as `telegram::render` makes it.
+    /// Telegram HTML, as `crate::render` makes it.
     Html,
     /// Shown as it is.
     Plain,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Member, MemberError};
 use crate::protocol::bus::{BusErrorCode, SendText, Target, TextFormat, TopicOp};
-use crate::telegram::render;
+use crate::render;
 
 /// Telegram shows `typing` for about 5 s; renew a little before.
 const TYPING_EVERY: Duration = Duration::from_secs(4);

@@ -10,8 +10,6 @@
 //!   a time and unknown kinds are skipped, never fatal.
 //! * [`ratelimit`] — [`RateLimiter`], the leader's outbox pacing: per-chat
 //!   windows, a global cap and `retry_after` penalties.
-//! * [`render`] — Markdown → Telegram HTML, split into chunks that each fit
-//!   one message, and the plain-text fallback.
 //!
 //! It knows nothing of the bus, the store or the host: the leader's poller
 //! (`bus::leader::poller`) and outbox (`bus::leader::outbox`) build on it.
@@ -19,7 +17,6 @@
 pub mod client;
 pub mod error;
 pub mod ratelimit;
-pub mod render;
 pub mod types;
 
 pub use client::{BotApi, DEFAULT_TIMEOUT, SetupError};

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::protocol::bus::*;
-use crate::telegram::render;
+use crate::render;
 use crate::telegram::types::{
     EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, ParseMode,
     ReplyParameters, SendMessage,
