@@ -3,47 +3,65 @@
 //! A coding agent (the *host*) spawns this binary and speaks JSON-RPC 2.0 to it
 //! over stdin/stdout. Every such *sidecar* joins a machine-local *bus*; the one
 //! that holds the bus lock is the *leader* and alone talks to Telegram.
+//! `docs/DESIGN.md` explains the protocols and the rules; `ARCHITECTURE.md` is
+//! the map.
 //!
 //! The major components, in the order data flows through them:
 //!
-//! * [`host`] — NDJSON framing on stdio, the demultiplexer in front of the
+//! * `host` — NDJSON framing on stdio, the demultiplexer in front of the
 //!   jsonrpsee dispatcher, and outbound requests to the host with timeouts.
 //!   It knows nothing of Telegram or the bus.
-//! * [`session`] — one agent session: its binding, transport and sync facts,
-//!   the status line, and the translation of host events into relay actions.
-//! * [`commands`] — parsing and handling of `/telegram-*` and `/relay` commands.
-//! * [`bus`] — election through a kernel file lock, the wire envelopes on the
-//!   local socket, the leader (registry, routing, restart) and the follower
-//!   (client, reconnect, reconcile).
-//! * [`telegram`] — the Bot API client, the durable poller, the rate-limited
-//!   outbox, error classification and Markdown → Telegram HTML rendering.
-//! * [`topics`] — slots A–Z, topic names and provisioning decisions.
-//! * [`store`] — the leader's SQLite state: epoch, bindings, offset, inbound
-//!   journal, cleanup intents.
-//! * [`protocol`] — every type that crosses a wire, each with a JSON Schema.
-//! * [`framing`] — the one newline-delimited codec used by stdio and the bus.
-//! * [`config`], [`paths`], [`redact`], [`logging`] — the edges.
-//! * [`fake_bot_api`] — a faithful Bot API simulator for tests, `demo` and
-//!   benchmarks; production paths never depend on it.
+//! * `session` — one agent session: its binding, transport and sync facts,
+//!   the status line, host events into relay actions, deliveries into prompts.
+//! * `commands` — parsing of `/telegram-*` and `/relay` commands and the text
+//!   of their reports.
+//! * `bus` — the member (handle, actor, restart, status), election through a
+//!   kernel file lock, the wire envelopes on the local socket, and the leader:
+//!   registry, router, outbox, access, poller, triage.
+//! * `telegram` — the Bot API client, the one error classifier, the types and
+//!   the pacing; `render` — Markdown into Telegram HTML.
+//! * `topics` — slots A–Z, topic names and profile keys.
+//! * `store` — the leader's SQLite state: epoch, bindings, offset, journal,
+//!   who posted what, cleanup intents, paired users.
+//! * `protocol` — every type that crosses a wire, each with a JSON Schema
+//!   (`schema` exports them).
+//! * `framing` — the one newline-delimited codec used by stdio and the bus.
+//! * `ids`, `config`, `paths`, `redact`, `logging`, `backoff` — the edges.
+//! * `fake_bot_api` — a faithful Bot API simulator for tests, `demo` and
+//!   benchmarks; production paths never depend on it. `host_client` — the
+//!   host's end of the host protocol, for the demo, benchmark and tests.
+//!
+//! Only what another crate needs is public: the binary's commands (`cli`),
+//! and for the tests, the benchmark and the fuzzers the wire types, the
+//! codec, the stdio transport, the fake, the host client, the store's
+//! read side and the bus's socket. Everything else is private to the
+//! crate, so the compiler reports what nothing uses.
 
 mod backoff;
-pub mod bus;
-pub mod commands;
-pub mod config;
-pub mod demo;
-pub mod doctor;
+mod bus;
+pub mod cli;
+mod commands;
+mod config;
+mod demo;
+mod doctor;
 pub mod fake_bot_api;
 pub mod framing;
 pub mod host;
 pub mod host_client;
-pub mod ids;
-pub mod logging;
-pub mod paths;
+mod ids;
+mod logging;
+mod paths;
 pub mod protocol;
-pub mod redact;
-pub mod render;
+mod redact;
+mod render;
 pub mod schema;
-pub mod session;
-pub mod store;
-pub mod telegram;
-pub mod topics;
+mod session;
+mod store;
+mod telegram;
+mod topics;
+
+/// The bus's socket: its checked directory and typed envelopes (tests and
+/// the benchmark play raw bus clients with these).
+pub use bus::{election, wire};
+/// The store's read side (tests look into the journal).
+pub use store::{JournalState, Store};

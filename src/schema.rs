@@ -85,3 +85,53 @@ pub fn write_schemas(dir: &std::path::Path) -> std::io::Result<Vec<std::path::Pa
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn updating() -> bool {
+        std::env::var_os("UPDATE_SCHEMAS").is_some_and(|v| v == "1")
+    }
+
+    /// `extension-manifest.json` is checked in for hosts to read: it fails
+    /// when it drifts from the code, and is rewritten under
+    /// `UPDATE_SCHEMAS=1`.
+    #[test]
+    fn manifest_matches_the_sidecar() {
+        let path = root().join("extension-manifest.json");
+        let mut manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let commands = serde_json::to_value(crate::commands::specs()).unwrap();
+        let files: Vec<String> = schemas().into_iter().map(|f| f.name).collect();
+        let current = manifest["commands"] == commands
+            && manifest["version"] == env!("CARGO_PKG_VERSION")
+            && manifest["schemas"]["files"] == serde_json::json!(files);
+        if !current && updating() {
+            manifest["commands"] = commands;
+            manifest["version"] = env!("CARGO_PKG_VERSION").into();
+            manifest["schemas"]["files"] = serde_json::json!(files);
+            let mut text = serde_json::to_string_pretty(&manifest).unwrap();
+            text.push('\n');
+            std::fs::write(&path, text).unwrap();
+            return;
+        }
+        assert_eq!(
+            manifest["commands"], commands,
+            "manifest commands differ from initialize's"
+        );
+        assert_eq!(manifest["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(manifest["schemas"]["files"], serde_json::json!(files));
+        assert_eq!(
+            manifest["protocolVersion"],
+            crate::protocol::host::PROTOCOL_VERSION
+        );
+        assert_eq!(manifest["statusKey"], crate::protocol::host::STATUS_KEY);
+        assert_eq!(manifest["transport"]["framing"], "ndjson");
+        assert_eq!(manifest["transport"]["protocol"], "jsonrpc-2.0");
+    }
+}

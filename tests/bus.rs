@@ -6,8 +6,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::protocol::bus::*;
+use agent_relay::wire::{self, Incoming};
 use common::{FakeServer, Options, Sidecar, connected, home};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;

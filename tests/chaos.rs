@@ -156,7 +156,7 @@ async fn kill_the_leader_five_times_under_load_and_lose_nothing() {
     let db = home.path().join("state").join("123456789.sqlite3");
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let store = agent_relay::store::Store::open_read_only(&db).expect("the store");
+        let store = agent_relay::Store::open_read_only(&db).expect("the store");
         let pending: usize = (0..SESSIONS)
             .map(|i| {
                 store

@@ -7,9 +7,9 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::fake_bot_api::{Fault, TopicInfo};
 use agent_relay::protocol::bus::*;
+use agent_relay::wire::{self, Incoming};
 use common::{CHAT, FakeServer, Options, Sidecar, WAIT, connected};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_relay::bus::election::{BusDir, check_peer_is_me};
+use agent_relay::election::{BusDir, check_peer_is_me};
 use common::{CHAT, FakeServer, TOKEN, USER, WAIT};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;

@@ -2,9 +2,9 @@
 //! the line codec (stdio and the bus) and the bus envelope decoder. The same
 //! entry points are fuzzed under `fuzz/`; these run in every `cargo test`.
 
-use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::framing::{Frame, LineCodec};
 use agent_relay::protocol::bus::*;
+use agent_relay::wire::{self, Incoming};
 use bytes::BytesMut;
 use proptest::prelude::*;
 use serde::Serialize;

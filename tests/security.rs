@@ -10,9 +10,9 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::fake_bot_api::{Fault, Inject, TopicInfo};
 use agent_relay::protocol::bus::*;
+use agent_relay::wire::{self, Incoming};
 use common::{CHAT, FakeServer, Options, SECRET, Sidecar, TOKEN, USER, WAIT};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_relay::fake_bot_api::{CallRecord, Fault};
-use agent_relay::store::{JournalState, Store};
+use agent_relay::{JournalState, Store};
 use common::{
     CHAT, FakeServer, Options, USER, WAIT, inject, prompts, session, start, topic, wait_prompt,
     wait_topic_text,

@@ -6,9 +6,9 @@
 
 #![no_main]
 
-use agent_relay::bus::wire::{self, Incoming};
 use agent_relay::framing::{Frame, LineCodec};
 use agent_relay::protocol::bus::{FromLeader, ToLeader};
+use agent_relay::wire::{self, Incoming};
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;

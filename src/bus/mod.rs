@@ -23,5 +23,4 @@ mod status;
 pub mod wire;
 
 pub use member::{JoinRequest, Member, MemberError, MemberState, Role};
-pub use restart::RESTART_WINDOW;
 pub use status::{LeaderReport, leader_report, query_status};

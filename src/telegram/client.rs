@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use super::error::{TelegramError, is_idempotent};
 use super::types::{
-    BotCommand, BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic,
-    Message, SendMessage,
+    BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic, Message,
+    SendMessage,
 };
 use crate::config::BotToken;
 use crate::redact::redact;
@@ -254,21 +254,6 @@ impl BotApi {
         self.call_as("createForumTopic", &params).await
     }
 
-    pub async fn edit_forum_topic(
-        &self,
-        chat: i64,
-        thread: i64,
-        name: &str,
-    ) -> Result<(), TelegramError> {
-        let params = json!({"chat_id": chat, "message_thread_id": thread, "name": name});
-        self.call("editForumTopic", &params).await.map(drop)
-    }
-
-    pub async fn close_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
-        let params = json!({"chat_id": chat, "message_thread_id": thread});
-        self.call("closeForumTopic", &params).await.map(drop)
-    }
-
     pub async fn reopen_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
         let params = json!({"chat_id": chat, "message_thread_id": thread});
         self.call("reopenForumTopic", &params).await.map(drop)
@@ -293,12 +278,6 @@ impl BotApi {
             &json!({"chat_id": chat, "user_id": user_id}),
         )
         .await
-    }
-
-    pub async fn set_my_commands(&self, commands: &[BotCommand]) -> Result<(), TelegramError> {
-        self.call("setMyCommands", &json!({"commands": commands}))
-            .await
-            .map(drop)
     }
 }
 

@@ -19,10 +19,7 @@ pub mod error;
 pub mod ratelimit;
 pub mod types;
 
-pub use client::{BotApi, DEFAULT_TIMEOUT, SetupError};
-pub use error::{TelegramError, is_idempotent};
+pub use client::{BotApi, SetupError};
+pub use error::TelegramError;
 pub use ratelimit::RateLimiter;
-pub use types::{
-    BotCommand, BotInfo, CallbackQuery, Chat, ChatKind, ChatMember, ChatMemberStatus, DecodeError,
-    ForumTopic, Message, Update, UpdateKind, User,
-};
+pub use types::{BotInfo, ChatKind, ChatMemberStatus, Message, Update, UpdateKind};

@@ -44,15 +44,6 @@ pub enum DecodeError {
     },
 }
 
-impl DecodeError {
-    pub fn update_id(&self) -> Option<i64> {
-        match self {
-            Self::MissingUpdateId => None,
-            Self::Malformed { update_id, .. } => Some(*update_id),
-        }
-    }
-}
-
 impl Update {
     /// Decodes one raw update. Unknown kinds are not an error; a known kind
     /// whose payload does not match its shape is.
@@ -87,14 +78,6 @@ impl Update {
             }
         };
         Ok(Update { update_id, kind })
-    }
-
-    /// The message this update carries, new or edited.
-    pub fn message(&self) -> Option<&Message> {
-        match &self.kind {
-            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => Some(message),
-            UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => None,
-        }
     }
 }
 
@@ -342,13 +325,6 @@ impl Default for LinkPreviewOptions {
     }
 }
 
-/// One entry of the `/` menu published with `setMyCommands`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BotCommand {
-    pub command: String,
-    pub description: String,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,7 +350,9 @@ mod tests {
     fn decodes_a_topic_message_ignoring_unknown_fields() {
         let update = Update::decode(&topic_message()).unwrap();
         assert_eq!(update.update_id, 900);
-        let message = update.message().unwrap();
+        let UpdateKind::Message(message) = &update.kind else {
+            panic!("{update:?}")
+        };
         assert_eq!(message.text.as_deref(), Some("run the tests"));
         assert_eq!(message.topic(), Some(5));
         assert_eq!(message.chat.kind, ChatKind::Supergroup);
@@ -415,7 +393,10 @@ mod tests {
         let mut raw = topic_message();
         raw["message"]["is_topic_message"] = json!(false);
         let update = Update::decode(&raw).unwrap();
-        assert_eq!(update.message().unwrap().topic(), None);
+        let UpdateKind::Message(message) = &update.kind else {
+            panic!("{update:?}")
+        };
+        assert_eq!(message.topic(), None);
     }
 
     #[test]
@@ -451,7 +432,10 @@ mod tests {
     fn a_broken_known_kind_keeps_its_update_id() {
         let raw = json!({"update_id": 4, "message": {"message_id": "not a number"}});
         let error = Update::decode(&raw).unwrap_err();
-        assert_eq!(error.update_id(), Some(4));
+        assert!(
+            matches!(error, DecodeError::Malformed { update_id: 4, .. }),
+            "{error:?}"
+        );
         assert!(error.to_string().contains("message"), "{error}");
     }
 

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_relay::bus::election::BusDir;
-use agent_relay::bus::wire::{self, Incoming};
+use agent_relay::election::BusDir;
 use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, FakeBotApi, FakeConfig, FakeServer,
 };
 use agent_relay::protocol::bus::*;
+use agent_relay::wire::{self, Incoming};
 use anyhow::{Context as _, anyhow, bail};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
