@@ -399,3 +399,64 @@ async fn a_host_switching_sessions_moves_to_their_topics_and_back() {
         .count();
     assert_eq!(created, 2);
 }
+
+/// Prompts are pipelined to the host; the ordering rule of
+/// `session/inbound.rs`: the host receives them in journal order; one it
+/// refuses is settled and its topic told, the rest unaffected; one it fails
+/// to answer stays in the journal and comes again after a reconnect, once,
+/// while none of the others comes twice.
+#[tokio::test]
+async fn pipelined_prompts_keep_their_order_through_a_refusal_and_a_failure() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut a = Sidecar::spawn(Options::new(home.path()).configured(&fake).answer(
+        std::sync::Arc::new(|method, params| {
+            match (method, params["text"].as_str()) {
+                ("agent/sendUserMessage", Some("p2")) => Some(json!({"accepted": false})),
+                // Left to the test, which answers it with an error.
+                ("agent/sendUserMessage", Some("p4")) => None,
+                ("agent/sendUserMessage", _) => Some(json!({"accepted": true})),
+                ("ui/confirm", _) => Some(json!({"confirmed": true})),
+                _ => None,
+            }
+        }),
+    ));
+    a.handshake("/tmp/a", "api").await;
+    a.wait_status(connected).await;
+    let thread = topic(&fake, "api").thread_id;
+    let texts: Vec<String> = (1..=6).map(|i| format!("p{i}")).collect();
+    for text in &texts {
+        inject(&fake, Some(thread), USER, text);
+    }
+    wait_prompt(&a, "p6").await;
+    let p4 = wait_prompt(&a, "p4").await;
+    a.link()
+        .respond_error(p4["id"].clone(), -32000, "the agent is busy")
+        .expect("answer p4");
+    let order: Vec<String> = prompts(&a)
+        .iter()
+        .map(|p| p["params"]["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(order, texts, "the host got them in journal order");
+    wait_topic_text(&fake, thread, "did not accept").await;
+
+    // A reconnect (here: a restart of the relay) brings p4 again, once.
+    let (ok, report) = a.command("relay", "restart").await;
+    assert!(ok, "{report}");
+    a.wait_for("p4 again", |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "p4" && m["id"] != p4["id"]
+    })
+    .await;
+    inject(&fake, Some(thread), USER, "after the restart");
+    wait_prompt(&a, "after the restart").await;
+    let count = |text: &str| {
+        prompts(&a)
+            .iter()
+            .filter(|p| p["params"]["text"] == text)
+            .count()
+    };
+    assert_eq!(count("p4"), 2, "the failed one came again");
+    for text in ["p1", "p2", "p3", "p5", "p6"] {
+        assert_eq!(count(text), 1, "{text} came once");
+    }
+}

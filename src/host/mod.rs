@@ -184,6 +184,23 @@ impl HostLink {
         params: &P,
         timeout: Duration,
     ) -> Result<R, OutboundError> {
+        self.start_request(method, params, timeout).await?.await
+    }
+
+    /// Sends a request and returns the wait for its answer. When this
+    /// returns the line is queued, so requests started one after another
+    /// reach the host in that order while their answers are awaited
+    /// together. `timeout` covers both the wait for room (a host that does
+    /// not read does not answer either) and the wait for the answer;
+    /// dropping the returned future cancels the request.
+    pub async fn start_request<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+        timeout: Duration,
+    ) -> Result<impl Future<Output = Result<R, OutboundError>> + Send + 'static, OutboundError>
+    {
+        let deadline = Instant::now() + timeout;
         let params = serde_json::to_value(params).map_err(|e| OutboundError::Encode {
             method: method.to_owned(),
             message: e.to_string(),
@@ -192,38 +209,35 @@ impl HostLink {
             .outbox
             .register()
             .map_err(|outbound::Closed| OutboundError::Closed)?;
-        let _entry = PendingEntry {
-            outbox: &self.outbox,
+        let entry = PendingEntry {
+            outbox: Arc::clone(&self.outbox),
             id,
         };
         let line =
             json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
-        // The timeout covers the wait for room too: a host that does not
-        // read does not answer either.
-        let sent_and_answered = tokio::time::timeout(timeout, async {
-            if !self.outbox.send(line).await {
-                return None;
-            }
-            // Err: the sender was dropped, the transport closed under us.
-            answer.await.ok()
-        });
-        let answer = match sent_and_answered.await {
-            Err(_elapsed) => {
-                return Err(OutboundError::Timeout {
-                    method: method.to_owned(),
-                    timeout,
-                });
-            }
-            Ok(None) => return Err(OutboundError::Closed),
-            Ok(Some(answer)) => answer,
-        };
-        match answer {
-            Ok(result) => serde_json::from_value(result).map_err(|e| OutboundError::Decode {
-                method: method.to_owned(),
-                message: e.to_string(),
-            }),
-            Err(error) => Err(rpc_error(method, &error)),
+        let method = method.to_owned();
+        let timed_out = move |method: String| OutboundError::Timeout { method, timeout };
+        match tokio::time::timeout_at(deadline, self.outbox.send(line)).await {
+            Err(_elapsed) => return Err(timed_out(method)),
+            Ok(false) => return Err(OutboundError::Closed),
+            Ok(true) => {}
         }
+        Ok(async move {
+            let _entry = entry;
+            let answer = match tokio::time::timeout_at(deadline, answer).await {
+                Err(_elapsed) => return Err(timed_out(method)),
+                // The sender was dropped: the transport closed under us.
+                Ok(Err(_)) => return Err(OutboundError::Closed),
+                Ok(Ok(answer)) => answer,
+            };
+            match answer {
+                Ok(result) => serde_json::from_value(result).map_err(|e| OutboundError::Decode {
+                    method,
+                    message: e.to_string(),
+                }),
+                Err(error) => Err(rpc_error(&method, &error)),
+            }
+        })
     }
 
     /// `ui/setStatus`.
@@ -247,13 +261,17 @@ impl HostLink {
         self.request(method::UI_CONFIRM, params, timeout).await
     }
 
-    /// `agent/sendUserMessage`: hands a relayed prompt to the agent.
+    /// `agent/sendUserMessage`: hands a relayed prompt to the agent. The
+    /// prompt is on its way when this returns (see [`HostLink::start_request`]).
     pub async fn send_user_message(
         &self,
         params: &SendUserMessageParams,
         timeout: Duration,
-    ) -> Result<SendUserMessageResult, OutboundError> {
-        self.request(method::AGENT_SEND_USER_MESSAGE, params, timeout)
+    ) -> Result<
+        impl Future<Output = Result<SendUserMessageResult, OutboundError>> + Send + 'static,
+        OutboundError,
+    > {
+        self.start_request(method::AGENT_SEND_USER_MESSAGE, params, timeout)
             .await
     }
 

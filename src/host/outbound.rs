@@ -290,12 +290,12 @@ impl Outbox {
 
 /// Removes a pending entry when dropped, so a timed-out or cancelled request
 /// leaves nothing behind in the table.
-pub(crate) struct PendingEntry<'a> {
-    pub outbox: &'a Outbox,
+pub(crate) struct PendingEntry {
+    pub outbox: std::sync::Arc<Outbox>,
     pub id: u64,
 }
 
-impl Drop for PendingEntry<'_> {
+impl Drop for PendingEntry {
     fn drop(&mut self) {
         self.outbox.forget(self.id);
     }

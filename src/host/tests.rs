@@ -516,7 +516,10 @@ async fn outbound_request_answered() {
                 update_id: 99,
             },
         };
-        link.send_user_message(&params, WAIT).await
+        link.send_user_message(&params, WAIT)
+            .await
+            .expect("queued")
+            .await
     });
     let request = host.recv().await;
     assert_eq!(request["method"], "agent/sendUserMessage");

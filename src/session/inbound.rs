@@ -1,11 +1,32 @@
 //! Deliveries from the leader to the host: each user message in this
-//! session's topic becomes an `agent/sendUserMessage` request, in order, once
+//! session's topic becomes an `agent/sendUserMessage` request, once
 //! (deduplicated by `update_id`), acknowledged only after the host took it.
 //! `/status` and `/stop` typed in the topic are answered here.
+//!
+//! Prompts are pipelined: up to [`WINDOW`] go out in journal order without
+//! waiting for each answer, so a burst costs one round trip, not one per
+//! message. The ordering rule:
+//!
+//! * The host receives prompts in journal order, always.
+//! * A prompt the host refuses (`accepted: false`) is settled, and its topic
+//!   is told: a refusal is an answer, so the order of what the host took
+//!   stays the order of the journal.
+//! * A prompt the host fails to answer (an error, a timeout) stays in the
+//!   journal and comes again after the next reconnect, in order with what is
+//!   still pending; prompts sent after it may have been taken already, so
+//!   that one prompt may reach the host after later ones. Hosts drop
+//!   repeats by `origin.updateId`.
+//! * A command or a tap waits until the prompts before it were answered, so
+//!   `/stop` stops what came before it.
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -13,8 +34,11 @@ use tokio_util::sync::CancellationToken;
 use super::Session;
 use super::outbound::Outgoing;
 use crate::bus::Member;
+use crate::host::OutboundError;
 use crate::protocol::bus::{AnswerCallback, Deliver, Inbound, TopicOp};
-use crate::protocol::host::{DeliverAs, MessageOrigin, SendUserMessageParams};
+use crate::protocol::host::{
+    DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,
+};
 
 /// How long the host may take to accept a prompt.
 const HOST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,6 +84,13 @@ fn topic_command(text: &str) -> Option<&str> {
     matches!(word, "status" | "stop").then_some(word)
 }
 
+/// Prompts handed to the host and not answered yet, at most. They go out
+/// in journal order without waiting for each answer (see the module docs).
+const WINDOW: usize = 64;
+
+/// A prompt on its way: settled (`true`) once the host answered.
+type Answered = Pin<Box<dyn Future<Output = (Deliver, bool)> + Send>>;
+
 pub async fn run(
     session: Weak<Session>,
     member: Arc<Member>,
@@ -67,30 +98,113 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut seen = Seen::new();
+    let mut in_flight: FuturesOrdered<Answered> = FuturesOrdered::new();
+    let mut on_the_way: HashSet<i64> = HashSet::new();
+    let settle =
+        |(deliver, settled): (Deliver, bool), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
+            on_the_way.remove(&deliver.update_id);
+            if settled {
+                seen.insert(deliver.update_id);
+                member.ack_delivery(deliver.delivery_id);
+            }
+        };
     loop {
-        let deliver = tokio::select! {
+        tokio::select! {
             () = stop.cancelled() => break,
-            next = deliveries.recv() => match next {
-                Some(d) => d,
-                None => break,
-            },
-        };
-        if seen.contains(deliver.update_id) {
-            member.ack_delivery(deliver.delivery_id);
-            continue;
-        }
-        let Some(session) = session.upgrade() else {
-            break;
-        };
-        if handle(&session, &member, &deliver).await {
-            seen.insert(deliver.update_id);
-            member.ack_delivery(deliver.delivery_id);
+            Some(answered) = in_flight.next(), if !in_flight.is_empty() => {
+                settle(answered, &mut seen, &mut on_the_way);
+            }
+            next = deliveries.recv(), if in_flight.len() < WINDOW => {
+                let Some(deliver) = next else { break };
+                if seen.contains(deliver.update_id) {
+                    member.ack_delivery(deliver.delivery_id);
+                    continue;
+                }
+                if on_the_way.contains(&deliver.update_id) {
+                    // A redelivery of a prompt the host has not answered yet:
+                    // its answer settles both.
+                    continue;
+                }
+                let Some(session) = session.upgrade() else {
+                    break;
+                };
+                if let Some(params) = prompt(&deliver, session.is_busy()) {
+                    match session.host.send_user_message(&params, HOST_TIMEOUT).await {
+                        Ok(answer) => {
+                            on_the_way.insert(deliver.update_id);
+                            in_flight.push_back(Box::pin(async move {
+                                let settled = accepted(&session, &deliver, answer.await);
+                                (deliver, settled)
+                            }));
+                        }
+                        Err(e) => tracing::warn!(
+                            update_id = deliver.update_id,
+                            "the host did not take a message: {e}"
+                        ),
+                    }
+                    continue;
+                }
+                // A command or a tap acts on what came before it: the prompts
+                // on their way are answered first.
+                while let Some(answered) = in_flight.next().await {
+                    settle(answered, &mut seen, &mut on_the_way);
+                }
+                if handle(&session, &member, &deliver).await {
+                    seen.insert(deliver.update_id);
+                    member.ack_delivery(deliver.delivery_id);
+                }
+            }
         }
     }
 }
 
-/// Hands one delivery to the host. True when it is settled (delivered, or
-/// refused for good); false leaves it in the journal for a later attempt.
+/// The prompt a delivery makes, unless it is a command or a tap; a busy
+/// agent gets it as a follow-up.
+fn prompt(deliver: &Deliver, busy: bool) -> Option<SendUserMessageParams> {
+    let Inbound::Message(message) = &deliver.item else {
+        return None;
+    };
+    if topic_command(&message.text).is_some() {
+        return None;
+    }
+    Some(SendUserMessageParams {
+        text: message.text.clone(),
+        deliver_as: busy.then_some(DeliverAs::FollowUp),
+        origin: MessageOrigin {
+            chat_id: message.chat_id,
+            thread_id: message.thread_id,
+            user_id: message.user_id,
+            update_id: deliver.update_id,
+        },
+    })
+}
+
+/// Whether the host's answer settles the delivery: taken, or refused for
+/// good (the topic is told); an error leaves it in the journal.
+fn accepted(
+    session: &Session,
+    deliver: &Deliver,
+    answer: Result<SendUserMessageResult, OutboundError>,
+) -> bool {
+    match answer {
+        Ok(result) if result.accepted => true,
+        Ok(_) => {
+            session.send_out(Outgoing::Plain(
+                "⚠️ The session did not accept this message.".into(),
+            ));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                update_id = deliver.update_id,
+                "the host did not take a message: {e}"
+            );
+            false
+        }
+    }
+}
+
+/// Handles a command or a tap. True when it is settled.
 async fn handle(session: &Session, member: &Member, deliver: &Deliver) -> bool {
     let message = match &deliver.item {
         Inbound::Message(message) => message,
@@ -112,7 +226,6 @@ async fn handle(session: &Session, member: &Member, deliver: &Deliver) -> bool {
         Some("status") => {
             let report = session.status_report(false).await;
             session.send_out(Outgoing::Plain(report));
-            return true;
         }
         Some("stop") => {
             let reply = match session.host.abort(HOST_TIMEOUT).await {
@@ -120,36 +233,10 @@ async fn handle(session: &Session, member: &Member, deliver: &Deliver) -> bool {
                 Err(e) => format!("⚠️ Could not stop the agent: {e}"),
             };
             session.send_out(Outgoing::Plain(reply));
-            return true;
         }
         _ => {}
     }
-    let params = SendUserMessageParams {
-        text: message.text.clone(),
-        deliver_as: session.is_busy().then_some(DeliverAs::FollowUp),
-        origin: MessageOrigin {
-            chat_id: message.chat_id,
-            thread_id: message.thread_id,
-            user_id: message.user_id,
-            update_id: deliver.update_id,
-        },
-    };
-    match session.host.send_user_message(&params, HOST_TIMEOUT).await {
-        Ok(result) if result.accepted => true,
-        Ok(_) => {
-            session.send_out(Outgoing::Plain(
-                "⚠️ The session did not accept this message.".into(),
-            ));
-            true
-        }
-        Err(e) => {
-            tracing::warn!(
-                update_id = deliver.update_id,
-                "the host did not take a message: {e}"
-            );
-            false
-        }
-    }
+    true
 }
 
 #[cfg(test)]
