@@ -83,13 +83,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
         paired_ms INTEGER NOT NULL CHECK (paired_ms >= 0)
     ) STRICT;
     ",
-    // 2: button taps travel through the journal like messages, with what
-    // only the leader interprets (the tap's id, a reply's target) in
-    // `detail`; `sent` remembers which session posted which message, so a
-    // session can edit only its own messages; lookups by message for both.
+    // 2: what only the leader interprets about a message (the message it
+    // replies to, later its attachments) goes in `detail`; `sent` remembers
+    // which session posted which message, so a session can edit only its
+    // own; lookups by message for both.
     r"
-    ALTER TABLE journal ADD COLUMN kind TEXT NOT NULL DEFAULT 'message'
-        CHECK (kind IN ('message', 'callback'));
     ALTER TABLE journal ADD COLUMN detail TEXT;
     CREATE INDEX journal_by_message ON journal (chat_id, message_id);
     CREATE INDEX journal_settled ON journal (update_id) WHERE state <> 'pending';

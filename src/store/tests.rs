@@ -40,7 +40,6 @@ fn update(update_id: i64, owner: Option<&str>) -> NewUpdate {
         user_id: 42,
         message_id: 1000 + update_id,
         text: format!("message {update_id}"),
-        kind: JournalKind::Message,
         detail: None,
     }
 }
