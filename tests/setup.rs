@@ -261,6 +261,24 @@ async fn setup_checks_the_token_pairs_a_private_chat_and_writes_a_private_config
     // message stays.
     assert_eq!(fake.api().pending_update_ids(), [later]);
     polls(&fake);
+
+    // The relay runs on what setup wrote: a session's topic goes into the
+    // private chat, and the relay never sees the Start setup took.
+    let session = common::start(
+        common::Options::new(home.path()).env("AGENT_RELAY_API_URL", &fake.url()),
+        "/tmp/a",
+        "api",
+    )
+    .await;
+    let thread = common::topic_in(&fake, USER, "api").thread_id;
+    common::inject_in(&fake, USER, Some(thread), USER, "hello from the phone");
+    common::wait_prompt(&session, "hello from the phone").await;
+    let refused = fake
+        .api()
+        .messages(USER, None)
+        .iter()
+        .any(|m| m.plain_text.contains("expired"));
+    assert!(!refused, "the relay answered setup's Start");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
