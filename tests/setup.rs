@@ -521,3 +521,35 @@ async fn setup_does_not_poll_while_a_leader_runs_and_says_what_to_do() {
         "the leader goes on"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_started_while_setup_polls_waits_and_leads_after_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut terminal = Terminal::spawn(home.path(), &[api_url(&fake), token_env()]);
+    terminal.expect("Choose 1 or 2 [1]: ");
+    terminal.type_line("");
+    let code = pairing_code(&mut terminal);
+    // Setup holds the bus lock now: a sidecar cannot lead, so it cannot
+    // poll beside setup.
+    let mut sidecar = common::Sidecar::spawn(common::accepting(
+        common::Options::new(home.path()).private_chat(&fake),
+    ));
+    sidecar.handshake("/tmp/a", "api").await;
+    let waiting = sidecar.wait_status(|_| true).await;
+    assert!(!waiting.contains("● leader"), "{waiting}");
+    let (ok, text) = sidecar.command("telegram-status", "").await;
+    assert!(ok && !text.contains("transport: leader"), "{text}");
+    press_start(&fake, USER, &code);
+    terminal.expect("✓ said hello");
+    let (code, transcript) = terminal.finish();
+    assert_eq!(code, 0, "{transcript}");
+    // Once setup let go of the lock, the sidecar leads, with no 409.
+    sidecar.wait_status(|s| s.ends_with("● leader")).await;
+    common::topic_in(&fake, USER, "api");
+    assert_eq!(
+        fake.api().stats().polls.overlaps,
+        0,
+        "no poll ever overlapped"
+    );
+}
