@@ -37,7 +37,7 @@ const MAX_CONFLICTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
-    #[error("nothing arrived in time")]
+    #[error("nothing arrived in time; run setup again when you are ready")]
     TimedOut,
     #[error(
         "{0} updates are waiting for the bot before yours, and setup does not drop them: start one agent session so the relay reads them, then pair from it with /telegram-connect"

@@ -71,6 +71,8 @@ pub enum SetupError {
     LeaderRunning { bot: String, pid: Option<u32> },
     #[error("cannot use the bus directory: {0}")]
     Bus(String),
+    #[error("cannot start: {0}")]
+    Client(String),
     #[error("cannot reach the Bot API at {url}: {error}; check the network, a proxy, or api_url")]
     Unreachable { url: String, error: TelegramError },
     #[error(
@@ -130,7 +132,7 @@ pub fn run(start: Start) -> Result<Outcome, SetupError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| SetupError::Bus(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| SetupError::Client(format!("the async runtime: {e}")))?;
     Wizard {
         console: start.console,
         paths: start.paths,
@@ -352,7 +354,7 @@ impl Wizard {
                 }
             };
             let api = BotApi::new(&self.config.api_url, &token)
-                .map_err(|e| SetupError::Bus(e.to_string()))?
+                .map_err(|e| SetupError::Client(e.to_string()))?
                 .with_timeout(CALL_TIMEOUT);
             match self.rt.block_on(api.get_me()) {
                 Ok(info) => return Ok(Bot { token, api, info }),
@@ -458,13 +460,9 @@ impl Wizard {
         }
         self.say("Waiting for your Start… (Ctrl-C stops setup; nothing is written before you are paired)");
         let deadline = tokio::time::Instant::now() + WAIT_FOR_USER;
-        let found = self
+        Ok(self
             .rt
-            .block_on(inbox.wait_for(deadline, |message| started_with(message, &code)));
-        match found {
-            Err(InboxError::TimedOut) => Err(SetupError::Inbox(InboxError::TimedOut)),
-            other => Ok(other?),
-        }
+            .block_on(inbox.wait_for(deadline, |message| started_with(message, &code)))?)
     }
 
     /// The group: the first message the paired user writes in one, then the
