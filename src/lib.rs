@@ -27,6 +27,8 @@
 //!   (`schema` exports them).
 //! * `framing` — the one newline-delimited codec used by stdio and the bus.
 //! * `ids`, `config`, `paths`, `redact`, `logging`, `backoff` — the edges.
+//! * `doctor` and `setup` — the checks, and the interactive first run that
+//!   writes the configuration.
 //! * `fake_bot_api` — a faithful Bot API simulator for tests, `demo` and
 //!   benchmarks; production paths never depend on it. `host_client` — the
 //!   host's end of the host protocol, for the demo, benchmark and tests.
@@ -57,6 +59,7 @@ mod redact;
 mod render;
 pub mod schema;
 mod session;
+mod setup;
 mod store;
 mod telegram;
 mod topics;
