@@ -289,13 +289,15 @@ fn topic_op() -> impl Strategy<Value = TopicOp> {
         }),
         Just(TopicOp::Typing),
         (
+            "[0-9a-f]{0,32}",
             ".{0,40}",
             prop::collection::vec(".{0,12}", 0..4),
             any::<bool>(),
             any::<u64>()
         )
             .prop_map(
-                |(text, options, free_text, expires_in_ms)| TopicOp::Ask(Ask {
+                |(token, text, options, free_text, expires_in_ms)| TopicOp::Ask(Ask {
+                    token,
                     text,
                     options,
                     free_text,

@@ -162,8 +162,8 @@ pub enum TopicOp {
     Typing,
     /// Ask the person on the phone: a message with one button per option
     /// (and, with `freeText`, a reply to the message as the answer). The
-    /// leader answers at once with the message and the ask's single-use
-    /// token (`TopicDone::ask`); wait for the answer with `awaitAnswer`.
+    /// leader answers at once with the message (`TopicDone::messageId`);
+    /// wait for the answer with `awaitAnswer`.
     Ask(Ask),
     /// Wait for the answer to an ask (`TopicDone::answer`). After a
     /// failover the new leader adopts the ask from this request.
@@ -178,6 +178,10 @@ pub enum TopicOp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Ask {
+    /// The question's single-use token: 32 hex digits of randomness, chosen
+    /// by the asker. Asking again with the same token (after losing the
+    /// leader mid-request) finds the message already posted.
+    pub token: String,
     /// Telegram HTML.
     pub text: String,
     /// Button labels, in order; an answer names the index.
@@ -292,9 +296,6 @@ pub struct TopicDone {
     /// Telegram refused the HTML, so the text went out plain.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plain: bool,
-    /// The single-use token of the ask just posted (`ask`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ask: Option<String>,
     /// The phone's answer (`awaitAnswer`, or `closeAsk` when the phone
     /// answered first).
     #[serde(default, skip_serializing_if = "Option::is_none")]

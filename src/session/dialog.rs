@@ -148,7 +148,7 @@ impl Session {
         let deadline = Instant::now() + question.timeout;
         let member = self.member();
         let (posted, why_not_phone) = match &member {
-            Some(member) => match post(member, &question).await {
+            Some(member) => match post(member, &question, deadline).await {
                 Ok(posted) => (Some(posted), None),
                 Err(e) => (None, Some(format!("the phone cannot be asked: {e}"))),
             },
@@ -225,24 +225,57 @@ impl Session {
     }
 }
 
-async fn post(member: &Member, question: &Question) -> Result<Posted, MemberError> {
+/// How long a question waits for the relay to come back when the
+/// connection broke while posting it (a failover takes milliseconds).
+const RECONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Posts the question: only when on the relay now (a session that is not
+/// cannot ask, and says so at once). A connection lost meanwhile may or may
+/// not have posted it: it is asked again with the same token, which finds
+/// the message if it was.
+async fn post(
+    member: &Member,
+    question: &Question,
+    deadline: Instant,
+) -> Result<Posted, MemberError> {
+    if !member.watch().borrow().role.is_connected() {
+        return Err(MemberError::NotConnected);
+    }
     let ask = Ask {
+        // 128 bits from the OS's CSPRNG: a tap must not be guessable.
+        token: uuid::Uuid::new_v4().simple().to_string(),
         text: question.html.clone(),
         options: question.options.clone(),
         free_text: question.free_text,
         expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
     };
-    let done = member.topic(TopicOp::Ask(ask.clone())).await?;
-    match (done.ask, done.message_id) {
-        (Some(token), Some(message_id)) => Ok(Posted {
-            token,
-            message_id,
-            ask,
-        }),
-        _ => Err(MemberError::Refused(BusError::new(
-            BusErrorCode::Internal,
-            "the leader posted the question without its token",
-        ))),
+    loop {
+        match member.topic(TopicOp::Ask(ask.clone())).await {
+            Ok(TopicDone {
+                message_id: Some(message_id),
+                ..
+            }) => {
+                return Ok(Posted {
+                    token: ask.token.clone(),
+                    message_id,
+                    ask,
+                });
+            }
+            Ok(_) => {
+                return Err(MemberError::Refused(BusError::new(
+                    BusErrorCode::Internal,
+                    "the leader posted the question without its id",
+                )));
+            }
+            Err(MemberError::NotConnected) if Instant::now() < deadline => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let state = member.wait_registered(left.min(RECONNECT_WAIT)).await;
+                if !state.role.is_connected() {
+                    return Err(MemberError::NotConnected);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -706,16 +706,44 @@ impl Store {
         })
     }
 
-    /// Remembers that `profile_key`'s session posted `message_id` in `chat_id`.
-    pub fn record_sent(&mut self, chat_id: i64, message_id: i64, profile_key: &str) -> Result<()> {
+    /// Remembers that `profile_key`'s session posted `message_id` in
+    /// `chat_id`, asking the question `ask_token` if it asks one.
+    pub fn record_sent(
+        &mut self,
+        chat_id: i64,
+        message_id: i64,
+        profile_key: &str,
+        ask_token: Option<&str>,
+    ) -> Result<()> {
         self.write_unflushed(|tx| {
             tx.prepare_cached(
-                "INSERT INTO sent (chat_id, message_id, profile_key, sent_ms) \
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO UPDATE SET \
-                 profile_key = excluded.profile_key, sent_ms = excluded.sent_ms",
+                "INSERT INTO sent (chat_id, message_id, profile_key, sent_ms, ask_token) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (chat_id, message_id) DO UPDATE SET \
+                 profile_key = excluded.profile_key, sent_ms = excluded.sent_ms, \
+                 ask_token = excluded.ask_token",
             )?
-            .execute(params![chat_id, message_id, profile_key, now_ms()])?;
+            .execute(params![
+                chat_id,
+                message_id,
+                profile_key,
+                now_ms(),
+                ask_token
+            ])?;
             Ok(())
+        })
+    }
+
+    /// The message that asks the question `ask_token`, and whose it is.
+    pub fn asked(&self, ask_token: &str) -> Result<Option<(i64, i64, String)>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT chat_id, message_id, profile_key FROM sent WHERE ask_token = ?1",
+            )?;
+            Ok(stmt
+                .query_row([ask_token], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()?)
         })
     }
 

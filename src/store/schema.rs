@@ -97,6 +97,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
         message_id  INTEGER NOT NULL,
         profile_key TEXT NOT NULL,
         sent_ms     INTEGER NOT NULL CHECK (sent_ms >= 0),
+        -- The token of the question the message asks, if it asks one: an
+        -- asker that lost its leader asks again with the same token, and
+        -- finds its message instead of posting a second one.
+        ask_token   TEXT UNIQUE,
         PRIMARY KEY (chat_id, message_id)
     ) STRICT, WITHOUT ROWID;
     CREATE INDEX sent_by_age ON sent (sent_ms);

@@ -7,11 +7,14 @@
 //! short-lived asker (a Claude Code hook) has no deliveries to receive a
 //! tap with. An asker posts (`ask`), waits (`awaitAnswer`) and may close
 //! (`closeAsk`) when the terminal answered first or its time is up. Each ask
-//! has a single-use token of 128 random bits; a button's callback data is
-//! `a:<token>:<option>`, so a forged, replayed or stale tap names no open
-//! ask and changes nothing. A leader that takes over adopts an ask from
-//! the asker's next `awaitAnswer`; a tap in the few milliseconds between is
-//! told the question is not open, and the person taps again.
+//! has a single-use token of 128 random bits, chosen by the asker; a
+//! button's callback data is `a:<token>:<option>`, so a forged, replayed
+//! or stale tap names no open ask and changes nothing. The store remembers
+//! which message asks which token, so an asker that lost its leader while
+//! posting asks again with the same token and gets the same message; a
+//! leader that takes over adopts an ask from the asker's next request, and
+//! a tap in the few milliseconds between is told the question is not open,
+//! and the person taps again.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -41,9 +44,9 @@ pub(super) fn parse_button(data: &str) -> Option<(&str, u32)> {
     Some((token, index.parse().ok()?))
 }
 
-/// A fresh single-use token: 128 bits from the OS's CSPRNG, 32 hex digits.
-fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+/// Whether `token` has the shape of one: 32 hex digits (128 random bits).
+fn well_formed(token: &str) -> bool {
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 struct Open {
@@ -69,6 +72,9 @@ pub(super) enum Taken {
     Answered {
         target: Target,
         message_id: i64,
+        /// The tapped message, when it is another copy of the question (an
+        /// asker that lost its leader while posting may have posted twice).
+        copy: Option<i64>,
         text: String,
         label: String,
     },
@@ -89,8 +95,14 @@ impl Asks {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A token for a new ask, and the buttons that carry it.
-    pub fn prepare(&self, ask: &Ask) -> Result<(String, Keyboard), BusError> {
+    /// The buttons of a new ask, carrying its token.
+    pub fn buttons(&self, ask: &Ask) -> Result<Keyboard, BusError> {
+        if !well_formed(&ask.token) {
+            return Err(BusError::new(
+                BusErrorCode::BadFrame,
+                "an ask's token is 32 hex digits",
+            ));
+        }
         if ask.options.is_empty() && !ask.free_text {
             return Err(BusError::new(
                 BusErrorCode::BadFrame,
@@ -103,7 +115,6 @@ impl Asks {
                 format!("{MAX_OPEN} questions are open already"),
             ));
         }
-        let token = new_token();
         let rows = ask
             .options
             .iter()
@@ -111,16 +122,17 @@ impl Asks {
             .map(|(i, label)| {
                 vec![Button {
                     text: label.clone(),
-                    data: button_data(&token, i),
+                    data: button_data(&ask.token, i),
                 }]
             })
             .collect();
-        Ok((token, Keyboard { rows }))
+        Ok(Keyboard { rows })
     }
 
     /// Opens an ask whose message was posted (or adopts one after a
     /// failover).
-    pub fn insert(&self, token: String, profile: &str, target: Target, message_id: i64, ask: Ask) {
+    pub fn insert(&self, profile: &str, target: Target, message_id: i64, ask: Ask) {
+        let token = ask.token.clone();
         let expires = Instant::now() + Duration::from_millis(ask.expires_in_ms).min(MAX_EXPIRY);
         let mut open = self.open();
         open.entry(token).or_insert(Open {
@@ -186,13 +198,17 @@ impl Asks {
             return Taken::Unknown;
         };
         let here = entry.target.chat_id == chat && Some(entry.target.thread_id) == thread;
+        let mut copy = None;
         let (choice, text) = match token_or_message {
+            // The token is unguessable and the topic checked: a tap on
+            // another message carrying it is on a copy of the question.
             Key::Tap {
                 message_id, choice, ..
             } => {
-                if message_id != entry.message_id || choice as usize >= entry.ask.options.len() {
+                if choice as usize >= entry.ask.options.len() {
                     return Taken::Unknown;
                 }
+                copy = (message_id != entry.message_id).then_some(message_id);
                 (Some(choice), None)
             }
             Key::Reply { text, .. } => {
@@ -228,6 +244,7 @@ impl Asks {
         Taken::Answered {
             target: entry.target,
             message_id: entry.message_id,
+            copy,
             text: entry.ask.text.clone(),
             label,
         }
@@ -331,6 +348,7 @@ mod tests {
 
     fn ask(free_text: bool) -> Ask {
         Ask {
+            token: uuid::Uuid::new_v4().simple().to_string(),
             text: "Run <code>rm</code>?".into(),
             options: vec!["Allow".into(), "Deny".into()],
             free_text,
@@ -349,28 +367,35 @@ mod tests {
     #[test]
     fn button_data_fits_telegram_and_parses_back() {
         let asks = Asks::default();
-        let (token, keyboard) = asks.prepare(&ask(false)).unwrap();
+        let question = ask(false);
+        let token = question.token.clone();
+        let keyboard = asks.buttons(&question).unwrap();
         for (i, row) in keyboard.rows.iter().enumerate() {
             assert!(row[0].data.len() <= 64, "{}", row[0].data);
             assert_eq!(parse_button(&row[0].data), Some((token.as_str(), i as u32)));
         }
         assert_eq!(parse_button("x:1:2"), None);
+        let forged = Ask {
+            token: "short".into(),
+            ..ask(false)
+        };
+        assert_eq!(
+            asks.buttons(&forged).unwrap_err().code,
+            BusErrorCode::BadFrame
+        );
         assert_eq!(parse_button("a:tok:nan"), None);
     }
 
     #[test]
     fn the_first_answer_wins_and_every_later_one_changes_nothing() {
         let asks = Asks::default();
-        let (token, _) = asks.prepare(&ask(false)).unwrap();
-        asks.insert(token.clone(), "api", TARGET, 5, ask(false));
+        let question = ask(false);
+        let token = question.token.clone();
+        asks.insert("api", TARGET, 5, question);
         let mut waiting = asks.wait(&token, "api").unwrap();
         // Forged and misplaced taps first: nothing happens.
         assert!(matches!(
             asks.take(tap("forged", 5, 0), -100, Some(7), 1, "A"),
-            Taken::Unknown
-        ));
-        assert!(matches!(
-            asks.take(tap(&token, 6, 0), -100, Some(7), 1, "A"),
             Taken::Unknown
         ));
         assert!(matches!(
@@ -382,11 +407,13 @@ mod tests {
             Taken::Unknown
         ));
         assert!(waiting.try_recv().is_err());
-        let Taken::Answered { label, .. } = asks.take(tap(&token, 5, 1), -100, Some(7), 1, "Ada")
+        // A tap on a copy of the question (posted twice across a failover).
+        let Taken::Answered { label, copy, .. } =
+            asks.take(tap(&token, 9, 1), -100, Some(7), 1, "Ada")
         else {
             panic!("the first tap answers");
         };
-        assert_eq!(label, "Deny");
+        assert_eq!((label.as_str(), copy), ("Deny", Some(9)));
         let answer = waiting.try_recv().unwrap().unwrap();
         assert_eq!((answer.choice, answer.user_name.as_str()), (Some(1), "Ada"));
         assert!(matches!(
@@ -403,8 +430,9 @@ mod tests {
     #[test]
     fn only_the_asker_waits_or_closes_and_a_close_wakes_the_waiter() {
         let asks = Asks::default();
-        let (token, _) = asks.prepare(&ask(true)).unwrap();
-        asks.insert(token.clone(), "api", TARGET, 5, ask(true));
+        let question = ask(true);
+        let token = question.token.clone();
+        asks.insert("api", TARGET, 5, question);
         assert_eq!(
             asks.wait(&token, "web").unwrap_err().code,
             BusErrorCode::Forbidden
@@ -436,10 +464,10 @@ mod tests {
     #[test]
     fn a_reply_answers_a_free_text_ask_only() {
         let asks = Asks::default();
-        let (free, _) = asks.prepare(&ask(true)).unwrap();
-        asks.insert(free.clone(), "api", TARGET, 5, ask(true));
-        let (buttons_only, _) = asks.prepare(&ask(false)).unwrap();
-        asks.insert(buttons_only, "api", TARGET, 6, ask(false));
+        let free_question = ask(true);
+        let free = free_question.token.clone();
+        asks.insert("api", TARGET, 5, free_question);
+        asks.insert("api", TARGET, 6, ask(false));
         let reply = |message_id| Key::Reply {
             message_id,
             text: "use the staging db",
@@ -464,8 +492,8 @@ mod tests {
             expires_in_ms: 0,
             ..ask(false)
         };
-        let (token, _) = asks.prepare(&quick).unwrap();
-        asks.insert(token.clone(), "api", TARGET, 5, quick);
+        let token = quick.token.clone();
+        asks.insert("api", TARGET, 5, quick);
         let mut waiting = asks.wait(&token, "api").unwrap();
         let expired = asks.sweep();
         assert_eq!(expired.len(), 1);

@@ -225,7 +225,7 @@ impl Leader {
                 label,
                 ..
             } => {
-                self.show_answer(target, message_id, text, label, name, None);
+                self.show_answer(target, &[message_id], text, label, name, None);
                 true
             }
             Taken::Settled | Taken::Unknown => false,
@@ -266,9 +266,9 @@ impl Leader {
             Taken::Answered {
                 target,
                 message_id,
+                copy,
                 text,
                 label,
-                ..
             } => {
                 tracing::info!(
                     target: "audit",
@@ -277,9 +277,10 @@ impl Leader {
                     answer = %label,
                     "a question was answered from the phone"
                 );
+                let messages: Vec<i64> = std::iter::once(message_id).chain(copy).collect();
                 self.show_answer(
                     target,
-                    message_id,
+                    &messages,
                     text,
                     label,
                     query.from.first_name.clone(),
@@ -298,7 +299,7 @@ impl Leader {
     fn show_answer(
         self: &Arc<Self>,
         target: Target,
-        message_id: i64,
+        messages: &[i64],
         text: String,
         label: String,
         who: String,
@@ -311,6 +312,7 @@ impl Leader {
             render::escape(&who),
             clock()
         );
+        let messages = messages.to_vec();
         tokio::spawn(async move {
             if let Some(tap) = tap
                 && let Err(e) = leader
@@ -320,7 +322,9 @@ impl Leader {
             {
                 tracing::debug!("cannot answer a tap: {e}");
             }
-            leader.settle_ask(target, message_id, &text, &outcome).await;
+            for message_id in messages {
+                leader.settle_ask(target, message_id, &text, &outcome).await;
+            }
         });
     }
 

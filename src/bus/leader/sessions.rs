@@ -471,13 +471,8 @@ impl Leader {
                 if !self.asks.knows(&wait.token) {
                     // Asked of a predecessor: adopt it, if the message is ours.
                     own_message(wait.message_id)?;
-                    self.asks.insert(
-                        wait.token.clone(),
-                        profile,
-                        target,
-                        wait.message_id,
-                        wait.ask.clone(),
-                    );
+                    self.asks
+                        .insert(profile, target, wait.message_id, wait.ask.clone());
                 }
                 let answer = self.asks.wait(&wait.token, profile)?;
                 return match answer.await {
@@ -525,7 +520,7 @@ impl Leader {
                 message_id: Some(id),
                 ..
             }) => {
-                if let Err(e) = self.store().record_sent(target.chat_id, *id, profile) {
+                if let Err(e) = self.store().record_sent(target.chat_id, *id, profile, None) {
                     tracing::warn!("cannot remember who posted message {id}: {e}");
                 }
             }
@@ -537,9 +532,25 @@ impl Leader {
         }
     }
 
-    /// Posts a question with its buttons and opens it.
+    /// Posts a question with its buttons and opens it; asked again with the
+    /// same token (the asker lost its leader while posting), it finds the
+    /// message instead of posting another.
     async fn ask(&self, profile: &str, target: Target, ask: &Ask) -> Result<TopicDone, BusError> {
-        let (token, buttons) = self.asks.prepare(ask)?;
+        let buttons = self.asks.buttons(ask)?;
+        let posted = self.store().asked(&ask.token).map_err(store_error)?;
+        if let Some((chat_id, message_id, owner)) = posted {
+            if owner != profile || chat_id != target.chat_id {
+                return Err(BusError::new(
+                    BusErrorCode::Forbidden,
+                    "that token is another question's",
+                ));
+            }
+            self.asks.insert(profile, target, message_id, ask.clone());
+            return Ok(TopicDone {
+                message_id: Some(message_id),
+                ..TopicDone::default()
+            });
+        }
         let send = TopicOp::SendText(SendText {
             text: ask.text.clone(),
             format: TextFormat::Html,
@@ -547,7 +558,11 @@ impl Leader {
             reply_to: None,
         });
         let done = self.outbox.perform(target, &send).await;
-        self.after_send(profile, target, &done);
+        if let Err(e) = &done
+            && e.code == BusErrorCode::TopicGone
+        {
+            self.mark_stale(profile);
+        }
         let done = done?;
         let message_id = done.message_id.ok_or_else(|| {
             BusError::new(
@@ -555,12 +570,14 @@ impl Leader {
                 "the question was posted without an id",
             )
         })?;
-        self.asks
-            .insert(token.clone(), profile, target, message_id, ask.clone());
-        Ok(TopicDone {
-            ask: Some(token),
-            ..done
-        })
+        if let Err(e) =
+            self.store()
+                .record_sent(target.chat_id, message_id, profile, Some(&ask.token))
+        {
+            tracing::warn!("cannot remember who asked message {message_id}: {e}");
+        }
+        self.asks.insert(profile, target, message_id, ask.clone());
+        Ok(done)
     }
 
     /// Shows how a question ended (`outcome`, HTML) under its text and
