@@ -196,7 +196,7 @@ fn normalize(path: &Path) -> PathBuf {
 
 /// Longest preview shown on the phone, in characters.
 const PREVIEW: usize = 1200;
-/// Lines of an edit's old and new text shown, each.
+/// Lines of a call's changes shown, old and new together.
 const DIFF_LINES: usize = 12;
 
 /// What a call will do, in plain text for the phone: the command; the file
@@ -205,24 +205,33 @@ pub fn preview(input: &Value) -> String {
     let text = if let Some(command) = command_of(input) {
         format!("$ {command}")
     } else if let Some(path) = path_of(input) {
-        let old = ["oldText", "old_string", "old_str"]
-            .iter()
-            .find_map(|k| input.get(*k).and_then(Value::as_str));
-        let new = ["newText", "new_string", "new_str", "content"]
-            .iter()
-            .find_map(|k| input.get(*k).and_then(Value::as_str));
         let mut out = path.to_string();
-        for (sign, text) in [('-', old), ('+', new)] {
-            if let Some(text) = text {
+        // One change (Claude Code's Edit, a write's content) or a list of
+        // them (pi's edit, Claude Code's MultiEdit); the budget of lines is
+        // shared, so a long list cannot push the path off the preview.
+        let changes = match input.get("edits").and_then(Value::as_array) {
+            Some(edits) => edits.iter().collect(),
+            None => vec![input],
+        };
+        let mut budget = DIFF_LINES;
+        for change in &changes {
+            for (sign, keys) in [('-', OLD_TEXT), ('+', NEW_TEXT)] {
+                let Some(text) = keys
+                    .iter()
+                    .find_map(|k| change.get(*k).and_then(Value::as_str))
+                else {
+                    continue;
+                };
                 let lines: Vec<&str> = text.lines().collect();
-                for line in lines.iter().take(DIFF_LINES) {
+                let shown = lines.len().min(budget);
+                for line in &lines[..shown] {
                     out.push_str(&format!("\n{sign} {line}"));
                 }
-                if lines.len() > DIFF_LINES {
-                    out.push_str(&format!(
-                        "\n{sign} … {} more lines",
-                        lines.len() - DIFF_LINES
-                    ));
+                budget -= shown;
+                if shown < lines.len() {
+                    let more = lines.len() - shown;
+                    let noun = if more == 1 { "line" } else { "lines" };
+                    out.push_str(&format!("\n{sign} … {more} more {noun}"));
                 }
             }
         }
@@ -232,6 +241,10 @@ pub fn preview(input: &Value) -> String {
     };
     clip(&text, PREVIEW)
 }
+
+/// The names hosts give the text an edit replaces, and what replaces it.
+const OLD_TEXT: &[&str] = &["oldText", "old_string", "old_str"];
+const NEW_TEXT: &[&str] = &["newText", "new_string", "new_str", "content"];
 
 /// At most `max` characters of `text`, marked when cut.
 pub fn clip(text: &str, max: usize) -> String {
@@ -334,6 +347,16 @@ mod tests {
         assert_eq!(edit, "src/a.rs\n- a\n- b\n+ c");
         let long = preview(&json!({"path": "x", "content": "line\n".repeat(100)}));
         assert!(long.contains("… 88 more lines"), "{long}");
+        // pi's edit: a list of replacements, sharing one budget of lines.
+        let pi = preview(&json!({"path": "b.rs", "edits": [
+            {"oldText": "x", "newText": "y"},
+            {"oldText": "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11", "newText": "z"},
+        ]}));
+        assert!(pi.starts_with("b.rs\n- x\n+ y\n- 1\n"), "{pi}");
+        assert!(
+            pi.contains("- 10\n- … 1 more line\n+ … 1 more line"),
+            "{pi}"
+        );
         let huge = preview(&json!({"command": "x".repeat(5000)}));
         assert_eq!(huge.chars().count(), PREVIEW + 1);
     }

@@ -214,9 +214,7 @@ async fn nobody_answering_denies_after_the_timeout_and_the_message_says_so() {
     );
     let shown = settled(&fake, &asked).await;
     assert!(
-        shown
-            .plain_text
-            .contains("⌛ No answer within 1 min: denied"),
+        shown.plain_text.contains("⌛ No answer within 5 s: denied"),
         "{}",
         shown.plain_text
     );
@@ -539,4 +537,79 @@ async fn a_question_survives_the_leaders_death() {
         )
         .await
         .expect("every copy of the question shows the answer");
+}
+
+#[tokio::test]
+async fn the_disconnect_confirmation_is_answered_from_the_phone() {
+    let home = common::home();
+    let fake = common::fake().await;
+    // The terminal's confirm stays open: only the phone answers.
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let done = s.call_later(
+        "command/execute",
+        json!({"name": "telegram-disconnect", "args": ""}),
+    );
+    let confirm = s
+        .wait_for("the terminal's confirm", |m| m["method"] == "ui/confirm")
+        .await;
+    let asked = question(&fake, thread, "and disconnect this session?").await;
+    tap(
+        &fake,
+        &asked,
+        thread,
+        USER,
+        &button(&asked, "Yes, delete it"),
+    );
+    let result = answered(done).await;
+    assert_eq!(result["ok"], true, "{result}");
+    s.wait_for("the confirm withdrawn", |m| {
+        m["method"] == "$/cancelRequest" && m["params"]["id"] == confirm["id"]
+    })
+    .await;
+    let gone = fake.api().topics(CHAT);
+    assert!(
+        gone.iter().all(|t| t.deleted),
+        "the topic is deleted: {gone:?}"
+    );
+}
+
+#[tokio::test]
+async fn progress_follows_the_turn_and_a_stopped_answer_says_it_is_cut_off() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    s.notify("agent/started", json!({}));
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "t1", "args": {"command": "cargo test --all"}}),
+    );
+    common::wait_topic_text(&fake, thread, "bash: $ cargo test --all").await;
+    s.notify(
+        "tool/ended",
+        json!({"toolName": "bash", "toolCallId": "t1", "isError": false}),
+    );
+    let half = "The tests are half way thr";
+    s.notify(
+        "turn/ended",
+        json!({"assistantText": half, "toolCalls": [{"name": "bash"}], "aborted": true}),
+    );
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": half, "aborted": true}),
+    );
+    let texts = common::wait_topic_text(&fake, thread, "this answer is cut off").await;
+    common::wait_topic_text(&fake, thread, "⏹ Stopped · 1 tool · 0:0").await;
+    // One progress message, turned into the summary, and the answer once.
+    let texts: Vec<&String> = texts.iter().filter(|t| t.contains(half)).collect();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    let progress: Vec<String> = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .map(|m| m.plain_text)
+        .filter(|t| t.contains("tool"))
+        .collect();
+    assert_eq!(progress.len(), 1, "{progress:?}");
 }

@@ -98,7 +98,7 @@ impl Session {
         if self.grants().holds(&request.tool) {
             return result(Decision::Allow, DecidedBy::Grant, None);
         }
-        let minutes = policy.timeout.as_secs().div_ceil(60);
+        let wait = span(policy.timeout);
         let grant_minutes = policy.grant.as_secs() / 60;
         let why = match &reason {
             Reason::Tool => String::new(),
@@ -115,7 +115,7 @@ impl Session {
         let question = Question {
             title: format!("Allow {}?", request.tool),
             html: format!(
-                "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>\nNo answer in {minutes} min denies it.",
+                "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>\nNo answer in {wait} denies it.",
                 render::escape(&request.tool),
                 render::escape(&preview)
             ),
@@ -132,7 +132,7 @@ impl Session {
             } else {
                 Terminal::No
             },
-            timeout_outcome: format!("⌛ No answer within {minutes} min: denied"),
+            timeout_outcome: format!("⌛ No answer within {wait}: denied"),
         };
         match self.ask_person(question).await {
             Answer::Choice { index, by } => {
@@ -241,6 +241,15 @@ fn who(by: &Who) -> String {
     }
 }
 
+/// A timeout as a person reads it: "45 s", "5 min", "1 min 30 s".
+fn span(d: Duration) -> String {
+    match (d.as_secs() / 60, d.as_secs() % 60) {
+        (0, s) => format!("{s} s"),
+        (m, 0) => format!("{m} min"),
+        (m, s) => format!("{m} min {s} s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +263,12 @@ mod tests {
         assert_eq!(grants.describe().as_deref(), Some("bash (10 min left)"));
         grants.grant("edit", Duration::ZERO);
         assert!(!grants.holds("edit"), "an expired grant holds nothing");
+    }
+
+    #[test]
+    fn timeouts_read_as_a_person_says_them() {
+        assert_eq!(span(Duration::from_secs(5)), "5 s");
+        assert_eq!(span(Duration::from_secs(300)), "5 min");
+        assert_eq!(span(Duration::from_secs(90)), "1 min 30 s");
     }
 }
