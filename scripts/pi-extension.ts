@@ -23,6 +23,7 @@ import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
 import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { VERSION } from "@mariozechner/pi-coding-agent";
+import { Type } from "typebox";
 
 const PROTOCOL_VERSION = 1;
 /** The manifest's own limit: longer lines are dropped, never buffered without end. */
@@ -41,6 +42,13 @@ const INITIALIZE_TIMEOUT_MS = 10_000;
 /** `/relay restart` and `/telegram-disconnect` (which waits on a dialog) take a while. */
 const COMMAND_TIMEOUT_MS = 5 * 60_000;
 const DEFAULT_CONFIRM_TIMEOUT_MS = 2 * 60_000;
+/**
+ * How long a tool call may wait for its approval: the sidecar denies after the policy's
+ * timeout (at most a day) and answers; this only bounds a sidecar that never does.
+ */
+const APPROVAL_TIMEOUT_MS = 25 * 3600_000;
+/** Arguments sent with `tool/started`, clipped: enough to show what a call does. */
+const MAX_ARGS_UNITS = 2_000;
 const SHUTDOWN_REPLY_MS = 1_000;
 const EXIT_GRACE_MS = 1_500;
 /** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
@@ -160,7 +168,7 @@ function parseCommands(value: unknown): CommandSpec[] {
 
 interface SidecarEvents {
 	/** A request or notification from the sidecar; the returned value is the result. */
-	onCall(method: string, params: JsonValue, isRequest: boolean): Promise<JsonValue> | JsonValue;
+	onCall(method: string, params: JsonValue, isRequest: boolean, id: unknown): Promise<JsonValue> | JsonValue;
 	/** The process is gone; `expected` when we stopped it. */
 	onExit(description: string, expected: boolean): void;
 }
@@ -347,7 +355,7 @@ class Sidecar {
 		const isRequest = id !== undefined && id !== null;
 		void (async () => {
 			try {
-				const result = await this.events.onCall(method, params, isRequest);
+				const result = await this.events.onCall(method, params, isRequest, id);
 				if (isRequest) this.write({ jsonrpc: "2.0", id, result: result ?? null });
 			} catch (error) {
 				if (!isRequest) return;
@@ -395,6 +403,10 @@ class Bridge {
 	private backlog: Array<[string, JsonValue]> = [];
 	private readonly statuses = new Map<string, { text: string | null; tone: Tone }>();
 	private readonly dialogs = new Set<AbortController>();
+	/** Open dialogs by the sidecar's request id, so `$/cancelRequest` can close them. */
+	private readonly dialogsById = new Map<string, AbortController>();
+	/** The latest prompt came from Telegram (relayed), not from the keyboard. */
+	fromTelegram = false;
 	private readonly rebindWaiters = new Set<() => void>();
 
 	constructor(readonly manifest: Manifest) {
@@ -420,7 +432,7 @@ class Bridge {
 		this.initialized = false;
 		const binary = resolveBinary(this.manifest);
 		const sidecar = new Sidecar(binary, this.manifest.args, ctx.cwd, {
-			onCall: (method, params, isRequest) => this.serve(method, params, isRequest),
+			onCall: (method, params, isRequest, id) => this.serve(method, params, isRequest, id),
 			onExit: (description, expected) => this.lost(sidecar, description, expected),
 		});
 		this.sidecar = sidecar;
@@ -525,7 +537,60 @@ class Bridge {
 		}
 	}
 
-	private async serve(method: string, params: unknown, isRequest: boolean): Promise<JsonValue> {
+	/** Asks the sidecar whether a tool call may run; `undefined` when the relay does not decide. */
+	async approve(toolCallId: string, tool: string, input: unknown, signal: AbortSignal | undefined): Promise<{ block: true; reason: string } | undefined> {
+		const sidecar = this.sidecar;
+		if (!sidecar?.alive || !this.initialized) {
+			// Nobody can be asked. A turn from Telegram has nobody at the keyboard either:
+			// its calls are denied rather than run unchecked.
+			return this.fromTelegram
+				? { block: true, reason: "agent-relay is not running, so nobody can approve this tool call." }
+				: undefined;
+		}
+		const asked = sidecar.request(
+			"approval/request",
+			{ toolCallId, tool, input: clipArgs(input), fromTelegram: this.fromTelegram },
+			APPROVAL_TIMEOUT_MS,
+		) as Promise<{ decision?: unknown; reason?: unknown } | null>;
+		const aborted = new Promise<"aborted">((done) => {
+			if (signal?.aborted) done("aborted");
+			signal?.addEventListener("abort", () => done("aborted"), { once: true });
+		});
+		let result: { decision?: unknown; reason?: unknown } | null | "aborted";
+		try {
+			result = await Promise.race([asked, aborted]);
+		} catch {
+			// The relay went away while asking: as above.
+			return this.fromTelegram
+				? { block: true, reason: "agent-relay stopped before this tool call was approved." }
+				: undefined;
+		}
+		if (result === "aborted") return { block: true, reason: "The run was stopped before the tool call was approved." };
+		if (result?.decision === "deny") {
+			return { block: true, reason: typeof result.reason === "string" ? result.reason : "The user denied this tool call." };
+		}
+		return undefined;
+	}
+
+	/** The agent's own question to its user, through the relay (phone and terminal). */
+	async ask(question: string, options: string[], allowText: boolean, signal: AbortSignal | undefined): Promise<string> {
+		const sidecar = this.sidecar;
+		if (!sidecar?.alive || !this.initialized) return "The user cannot be asked right now (agent-relay is not running).";
+		const asked = sidecar.request("question/ask", { question, options, allowText }, APPROVAL_TIMEOUT_MS) as Promise<{
+			answer?: unknown;
+			by?: unknown;
+		} | null>;
+		const aborted = new Promise<null>((done) => signal?.addEventListener("abort", () => done(null), { once: true }));
+		const result = await Promise.race([asked, aborted]).catch(() => null);
+		if (result === null) return "The question was not answered (the run was stopped or the relay went away).";
+		if (typeof result.answer === "string") {
+			const where = result.by === "phone" ? "on the phone" : result.by === "terminal" ? "at the terminal" : "";
+			return `The user answered${where ? ` ${where}` : ""}: ${result.answer}`;
+		}
+		return result.by === "timeout" ? "The user did not answer in time." : "The user did not answer.";
+	}
+
+	private async serve(method: string, params: unknown, isRequest: boolean, id?: unknown): Promise<JsonValue> {
 		const p = (typeof params === "object" && params !== null ? params : {}) as Record<string, unknown>;
 		switch (method) {
 			case "ui/setStatus": {
@@ -542,7 +607,14 @@ class Bridge {
 				return null;
 			}
 			case "ui/confirm":
-				return { confirmed: await this.confirm(p) };
+				return { confirmed: await this.confirm(p, id) };
+			case "ui/select":
+				return await this.select(p, id);
+			case "$/cancelRequest": {
+				const key = p.id === undefined ? undefined : String(p.id);
+				if (key !== undefined) this.dialogsById.get(key)?.abort();
+				return null;
+			}
 			case "agent/sendUserMessage":
 				return { accepted: await this.sendUserMessage(p) };
 			case "agent/abort": {
@@ -556,19 +628,54 @@ class Bridge {
 		}
 	}
 
-	private async confirm(p: Record<string, unknown>): Promise<boolean> {
+	private async confirm(p: Record<string, unknown>, id: unknown): Promise<boolean> {
 		const binding = this.binding;
 		if (!binding?.ctx.hasUI) return false;
 		const title = typeof p.title === "string" ? p.title : "agent-relay";
 		const message = typeof p.message === "string" ? p.message : "";
+		return await this.dialog(id, p, (options) => binding.ctx.ui.confirm(title, message, options));
+	}
+
+	/** `ui/select`: a choice (or, with `allowText`, a written answer) at the terminal. */
+	private async select(p: Record<string, unknown>, id: unknown): Promise<{ choice?: number; text?: string }> {
+		const binding = this.binding;
+		if (!binding?.ctx.hasUI) return {};
+		const title = typeof p.title === "string" ? p.title : "agent-relay";
+		const heading = typeof p.message === "string" && p.message !== "" ? `${title}\n${p.message}` : title;
+		const options = Array.isArray(p.options) ? p.options.filter((o): o is string => typeof o === "string") : [];
+		const write = "✎ Write an answer…";
+		const offered = p.allowText === true ? [...options, write] : options;
+		if (offered.length === 0) {
+			const text = await this.dialog(id, p, (o) => binding.ctx.ui.input(heading, undefined, o));
+			return text ? { text } : {};
+		}
+		const picked = await this.dialog(id, p, (o) => binding.ctx.ui.select(heading, offered, o));
+		if (picked === undefined) return {};
+		if (picked === write && p.allowText === true) {
+			const text = await this.dialog(id, p, (o) => binding.ctx.ui.input(title, undefined, o));
+			return text ? { text } : {};
+		}
+		const choice = options.indexOf(picked);
+		return choice >= 0 ? { choice } : {};
+	}
+
+	/** Runs one dialog that the sidecar may withdraw (`$/cancelRequest`) or that times out. */
+	private async dialog<T>(
+		id: unknown,
+		p: Record<string, unknown>,
+		open: (options: { timeout: number; signal: AbortSignal }) => Promise<T>,
+	): Promise<T> {
 		const timeout =
 			typeof p.timeoutMs === "number" && p.timeoutMs > 0 ? p.timeoutMs : DEFAULT_CONFIRM_TIMEOUT_MS;
 		const abort = new AbortController();
+		const key = id === undefined || id === null ? undefined : String(id);
 		this.dialogs.add(abort);
+		if (key !== undefined) this.dialogsById.set(key, abort);
 		try {
-			return await binding.ctx.ui.confirm(title, message, { timeout, signal: abort.signal });
+			return await open({ timeout, signal: abort.signal });
 		} finally {
 			this.dialogs.delete(abort);
+			if (key !== undefined) this.dialogsById.delete(key);
 		}
 	}
 
@@ -589,6 +696,7 @@ class Bridge {
 				if (oldest !== undefined) seenUpdates.delete(oldest);
 			}
 		}
+		this.fromTelegram = true;
 		if (binding.ctx.isIdle()) {
 			binding.pi.sendUserMessage(p.text);
 		} else {
@@ -690,6 +798,22 @@ function clip(text: string, max: number = MAX_TEXT_UNITS): string {
 	return `${text.slice(0, end)}…`;
 }
 
+/** Tool arguments clipped for the wire: JSON of at most MAX_ARGS_UNITS, else a note. */
+function clipArgs(args: unknown): unknown {
+	try {
+		const text = JSON.stringify(args ?? {});
+		if (text.length <= MAX_TEXT_UNITS) return args ?? {};
+		return { clipped: clip(text, MAX_ARGS_UNITS) };
+	} catch {
+		return {};
+	}
+}
+
+/** Whether a message ended because the run was stopped. */
+function aborted(message: unknown): boolean {
+	return (message as { stopReason?: unknown } | null)?.stopReason === "aborted";
+}
+
 /** The text blocks of an assistant message, joined; other roles have none. */
 function assistantText(message: unknown): string | undefined {
 	if (typeof message !== "object" || message === null) return undefined;
@@ -760,20 +884,56 @@ export default function agentRelay(pi: ExtensionAPI): void {
 		for (let i = event.messages.length - 1; i >= 0 && lastAssistantText === undefined; i--) {
 			lastAssistantText = assistantText(event.messages[i]);
 		}
-		relay.notify("agent/ended", lastAssistantText === undefined ? {} : { lastAssistantText: clip(lastAssistantText) });
+		const last = event.messages[event.messages.length - 1];
+		relay.notify("agent/ended", {
+			...(lastAssistantText === undefined ? {} : { lastAssistantText: clip(lastAssistantText) }),
+			...(aborted(last) ? { aborted: true } : {}),
+		});
 	});
 	pi.on("turn_start", () => relay.notify("turn/started", {}));
 	pi.on("turn_end", (event) => {
 		relay.notify("turn/ended", {
 			assistantText: clip(assistantText(event.message) ?? ""),
 			toolCalls: toolCallNames(event.message),
+			...(aborted(event.message) ? { aborted: true } : {}),
 		});
 	});
-	pi.on("tool_execution_start", (event) => relay.notify("tool/started", { toolName: clip(event.toolName, 256) }));
+	pi.on("tool_execution_start", (event) =>
+		relay.notify("tool/started", {
+			toolName: clip(event.toolName, 256),
+			toolCallId: clip(event.toolCallId, 256),
+			args: clipArgs(event.args),
+		}),
+	);
+	// Before a tool runs: the relay's approval policy decides (phone, terminal or
+	// both); a denial blocks the call and its reason reaches the model.
+	pi.on("tool_call", (event, ctx) => relay.approve(event.toolCallId, event.toolName, event.input, ctx.signal));
 	pi.on("tool_execution_end", (event) =>
 		relay.notify("tool/ended", { toolName: clip(event.toolName, 256), isError: event.isError === true }),
 	);
 	pi.on("input", (event) => {
+		// A prompt typed at the keyboard: what follows is the person at the keyboard's turn.
+		if (event.source !== "extension") relay.fromTelegram = false;
 		relay.notify("input/received", { text: clip(event.text), source: event.source });
+	});
+
+	// The agent asks its user: on the phone (buttons, or a reply for free text) and at
+	// the terminal; the first answer is the result.
+	pi.registerTool({
+		name: "ask_user",
+		label: "Ask the user",
+		description:
+			"Ask the user a question and wait for the answer. The user may be away from the keyboard: the question also goes to their phone. Give options when the answer is one of a few choices.",
+		parameters: Type.Object({
+			question: Type.String({ description: "The question, one or two sentences." }),
+			options: Type.Optional(Type.Array(Type.String(), { description: "Answers to choose from, if any." })),
+			allowText: Type.Optional(Type.Boolean({ description: "Whether a written answer is welcome (default: when there are no options)." })),
+		}),
+		async execute(_toolCallId, params, signal) {
+			const options = params.options ?? [];
+			const allowText = params.allowText ?? options.length === 0;
+			const text = await relay.ask(params.question, options, allowText, signal);
+			return { content: [{ type: "text", text }], details: {} };
+		},
 	});
 }

@@ -1,5 +1,6 @@
 //! Configuration: `config.toml` in the config dir, overridden by environment
-//! variables (DESIGN §8). A bad file is an error that names the file and the
+//! variables (docs/DESIGN.md, "Configuration"). A bad file is an error that
+//! names the file and the
 //! key; the sidecar shows it and keeps serving the host.
 //!
 //! [`Setup`] is the one way a command that uses the relay's files starts:
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ids::BotId;
 use crate::paths::{Missing, Paths, PathsError, UntrustedPath, open_private_file};
+use crate::policy::{ApprovalsFile, Policy};
 use crate::redact::{MIN_SECRET_CHARS, redact};
 
 pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
@@ -42,6 +44,8 @@ pub struct ConfigFile {
     /// Join the bus as soon as the host is initialized (default true); when
     /// false the session waits for `/telegram-connect`.
     pub auto_connect: Option<bool>,
+    /// Which tool calls wait for a person's approval, and where they ask.
+    pub approvals: Option<ApprovalsFile>,
 }
 
 /// A bot token. Its `Debug` and `Display` never show the secret.
@@ -115,6 +119,7 @@ pub struct Config {
     pub allowed_users: Vec<i64>,
     pub api_url: String,
     pub auto_connect: bool,
+    pub approvals: Policy,
     /// The file that was read (it may not exist).
     pub file: PathBuf,
 }
@@ -286,12 +291,15 @@ impl Config {
                 format!("must be an http(s) URL, found {:?}", redact(&api_url)),
             ));
         }
+        let approvals = Policy::from_file(parsed.approvals.unwrap_or_default())
+            .map_err(|(key, message)| invalid(&from_file, key, message))?;
         Ok(Self {
             token,
             chat_id,
             allowed_users,
             api_url,
             auto_connect: parsed.auto_connect.unwrap_or(true),
+            approvals,
             file: file.to_path_buf(),
         })
     }

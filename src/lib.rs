@@ -53,6 +53,7 @@ pub mod host_client;
 mod ids;
 mod logging;
 mod paths;
+mod policy;
 pub mod protocol;
 mod redact;
 mod render;

@@ -562,6 +562,15 @@ fn escape_char(out: &mut String, c: char, attribute: bool) {
     }
 }
 
+/// `text` as Telegram HTML text content: `&`, `<` and `>` escaped.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        escape_char(&mut out, c, false);
+    }
+    out
+}
+
 fn escape_attribute(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {

@@ -288,13 +288,29 @@ fn topic_op() -> impl Strategy<Value = TopicOp> {
             })
         }),
         Just(TopicOp::Typing),
-        (".{0,20}", prop::option::of(".{0,20}"), any::<bool>()).prop_map(
-            |(callback_id, text, alert)| TopicOp::AnswerCallback(AnswerCallback {
-                callback_id,
-                text,
-                alert
+        (
+            "[0-9a-f]{0,32}",
+            ".{0,40}",
+            prop::collection::vec(".{0,12}", 0..4),
+            any::<bool>(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(token, text, options, free_text, expires_in_ms)| TopicOp::Ask(Ask {
+                    token,
+                    text,
+                    options,
+                    free_text,
+                    expires_in_ms
+                })
+            ),
+        (".{0,32}", any::<i64>(), ".{0,20}").prop_map(|(token, message_id, outcome)| {
+            TopicOp::CloseAsk(CloseAsk {
+                token,
+                message_id,
+                outcome,
             })
-        ),
+        }),
     ]
 }
 
@@ -321,7 +337,9 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
     let outcome = prop_oneof![json_value().prop_map(Ok), error.prop_map(Err)];
     let ack = (prop::option::of(any::<u64>()), any::<u64>(), outcome)
         .prop_map(|(id, epoch, outcome)| FromLeader::Ack(Ack { id, epoch, outcome }));
-    let message = (
+    let deliver = (
+        any::<u64>(),
+        any::<i64>(),
         any::<i64>(),
         prop::option::of(any::<i64>()),
         any::<i64>(),
@@ -330,36 +348,21 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
         prop::option::of(any::<i64>()),
     )
         .prop_map(
-            |(chat_id, thread_id, user_id, message_id, text, reply_to)| {
-                Inbound::Message(InboundMessage {
-                    chat_id,
-                    thread_id,
-                    user_id,
-                    message_id,
-                    text,
-                    reply_to,
+            |(delivery_id, update_id, chat_id, thread_id, user_id, message_id, text, reply_to)| {
+                FromLeader::Deliver(Deliver {
+                    delivery_id,
+                    update_id,
+                    message: InboundMessage {
+                        chat_id,
+                        thread_id,
+                        user_id,
+                        message_id,
+                        text,
+                        reply_to,
+                    },
                 })
             },
         );
-    let tap = (".{0,20}", any::<i64>(), any::<i64>(), ".{0,64}").prop_map(
-        |(callback_id, user_id, message_id, data)| {
-            Inbound::Callback(InboundCallback {
-                callback_id,
-                user_id,
-                message_id,
-                data,
-            })
-        },
-    );
-    let deliver = (any::<u64>(), any::<i64>(), prop_oneof![message, tap]).prop_map(
-        |(delivery_id, update_id, item)| {
-            FromLeader::Deliver(Deliver {
-                delivery_id,
-                update_id,
-                item,
-            })
-        },
-    );
     let health = prop_oneof![
         Just(Health::Ok),
         Just(Health::Starting),

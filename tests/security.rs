@@ -485,16 +485,16 @@ async fn a_follower_cannot_make_the_leader_act_outside_its_topic() {
             _ => unreachable!(),
         }
     });
-    let tap = TopicOp::AnswerCallback(AnswerCallback {
-        callback_id: "a-tap-of-someone-else".into(),
-        text: Some(marker.into()),
-        alert: false,
+    let close = TopicOp::CloseAsk(CloseAsk {
+        token: "a-token-of-someone-else".into(),
+        message_id: victims_message,
+        outcome: marker.into(),
     });
     for (what, op) in [
         ("edit another session's message", edit),
         ("remove another session's buttons", buttons),
         ("reply to another session's message", reply),
-        ("answer a tap it was never handed", tap),
+        ("close a question it never asked", close),
     ] {
         let ack = raw.topic(op).await;
         assert_eq!(code(&ack), Some(BusErrorCode::Forbidden), "{what}: {ack:?}");

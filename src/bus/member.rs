@@ -267,6 +267,16 @@ impl Member {
         self.call(Call::Topic(op), TOPIC_TIMEOUT).await
     }
 
+    /// Like [`Member::topic`], for a request that waits longer than sending
+    /// does (an answer to a question).
+    pub async fn topic_within(
+        &self,
+        op: TopicOp,
+        timeout: Duration,
+    ) -> Result<TopicDone, MemberError> {
+        self.call(Call::Topic(op), timeout).await
+    }
+
     /// Tells the leader a delivery reached the host. Best effort: an ack lost
     /// with the connection means the delivery comes again, and the session
     /// drops it as a duplicate.

@@ -463,12 +463,14 @@ async fn play_agent(
                     json!(TurnEndedParams {
                         assistant_text: answer.clone(),
                         tool_calls: Vec::new(),
+                        aborted: false,
                     }),
                 );
                 let _ = link.notify(
                     method::AGENT_ENDED,
                     json!(AgentEndedParams {
                         last_assistant_text: Some(answer),
+                        aborted: false,
                     }),
                 );
             }

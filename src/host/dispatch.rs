@@ -13,7 +13,9 @@ use serde_json::{Map, Value, json};
 use super::message::{INTERNAL_ERROR, error_line};
 use super::outbound::Outbox;
 use super::{Handler, RpcError};
-use crate::protocol::host::{ExecuteParams, InitializeParams, ShutdownParams, method};
+use crate::protocol::host::{
+    ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, ShutdownParams, method,
+};
 
 impl From<RpcError> for ErrorObjectOwned {
     fn from(error: RpcError) -> Self {
@@ -50,6 +52,18 @@ pub(crate) fn rpc_module<H: Handler>(handler: Arc<H>) -> RpcModule<H> {
         .register_async_method(method::COMMAND_EXECUTE, |params, handler, _| async move {
             let params: ExecuteParams = params.parse()?;
             Ok::<_, ErrorObjectOwned>(handler.execute(params).await)
+        })
+        .expect("method names are distinct");
+    module
+        .register_async_method(method::APPROVAL_REQUEST, |params, handler, _| async move {
+            let params: ApprovalParams = params.parse()?;
+            Ok::<_, ErrorObjectOwned>(handler.approve(params).await)
+        })
+        .expect("method names are distinct");
+    module
+        .register_async_method(method::QUESTION_ASK, |params, handler, _| async move {
+            let params: QuestionParams = params.parse()?;
+            Ok::<_, ErrorObjectOwned>(handler.ask(params).await)
         })
         .expect("method names are distinct");
     module

@@ -65,6 +65,27 @@ pub trait Handler: Send + Sync + 'static {
 
     /// `shutdown`: leave cleanly; the host closes stdin next.
     fn shutdown(&self, params: ShutdownParams) -> impl Future<Output = ()> + Send;
+
+    /// `approval/request`. A handler without approvals leaves the decision
+    /// to the host.
+    fn approve(&self, params: ApprovalParams) -> impl Future<Output = ApprovalResult> + Send {
+        let _ = params;
+        std::future::ready(ApprovalResult {
+            decision: Decision::Defer,
+            reason: None,
+            by: DecidedBy::Policy,
+        })
+    }
+
+    /// `question/ask`. A handler that cannot ask answers nothing.
+    fn ask(&self, params: QuestionParams) -> impl Future<Output = QuestionResult> + Send {
+        let _ = params;
+        std::future::ready(QuestionResult {
+            choice: None,
+            answer: None,
+            by: DecidedBy::Unavailable,
+        })
+    }
 }
 
 /// A JSON-RPC error object we answer with.
@@ -136,6 +157,24 @@ impl HostEvent {
     }
 }
 
+/// A request on its way to the host: its id (to cancel it) and the wait for
+/// its answer. Dropping it cancels the wait.
+pub struct Pending<R> {
+    pub id: u64,
+    answer: std::pin::Pin<Box<dyn Future<Output = Result<R, OutboundError>> + Send>>,
+}
+
+impl<R> Future for Pending<R> {
+    type Output = Result<R, OutboundError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.answer.as_mut().poll(cx)
+    }
+}
+
 /// A cheap, cloneable handle for talking to the host.
 #[derive(Clone)]
 pub struct HostLink {
@@ -178,7 +217,7 @@ impl HostLink {
 
     /// Sends a request and waits for the answer, at most `timeout`.
     /// Dropping the returned future cancels it (the pending entry is removed).
-    pub async fn request<P: Serialize, R: DeserializeOwned>(
+    pub async fn request<P: Serialize, R: DeserializeOwned + Send + 'static>(
         &self,
         method: &str,
         params: &P,
@@ -193,13 +232,12 @@ impl HostLink {
     /// together. `timeout` covers both the wait for room (a host that does
     /// not read does not answer either) and the wait for the answer;
     /// dropping the returned future cancels the request.
-    pub async fn start_request<P: Serialize, R: DeserializeOwned>(
+    pub async fn start_request<P: Serialize, R: DeserializeOwned + Send + 'static>(
         &self,
         method: &str,
         params: &P,
         timeout: Duration,
-    ) -> Result<impl Future<Output = Result<R, OutboundError>> + Send + 'static, OutboundError>
-    {
+    ) -> Result<Pending<R>, OutboundError> {
         let deadline = Instant::now() + timeout;
         let params = serde_json::to_value(params).map_err(|e| OutboundError::Encode {
             method: method.to_owned(),
@@ -222,7 +260,7 @@ impl HostLink {
             Ok(false) => return Err(OutboundError::Closed),
             Ok(true) => {}
         }
-        Ok(async move {
+        let answered = async move {
             let _entry = entry;
             let answer = match tokio::time::timeout_at(deadline, answer).await {
                 Err(_elapsed) => return Err(timed_out(method)),
@@ -237,7 +275,17 @@ impl HostLink {
                 }),
                 Err(error) => Err(rpc_error(&method, &error)),
             }
+        };
+        Ok(Pending {
+            id,
+            answer: Box::pin(answered),
         })
+    }
+
+    /// Tells the host that request `id` is no longer wanted (a dialog the
+    /// phone answered first); the host may close it.
+    pub fn cancel(&self, id: u64) {
+        self.notify(method::CANCEL_REQUEST, &CancelParams { id });
     }
 
     /// `ui/setStatus`.
@@ -267,10 +315,7 @@ impl HostLink {
         &self,
         params: &SendUserMessageParams,
         timeout: Duration,
-    ) -> Result<
-        impl Future<Output = Result<SendUserMessageResult, OutboundError>> + Send + 'static,
-        OutboundError,
-    > {
+    ) -> Result<Pending<SendUserMessageResult>, OutboundError> {
         self.start_request(method::AGENT_SEND_USER_MESSAGE, params, timeout)
             .await
     }

@@ -362,6 +362,7 @@ async fn notifications_reach_the_handler_typed_and_unknown_ones_are_ignored() {
     assert_eq!(
         host.next_event().await,
         HostEvent::TurnEnded(TurnEndedParams {
+            aborted: false,
             assistant_text: "hi".into(),
             tool_calls: vec![ToolCall {
                 name: "bash".into()

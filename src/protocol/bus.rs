@@ -160,8 +160,73 @@ pub enum TopicOp {
     EditButtons(EditButtons),
     /// Show "typing…" for about five seconds.
     Typing,
-    /// Answer a button tap that was delivered to this session.
-    AnswerCallback(AnswerCallback),
+    /// Ask the person on the phone: a message with one button per option
+    /// (and, with `freeText`, a reply to the message as the answer). The
+    /// leader answers at once with the message (`TopicDone::messageId`);
+    /// wait for the answer with `awaitAnswer`.
+    Ask(Ask),
+    /// Wait for the answer to an ask (`TopicDone::answer`). After a
+    /// failover the new leader adopts the ask from this request.
+    AwaitAnswer(AwaitAnswer),
+    /// Close an ask that was answered elsewhere (at the terminal) or not at
+    /// all: the message shows `outcome` and loses its buttons. If the phone
+    /// answered first, that answer comes back instead (`TopicDone::answer`).
+    CloseAsk(CloseAsk),
+}
+
+/// A question for the phone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ask {
+    /// The question's single-use token: 32 hex digits of randomness, chosen
+    /// by the asker. Asking again with the same token (after losing the
+    /// leader mid-request) finds the message already posted.
+    pub token: String,
+    /// Telegram HTML.
+    pub text: String,
+    /// Button labels, in order; an answer names the index.
+    pub options: Vec<String>,
+    /// A reply to the message answers it with its text.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free_text: bool,
+    /// How long the leader keeps the ask open at most (the asker normally
+    /// closes it sooner, with its own outcome).
+    pub expires_in_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwaitAnswer {
+    pub token: String,
+    pub message_id: i64,
+    /// The ask itself, so a leader that never saw it can adopt it.
+    pub ask: Ask,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloseAsk {
+    pub token: String,
+    pub message_id: i64,
+    /// One line shown under the question, e.g. "✅ Allowed at the terminal".
+    pub outcome: String,
+}
+
+/// How the person on the phone answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AskAnswer {
+    /// The index of the button tapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<u32>,
+    /// The text of a reply, for an ask with `freeText`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    pub user_id: i64,
+    /// The first name Telegram shows for the user.
+    pub user_name: String,
+    /// Unix milliseconds.
+    pub at_ms: u64,
 }
 
 /// How a text is to be read.
@@ -207,18 +272,6 @@ pub struct EditButtons {
     pub buttons: Option<Keyboard>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AnswerCallback {
-    pub callback_id: String,
-    /// A short notice shown on the tapper's screen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// Show the notice as a dialog rather than a toast.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub alert: bool,
-}
-
 /// Inline buttons under a message, row by row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Keyboard {
@@ -243,6 +296,10 @@ pub struct TopicDone {
     /// Telegram refused the HTML, so the text went out plain.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plain: bool,
+    /// The phone's answer (`awaitAnswer`, or `closeAsk` when the phone
+    /// answered first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<AskAnswer>,
 }
 
 /// The follower handed delivery `delivery_id` to its host.
@@ -430,8 +487,10 @@ pub enum BusErrorCode {
     /// All 26 slots are taken by live sessions.
     NoFreeSlot,
     /// The request reaches outside what this session owns (another
-    /// session's message or button tap, an instance id that is not its own).
+    /// session's message or ask, an instance id that is not its own).
     Forbidden,
+    /// The ask is closed: it expired at the leader, or was closed.
+    AskClosed,
     /// The session has no topic (yet): nothing was sent.
     NoTopic,
     /// The session's topic is gone; the leader stopped trusting it, and
@@ -450,24 +509,16 @@ pub enum BusErrorCode {
     Internal,
 }
 
-/// Something from the session's topic, for the session that owns it.
+/// A message from the session's topic, for the session that owns it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Deliver {
     pub delivery_id: u64,
     pub update_id: i64,
-    pub item: Inbound,
+    pub message: InboundMessage,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "camelCase")]
-pub enum Inbound {
-    /// A message an allowed user wrote in the topic.
-    Message(InboundMessage),
-    /// An allowed user tapped a button under one of the session's messages.
-    Callback(InboundCallback),
-}
-
+/// A message an allowed user wrote in the topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InboundMessage {
@@ -480,19 +531,6 @@ pub struct InboundMessage {
     /// The message of the topic this one replies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<i64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct InboundCallback {
-    /// Answer it with [`TopicOp::AnswerCallback`]; Telegram shows a spinner
-    /// until somebody does.
-    pub callback_id: String,
-    pub user_id: i64,
-    /// The message the button is on.
-    pub message_id: i64,
-    /// The button's data, verbatim.
-    pub data: String,
 }
 
 /// The leader is about to step down on purpose; expect these to come back.

@@ -32,6 +32,10 @@ pub mod method {
     pub const UI_CONFIRM: &str = "ui/confirm";
     pub const AGENT_SEND_USER_MESSAGE: &str = "agent/sendUserMessage";
     pub const AGENT_ABORT: &str = "agent/abort";
+    pub const APPROVAL_REQUEST: &str = "approval/request";
+    pub const QUESTION_ASK: &str = "question/ask";
+    pub const UI_SELECT: &str = "ui/select";
+    pub const CANCEL_REQUEST: &str = "$/cancelRequest";
 }
 
 // ---------------------------------------------------------------- host → sidecar
@@ -144,6 +148,9 @@ pub struct EmptyParams {}
 pub struct AgentEndedParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_assistant_text: Option<String>,
+    /// The run was stopped (`/stop`, Escape): its last answer is cut off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aborted: bool,
 }
 
 /// `turn/ended` params.
@@ -154,6 +161,9 @@ pub struct TurnEndedParams {
     pub assistant_text: String,
     #[serde(default)]
     pub tool_calls: Vec<ToolCall>,
+    /// The turn was stopped: its text is cut off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aborted: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -167,6 +177,11 @@ pub struct ToolCall {
 pub struct ToolParams {
     #[serde(default)]
     pub tool_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The call's arguments (`tool/started`), for showing what it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_error: Option<bool>,
 }
@@ -280,3 +295,118 @@ pub struct SendUserMessageResult {
 /// `agent/abort` params and result (both empty objects).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AbortParams {}
+
+// ---------------------------------------------------------------- approvals and questions
+
+/// `approval/request` params (host → sidecar): a tool call the agent is
+/// about to make. The sidecar applies the `[approvals]` policy and, when a
+/// person must decide, asks on the phone (and at the terminal, with
+/// `ui/select`, when the policy says both).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalParams {
+    pub tool_call_id: String,
+    pub tool: String,
+    /// The call's arguments, as the agent gave them.
+    #[serde(default)]
+    pub input: serde_json::Value,
+    /// The turn was started by a message from Telegram.
+    #[serde(default)]
+    pub from_telegram: bool,
+}
+
+/// `approval/request` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalResult {
+    pub decision: Decision,
+    /// Why, for the agent and the log (a denial's reason reaches the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub by: DecidedBy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Decision {
+    Allow,
+    Deny,
+    /// The relay does not decide: the host goes on as it would without it.
+    Defer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DecidedBy {
+    Phone,
+    Terminal,
+    /// The policy needs no approval for this call.
+    Policy,
+    /// An "allow for this session" grant still runs.
+    Grant,
+    /// Nobody answered in time.
+    Timeout,
+    /// Nobody could be asked: no topic, no relay, no terminal.
+    Unavailable,
+}
+
+/// `question/ask` params (host → sidecar): the agent asks its user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestionParams {
+    pub question: String,
+    /// Answers to choose from; may be empty when `allowText`.
+    #[serde(default)]
+    pub options: Vec<String>,
+    /// A free-text answer is welcome.
+    #[serde(default)]
+    pub allow_text: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `question/ask` result: the answer, or none (`by` says why).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestionResult {
+    /// The chosen option's index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<u32>,
+    /// The answer as text: the chosen option, or what was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    pub by: DecidedBy,
+}
+
+/// `ui/select` params (sidecar → host): a choice at the terminal. The
+/// sidecar may withdraw it with `$/cancelRequest` (the phone answered).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectParams {
+    pub title: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub options: Vec<String>,
+    /// Offer a text field as well.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_text: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `ui/select` result; neither field: dismissed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// `$/cancelRequest` params (sidecar → host, a notification): the request
+/// `id` (a dialog) is no longer wanted; the host may close it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CancelParams {
+    pub id: u64,
+}

@@ -16,7 +16,7 @@
 //!   still pending; prompts sent after it may have been taken already, so
 //!   that one prompt may reach the host after later ones. Hosts drop
 //!   repeats by `origin.updateId`.
-//! * A command or a tap waits until the prompts before it were answered, so
+//! * A command waits until the prompts before it were answered, so
 //!   `/stop` stops what came before it.
 
 use std::collections::{HashSet, VecDeque};
@@ -35,7 +35,7 @@ use super::Session;
 use super::outbound::Outgoing;
 use crate::bus::Member;
 use crate::host::OutboundError;
-use crate::protocol::bus::{AnswerCallback, Deliver, Inbound, TopicOp};
+use crate::protocol::bus::Deliver;
 use crate::protocol::host::{
     DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,
 };
@@ -144,12 +144,12 @@ pub async fn run(
                     }
                     continue;
                 }
-                // A command or a tap acts on what came before it: the prompts
+                // A command acts on what came before it: the prompts
                 // on their way are answered first.
                 while let Some(answered) = in_flight.next().await {
                     settle(answered, &mut seen, &mut on_the_way);
                 }
-                if handle(&session, &member, &deliver).await {
+                if handle(&session, &deliver).await {
                     seen.insert(deliver.update_id);
                     member.ack_delivery(deliver.delivery_id);
                 }
@@ -161,9 +161,7 @@ pub async fn run(
 /// The prompt a delivery makes, unless it is a command or a tap; a busy
 /// agent gets it as a follow-up.
 fn prompt(deliver: &Deliver, busy: bool) -> Option<SendUserMessageParams> {
-    let Inbound::Message(message) = &deliver.item else {
-        return None;
-    };
+    let message = &deliver.message;
     if topic_command(&message.text).is_some() {
         return None;
     }
@@ -204,25 +202,9 @@ fn accepted(
     }
 }
 
-/// Handles a command or a tap. True when it is settled.
-async fn handle(session: &Session, member: &Member, deliver: &Deliver) -> bool {
-    let message = match &deliver.item {
-        Inbound::Message(message) => message,
-        Inbound::Callback(tap) => {
-            // No button of this session waits for a tap yet: say so, so the
-            // phone stops its spinner.
-            let answer = TopicOp::AnswerCallback(AnswerCallback {
-                callback_id: tap.callback_id.clone(),
-                text: Some("This button has expired.".into()),
-                alert: false,
-            });
-            if let Err(e) = member.topic(answer).await {
-                tracing::debug!("cannot answer a tap: {e}");
-            }
-            return true;
-        }
-    };
-    match topic_command(&message.text) {
+/// Handles a command typed in the topic. True when it is settled.
+async fn handle(session: &Session, deliver: &Deliver) -> bool {
+    match topic_command(&deliver.message.text) {
         Some("status") => {
             let report = session.status_report(false).await;
             session.send_out(Outgoing::Plain(report));

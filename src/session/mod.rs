@@ -20,6 +20,8 @@ use crate::protocol::bus::Health;
 use crate::protocol::host::*;
 use crate::topics;
 
+mod approvals;
+mod dialog;
 mod facts;
 mod inbound;
 mod outbound;
@@ -101,6 +103,8 @@ pub struct Session {
     stop: CancellationToken,
     /// The agent is working (between `agent/started` and `agent/ended`).
     busy: AtomicBool,
+    /// "Allow for this session" grants.
+    grants: Mutex<approvals::Grants>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -136,7 +140,25 @@ impl Session {
             facts,
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
+            grants: Mutex::default(),
         })
+    }
+
+    fn grants(&self) -> std::sync::MutexGuard<'_, approvals::Grants> {
+        self.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn has_ui(&self) -> bool {
+        self.state().identity.as_ref().is_some_and(|i| i.has_ui)
+    }
+
+    /// The session's working directory, as the host said.
+    fn cwd(&self) -> String {
+        self.state()
+            .identity
+            .as_ref()
+            .map(|i| i.cwd.clone())
+            .unwrap_or_default()
     }
 
     /// The current facts (for tests and `/telegram-status`).
@@ -385,29 +407,31 @@ impl Session {
             Some(route) => format!("topic {}", route.topic_name),
             None => "this session's topic".into(),
         };
-        let has_ui = self.state().identity.as_ref().is_some_and(|i| i.has_ui);
-        if has_ui {
-            let confirm = self
-                .host
-                .request::<_, ConfirmResult>(
-                    method::UI_CONFIRM,
-                    &ConfirmParams {
-                        title: "Disconnect from Telegram".into(),
-                        message: format!("Delete {what} and disconnect this session?"),
-                        timeout_ms: Some(CONFIRM_TIMEOUT.as_millis() as u64),
-                    },
-                    CONFIRM_TIMEOUT + Duration::from_secs(5),
-                )
-                .await;
-            match confirm {
-                Ok(ConfirmResult { confirmed: true }) => {}
-                Ok(_) => return (false, "Disconnect cancelled; nothing changed.".into()),
-                Err(e) => {
+        // Asked at the terminal and on the phone; the first answer counts.
+        // A host without dialogs is not asked (the person just typed it).
+        if self.has_ui() {
+            let question = dialog::Question {
+                title: "Disconnect from Telegram".into(),
+                html: format!(
+                    "🗑 Delete <b>{}</b> and disconnect this session?",
+                    crate::render::escape(&what)
+                ),
+                detail: Some(format!("Delete {what} and disconnect this session?")),
+                options: vec!["🗑 Yes, delete it".into(), "Keep it".into()],
+                free_text: false,
+                timeout: CONFIRM_TIMEOUT,
+                terminal: dialog::Terminal::Confirm,
+                timeout_outcome: "⌛ No answer: nothing changed".into(),
+            };
+            match self.ask_person(question).await {
+                dialog::Answer::Choice { index: 0, .. } => {}
+                dialog::Answer::Nothing(_, why) => {
                     return (
                         false,
-                        format!("Disconnect cancelled ({e}); nothing changed."),
+                        format!("Disconnect cancelled ({why}); nothing changed."),
                     );
                 }
+                _ => return (false, "Disconnect cancelled; nothing changed.".into()),
             }
         }
         match member.disconnect().await {
@@ -475,6 +499,31 @@ impl Session {
             describe_transport(&facts.transport)
         ));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
+        if let Ok(config) = &self.config {
+            let policy = &config.approvals;
+            let mode = match policy.mode {
+                crate::policy::Mode::Off => "off".to_string(),
+                mode => format!(
+                    "{} for {} · denied after {} s without an answer{}",
+                    if mode == crate::policy::Mode::Both {
+                        "phone and terminal"
+                    } else {
+                        "on the phone"
+                    },
+                    policy.tools().join(", "),
+                    policy.timeout.as_secs(),
+                    if policy.only_from_telegram {
+                        " · turns from Telegram only"
+                    } else {
+                        ""
+                    }
+                ),
+            };
+            out.push_str(&format!("approvals: {mode}\n"));
+        }
+        if let Some(grants) = self.grants().describe() {
+            out.push_str(&format!("allowed for this session: {grants}\n"));
+        }
         if let Some(member) = self.member() {
             let state = member.watch().borrow().clone();
             if let Some(pid) = state.leader_pid {
@@ -575,8 +624,23 @@ impl Handler for Session {
                 let text = turn.assistant_text.trim();
                 if !text.is_empty() {
                     self.state().last_answer = Some(text.to_string());
-                    self.send_out(Outgoing::Answer(text.to_string()));
+                    self.send_out(Outgoing::Answer {
+                        markdown: text.to_string(),
+                        cut: turn.aborted,
+                    });
                 }
+            }
+            HostEvent::ToolStarted(tool) => {
+                let argument = tool
+                    .args
+                    .as_ref()
+                    .map(crate::policy::preview)
+                    .map(|p| p.lines().next().unwrap_or_default().to_string())
+                    .unwrap_or_default();
+                self.send_out(Outgoing::Tool {
+                    name: tool.tool_name,
+                    argument,
+                });
             }
             HostEvent::AgentEnded(ended) => {
                 self.busy.store(false, Ordering::Relaxed);
@@ -585,7 +649,10 @@ impl Handler for Session {
                 if let Some(text) = last.filter(|t| !t.is_empty()) {
                     let already = self.state().last_answer.as_deref() == Some(text);
                     if !already {
-                        self.send_out(Outgoing::Answer(text.to_string()));
+                        self.send_out(Outgoing::Answer {
+                            markdown: text.to_string(),
+                            cut: ended.aborted,
+                        });
                     }
                 }
                 self.state().last_answer = None;
@@ -609,6 +676,14 @@ impl Handler for Session {
             }
             other => tracing::trace!(?other, "host event"),
         }
+    }
+
+    async fn approve(&self, params: ApprovalParams) -> ApprovalResult {
+        Session::approve(self, params).await
+    }
+
+    async fn ask(&self, params: QuestionParams) -> QuestionResult {
+        self.question(params).await
     }
 
     async fn shutdown(&self, params: ShutdownParams) {

@@ -217,33 +217,6 @@ impl JournalState {
     }
 }
 
-/// What a journal entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum JournalKind {
-    /// A message; `text` is what the user wrote.
-    Message,
-    /// A button tap; `text` is the button's data, `message_id` the message
-    /// the button is on.
-    Callback,
-}
-
-impl JournalKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Message => "message",
-            Self::Callback => "callback",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "message" => Self::Message,
-            "callback" => Self::Callback,
-            _ => return None,
-        })
-    }
-}
-
 /// An inbound update as journaled by the poller, with its bookkeeping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
@@ -259,7 +232,6 @@ pub struct JournalEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewUpdate {
     pub update_id: i64,
-    pub kind: JournalKind,
     /// The profile key of the session it is for, if any.
     pub owner: Option<String>,
     pub chat_id: i64,
@@ -267,7 +239,7 @@ pub struct NewUpdate {
     pub user_id: i64,
     pub message_id: i64,
     pub text: String,
-    /// What only the leader interprets (JSON), e.g. a tap's callback id.
+    /// What only the leader interprets (JSON), e.g. the message it replies to.
     pub detail: Option<String>,
 }
 
@@ -568,8 +540,8 @@ impl Store {
             let now = now_ms();
             let mut insert = tx.prepare_cached(
                 "INSERT INTO journal (update_id, owner, chat_id, thread_id, user_id, \
-                     message_id, text, received_ms, kind, detail) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                     message_id, text, received_ms, detail) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                  ON CONFLICT (update_id) DO NOTHING",
             )?;
             let mut inserted = Vec::with_capacity(updates.len());
@@ -583,7 +555,6 @@ impl Store {
                     u.message_id,
                     u.text,
                     now,
-                    u.kind.as_str(),
                     u.detail,
                 ])?;
                 if changed > 0 {
@@ -735,16 +706,44 @@ impl Store {
         })
     }
 
-    /// Remembers that `profile_key`'s session posted `message_id` in `chat_id`.
-    pub fn record_sent(&mut self, chat_id: i64, message_id: i64, profile_key: &str) -> Result<()> {
+    /// Remembers that `profile_key`'s session posted `message_id` in
+    /// `chat_id`, asking the question `ask_token` if it asks one.
+    pub fn record_sent(
+        &mut self,
+        chat_id: i64,
+        message_id: i64,
+        profile_key: &str,
+        ask_token: Option<&str>,
+    ) -> Result<()> {
         self.write_unflushed(|tx| {
             tx.prepare_cached(
-                "INSERT INTO sent (chat_id, message_id, profile_key, sent_ms) \
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO UPDATE SET \
-                 profile_key = excluded.profile_key, sent_ms = excluded.sent_ms",
+                "INSERT INTO sent (chat_id, message_id, profile_key, sent_ms, ask_token) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (chat_id, message_id) DO UPDATE SET \
+                 profile_key = excluded.profile_key, sent_ms = excluded.sent_ms, \
+                 ask_token = excluded.ask_token",
             )?
-            .execute(params![chat_id, message_id, profile_key, now_ms()])?;
+            .execute(params![
+                chat_id,
+                message_id,
+                profile_key,
+                now_ms(),
+                ask_token
+            ])?;
             Ok(())
+        })
+    }
+
+    /// The message that asks the question `ask_token`, and whose it is.
+    pub fn asked(&self, ask_token: &str) -> Result<Option<(i64, i64, String)>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT chat_id, message_id, profile_key FROM sent WHERE ask_token = ?1",
+            )?;
+            Ok(stmt
+                .query_row([ask_token], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()?)
         })
     }
 
@@ -756,7 +755,7 @@ impl Store {
                 "SELECT profile_key FROM sent WHERE chat_id = ?1 AND message_id = ?2 \
                  UNION ALL \
                  SELECT owner FROM journal WHERE chat_id = ?1 AND message_id = ?2 \
-                     AND owner IS NOT NULL AND kind = 'message' \
+                     AND owner IS NOT NULL \
                  LIMIT 1",
             )?;
             Ok(stmt
@@ -1128,20 +1127,19 @@ fn binding_from_row(row: &Row<'_>) -> rusqlite::Result<Binding> {
 }
 
 const JOURNAL_COLUMNS: &str = "update_id, owner, chat_id, thread_id, user_id, message_id, text, \
-                               state, attempts, drop_reason, received_ms, kind, detail";
+                               state, attempts, drop_reason, received_ms, detail";
 
 fn journal_from_row(row: &Row<'_>) -> rusqlite::Result<JournalEntry> {
     Ok(JournalEntry {
         update: NewUpdate {
             update_id: row.get(0)?,
-            kind: row.get(11)?,
             owner: row.get(1)?,
             chat_id: row.get(2)?,
             thread_id: row.get(3)?,
             user_id: row.get(4)?,
             message_id: row.get(5)?,
             text: row.get(6)?,
-            detail: row.get(12)?,
+            detail: row.get(11)?,
         },
         state: row.get(7)?,
         attempts: row.get(8)?,
@@ -1161,14 +1159,6 @@ impl FromSql for BindingStatus {
         let text = value.as_str()?;
         Self::parse(text)
             .ok_or_else(|| FromSqlError::Other(format!("unknown binding status {text:?}").into()))
-    }
-}
-
-impl FromSql for JournalKind {
-    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-        let text = value.as_str()?;
-        Self::parse(text)
-            .ok_or_else(|| FromSqlError::Other(format!("unknown journal kind {text:?}").into()))
     }
 }
 

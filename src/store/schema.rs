@@ -83,13 +83,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
         paired_ms INTEGER NOT NULL CHECK (paired_ms >= 0)
     ) STRICT;
     ",
-    // 2: button taps travel through the journal like messages, with what
-    // only the leader interprets (the tap's id, a reply's target) in
-    // `detail`; `sent` remembers which session posted which message, so a
-    // session can edit only its own messages; lookups by message for both.
+    // 2: what only the leader interprets about a message (the message it
+    // replies to, later its attachments) goes in `detail`; `sent` remembers
+    // which session posted which message, so a session can edit only its
+    // own; lookups by message for both.
     r"
-    ALTER TABLE journal ADD COLUMN kind TEXT NOT NULL DEFAULT 'message'
-        CHECK (kind IN ('message', 'callback'));
     ALTER TABLE journal ADD COLUMN detail TEXT;
     CREATE INDEX journal_by_message ON journal (chat_id, message_id);
     CREATE INDEX journal_settled ON journal (update_id) WHERE state <> 'pending';
@@ -99,6 +97,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
         message_id  INTEGER NOT NULL,
         profile_key TEXT NOT NULL,
         sent_ms     INTEGER NOT NULL CHECK (sent_ms >= 0),
+        -- The token of the question the message asks, if it asks one: an
+        -- asker that lost its leader asks again with the same token, and
+        -- finds its message instead of posting a second one.
+        ask_token   TEXT UNIQUE,
         PRIMARY KEY (chat_id, message_id)
     ) STRICT, WITHOUT ROWID;
     CREATE INDEX sent_by_age ON sent (sent_ms);

@@ -40,7 +40,6 @@ fn update(update_id: i64, owner: Option<&str>) -> NewUpdate {
         user_id: 42,
         message_id: 1000 + update_id,
         text: format!("message {update_id}"),
-        kind: JournalKind::Message,
         detail: None,
     }
 }
@@ -431,7 +430,13 @@ fn pruning_keeps_pending_and_the_newest_settled_entries() {
 fn who_posted_a_message_is_remembered_for_a_while() {
     let (_dir, path) = temp_db();
     let mut store = Store::open(&path).expect("open");
-    store.record_sent(-1001, 50, "api").expect("sent");
+    store
+        .record_sent(-1001, 50, "api", Some("tok"))
+        .expect("sent");
+    assert_eq!(
+        store.asked("tok").expect("asked"),
+        Some((-1001, 50, "api".to_string()))
+    );
     store
         .journal_batch(&[update(3, Some("web"))], 4)
         .expect("batch");
@@ -506,7 +511,7 @@ fn the_file_stays_bounded_over_a_hundred_thousand_updates() {
             .map(|u| ("api".to_string(), u.update_id))
             .collect();
         assert_eq!(store.mark_delivered(&acks).expect("deliver"), 100);
-        store.record_sent(-1001, batch, "api").expect("sent");
+        store.record_sent(-1001, batch, "api", None).expect("sent");
         if batch % 10 == 9 {
             store.prune().expect("prune");
         }

@@ -22,4 +22,4 @@ pub mod types;
 pub use client::{BotApi, SetupError};
 pub use error::TelegramError;
 pub use ratelimit::RateLimiter;
-pub use types::{BotInfo, ChatKind, ChatMemberStatus, Message, Update, UpdateKind};
+pub use types::{BotInfo, CallbackQuery, ChatKind, ChatMemberStatus, Message, Update, UpdateKind};

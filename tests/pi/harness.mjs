@@ -168,6 +168,27 @@ class FakeBotApi {
 		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: USER_ID, text });
 	}
 
+	/** A tap by `userId` (default: the allowed user) on a button of message `messageId`. */
+	tap(threadId, messageId, data, userId = USER_ID) {
+		return this.control("POST", "inject_callback_query", {
+			chat_id: CHAT_ID,
+			thread_id: threadId,
+			user_id: userId,
+			message_id: messageId,
+			data,
+		});
+	}
+
+	/** One message of the bot with its buttons and edit history. */
+	message(messageId) {
+		return this.control("GET", `message?chat_id=${CHAT_ID}&message_id=${messageId}`);
+	}
+
+	/** Every tap and how the bot answered it (`answer: null` until it did). */
+	callbackQueries() {
+		return this.control("GET", "callback_queries");
+	}
+
 	/** What the bot sent into topic `threadId` (`[SentMessage]`: text, plain_text, edited, …). */
 	messages(threadId) {
 		return this.control("GET", `messages?chat_id=${CHAT_ID}&thread_id=${threadId}`);
@@ -346,6 +367,16 @@ export class World {
 		);
 		await writeFile(join(world.agentDir, "settings.json"), JSON.stringify({ ...PI_SETTINGS, ...settings }, null, 2));
 		return world;
+	}
+
+	/**
+	 * Writes the relay's config.toml (private, as the relay requires) with `toml`;
+	 * the token and chat stay in the environment.
+	 */
+	async relayConfig(toml) {
+		const dir = join(this.relayHome, "config");
+		await mkdir(dir, { recursive: true, mode: 0o700 });
+		await writeFile(join(dir, "config.toml"), toml, { mode: 0o600 });
 	}
 
 	/** The live forum topic named `X · <name>`, if any. */

@@ -49,6 +49,8 @@ test("a message in the topic becomes a turn of pi on the fake model, and its ans
 
 test("the fake model asks for bash; pi runs it and the answer with its output lands in the topic", { timeout: TEST_MS }, async (t) => {
 	const world = await World.create(t);
+	// Approvals are tests/pi/approvals.test.mjs's subject; here bash just runs.
+	await world.relayConfig('[approvals]\nmode = "off"\n');
 	const { pi, topic } = await boundPi(world, "alpha");
 
 	const from = pi.mark();

@@ -20,6 +20,7 @@
 //! ([`registry::Registry`]).
 
 mod access;
+mod asks;
 mod conn;
 mod outbox;
 mod poller;
@@ -74,6 +75,7 @@ pub(super) struct Leader {
     router: Router,
     outbox: Outbox,
     access: Arc<Access>,
+    asks: asks::Asks,
     health: watch::Sender<PollHealth>,
     /// The restart this leader is stepping down for, once one was asked:
     /// a second request joins it.
@@ -179,6 +181,7 @@ pub(crate) async fn start(
         router: Router::new(settle),
         outbox,
         access: Arc::new(access),
+        asks: asks::Asks::default(),
         health,
         restarting: OnceLock::new(),
         cleanup: Arc::default(),
@@ -363,7 +366,10 @@ async fn run(
             Ok(()) = health.changed() => {
                 leader.registry.broadcast(&FromLeader::Health(leader.wire_health()));
             }
-            _ = sweep.tick() => leader.registry.sweep(silent_limit),
+            _ = sweep.tick() => {
+                leader.registry.sweep(silent_limit);
+                leader.expire_asks();
+            }
             _ = prune.tick() => leader.prune(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {

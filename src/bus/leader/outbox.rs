@@ -96,6 +96,7 @@ impl Outbox {
                     .map(|m| TopicDone {
                         message_id: Some(m.message_id),
                         plain,
+                        ..TopicDone::default()
                     })
                 }
                 TopicOp::EditText(edit) => {
@@ -135,10 +136,13 @@ impl Outbox {
                     })
                     .await
                     .map(|()| TopicDone::default()),
-                TopicOp::AnswerCallback(answer) => self
-                    .answer_callback(&answer.callback_id, answer.text.as_deref(), answer.alert)
-                    .await
-                    .map(|()| TopicDone::default()),
+                // The leader keeps asks itself (`asks.rs`); they never get here.
+                TopicOp::Ask(_) | TopicOp::AwaitAnswer(_) | TopicOp::CloseAsk(_) => {
+                    return Err(BusError::new(
+                        BusErrorCode::Internal,
+                        "asks are the leader's, not a Bot API call",
+                    ));
+                }
             };
             match attempt {
                 Ok(done) => return Ok(done),

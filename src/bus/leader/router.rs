@@ -1,6 +1,7 @@
-//! Inbound routing: journaled updates to the session that owns their
+//! Inbound routing: journaled messages to the session that owns their
 //! topic, acknowledgements back into the journal, and what the leader
-//! answers itself (pairing, people outside any session, taps nobody owns).
+//! answers itself (pairing, people outside any session, button taps and
+//! replies that answer an ask).
 //!
 //! Nothing here awaits Telegram on the routing path: deliveries are frames
 //! queued to connections, and every answer the leader writes itself goes
@@ -13,31 +14,24 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
 
-use super::Leader;
+use super::asks::{self, Key, Taken};
 use super::poller::Batch;
 use super::registry::{ConnId, Conns};
-use super::triage::{CallbackDetail, MessageDetail};
+use super::triage::MessageDetail;
+use super::{Leader, now_ms};
 use crate::protocol::bus::*;
-use crate::store::{JournalKind, NewUpdate};
-use crate::telegram::{ChatKind, Message, Update, UpdateKind};
+use crate::render;
+use crate::store::NewUpdate;
+use crate::telegram::{CallbackQuery, ChatKind, Message, Update, UpdateKind};
 
 /// What the topic is told when its session is away.
 const AWAY_NOTICE: &str =
     "⏸ This session is offline. Your message is kept and will be delivered when it comes back.";
-/// What a tap on a button of an offline session answers.
-const AWAY_TAP: &str = "This session is offline: nothing was done.";
-
-/// How long a delivered tap may wait for its session's answer before the
-/// leader forgets it (Telegram stops accepting answers long before).
-const TAP_TTL: Duration = Duration::from_secs(300);
 
 pub(super) struct Router {
     /// Profiles whose topic was told that the session is away, so it is told
     /// only once per absence.
     told_away: Mutex<HashSet<String>>,
-    /// Taps delivered to a session and not answered yet: callback id →
-    /// profile key. A session may answer only its own.
-    taps: Mutex<HashMap<String, (String, Instant)>>,
     /// Delivery acknowledgements waiting to be written (`Leader::settle`).
     settle: mpsc::UnboundedSender<(String, i64)>,
     pub replies: Replies,
@@ -47,7 +41,6 @@ impl Router {
     pub fn new(settle: mpsc::UnboundedSender<(String, i64)>) -> Self {
         Self {
             told_away: Mutex::default(),
-            taps: Mutex::default(),
             settle,
             replies: Replies::default(),
         }
@@ -58,13 +51,17 @@ impl Router {
     fn push(&self, conns: &Conns, conn: ConnId, updates: &[NewUpdate]) -> Vec<i64> {
         let mut queued = Vec::with_capacity(updates.len());
         for update in updates {
-            let Some(item) = self.inbound(update) else {
-                continue;
-            };
             let frame = FromLeader::Deliver(Deliver {
                 delivery_id: update.update_id as u64,
                 update_id: update.update_id,
-                item,
+                message: InboundMessage {
+                    chat_id: update.chat_id,
+                    thread_id: update.thread_id,
+                    user_id: update.user_id,
+                    message_id: update.message_id,
+                    text: update.text.clone(),
+                    reply_to: detail(update).reply_to,
+                },
             });
             if !conns.push(conn, frame) {
                 break;
@@ -72,54 +69,6 @@ impl Router {
             queued.push(update.update_id);
         }
         queued
-    }
-
-    /// A journal entry as the session receives it.
-    fn inbound(&self, update: &NewUpdate) -> Option<Inbound> {
-        match update.kind {
-            JournalKind::Message => {
-                let detail: MessageDetail = update
-                    .detail
-                    .as_deref()
-                    .and_then(|d| serde_json::from_str(d).ok())
-                    .unwrap_or_default();
-                Some(Inbound::Message(InboundMessage {
-                    chat_id: update.chat_id,
-                    thread_id: update.thread_id,
-                    user_id: update.user_id,
-                    message_id: update.message_id,
-                    text: update.text.clone(),
-                    reply_to: detail.reply_to,
-                }))
-            }
-            JournalKind::Callback => {
-                let detail: CallbackDetail =
-                    serde_json::from_str(update.detail.as_deref()?).ok()?;
-                let owner = update.owner.clone()?;
-                let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
-                taps.retain(|_, (_, at)| at.elapsed() < TAP_TTL);
-                taps.insert(detail.callback_id.clone(), (owner, Instant::now()));
-                Some(Inbound::Callback(InboundCallback {
-                    callback_id: detail.callback_id,
-                    user_id: update.user_id,
-                    message_id: update.message_id,
-                    data: update.text.clone(),
-                }))
-            }
-        }
-    }
-
-    /// Whether `profile_key`'s session was handed the tap `callback_id`;
-    /// consumes it, so a tap is answered once.
-    pub fn take_tap(&self, callback_id: &str, profile_key: &str) -> bool {
-        let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
-        match taps.get(callback_id) {
-            Some((owner, _)) if owner == profile_key => {
-                taps.remove(callback_id);
-                true
-            }
-            _ => false,
-        }
     }
 
     /// The session of `profile_key` is back: its topic may be told again.
@@ -140,16 +89,38 @@ impl Router {
     }
 }
 
+/// What the leader keeps about a journaled message besides its columns.
+fn detail(update: &NewUpdate) -> MessageDetail {
+    update
+        .detail
+        .as_deref()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_default()
+}
+
+/// The time of day, as shown under an answered question.
+fn clock() -> String {
+    let secs = now_ms() / 1000;
+    format!("{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60)
+}
+
 impl Leader {
     /// Routes one journaled batch. The journal already holds it durably, so
     /// a failure here only delays delivery until the owner registers again.
     pub(super) fn route(self: &Arc<Self>, batch: Batch) {
         let mut sent = Vec::new();
         let mut away = Vec::new();
+        let mut answers = Vec::new();
         {
             let conns = self.registry.lock();
             let mut by_owner: Vec<(String, Vec<NewUpdate>)> = Vec::new();
             for update in batch.journaled {
+                // A reply that answers an open question is the question's,
+                // not a prompt.
+                if self.answers_ask(&update) {
+                    answers.extend(update.owner.clone().map(|o| (o, update.update_id)));
+                    continue;
+                }
                 let Some(owner) = update.owner.clone() else {
                     continue;
                 };
@@ -168,6 +139,7 @@ impl Leader {
         if let Err(e) = self.store().record_attempts(&sent) {
             tracing::warn!("cannot count delivery attempts: {e}");
         }
+        self.settle(&answers);
         for update in away {
             self.tell_away(update);
         }
@@ -210,47 +182,166 @@ impl Leader {
         }
     }
 
-    /// An update for a session that is away: a message waits in the journal
-    /// (its topic is told once per absence); a tap cannot wait, so it is
-    /// answered and dropped.
+    /// A message for a session that is away waits in the journal; its topic
+    /// is told once per absence.
     fn tell_away(self: &Arc<Self>, update: NewUpdate) {
         let Some(owner) = update.owner.clone() else {
             return;
         };
-        match update.kind {
-            JournalKind::Message => {
-                let first = self
-                    .router
-                    .told_away
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(owner);
-                if first {
-                    self.router.replies.say(
-                        self,
-                        update.chat_id,
-                        update.thread_id,
-                        AWAY_NOTICE.into(),
-                    );
-                }
+        let first = self
+            .router
+            .told_away
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(owner);
+        if first {
+            self.router
+                .replies
+                .say(self, update.chat_id, update.thread_id, AWAY_NOTICE.into());
+        }
+    }
+
+    /// Whether `update` is a reply that answers an open free-text ask; the
+    /// answer is shown on the question then.
+    fn answers_ask(self: &Arc<Self>, update: &NewUpdate) -> bool {
+        let Some(message_id) = detail(update).reply_to else {
+            return false;
+        };
+        let key = Key::Reply {
+            message_id,
+            text: &update.text,
+        };
+        let name = detail(update)
+            .from
+            .unwrap_or_else(|| format!("user {}", update.user_id));
+        match self
+            .asks
+            .take(key, update.chat_id, update.thread_id, update.user_id, &name)
+        {
+            Taken::Answered {
+                target,
+                message_id,
+                text,
+                label,
+                ..
+            } => {
+                self.show_answer(target, &[message_id], text, label, name, None);
+                true
             }
-            JournalKind::Callback => {
-                if let Err(e) = self
-                    .store()
-                    .mark_dropped(update.update_id, "a tap for an offline session")
-                {
-                    tracing::warn!("cannot drop a tap: {e}");
-                }
-                if let Some(detail) = update
-                    .detail
-                    .as_deref()
-                    .and_then(|d| serde_json::from_str::<CallbackDetail>(d).ok())
-                {
-                    self.router
-                        .replies
-                        .answer_tap(self, detail.callback_id, AWAY_TAP);
-                }
+            Taken::Settled | Taken::Unknown => false,
+        }
+    }
+
+    /// A tap on a button: asks are the only buttons there are.
+    fn tap(self: &Arc<Self>, query: &CallbackQuery) {
+        let replies = &self.router.replies;
+        if query.from.is_bot || !self.access.is_allowed(query.from.id) {
+            // Every tap is answered, or the phone shows a spinner; a
+            // stranger's taps at most once a window.
+            if replies.admit(query.from.id, Refusal::Tap) {
+                replies.answer_tap(
+                    self,
+                    query.id.clone(),
+                    "You are not allowed to use these buttons.",
+                );
             }
+            return;
+        }
+        let button = query.data.as_deref().and_then(asks::parse_button);
+        let taken = match (button, &query.message) {
+            (Some((token, choice)), Some(message)) => self.asks.take(
+                Key::Tap {
+                    token,
+                    message_id: message.message_id,
+                    choice,
+                },
+                message.chat.id,
+                message.topic(),
+                query.from.id,
+                &query.from.first_name,
+            ),
+            _ => Taken::Unknown,
+        };
+        match taken {
+            Taken::Answered {
+                target,
+                message_id,
+                copy,
+                text,
+                label,
+            } => {
+                tracing::info!(
+                    target: "audit",
+                    user = query.from.id,
+                    message_id,
+                    answer = %label,
+                    "a question was answered from the phone"
+                );
+                let messages: Vec<i64> = std::iter::once(message_id).chain(copy).collect();
+                self.show_answer(
+                    target,
+                    &messages,
+                    text,
+                    label,
+                    query.from.first_name.clone(),
+                    Some(query.id.clone()),
+                );
+            }
+            Taken::Settled => replies.answer_tap(self, query.id.clone(), "Already answered."),
+            Taken::Unknown => {
+                replies.answer_tap(self, query.id.clone(), "This question is no longer open.")
+            }
+        }
+    }
+
+    /// Shows who answered a question, with what and when, and answers the
+    /// tap, off the routing path.
+    fn show_answer(
+        self: &Arc<Self>,
+        target: Target,
+        messages: &[i64],
+        text: String,
+        label: String,
+        who: String,
+        tap: Option<String>,
+    ) {
+        let leader = self.clone();
+        let outcome = format!(
+            "<b>{}</b> — {}, {}",
+            render::escape(&label),
+            render::escape(&who),
+            clock()
+        );
+        let messages = messages.to_vec();
+        tokio::spawn(async move {
+            if let Some(tap) = tap
+                && let Err(e) = leader
+                    .outbox
+                    .answer_callback(&tap, Some(&label), false)
+                    .await
+            {
+                tracing::debug!("cannot answer a tap: {e}");
+            }
+            for message_id in messages {
+                leader.settle_ask(target, message_id, &text, &outcome).await;
+            }
+        });
+    }
+
+    /// Closes the asks past their expiry and shows it on their messages.
+    pub(super) fn expire_asks(self: &Arc<Self>) {
+        for (target, message_id, text) in self.asks.sweep() {
+            let leader = self.clone();
+            tokio::spawn(async move {
+                leader
+                    .settle_ask(
+                        target,
+                        message_id,
+                        &text,
+                        "⌛ <i>Expired: nobody answered.</i>",
+                    )
+                    .await;
+            });
         }
     }
 
@@ -261,20 +352,7 @@ impl Leader {
             UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
                 self.answer_message(&message)
             }
-            UpdateKind::CallbackQuery(query) => {
-                let text = if self.access.is_allowed(query.from.id) {
-                    "This button no longer belongs to a session."
-                } else {
-                    "You are not allowed to use this bot's buttons."
-                };
-                // Every tap is answered, or the phone shows a spinner; a
-                // stranger's taps at most once a window.
-                if self.access.is_allowed(query.from.id)
-                    || self.router.replies.admit(query.from.id, Refusal::Tap)
-                {
-                    self.router.replies.answer_tap(self, query.id, text);
-                }
-            }
+            UpdateKind::CallbackQuery(query) => self.tap(&query),
             UpdateKind::Unknown { .. } => {}
         }
     }

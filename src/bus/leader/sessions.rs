@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::registry::{ConnId, Registration};
 use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
+use crate::render;
 use crate::store::{Binding, BindingStatus, NewCleanup};
 use crate::telegram::TelegramError;
 use crate::topics;
@@ -465,22 +466,61 @@ impl Leader {
             TopicOp::EditText(edit) => own_message(edit.message_id)?,
             TopicOp::EditButtons(edit) => own_message(edit.message_id)?,
             TopicOp::Typing => {}
-            TopicOp::AnswerCallback(answer) => {
-                if !self.router.take_tap(&answer.callback_id, profile) {
-                    return Err(BusError::new(
-                        BusErrorCode::Forbidden,
-                        "that tap was not handed to this session, or was answered already",
-                    ));
+            TopicOp::Ask(ask) => return self.ask(profile, target, ask).await,
+            TopicOp::AwaitAnswer(wait) => {
+                if !self.asks.knows(&wait.token) {
+                    // Asked of a predecessor: adopt it, if the message is ours.
+                    own_message(wait.message_id)?;
+                    self.asks
+                        .insert(profile, target, wait.message_id, wait.ask.clone());
                 }
+                let answer = self.asks.wait(&wait.token, profile)?;
+                return match answer.await {
+                    Ok(Ok(answer)) => Ok(TopicDone {
+                        answer: Some(answer),
+                        ..TopicDone::default()
+                    }),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(BusError::new(
+                        BusErrorCode::Unavailable,
+                        "the leader is stepping down",
+                    )),
+                };
+            }
+            TopicOp::CloseAsk(close) => {
+                let closed = if self.asks.knows(&close.token) {
+                    self.asks.close(&close.token, profile, &close.outcome)?
+                } else {
+                    own_message(close.message_id)?;
+                    Ok((target, close.message_id, String::new()))
+                };
+                return match closed {
+                    Err(answer) => Ok(TopicDone {
+                        answer: Some(answer),
+                        ..TopicDone::default()
+                    }),
+                    Ok((target, message_id, text)) => {
+                        self.settle_ask(target, message_id, &text, &render::escape(&close.outcome))
+                            .await;
+                        Ok(TopicDone::default())
+                    }
+                };
             }
         }
         let done = self.outbox.perform(target, &req.op).await;
-        match &done {
+        self.after_send(profile, target, &done);
+        done
+    }
+
+    /// Records what a send did: who posted the message, or that the topic
+    /// is gone.
+    fn after_send(&self, profile: &str, target: Target, done: &Result<TopicDone, BusError>) {
+        match done {
             Ok(TopicDone {
                 message_id: Some(id),
                 ..
             }) => {
-                if let Err(e) = self.store().record_sent(target.chat_id, *id, profile) {
+                if let Err(e) = self.store().record_sent(target.chat_id, *id, profile, None) {
                     tracing::warn!("cannot remember who posted message {id}: {e}");
                 }
             }
@@ -490,7 +530,78 @@ impl Leader {
             }
             _ => {}
         }
-        done
+    }
+
+    /// Posts a question with its buttons and opens it; asked again with the
+    /// same token (the asker lost its leader while posting), it finds the
+    /// message instead of posting another.
+    async fn ask(&self, profile: &str, target: Target, ask: &Ask) -> Result<TopicDone, BusError> {
+        let buttons = self.asks.buttons(ask)?;
+        let posted = self.store().asked(&ask.token).map_err(store_error)?;
+        if let Some((chat_id, message_id, owner)) = posted {
+            if owner != profile || chat_id != target.chat_id {
+                return Err(BusError::new(
+                    BusErrorCode::Forbidden,
+                    "that token is another question's",
+                ));
+            }
+            self.asks.insert(profile, target, message_id, ask.clone());
+            return Ok(TopicDone {
+                message_id: Some(message_id),
+                ..TopicDone::default()
+            });
+        }
+        let send = TopicOp::SendText(SendText {
+            text: ask.text.clone(),
+            format: TextFormat::Html,
+            buttons: Some(buttons),
+            reply_to: None,
+        });
+        let done = self.outbox.perform(target, &send).await;
+        if let Err(e) = &done
+            && e.code == BusErrorCode::TopicGone
+        {
+            self.mark_stale(profile);
+        }
+        let done = done?;
+        let message_id = done.message_id.ok_or_else(|| {
+            BusError::new(
+                BusErrorCode::Internal,
+                "the question was posted without an id",
+            )
+        })?;
+        if let Err(e) =
+            self.store()
+                .record_sent(target.chat_id, message_id, profile, Some(&ask.token))
+        {
+            tracing::warn!("cannot remember who asked message {message_id}: {e}");
+        }
+        self.asks.insert(profile, target, message_id, ask.clone());
+        Ok(done)
+    }
+
+    /// Shows how a question ended (`outcome`, HTML) under its text and
+    /// takes its buttons away. Best effort: the decision stands either way.
+    pub(super) async fn settle_ask(
+        &self,
+        target: Target,
+        message_id: i64,
+        text: &str,
+        outcome: &str,
+    ) {
+        let edit = TopicOp::EditText(EditText {
+            message_id,
+            text: if text.is_empty() {
+                outcome.to_string()
+            } else {
+                format!("{text}\n\n{outcome}")
+            },
+            format: TextFormat::Html,
+            buttons: None,
+        });
+        if let Err(e) = self.outbox.perform(target, &edit).await {
+            tracing::warn!(message_id, "cannot show how a question ended: {e}");
+        }
     }
 
     /// Remembers that a session's topic is gone, so the next registration

@@ -1,6 +1,6 @@
-//! What enters the journal: a message or a button tap from an allowed user
-//! in a topic some session owns. Everything else (pairing, strangers,
-//! General, taps on buttons nobody owns) is the leader's to answer itself.
+//! What enters the journal: a message from an allowed user in a topic some
+//! session owns. Everything else (pairing, strangers, General, button taps)
+//! is the leader's to answer itself.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,15 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::access::Access;
-use crate::store::{BindingStatus, JournalKind, NewUpdate, Store};
+use crate::store::{BindingStatus, NewUpdate, Store};
 use crate::telegram::{Update, UpdateKind};
-
-/// What a journaled tap keeps besides the columns every entry has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct CallbackDetail {
-    pub callback_id: String,
-}
 
 /// What a journaled message keeps besides the columns every entry has.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +17,9 @@ pub(super) struct CallbackDetail {
 pub(super) struct MessageDetail {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<i64>,
+    /// The writer's first name, for showing who answered a question.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 pub(super) struct Journaling {
@@ -84,12 +80,13 @@ impl Journaling {
                     UpdateKind::EditedMessage(_) => format!("(edited) {text}"),
                     _ => text.clone(),
                 };
+                let reply_to = message.reply_to_message.as_ref().map(|m| m.message_id);
                 let detail = MessageDetail {
-                    reply_to: message.reply_to_message.as_ref().map(|m| m.message_id),
+                    reply_to,
+                    from: reply_to.map(|_| user.first_name.clone()),
                 };
                 Some(NewUpdate {
                     update_id: update.update_id,
-                    kind: JournalKind::Message,
                     owner: Some(owner),
                     chat_id: message.chat.id,
                     thread_id: Some(thread),
@@ -101,30 +98,7 @@ impl Journaling {
                         .flatten(),
                 })
             }
-            UpdateKind::CallbackQuery(query) => {
-                let message = query.message.as_ref()?;
-                let thread = message.topic()?;
-                let data = query.data.as_ref()?;
-                if query.from.is_bot || !self.allowed.contains(&query.from.id) {
-                    return None;
-                }
-                let owner = self.owners.get(&(message.chat.id, thread))?.clone();
-                let detail = CallbackDetail {
-                    callback_id: query.id.clone(),
-                };
-                Some(NewUpdate {
-                    update_id: update.update_id,
-                    kind: JournalKind::Callback,
-                    owner: Some(owner),
-                    chat_id: message.chat.id,
-                    thread_id: Some(thread),
-                    user_id: query.from.id,
-                    message_id: message.message_id,
-                    text: data.clone(),
-                    detail: serde_json::to_string(&detail).ok(),
-                })
-            }
-            UpdateKind::Unknown { .. } => None,
+            UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => None,
         }
     }
 }

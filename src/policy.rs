@@ -1,0 +1,363 @@
+//! Which tool calls need a person's approval: the `[approvals]` table of
+//! `config.toml`, and the readable preview of a call shown on the phone.
+//! Host-neutral: pi's `bash`/`write`/`edit` and Claude Code's
+//! `Bash`/`Write`/`Edit` are the same names to it (compared without case),
+//! and the preview reads the argument names both use.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use regex::Regex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `[approvals]` as written in `config.toml`; every key optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsFile {
+    /// `off`: the relay never asks; `phone` (default): the session's topic
+    /// asks, with buttons; `both`: the phone and the terminal, the first
+    /// answer wins.
+    pub mode: Option<Mode>,
+    /// Tools every call of which needs approval, compared without case
+    /// (default: `bash`, `write`, `edit`).
+    pub tools: Option<Vec<String>>,
+    /// Regular expressions: a shell command matching one needs approval even
+    /// when its tool is not in `tools` (e.g. `"^git push"`).
+    pub commands: Option<Vec<String>>,
+    /// A call naming a path outside the session's directory needs approval
+    /// (default true).
+    pub outside_project: Option<bool>,
+    /// Ask only in turns that came from Telegram (default true): a person at
+    /// the keyboard is asked at the keyboard, as without the relay.
+    pub only_from_telegram: Option<bool>,
+    /// Seconds until an unanswered request is denied (default 300).
+    pub timeout_s: Option<u64>,
+    /// Minutes an "allow for this session" grant lasts (default 30).
+    pub grant_minutes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Off,
+    Phone,
+    Both,
+}
+
+/// The policy, checked and with its defaults.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub mode: Mode,
+    tools: Vec<String>,
+    commands: Vec<Regex>,
+    outside_project: bool,
+    pub only_from_telegram: bool,
+    pub timeout: Duration,
+    pub grant: Duration,
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        let patterns = |p: &Policy| {
+            p.commands
+                .iter()
+                .map(|r| r.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        self.mode == other.mode
+            && self.tools == other.tools
+            && patterns(self) == patterns(other)
+            && self.outside_project == other.outside_project
+            && self.only_from_telegram == other.only_from_telegram
+            && self.timeout == other.timeout
+            && self.grant == other.grant
+    }
+}
+
+impl Eq for Policy {}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::from_file(ApprovalsFile::default()).expect("the defaults are valid")
+    }
+}
+
+/// Why a call needs approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    Tool,
+    Command(String),
+    OutsideProject(PathBuf),
+}
+
+impl Policy {
+    /// Checks the table; an error names the key and what is wrong with it.
+    pub fn from_file(file: ApprovalsFile) -> Result<Self, (&'static str, String)> {
+        let commands = file
+            .commands
+            .unwrap_or_default()
+            .iter()
+            .map(|p| {
+                Regex::new(p).map_err(|e| {
+                    (
+                        "approvals.commands",
+                        format!("{p:?} is not a regular expression: {e}"),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let timeout_s = file.timeout_s.unwrap_or(300);
+        if !(5..=86_400).contains(&timeout_s) {
+            return Err((
+                "approvals.timeout_s",
+                format!("must be 5 to 86400 seconds, found {timeout_s}"),
+            ));
+        }
+        let grant_minutes = file.grant_minutes.unwrap_or(30);
+        if !(1..=24 * 60).contains(&grant_minutes) {
+            return Err((
+                "approvals.grant_minutes",
+                format!("must be 1 to 1440 minutes, found {grant_minutes}"),
+            ));
+        }
+        Ok(Self {
+            mode: file.mode.unwrap_or(Mode::Phone),
+            tools: file
+                .tools
+                .unwrap_or_else(|| vec!["bash".into(), "write".into(), "edit".into()])
+                .into_iter()
+                .map(|t| t.to_lowercase())
+                .collect(),
+            commands,
+            outside_project: file.outside_project.unwrap_or(true),
+            only_from_telegram: file.only_from_telegram.unwrap_or(true),
+            timeout: Duration::from_secs(timeout_s),
+            grant: Duration::from_secs(grant_minutes * 60),
+        })
+    }
+
+    /// Why `tool` with `input` needs approval in a session working in
+    /// `cwd`, or `None` when it does not.
+    pub fn needs_approval(&self, tool: &str, input: &Value, cwd: &Path) -> Option<Reason> {
+        if self.tools.contains(&tool.to_lowercase()) {
+            return Some(Reason::Tool);
+        }
+        if let Some(command) = command_of(input)
+            && let Some(pattern) = self.commands.iter().find(|r| r.is_match(command))
+        {
+            return Some(Reason::Command(pattern.as_str().to_owned()));
+        }
+        if self.outside_project
+            && let Some(path) = path_of(input)
+        {
+            let full = normalize(&cwd.join(path));
+            if !full.starts_with(normalize(cwd)) {
+                return Some(Reason::OutsideProject(full));
+            }
+        }
+        None
+    }
+
+    /// The tool names that need approval, for `/status`.
+    pub fn tools(&self) -> &[String] {
+        &self.tools
+    }
+}
+
+/// The shell command of a call, by the names hosts give it.
+fn command_of(input: &Value) -> Option<&str> {
+    input.get("command").and_then(Value::as_str)
+}
+
+/// The path a call works on, by the names hosts give it.
+fn path_of(input: &Value) -> Option<&str> {
+    ["path", "file_path", "filePath", "notebook_path"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(Value::as_str))
+}
+
+/// `..` and `.` folded without touching the filesystem (the file may not
+/// exist yet); symlinks are the host's business, the rule is about intent.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Longest preview shown on the phone, in characters.
+const PREVIEW: usize = 1200;
+/// Lines of a call's changes shown, old and new together.
+const DIFF_LINES: usize = 12;
+
+/// What a call will do, in plain text for the phone: the command; the file
+/// and an excerpt of the change; otherwise the arguments as JSON. Clipped.
+pub fn preview(input: &Value) -> String {
+    let text = if let Some(command) = command_of(input) {
+        format!("$ {command}")
+    } else if let Some(path) = path_of(input) {
+        let mut out = path.to_string();
+        // One change (Claude Code's Edit, a write's content) or a list of
+        // them (pi's edit, Claude Code's MultiEdit); the budget of lines is
+        // shared, so a long list cannot push the path off the preview.
+        let changes = match input.get("edits").and_then(Value::as_array) {
+            Some(edits) => edits.iter().collect(),
+            None => vec![input],
+        };
+        let mut budget = DIFF_LINES;
+        for change in &changes {
+            for (sign, keys) in [('-', OLD_TEXT), ('+', NEW_TEXT)] {
+                let Some(text) = keys
+                    .iter()
+                    .find_map(|k| change.get(*k).and_then(Value::as_str))
+                else {
+                    continue;
+                };
+                let lines: Vec<&str> = text.lines().collect();
+                let shown = lines.len().min(budget);
+                for line in &lines[..shown] {
+                    out.push_str(&format!("\n{sign} {line}"));
+                }
+                budget -= shown;
+                if shown < lines.len() {
+                    let more = lines.len() - shown;
+                    let noun = if more == 1 { "line" } else { "lines" };
+                    out.push_str(&format!("\n{sign} … {more} more {noun}"));
+                }
+            }
+        }
+        out
+    } else {
+        serde_json::to_string_pretty(input).unwrap_or_default()
+    };
+    clip(&text, PREVIEW)
+}
+
+/// The names hosts give the text an edit replaces, and what replaces it.
+const OLD_TEXT: &[&str] = &["oldText", "old_string", "old_str"];
+const NEW_TEXT: &[&str] = &["newText", "new_string", "new_str", "content"];
+
+/// At most `max` characters of `text`, marked when cut.
+pub fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn policy(file: ApprovalsFile) -> Policy {
+        Policy::from_file(file).unwrap()
+    }
+
+    #[test]
+    fn the_defaults_ask_for_bash_write_and_edit_in_any_spelling() {
+        let p = Policy::default();
+        let cwd = Path::new("/work/p");
+        for tool in ["bash", "Bash", "write", "Edit"] {
+            assert_eq!(
+                p.needs_approval(tool, &json!({}), cwd),
+                Some(Reason::Tool),
+                "{tool}"
+            );
+        }
+        assert_eq!(
+            p.needs_approval("read", &json!({"path": "src/a.rs"}), cwd),
+            None
+        );
+        assert_eq!((p.mode, p.only_from_telegram), (Mode::Phone, true));
+        assert_eq!(p.timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn commands_and_paths_outside_the_project_ask_too() {
+        let p = policy(ApprovalsFile {
+            tools: Some(vec![]),
+            commands: Some(vec!["^git push".into(), r"\brm\s+-rf\b".into()]),
+            ..Default::default()
+        });
+        let cwd = Path::new("/work/p");
+        assert_eq!(
+            p.needs_approval("bash", &json!({"command": "ls"}), cwd),
+            None
+        );
+        assert_eq!(
+            p.needs_approval("bash", &json!({"command": "git push origin"}), cwd),
+            Some(Reason::Command("^git push".into()))
+        );
+        assert_eq!(
+            p.needs_approval("read", &json!({"path": "../../etc/passwd"}), cwd),
+            Some(Reason::OutsideProject(PathBuf::from("/etc/passwd")))
+        );
+        assert_eq!(
+            p.needs_approval(
+                "Read",
+                &json!({"file_path": "/work/p/src/../README.md"}),
+                cwd
+            ),
+            None
+        );
+        assert_eq!(
+            p.needs_approval("read", &json!({"path": "/work/project2/x"}), cwd),
+            Some(Reason::OutsideProject(PathBuf::from("/work/project2/x"))),
+            "a sibling with the same prefix is outside"
+        );
+    }
+
+    #[test]
+    fn bad_tables_are_refused_with_their_key() {
+        let bad = |file| Policy::from_file(file).unwrap_err().0;
+        assert_eq!(
+            bad(ApprovalsFile {
+                commands: Some(vec!["(".into()]),
+                ..Default::default()
+            }),
+            "approvals.commands"
+        );
+        assert_eq!(
+            bad(ApprovalsFile {
+                timeout_s: Some(0),
+                ..Default::default()
+            }),
+            "approvals.timeout_s"
+        );
+    }
+
+    #[test]
+    fn previews_show_the_command_or_the_change_and_stay_short() {
+        assert_eq!(preview(&json!({"command": "cargo test"})), "$ cargo test");
+        let edit =
+            preview(&json!({"file_path": "src/a.rs", "old_string": "a\nb", "new_string": "c"}));
+        assert_eq!(edit, "src/a.rs\n- a\n- b\n+ c");
+        let long = preview(&json!({"path": "x", "content": "line\n".repeat(100)}));
+        assert!(long.contains("… 88 more lines"), "{long}");
+        // pi's edit: a list of replacements, sharing one budget of lines.
+        let pi = preview(&json!({"path": "b.rs", "edits": [
+            {"oldText": "x", "newText": "y"},
+            {"oldText": "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11", "newText": "z"},
+        ]}));
+        assert!(pi.starts_with("b.rs\n- x\n+ y\n- 1\n"), "{pi}");
+        assert!(
+            pi.contains("- 10\n- … 1 more line\n+ … 1 more line"),
+            "{pi}"
+        );
+        let huge = preview(&json!({"command": "x".repeat(5000)}));
+        assert_eq!(huge.chars().count(), PREVIEW + 1);
+    }
+}

@@ -1,0 +1,274 @@
+//! The host asks before a tool call runs (`approval/request`) and the agent
+//! asks its user a question (`question/ask`). The `[approvals]` policy
+//! decides whether a person must be asked; [`Session::ask_person`] asks.
+//!
+//! An approval is a deny unless somebody allows it: no answer within the
+//! policy's timeout, no topic, no relay and no terminal all deny, each
+//! with its reason for the agent. "Allow for this session" grants the tool
+//! for the policy's grant time; `/telegram-status` lists the grants.
+//! Every decision is written to the log as an audit line.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::Session;
+use super::dialog::{Answer, Question, Terminal, Who};
+use crate::policy::{self, Mode, Reason};
+use crate::protocol::host::*;
+use crate::render;
+
+/// How long the agent's own question waits when it names no timeout.
+const QUESTION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The buttons of an approval, in this order.
+const ALLOW: u32 = 0;
+const DENY: u32 = 1;
+const ALLOW_FOR_SESSION: u32 = 2;
+
+/// "Allow for this session" grants: tool (lower case) → until when.
+#[derive(Debug, Default)]
+pub(super) struct Grants(HashMap<String, Instant>);
+
+impl Grants {
+    fn holds(&mut self, tool: &str) -> bool {
+        let now = Instant::now();
+        self.0.retain(|_, until| *until > now);
+        self.0.contains_key(&tool.to_lowercase())
+    }
+
+    fn grant(&mut self, tool: &str, span: Duration) {
+        self.0.insert(tool.to_lowercase(), Instant::now() + span);
+    }
+
+    /// The live grants and the minutes each has left, for `/telegram-status`.
+    pub fn describe(&mut self) -> Option<String> {
+        let now = Instant::now();
+        self.0.retain(|_, until| *until > now);
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut grants: Vec<String> = self
+            .0
+            .iter()
+            .map(|(tool, until)| {
+                let minutes = until.duration_since(now).as_secs().div_ceil(60);
+                format!("{tool} ({minutes} min left)")
+            })
+            .collect();
+        grants.sort();
+        Some(grants.join(", "))
+    }
+}
+
+impl Session {
+    /// `approval/request`: whether a tool call may run.
+    pub(super) async fn approve(&self, request: ApprovalParams) -> ApprovalResult {
+        let decided = self.decide(&request).await;
+        tracing::info!(
+            target: "audit",
+            tool = %request.tool,
+            tool_call = %request.tool_call_id,
+            decision = ?decided.decision,
+            by = ?decided.by,
+            reason = decided.reason.as_deref().unwrap_or(""),
+            "tool call decision"
+        );
+        decided
+    }
+
+    async fn decide(&self, request: &ApprovalParams) -> ApprovalResult {
+        let result = |decision, by, reason: Option<String>| ApprovalResult {
+            decision,
+            reason,
+            by,
+        };
+        let Ok(config) = &self.config else {
+            return result(Decision::Defer, DecidedBy::Policy, None);
+        };
+        let policy = &config.approvals;
+        if policy.mode == Mode::Off || (policy.only_from_telegram && !request.from_telegram) {
+            return result(Decision::Defer, DecidedBy::Policy, None);
+        }
+        let cwd = self.cwd();
+        let Some(reason) = policy.needs_approval(&request.tool, &request.input, Path::new(&cwd))
+        else {
+            return result(Decision::Defer, DecidedBy::Policy, None);
+        };
+        if self.grants().holds(&request.tool) {
+            return result(Decision::Allow, DecidedBy::Grant, None);
+        }
+        let wait = span(policy.timeout);
+        let grant_minutes = policy.grant.as_secs() / 60;
+        let why = match &reason {
+            Reason::Tool => String::new(),
+            Reason::Command(pattern) => format!(
+                " (the command matches <code>{}</code>)",
+                render::escape(pattern)
+            ),
+            Reason::OutsideProject(path) => format!(
+                " (<code>{}</code> is outside the project)",
+                render::escape(&path.display().to_string())
+            ),
+        };
+        let preview = policy::preview(&request.input);
+        let question = Question {
+            title: format!("Allow {}?", request.tool),
+            html: format!(
+                "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>\nNo answer in {wait} denies it.",
+                render::escape(&request.tool),
+                render::escape(&preview)
+            ),
+            detail: Some(preview),
+            options: vec![
+                "✅ Allow".into(),
+                "❌ Deny".into(),
+                format!("⏱ Allow {} for {grant_minutes} min", request.tool),
+            ],
+            free_text: false,
+            timeout: policy.timeout,
+            terminal: if policy.mode == Mode::Both {
+                Terminal::Select
+            } else {
+                Terminal::No
+            },
+            timeout_outcome: format!("⌛ No answer within {wait}: denied"),
+        };
+        match self.ask_person(question).await {
+            Answer::Choice { index, by } => {
+                let by_whom = who(&by);
+                let by = decided_by(&by);
+                match index {
+                    ALLOW => result(Decision::Allow, by, Some(format!("allowed {by_whom}"))),
+                    ALLOW_FOR_SESSION => {
+                        self.grants().grant(&request.tool, policy.grant);
+                        result(
+                            Decision::Allow,
+                            by,
+                            Some(format!("allowed for {grant_minutes} min {by_whom}")),
+                        )
+                    }
+                    DENY => result(
+                        Decision::Deny,
+                        by,
+                        Some(format!(
+                            "The user denied this {} call {by_whom}.",
+                            request.tool
+                        )),
+                    ),
+                    _ => result(Decision::Deny, by, Some("an unknown answer denies".into())),
+                }
+            }
+            Answer::Text { by, .. } => result(
+                Decision::Deny,
+                decided_by(&by),
+                Some("a written answer to an approval denies".into()),
+            ),
+            Answer::Dismissed => result(
+                Decision::Deny,
+                DecidedBy::Terminal,
+                Some("The user dismissed the approval dialog.".into()),
+            ),
+            Answer::Nothing(by, why) => result(
+                Decision::Deny,
+                by,
+                Some(format!("Denied: {why} (no approval, no tool call).")),
+            ),
+        }
+    }
+
+    /// `question/ask`: the agent's own question to its user.
+    pub(super) async fn question(&self, request: QuestionParams) -> QuestionResult {
+        let mut html = format!("❓ {}", render::escape(&request.question));
+        if request.allow_text {
+            html.push_str(if request.options.is_empty() {
+                "\n<i>Reply to this message to answer.</i>"
+            } else {
+                "\n<i>Or reply to this message with your own answer.</i>"
+            });
+        }
+        let timeout = request
+            .timeout_ms
+            .map_or(QUESTION_TIMEOUT, Duration::from_millis);
+        let question = Question {
+            title: request.question.clone(),
+            html,
+            detail: None,
+            options: request.options.clone(),
+            free_text: request.allow_text || request.options.is_empty(),
+            timeout,
+            terminal: Terminal::Select,
+            timeout_outcome: "⌛ No answer in time".into(),
+        };
+        let answered = self.ask_person(question).await;
+        tracing::info!(target: "audit", question = %request.question, answer = ?answered, "question answered");
+        match answered {
+            Answer::Choice { index, by } => QuestionResult {
+                choice: Some(index),
+                answer: request.options.get(index as usize).cloned(),
+                by: decided_by(&by),
+            },
+            Answer::Text { text, by } => QuestionResult {
+                choice: None,
+                answer: Some(text),
+                by: decided_by(&by),
+            },
+            Answer::Dismissed => QuestionResult {
+                choice: None,
+                answer: None,
+                by: DecidedBy::Terminal,
+            },
+            Answer::Nothing(by, _) => QuestionResult {
+                choice: None,
+                answer: None,
+                by,
+            },
+        }
+    }
+}
+
+fn decided_by(who: &Who) -> DecidedBy {
+    match who {
+        Who::Phone { .. } => DecidedBy::Phone,
+        Who::Terminal => DecidedBy::Terminal,
+    }
+}
+
+fn who(by: &Who) -> String {
+    match by {
+        Who::Phone { name } => format!("by {name} on the phone"),
+        Who::Terminal => "at the terminal".into(),
+    }
+}
+
+/// A timeout as a person reads it: "45 s", "5 min", "1 min 30 s".
+fn span(d: Duration) -> String {
+    match (d.as_secs() / 60, d.as_secs() % 60) {
+        (0, s) => format!("{s} s"),
+        (m, 0) => format!("{m} min"),
+        (m, s) => format!("{m} min {s} s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_hold_for_their_tool_until_they_run_out() {
+        let mut grants = Grants::default();
+        grants.grant("Bash", Duration::from_secs(600));
+        assert!(grants.holds("bash") && grants.holds("BASH"));
+        assert!(!grants.holds("edit"));
+        assert_eq!(grants.describe().as_deref(), Some("bash (10 min left)"));
+        grants.grant("edit", Duration::ZERO);
+        assert!(!grants.holds("edit"), "an expired grant holds nothing");
+    }
+
+    #[test]
+    fn timeouts_read_as_a_person_says_them() {
+        assert_eq!(span(Duration::from_secs(5)), "5 s");
+        assert_eq!(span(Duration::from_secs(300)), "5 min");
+        assert_eq!(span(Duration::from_secs(90)), "1 min 30 s");
+    }
+}

@@ -1,0 +1,372 @@
+//! A question to the person, asked where they are: on the phone (an ask in
+//! the session's topic, answered by a button or, when free text is welcome,
+//! by replying to it) and, where the host has a UI and the caller wants it,
+//! at the terminal (`ui/select`). The first answer wins; the other side is
+//! closed and shows how it ended. Tool approvals, the agent's own questions
+//! and the relay's confirmations all go through [`Session::ask_person`].
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Session;
+use crate::bus::{Member, MemberError};
+use crate::protocol::bus::*;
+use crate::protocol::host::{
+    ConfirmParams, ConfirmResult, DecidedBy, SelectParams, SelectResult, method,
+};
+
+/// What the terminal gets on top of the phone's timeout, so the host's own
+/// timer, not ours, closes its dialog.
+const TERMINAL_GRACE: Duration = Duration::from_secs(5);
+/// The leader keeps an ask open a little longer than its asker waits, so
+/// the asker's own close (with its outcome) is what the person sees.
+const LEADER_GRACE: Duration = Duration::from_secs(60);
+
+pub(super) struct Question {
+    /// One line: the terminal dialog's title.
+    pub title: String,
+    /// What the phone shows, Telegram HTML.
+    pub html: String,
+    /// What the terminal shows under the title, plain text.
+    pub detail: Option<String>,
+    pub options: Vec<String>,
+    pub free_text: bool,
+    pub timeout: Duration,
+    /// How to ask at the terminal too (when the host has a UI).
+    pub terminal: Terminal,
+    /// What the phone's message shows when nobody answered in time.
+    pub timeout_outcome: String,
+}
+
+/// The terminal's side of a question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Terminal {
+    /// Only the phone is asked.
+    No,
+    /// `ui/select` with the options.
+    Select,
+    /// `ui/confirm`: yes is option 0, no option 1.
+    Confirm,
+}
+
+/// Who answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Who {
+    Phone { name: String },
+    Terminal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Answer {
+    Choice {
+        index: u32,
+        by: Who,
+    },
+    Text {
+        text: String,
+        by: Who,
+    },
+    /// The terminal's dialog was dismissed.
+    Dismissed,
+    /// Nobody answered (`Timeout`) or nobody could be asked (`Unavailable`).
+    Nothing(DecidedBy, String),
+}
+
+/// A question on the phone, once posted.
+struct Posted {
+    token: String,
+    message_id: i64,
+    ask: Ask,
+}
+
+/// A dialog at the terminal, its answer as a selection.
+type TerminalDialog = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<SelectResult, crate::host::OutboundError>> + Send>,
+>;
+
+struct OpenDialog {
+    id: u64,
+    said: TerminalDialog,
+}
+
+impl Session {
+    /// Opens the terminal's side of `question`, if it has one.
+    async fn ask_terminal(&self, question: &Question) -> Option<OpenDialog> {
+        let timeout_ms = Some(question.timeout.as_millis() as u64);
+        let wait = question.timeout + TERMINAL_GRACE;
+        let opened = match question.terminal {
+            Terminal::No => return None,
+            Terminal::Select => self
+                .host
+                .start_request::<_, SelectResult>(
+                    method::UI_SELECT,
+                    &SelectParams {
+                        title: question.title.clone(),
+                        message: question.detail.clone(),
+                        options: question.options.clone(),
+                        allow_text: question.free_text,
+                        timeout_ms,
+                    },
+                    wait,
+                )
+                .await
+                .map(|p| OpenDialog {
+                    id: p.id,
+                    said: Box::pin(p),
+                }),
+            Terminal::Confirm => self
+                .host
+                .start_request::<_, ConfirmResult>(
+                    method::UI_CONFIRM,
+                    &ConfirmParams {
+                        title: question.title.clone(),
+                        message: question.detail.clone().unwrap_or_default(),
+                        timeout_ms,
+                    },
+                    wait,
+                )
+                .await
+                .map(|p| OpenDialog {
+                    id: p.id,
+                    said: Box::pin(async move {
+                        p.await.map(|c| SelectResult {
+                            choice: Some(if c.confirmed { 0 } else { 1 }),
+                            text: None,
+                        })
+                    }),
+                }),
+        };
+        opened
+            .map_err(|e| tracing::warn!("cannot ask at the terminal: {e}"))
+            .ok()
+    }
+
+    /// Asks `question` on the phone and, if wanted and possible, at the
+    /// terminal; returns the first answer.
+    pub(super) async fn ask_person(&self, question: Question) -> Answer {
+        let deadline = Instant::now() + question.timeout;
+        let member = self.member();
+        let (posted, why_not_phone) = match &member {
+            Some(member) => match post(member, &question, deadline).await {
+                Ok(posted) => (Some(posted), None),
+                Err(e) => (None, Some(format!("the phone cannot be asked: {e}"))),
+            },
+            None => (None, Some("this session is not on the relay".to_string())),
+        };
+        let mut terminal = if self.has_ui() {
+            self.ask_terminal(&question).await
+        } else {
+            None
+        };
+        let (Some(member), Some(posted)) = (member, posted) else {
+            let Some(terminal) = terminal else {
+                let why = why_not_phone.unwrap_or_default();
+                return Answer::Nothing(DecidedBy::Unavailable, why);
+            };
+            return from_terminal(terminal.said.await, deadline);
+        };
+
+        let phone = wait_phone(&member, &posted, deadline);
+        tokio::pin!(phone);
+        loop {
+            tokio::select! {
+                answered = &mut phone => match answered {
+                    Ok(answer) => {
+                        if let Some(t) = terminal.take() {
+                            self.host.cancel(t.id);
+                        }
+                        break from_phone(answer);
+                    }
+                    // The phone's side failed for good; the terminal may
+                    // still answer.
+                    Err(e) => {
+                        tracing::warn!("waiting for the phone's answer failed: {e}");
+                        match terminal.take() {
+                            Some(t) => break from_terminal(t.said.await, deadline),
+                            None => break Answer::Nothing(DecidedBy::Unavailable, e.to_string()),
+                        }
+                    }
+                },
+                said = async { (&mut terminal.as_mut().expect("guarded").said).await }, if terminal.is_some() => {
+                    terminal = None;
+                    let at_terminal = from_terminal(said, deadline);
+                    if matches!(at_terminal, Answer::Nothing(..)) {
+                        // The terminal could not be asked after all: wait
+                        // for the phone alone.
+                        continue;
+                    }
+                    let outcome = match &at_terminal {
+                        Answer::Choice { index, .. } => format!(
+                            "{} — at the terminal",
+                            question.options.get(*index as usize).map_or("?", String::as_str)
+                        ),
+                        Answer::Text { text, .. } => format!("“{text}” — at the terminal"),
+                        _ => "✖ Dismissed at the terminal".to_string(),
+                    };
+                    // The phone may have answered a moment earlier: then
+                    // its answer stands, and the close says so.
+                    match close(&member, &posted, &outcome).await {
+                        Some(phone) => break from_phone(phone),
+                        None => break at_terminal,
+                    }
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    if let Some(t) = terminal.take() {
+                        self.host.cancel(t.id);
+                    }
+                    match close(&member, &posted, &question.timeout_outcome).await {
+                        Some(phone) => break from_phone(phone),
+                        None => break Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into()),
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// How long a question waits for the relay to come back when the
+/// connection broke while posting it (a failover takes milliseconds).
+const RECONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Posts the question: only when on the relay now (a session that is not
+/// cannot ask, and says so at once). A connection lost meanwhile may or may
+/// not have posted it: it is asked again with the same token, which finds
+/// the message if it was.
+async fn post(
+    member: &Member,
+    question: &Question,
+    deadline: Instant,
+) -> Result<Posted, MemberError> {
+    if !member.watch().borrow().role.is_connected() {
+        return Err(MemberError::NotConnected);
+    }
+    let ask = Ask {
+        // 128 bits from the OS's CSPRNG: a tap must not be guessable.
+        token: uuid::Uuid::new_v4().simple().to_string(),
+        text: question.html.clone(),
+        options: question.options.clone(),
+        free_text: question.free_text,
+        expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
+    };
+    loop {
+        match member.topic(TopicOp::Ask(ask.clone())).await {
+            Ok(TopicDone {
+                message_id: Some(message_id),
+                ..
+            }) => {
+                return Ok(Posted {
+                    token: ask.token.clone(),
+                    message_id,
+                    ask,
+                });
+            }
+            Ok(_) => {
+                return Err(MemberError::Refused(BusError::new(
+                    BusErrorCode::Internal,
+                    "the leader posted the question without its id",
+                )));
+            }
+            Err(MemberError::NotConnected) if Instant::now() < deadline => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let state = member.wait_registered(left.min(RECONNECT_WAIT)).await;
+                if !state.role.is_connected() {
+                    return Err(MemberError::NotConnected);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Waits for the phone's answer until `deadline`, across reconnects: after
+/// a failover the new leader adopts the question from the next request.
+async fn wait_phone(
+    member: &Member,
+    posted: &Posted,
+    deadline: Instant,
+) -> Result<AskAnswer, MemberError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = TopicOp::AwaitAnswer(AwaitAnswer {
+            token: posted.token.clone(),
+            message_id: posted.message_id,
+            ask: posted.ask.clone(),
+        });
+        match member.topic_within(wait, left + LEADER_GRACE).await {
+            Ok(TopicDone {
+                answer: Some(answer),
+                ..
+            }) => return Ok(answer),
+            Ok(_) => {
+                return Err(MemberError::Refused(BusError::new(
+                    BusErrorCode::Internal,
+                    "the leader answered without an answer",
+                )));
+            }
+            Err(MemberError::NotConnected) if !left.is_zero() => {
+                // Between leaders: wait to be back, then ask again.
+                member.wait_registered(left).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Closes the question with `outcome`; the phone's answer when it came
+/// first.
+async fn close(member: &Member, posted: &Posted, outcome: &str) -> Option<AskAnswer> {
+    let close = TopicOp::CloseAsk(CloseAsk {
+        token: posted.token.clone(),
+        message_id: posted.message_id,
+        outcome: outcome.to_string(),
+    });
+    match member.topic(close).await {
+        Ok(done) => done.answer,
+        Err(e) => {
+            tracing::warn!("cannot close the question on the phone: {e}");
+            None
+        }
+    }
+}
+
+fn from_phone(answer: AskAnswer) -> Answer {
+    let by = Who::Phone {
+        name: answer.user_name,
+    };
+    match (answer.choice, answer.text) {
+        (Some(index), _) => Answer::Choice { index, by },
+        (None, Some(text)) => Answer::Text { text, by },
+        (None, None) => Answer::Dismissed,
+    }
+}
+
+fn from_terminal(
+    said: Result<SelectResult, crate::host::OutboundError>,
+    deadline: Instant,
+) -> Answer {
+    match said {
+        Ok(SelectResult {
+            choice: Some(index),
+            ..
+        }) => Answer::Choice {
+            index,
+            by: Who::Terminal,
+        },
+        Ok(SelectResult {
+            text: Some(text), ..
+        }) => Answer::Text {
+            text,
+            by: Who::Terminal,
+        },
+        // The host's dialog ran out of time on its own: that is a timeout.
+        Ok(_) if Instant::now() >= deadline => {
+            Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into())
+        }
+        Ok(_) => Answer::Dismissed,
+        Err(e) => Answer::Nothing(
+            DecidedBy::Unavailable,
+            format!("the terminal cannot be asked: {e}"),
+        ),
+    }
+}

@@ -1,0 +1,615 @@
+//! Tool approvals and the agent's questions, from the phone: real sidecars,
+//! the fake Bot API, a scripted host. The buttons, who may tap them, what
+//! a tap changes, timeouts, grants, the terminal racing the phone, and a
+//! question surviving a failover.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
+use common::{CHAT, Options, Sidecar, USER, WAIT, connected, topic};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// A config file with an `[approvals]` table, private as the relay wants.
+fn write_config(home: &Path, approvals: &str) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = home.join("config");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .expect("config dir");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("config.toml"))
+        .expect("config.toml");
+    std::io::Write::write_all(&mut file, format!("[approvals]\n{approvals}\n").as_bytes())
+        .expect("write config");
+}
+
+/// A session that accepts prompts and answers dialogs with `terminal`.
+async fn session_with(
+    home: &Path,
+    fake: &FakeServer,
+    name: &str,
+    terminal: Option<Value>,
+) -> Sidecar {
+    let auto = Arc::new(move |method: &str, _: &Value| match method {
+        "agent/sendUserMessage" => Some(json!({"accepted": true})),
+        "ui/select" | "ui/confirm" => terminal.clone(),
+        _ => None,
+    });
+    let mut s = Sidecar::spawn(Options::new(home).configured(fake).answer(auto));
+    s.handshake(&format!("/tmp/{name}"), name).await;
+    s.wait_status(connected).await;
+    s
+}
+
+fn bash(command: &str, from_telegram: bool) -> Value {
+    json!({
+        "toolCallId": format!("call-{command}"),
+        "tool": "bash",
+        "input": {"command": command},
+        "fromTelegram": from_telegram,
+    })
+}
+
+/// Waits for the message with buttons in `thread` whose text has `needle`.
+async fn question(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no question with {needle:?} in thread {thread}"))
+}
+
+/// The callback data of the button whose label contains `label`.
+fn button(message: &SentMessage, label: &str) -> String {
+    let rows = message.reply_markup.as_ref().expect("buttons")["inline_keyboard"]
+        .as_array()
+        .expect("rows")
+        .clone();
+    rows.iter()
+        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+        .find(|b| b["text"].as_str().is_some_and(|t| t.contains(label)))
+        .and_then(|b| b["callback_data"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("no button {label:?} in {rows:?}"))
+}
+
+fn tap(fake: &FakeServer, message: &SentMessage, thread: i64, user: i64, data: &str) -> String {
+    fake.api()
+        .inject_callback_query(CallbackInject {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: user,
+            message_id: message.message_id,
+            data: data.into(),
+        })
+        .1
+}
+
+/// The bot's answer to the tap `id`, once it answered.
+async fn tap_answer(fake: &FakeServer, id: &str) -> String {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.callback_queries()
+                    .into_iter()
+                    .find(|q| q.callback_query_id == id)
+                    .and_then(|q| q.answer)
+                    .map(|a| a.text.unwrap_or_default())
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the tap {id} was never answered"))
+}
+
+async fn answered(rx: oneshot::Receiver<Value>) -> Value {
+    let response = tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("the host's request is answered in time")
+        .expect("the sidecar is running");
+    assert!(response.get("error").is_none(), "{response}");
+    response["result"].clone()
+}
+
+/// The message after the sidecar settled it: no buttons left.
+async fn settled(fake: &FakeServer, message: &SentMessage) -> SentMessage {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.message(CHAT, message.message_id)
+                    .filter(|m| m.reply_markup.is_none())
+            },
+            WAIT,
+        )
+        .await
+        .expect("the question loses its buttons")
+}
+
+#[tokio::test]
+async fn allow_from_the_phone_lets_the_call_run_and_the_message_says_who_and_when() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let decision = s.call_later("approval/request", bash("rm -rf build", true));
+    let asked = question(&fake, thread, "rm -rf build").await;
+    assert!(
+        asked.text.contains("<pre>$ rm -rf build</pre>"),
+        "{}",
+        asked.text
+    );
+    assert!(
+        asked.plain_text.contains("No answer in 5 min denies it"),
+        "{}",
+        asked.plain_text
+    );
+    let id = tap(&fake, &asked, thread, USER, &button(&asked, "Allow"));
+    let result = answered(decision).await;
+    assert_eq!(result["decision"], "allow", "{result}");
+    assert_eq!(result["by"], "phone");
+    assert_eq!(tap_answer(&fake, &id).await, "✅ Allow");
+    let shown = settled(&fake, &asked).await;
+    assert!(
+        shown.plain_text.contains("✅ Allow — ") && shown.plain_text.contains(" UTC"),
+        "who and when: {}",
+        shown.plain_text
+    );
+    assert!(fake.api().unanswered_callback_queries().is_empty());
+}
+
+#[tokio::test]
+async fn deny_blocks_the_call_with_a_reason_for_the_agent() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let decision = s.call_later("approval/request", bash("git push --force", true));
+    let asked = question(&fake, thread, "git push --force").await;
+    tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
+    let result = answered(decision).await;
+    assert_eq!(result["decision"], "deny");
+    assert!(
+        result["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("denied"),
+        "{result}"
+    );
+    assert!(
+        settled(&fake, &asked)
+            .await
+            .plain_text
+            .contains("❌ Deny — ")
+    );
+}
+
+#[tokio::test]
+async fn nobody_answering_denies_after_the_timeout_and_the_message_says_so() {
+    let home = common::home();
+    write_config(home.path(), "timeout_s = 5");
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let decision = s.call_later("approval/request", bash("make deploy", true));
+    let asked = question(&fake, thread, "make deploy").await;
+    let result = answered(decision).await;
+    assert_eq!(
+        (result["decision"].as_str(), result["by"].as_str()),
+        (Some("deny"), Some("timeout"))
+    );
+    let shown = settled(&fake, &asked).await;
+    assert!(
+        shown.plain_text.contains("⌛ No answer within 5 s: denied"),
+        "{}",
+        shown.plain_text
+    );
+    // A tap after that changes nothing and is told so.
+    let late = tap(
+        &fake,
+        &asked,
+        thread,
+        USER,
+        &button_of_history(&asked, "Allow"),
+    );
+    assert_eq!(tap_answer(&fake, &late).await, "Already answered.");
+}
+
+/// The buttons a message had when it was sent (they are gone once settled).
+fn button_of_history(message: &SentMessage, label: &str) -> String {
+    button(message, label)
+}
+
+#[tokio::test]
+async fn strangers_other_topics_forgeries_and_second_taps_change_nothing_and_are_answered() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut a = session_with(home.path(), &fake, "api", None).await;
+    let _b = session_with(home.path(), &fake, "web", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let other = topic(&fake, "web").thread_id;
+    let decision = a.call_later("approval/request", bash("rm -rf /", true));
+    let asked = question(&fake, thread, "rm -rf /").await;
+    let allow = button(&asked, "Allow");
+    let stranger = 4242;
+    let by_stranger = tap(&fake, &asked, thread, stranger, &allow);
+    assert_eq!(
+        tap_answer(&fake, &by_stranger).await,
+        "You are not allowed to use these buttons."
+    );
+    // The right data on a message of another session's topic.
+    let notice = fake
+        .api()
+        .messages(CHAT, Some(other))
+        .into_iter()
+        .next()
+        .expect("the other topic's notice");
+    let elsewhere = tap(&fake, &notice, other, USER, &allow);
+    assert_eq!(
+        tap_answer(&fake, &elsewhere).await,
+        "This question is no longer open."
+    );
+    let forged = tap(
+        &fake,
+        &asked,
+        thread,
+        USER,
+        "a:00000000000000000000000000000000:0",
+    );
+    assert_eq!(
+        tap_answer(&fake, &forged).await,
+        "This question is no longer open."
+    );
+    // Nothing above decided anything: the real Deny does.
+    let deny = tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
+    let result = answered(decision).await;
+    assert_eq!(result["decision"], "deny", "{result}");
+    assert_eq!(tap_answer(&fake, &deny).await, "❌ Deny");
+    let again = tap(&fake, &asked, thread, USER, &allow);
+    assert_eq!(tap_answer(&fake, &again).await, "Already answered.");
+    assert!(settled(&fake, &asked).await.plain_text.contains("❌ Deny"));
+    assert!(fake.api().unanswered_callback_queries().is_empty());
+}
+
+#[tokio::test]
+async fn allow_for_this_session_grants_the_tool_and_status_lists_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let decision = s.call_later("approval/request", bash("cargo test", true));
+    let asked = question(&fake, thread, "cargo test").await;
+    tap(&fake, &asked, thread, USER, &button(&asked, "for 30 min"));
+    assert_eq!(answered(decision).await["decision"], "allow");
+    let second = answered(s.call_later("approval/request", bash("cargo build", true))).await;
+    assert_eq!(
+        (second["decision"].as_str(), second["by"].as_str()),
+        (Some("allow"), Some("grant"))
+    );
+    let questions = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .filter(|m| m.plain_text.contains("wants to run"))
+        .count();
+    assert_eq!(questions, 1, "the grant asked nobody");
+    let (_, status) = s.command("telegram-status", "").await;
+    assert!(
+        status.contains("allowed for this session: bash ("),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn the_policy_decides_who_is_asked_at_all() {
+    let home = common::home();
+    write_config(
+        home.path(),
+        "tools = []\ncommands = [\"^git push\"]\nonly_from_telegram = true",
+    );
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    for (params, why) in [
+        (bash("git push", false), "a turn from the keyboard"),
+        (bash("ls", true), "a command no rule names"),
+        (
+            json!({"toolCallId": "r", "tool": "read", "input": {"path": "src/main.rs"}, "fromTelegram": true}),
+            "a path inside the project",
+        ),
+    ] {
+        let result = answered(s.call_later("approval/request", params)).await;
+        assert_eq!(result["decision"], "defer", "{why}: {result}");
+    }
+    let outside = s.call_later(
+        "approval/request",
+        json!({"toolCallId": "o", "tool": "read", "input": {"path": "/etc/shadow"}, "fromTelegram": true}),
+    );
+    let thread = topic(&fake, "api").thread_id;
+    let asked = question(&fake, thread, "/etc/shadow").await;
+    assert!(
+        asked.plain_text.contains("is outside the project"),
+        "{}",
+        asked.plain_text
+    );
+    tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
+    assert_eq!(answered(outside).await["decision"], "deny");
+}
+
+#[tokio::test]
+async fn the_terminal_answering_first_closes_the_phones_question() {
+    let home = common::home();
+    write_config(home.path(), "mode = \"both\"");
+    let fake = common::fake().await;
+    // The terminal picks "Allow" (option 0) as soon as it is asked.
+    let mut s = session_with(home.path(), &fake, "api", Some(json!({"choice": 0}))).await;
+    let thread = topic(&fake, "api").thread_id;
+    let result = answered(s.call_later("approval/request", bash("npm publish", true))).await;
+    assert_eq!(
+        (result["decision"].as_str(), result["by"].as_str()),
+        (Some("allow"), Some("terminal"))
+    );
+    let shown = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread)).into_iter().find(|m| {
+                    m.plain_text.contains("npm publish") && m.plain_text.contains("at the terminal")
+                })
+            },
+            WAIT,
+        )
+        .await
+        .expect("the phone's question shows the terminal's answer");
+    assert!(shown.reply_markup.is_none(), "its buttons are gone");
+    assert!(
+        shown.plain_text.contains("✅ Allow — at the terminal"),
+        "{}",
+        shown.plain_text
+    );
+}
+
+#[tokio::test]
+async fn the_phone_answering_first_withdraws_the_terminals_dialog() {
+    let home = common::home();
+    write_config(home.path(), "mode = \"both\"");
+    let fake = common::fake().await;
+    // The terminal never answers: only the phone can.
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let decision = s.call_later("approval/request", bash("docker rm x", true));
+    let select = s
+        .wait_for("the terminal's dialog", |m| m["method"] == "ui/select")
+        .await;
+    let asked = question(&fake, thread, "docker rm x").await;
+    tap(&fake, &asked, thread, USER, &button(&asked, "Allow"));
+    assert_eq!(answered(decision).await["by"], "phone");
+    s.wait_for("the dialog withdrawn", |m| {
+        m["method"] == "$/cancelRequest" && m["params"]["id"] == select["id"]
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nobody_to_ask_denies_at_once() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = Sidecar::spawn(
+        Options::new(home.path())
+            .configured(&fake)
+            .env("AGENT_RELAY_CHAT_ID", "-1009999999999"),
+    );
+    // A chat the bot is not in: the session joins, but has no topic.
+    s.handshake("/tmp/api", "api").await;
+    s.wait_status(|t| t.contains("stale") || t.contains("●"))
+        .await;
+    let result = answered(s.call_later("approval/request", bash("rm x", true))).await;
+    assert_eq!(
+        (result["decision"].as_str(), result["by"].as_str()),
+        (Some("deny"), Some("unavailable"))
+    );
+}
+
+#[tokio::test]
+async fn the_agents_question_is_answered_by_a_button_or_by_a_reply() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let choice = s.call_later(
+        "question/ask",
+        json!({"question": "Which database?", "options": ["staging", "production"]}),
+    );
+    let asked = question(&fake, thread, "Which database?").await;
+    tap(&fake, &asked, thread, USER, &button(&asked, "staging"));
+    let result = answered(choice).await;
+    assert_eq!(
+        (result["choice"].as_u64(), result["answer"].as_str()),
+        (Some(0), Some("staging"))
+    );
+
+    let written = s.call_later(
+        "question/ask",
+        json!({"question": "What should the release be called?", "allowText": true}),
+    );
+    let asked = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.contains("release be called"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the question");
+    fake.api()
+        .inject_user_message(agent_relay::fake_bot_api::UserMessage {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            text: "Quiet Fox".into(),
+            reply_to_message_id: Some(asked.message_id),
+            ..Default::default()
+        })
+        .expect("a reply");
+    let result = answered(written).await;
+    assert_eq!(result["answer"], "Quiet Fox", "{result}");
+    // The reply answered the question; it is no prompt for the agent.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        common::prompts(&s)
+            .iter()
+            .all(|p| p["params"]["text"] != "Quiet Fox"),
+        "the answer reached the agent as a prompt too"
+    );
+}
+
+/// A question asked through one leader is answered after that leader died:
+/// the asker asks the next leader, which adopts the question (or finds it
+/// by its token, or, when the first leader died between Telegram's answer
+/// and its own record, gets it posted again: then either copy answers).
+#[tokio::test]
+async fn a_question_survives_the_leaders_death() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut leader = session_with(home.path(), &fake, "lead", None).await;
+    let mut asker = session_with(home.path(), &fake, "api", None).await;
+    assert!(
+        leader
+            .latest_status()
+            .unwrap_or_default()
+            .ends_with("● leader")
+    );
+    let thread = topic(&fake, "api").thread_id;
+    let decision = asker.call_later("approval/request", bash("terraform apply", true));
+    let asked = question(&fake, thread, "terraform apply").await;
+    leader.kill9().await;
+    asker.wait_status(|t| t.ends_with("● leader")).await;
+    // The first tap may reach the new leader before the asker's request
+    // does; then the person is told to try again, as they would on Telegram.
+    let allow = button(&asked, "Allow");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let id = tap(&fake, &asked, thread, USER, &allow);
+        if tap_answer(&fake, &id).await == "✅ Allow" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the question was never adopted: {:#?}",
+            fake.api()
+                .messages(CHAT, Some(thread))
+                .iter()
+                .map(|m| (m.message_id, m.plain_text.clone(), m.reply_markup.is_some()))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(answered(decision).await["decision"], "allow");
+    // Killed between Telegram's answer and its own record, the first leader
+    // may have left the asker to post the question again: every copy shows
+    // the answer and loses its buttons.
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .iter()
+                    .filter(|m| m.plain_text.contains("terraform apply"))
+                    .all(|m| m.reply_markup.is_none() && m.plain_text.contains("✅ Allow — "))
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("every copy of the question shows the answer");
+}
+
+#[tokio::test]
+async fn the_disconnect_confirmation_is_answered_from_the_phone() {
+    let home = common::home();
+    let fake = common::fake().await;
+    // The terminal's confirm stays open: only the phone answers.
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    let done = s.call_later(
+        "command/execute",
+        json!({"name": "telegram-disconnect", "args": ""}),
+    );
+    let confirm = s
+        .wait_for("the terminal's confirm", |m| m["method"] == "ui/confirm")
+        .await;
+    let asked = question(&fake, thread, "and disconnect this session?").await;
+    tap(
+        &fake,
+        &asked,
+        thread,
+        USER,
+        &button(&asked, "Yes, delete it"),
+    );
+    let result = answered(done).await;
+    assert_eq!(result["ok"], true, "{result}");
+    s.wait_for("the confirm withdrawn", |m| {
+        m["method"] == "$/cancelRequest" && m["params"]["id"] == confirm["id"]
+    })
+    .await;
+    let gone = fake.api().topics(CHAT);
+    assert!(
+        gone.iter().all(|t| t.deleted),
+        "the topic is deleted: {gone:?}"
+    );
+}
+
+#[tokio::test]
+async fn progress_follows_the_turn_and_a_stopped_answer_says_it_is_cut_off() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    s.notify("agent/started", json!({}));
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "t1", "args": {"command": "cargo test --all"}}),
+    );
+    common::wait_topic_text(&fake, thread, "bash: $ cargo test --all").await;
+    s.notify(
+        "tool/ended",
+        json!({"toolName": "bash", "toolCallId": "t1", "isError": false}),
+    );
+    let half = "The tests are half way thr";
+    s.notify(
+        "turn/ended",
+        json!({"assistantText": half, "toolCalls": [{"name": "bash"}], "aborted": true}),
+    );
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": half, "aborted": true}),
+    );
+    let texts = common::wait_topic_text(&fake, thread, "this answer is cut off").await;
+    common::wait_topic_text(&fake, thread, "⏹ Stopped · 1 tool · 0:0").await;
+    // One progress message, turned into the summary, and the answer once.
+    let texts: Vec<&String> = texts.iter().filter(|t| t.contains(half)).collect();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    let progress: Vec<String> = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .map(|m| m.plain_text)
+        .filter(|t| t.contains("tool"))
+        .collect();
+    assert_eq!(progress.len(), 1, "{progress:?}");
+}
