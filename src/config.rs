@@ -119,7 +119,10 @@ impl NkeySeed {
         if shaped {
             Ok(Self(text.to_string()))
         } else {
-            Err("an nkey seed is 58 characters: 'S', a key type letter and 56 of A-Z and 2-7".into())
+            Err(
+                "an nkey seed is 58 characters: 'S', a key type letter and 56 of A-Z and 2-7"
+                    .into(),
+            )
         }
     }
 
@@ -151,7 +154,7 @@ impl NatsUrl {
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
         let rest = match text.split_once("://") {
-            Some((scheme, rest)) if matches!(scheme, "nats" | "tls" | "ws" | "wss") => rest,
+            Some(("nats" | "tls" | "ws" | "wss", rest)) => rest,
             Some(_) => {
                 return Err(format!(
                     "a NATS URL starts with nats://, tls://, ws:// or wss://, found {}",
@@ -162,7 +165,10 @@ impl NatsUrl {
         };
         let host = rest.rsplit('@').next().unwrap_or_default();
         if host.is_empty() || host.starts_with(':') {
-            return Err(format!("a NATS URL names a host, found {}", Self(text.to_string())));
+            return Err(format!(
+                "a NATS URL names a host, found {}",
+                Self(text.to_string())
+            ));
         }
         Ok(Self(text.to_string()))
     }
@@ -446,7 +452,7 @@ impl Config {
                 format!("must be an http(s) URL, found {:?}", redact(&api_url)),
             ));
         }
-        let cluster = cluster_config(&from_file, parsed.cluster, &env, host_name)?;
+        let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
         Ok(Self {
             token,
             chat_id,
@@ -520,14 +526,19 @@ fn cluster_config(
         Some(v) => NodeName::parse(v.trim())
             .map_err(|m| invalid("environment", "AGENT_RELAY_NODE_NAME", m))?,
         None => match section.node_name {
-            Some(v) => NodeName::parse(&v).map_err(|m| invalid(from_file, "cluster.node_name", m))?,
-            None => host().as_deref().and_then(NodeName::from_host).ok_or_else(|| {
-                invalid(
-                    from_file,
-                    "cluster.node_name",
-                    "is needed: the host name gives no usable name".into(),
-                )
-            })?,
+            Some(v) => {
+                NodeName::parse(&v).map_err(|m| invalid(from_file, "cluster.node_name", m))?
+            }
+            None => host()
+                .as_deref()
+                .and_then(NodeName::from_host)
+                .ok_or_else(|| {
+                    invalid(
+                        from_file,
+                        "cluster.node_name",
+                        "is needed: the host name gives no usable name".into(),
+                    )
+                })?,
         },
     };
     let tls = section.tls.clone().unwrap_or_default();
@@ -775,23 +786,40 @@ mod tests {
 
     #[test]
     fn cluster_errors_name_the_key_and_never_the_secrets() {
-        let err = load("[cluster]\nnode_name = \"x\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("`cluster.nats_url`") && err.contains("required"), "{err}");
+        let err = load("[cluster]\nnode_name = \"x\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`cluster.nats_url`") && err.contains("required"),
+            "{err}"
+        );
 
         let text = format!(
             "[cluster]\nnats_url = \"nats://h\"\nnkey = \"{SEED}\"\ncreds_file = \"/x.creds\"\n"
         );
         let err = load(&text, &[]).unwrap_err().to_string();
-        assert!(err.contains("exclude each other") && !err.contains(SEED), "{err}");
+        assert!(
+            err.contains("exclude each other") && !err.contains(SEED),
+            "{err}"
+        );
 
-        let err = load("[cluster]\nnats_url = \"nats://h\"\nnkey = \"SUshort\"\n", &[])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`cluster.nkey`") && !err.contains("SUshort"), "{err}");
+        let err = load(
+            "[cluster]\nnats_url = \"nats://h\"\nnkey = \"SUshort\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`cluster.nkey`") && !err.contains("SUshort"),
+            "{err}"
+        );
 
-        let err = load("[cluster]\nnats_url = \"nats://h\"\nnode_name = \"My Box\"\n", &[])
-            .unwrap_err()
-            .to_string();
+        let err = load(
+            "[cluster]\nnats_url = \"nats://h\"\nnode_name = \"My Box\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("`cluster.node_name`"), "{err}");
 
         let err = load("[cluster]\nnats_url = \"http://h\"\n", &[])
@@ -816,9 +844,15 @@ mod tests {
         );
         let c = load(&text, &[("AGENT_RELAY_NODE_NAME", "n")]).unwrap();
         let shown = format!("{c:?} {}", c.cluster.as_ref().unwrap().servers[0]);
-        assert!(!shown.contains("hunter2secret") && !shown.contains(SEED), "{shown}");
+        assert!(
+            !shown.contains("hunter2secret") && !shown.contains(SEED),
+            "{shown}"
+        );
         assert!(shown.contains("nats://<redacted>@h:4222"), "{shown}");
-        assert!(c.cluster.unwrap().require_tls, "a [cluster.tls] section requires TLS");
+        assert!(
+            c.cluster.unwrap().require_tls,
+            "a [cluster.tls] section requires TLS"
+        );
     }
 
     #[test]
@@ -827,7 +861,10 @@ mod tests {
         assert_eq!(from("Laptop.local").as_deref(), Some("laptop"));
         assert_eq!(from("dev_box 2").as_deref(), Some("dev-box-2"));
         assert_eq!(from("-._"), None);
-        assert_eq!(from(&"x".repeat(40)).map(|n| n.len()), Some(NodeName::MAX_CHARS));
+        assert_eq!(
+            from(&"x".repeat(40)).map(|n| n.len()),
+            Some(NodeName::MAX_CHARS)
+        );
         assert!(NodeName::parse("UPPER").is_err());
         assert!(NodeName::parse("").is_err());
     }
