@@ -199,6 +199,30 @@ async fn a_released_lease_is_taken_without_waiting_for_it_to_expire() {
 }
 
 #[tokio::test]
+async fn a_holder_cut_off_from_nats_stops_leading_before_its_lease_can_expire() {
+    nats_server!(dir, server);
+    let urls = [server.url()];
+    let keeper = connect(&urls, "a", "id-a").await.campaign();
+    let mut view = keeper.leadership();
+    until(&mut view, WAIT, leading).await;
+    // NATS goes (for this machine, a partition looks the same).
+    server.kill();
+    let cut = Instant::now();
+    until(&mut view, LEASE_TIME, |l| !leading(l)).await;
+    // Another machine could take the lease only once it expired, at the
+    // earliest LEASE_TIME after the last renewal: never two leaders.
+    let stepped_down = cut.elapsed();
+    assert!(
+        stepped_down < LEASE_TIME - Duration::from_secs(1),
+        "stepped down after {stepped_down:?}"
+    );
+    eprintln!("stepped down {stepped_down:?} after NATS went");
+    // When NATS is back, the node leads again.
+    server.restart();
+    until(&mut view, WAIT, leading).await;
+}
+
+#[tokio::test]
 async fn a_new_process_of_the_same_node_keeps_the_lease_and_its_term() {
     nats_server!(dir, server);
     let urls = [server.url()];

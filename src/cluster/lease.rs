@@ -183,6 +183,8 @@ struct Held {
     revision: u64,
     /// When the last successful renewal (or the create) was sent.
     renewed_at: Instant,
+    /// When to send the next renewal.
+    next_try: Instant,
 }
 
 struct Campaign {
@@ -308,6 +310,7 @@ impl Campaign {
             term,
             revision,
             renewed_at: sent,
+            next_try: sent + RENEW_EVERY,
         });
         self.set(Leadership::Leading { term });
     }
@@ -319,7 +322,7 @@ impl Campaign {
             return;
         };
         let deadline = held.renewed_at + STEP_DOWN_AFTER;
-        let next = (held.renewed_at + RENEW_EVERY).min(deadline);
+        let next = held.next_try.min(deadline);
         tokio::select! {
             () = self.stop.cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
@@ -345,6 +348,7 @@ impl Campaign {
                 if let Some(held) = self.held.as_mut() {
                     held.revision = revision;
                     held.renewed_at = sent;
+                    held.next_try = sent + RENEW_EVERY;
                 }
             }
             Err(ClusterError::Changed { .. }) => {
@@ -357,8 +361,10 @@ impl Campaign {
                     tracing::warn!(%term, "cannot renew the lease ({e}): stepping down");
                     self.held = None;
                     self.set(Leadership::Unknown);
-                } else {
+                } else if let Some(held) = self.held.as_mut() {
                     tracing::debug!(%term, "a renewal failed, trying again: {e}");
+                    // Not at once: without NATS a publish fails at once too.
+                    held.next_try = Instant::now() + RETRY_EVERY;
                 }
             }
         }
