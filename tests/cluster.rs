@@ -16,7 +16,7 @@ use agent_relay::cluster::claims::ClaimKey;
 use agent_relay::cluster::inbound::Outgoing;
 use agent_relay::cluster::lease::{LEASE_TIME, Leadership, Term};
 use agent_relay::cluster::{
-    BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, NatsUrl, NodeName,
+    BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, Link, NatsUrl, NodeName,
 };
 use nats::NatsServer;
 use tokio::sync::watch;
@@ -202,11 +202,17 @@ async fn a_released_lease_is_taken_without_waiting_for_it_to_expire() {
 async fn a_holder_cut_off_from_nats_stops_leading_before_its_lease_can_expire() {
     nats_server!(dir, server);
     let urls = [server.url()];
-    let keeper = connect(&urls, "a", "id-a").await.campaign();
+    let a = connect(&urls, "a", "id-a").await;
+    let mut link = a.link();
+    let keeper = a.campaign();
     let mut view = keeper.leadership();
     until(&mut view, WAIT, leading).await;
     // NATS goes (for this machine, a partition looks the same).
     server.kill();
+    tokio::time::timeout(WAIT, link.wait_for(|l| *l == Link::Down))
+        .await
+        .expect("the link says down")
+        .unwrap();
     let cut = Instant::now();
     until(&mut view, LEASE_TIME, |l| !leading(l)).await;
     // Another machine could take the lease only once it expired, at the
@@ -220,6 +226,7 @@ async fn a_holder_cut_off_from_nats_stops_leading_before_its_lease_can_expire() 
     // When NATS is back, the node leads again.
     server.restart();
     until(&mut view, WAIT, leading).await;
+    assert_eq!(*link.borrow(), Link::Up);
 }
 
 #[tokio::test]

@@ -208,11 +208,12 @@ impl Cluster {
             .connect(servers)
             .await
             .map_err(|e| {
-                ClusterError::Unreachable(format!(
-                    "{}: {}",
-                    shown.join(", "),
-                    redact(&e.to_string())
-                ))
+                // A URL quoted by the client loses its user and password.
+                let mut said = redact(&e.to_string()).into_owned();
+                for url in &config.servers {
+                    said = said.replace(url.expose(), &url.to_string());
+                }
+                ClusterError::Unreachable(format!("{}: {said}", shown.join(", ")))
             })?;
         let js = jetstream::ContextBuilder::new()
             .timeout(REQUEST_TIMEOUT)
