@@ -653,3 +653,23 @@ async fn a_call_reaches_the_leader_of_its_term_only() {
     assert_eq!(other, Err(CallError::NoLeader(Term(8))));
     serving.abort();
 }
+
+#[tokio::test]
+async fn a_creds_file_others_may_write_is_refused_before_connecting() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("relay.creds");
+    std::fs::write(&creds, "not even creds").unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut config = config(&["nats://127.0.0.1:1".to_string()], "a");
+    config.credentials = Some(agent_relay::cluster::NatsCredentials::CredsFile(
+        creds.clone(),
+    ));
+    let refused = Cluster::connect(&config, BOT, "id-a").await.err();
+    match refused {
+        Some(ClusterError::Untrusted(why)) => {
+            assert!(why.contains(&creds.display().to_string()), "{why}")
+        }
+        other => panic!("refused as untrusted, before any connection: {other:?}"),
+    }
+}

@@ -67,6 +67,10 @@ pub enum ClusterError {
     /// A fenced write by a term that is not (or no longer) the lease's.
     #[error("term {term} is fenced off: {why}")]
     Fenced { term: u64, why: String },
+    /// A credentials or key file that is not the user's own private file
+    /// (docs/DESIGN.md, *Trust*), or not what it should be.
+    #[error("{0}")]
+    Untrusted(String),
     /// Something in NATS that the relay did not write as it is.
     #[error("cannot read `{what}` from the cluster: {message}")]
     Decode { what: String, message: String },
@@ -154,14 +158,14 @@ impl Cluster {
         let (link_tx, link) = watch::channel(Link::Up);
         let mut options = match &config.credentials {
             Some(NatsCredentials::CredsFile(path)) => {
-                async_nats::ConnectOptions::with_credentials_file(path)
-                    .await
-                    .map_err(|e| {
-                        ClusterError::Unreachable(format!(
-                            "cannot read the creds file {}: {e}",
-                            path.display()
-                        ))
-                    })?
+                let creds = read_private(path)?;
+                async_nats::ConnectOptions::with_credentials(&creds).map_err(|e| {
+                    ClusterError::Untrusted(format!(
+                        "{} is not a NATS creds file: {}",
+                        path.display(),
+                        redact(&e.to_string())
+                    ))
+                })?
             }
             Some(NatsCredentials::Nkey(seed)) => {
                 async_nats::ConnectOptions::with_nkey(seed.expose().to_string())
@@ -175,6 +179,9 @@ impl Cluster {
             options = options.add_root_certificates(ca.clone());
         }
         if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
+            // The private key is a secret of the user's: checked like the
+            // creds file before the TLS library reads it.
+            read_private(key)?;
             options = options.add_client_certificate(cert.clone(), key.clone());
         }
         let link_tx = std::sync::Arc::new(link_tx);
@@ -281,6 +288,20 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// Reads a secret file of the user's, only after `paths` checked it: a
+/// regular file of the user's own that nobody else can write, not a
+/// symlink.
+fn read_private(path: &std::path::Path) -> Result<String, ClusterError> {
+    use std::io::Read;
+    let mut file = crate::paths::open_private_file(path)
+        .map_err(|e| ClusterError::Untrusted(e.to_string()))?
+        .ok_or_else(|| ClusterError::Untrusted(format!("{} does not exist", path.display())))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| ClusterError::Untrusted(format!("cannot read {}: {e}", path.display())))?;
+    Ok(text)
 }
 
 /// Replicas for what the relay creates: three when the deployment can
