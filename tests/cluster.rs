@@ -16,7 +16,8 @@ use agent_relay::cluster::claims::ClaimKey;
 use agent_relay::cluster::inbound::Outgoing;
 use agent_relay::cluster::lease::{LEASE_TIME, Leadership, Term};
 use agent_relay::cluster::{
-    BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, Link, NatsUrl, NodeName,
+    BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, Link, NatsCredentials, NatsUrl,
+    NkeySeed, NodeName,
 };
 use nats::NatsServer;
 use tokio::sync::watch;
@@ -672,4 +673,54 @@ async fn a_creds_file_others_may_write_is_refused_before_connecting() {
         }
         other => panic!("refused as untrusted, before any connection: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn an_nkey_is_how_a_node_gets_in_and_the_seed_is_never_shown() {
+    let Some(binary) = nats::binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{ users = [ {{ nkey: {} }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let server = NatsServer::start_with(
+        &binary,
+        dir.path(),
+        vec!["-c".into(), conf.display().to_string()],
+    );
+    let urls = [server.url()];
+
+    // Without credentials: refused, and the error says so.
+    let refused = Cluster::connect(&config(&urls, "a"), BOT, "id-a")
+        .await
+        .err();
+    assert!(
+        matches!(refused, Some(ClusterError::Unreachable(_))),
+        "{refused:?}"
+    );
+
+    // With the seed: in, and working.
+    let mut with_seed = config(&urls, "a");
+    with_seed.credentials = Some(NatsCredentials::Nkey(NkeySeed::parse(&seed).unwrap()));
+    let a = Cluster::connect(&with_seed, BOT, "id-a").await.unwrap();
+    let keeper = a.campaign();
+    until(&mut keeper.leadership(), WAIT, leading).await;
+
+    // A wrong seed: refused, and no seed in what is said or shown.
+    let other = nkeys::KeyPair::new_user().seed().unwrap();
+    let mut wrong = config(&urls, "b");
+    wrong.credentials = Some(NatsCredentials::Nkey(NkeySeed::parse(&other).unwrap()));
+    let refused = Cluster::connect(&wrong, BOT, "id-b")
+        .await
+        .err()
+        .expect("refused");
+    let said = format!("{refused} {refused:?} {wrong:?} {with_seed:?}");
+    assert!(!said.contains(&seed) && !said.contains(&other), "{said}");
 }

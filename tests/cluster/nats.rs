@@ -62,6 +62,14 @@ impl NatsServer {
         server
     }
 
+    /// A single server with JetStream and extra arguments (`-c FILE`).
+    pub fn start_with(binary: &Path, dir: &Path, extra: Vec<String>) -> NatsServer {
+        let port = free_port();
+        let mut server = NatsServer::new(binary, dir, "solo", port, extra);
+        server.spawn();
+        server
+    }
+
     fn new(binary: &Path, dir: &Path, name: &str, port: u16, extra: Vec<String>) -> NatsServer {
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir).expect("server dir");
