@@ -134,6 +134,28 @@ pub fn doctor() -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `agent-relay setup`: the interactive first run. Without a terminal it
+/// refuses with the non-interactive way (environment or config keys).
+pub fn setup() -> anyhow::Result<ExitCode> {
+    let Some(console) = crate::setup::Console::open() else {
+        let paths = crate::paths::Paths::from_env()?;
+        return Err(crate::setup::no_terminal(&paths).into());
+    };
+    // Directories that fail the checks come back as an untrusted `config`,
+    // which setup refuses before it reads or writes anything.
+    let Setup { paths, config, .. } = Setup::from_env(Missing::Create)?;
+    let outcome = crate::setup::run(crate::setup::Start {
+        console,
+        paths,
+        config,
+        exe: std::env::current_exe().ok(),
+    })?;
+    Ok(match outcome {
+        crate::setup::Outcome::Done | crate::setup::Outcome::Unchanged => ExitCode::SUCCESS,
+        crate::setup::Outcome::NoHello => ExitCode::FAILURE,
+    })
+}
+
 pub fn schema(out: &std::path::Path) -> anyhow::Result<ExitCode> {
     let written = crate::schema::write_schemas(out)
         .with_context(|| format!("cannot write {}", out.display()))?;

@@ -78,19 +78,26 @@ impl Report {
     }
 }
 
+impl fmt::Display for Check {
+    /// `✓ subject: detail`, `✗ subject: detail — fix: …` or `· subject: detail`,
+    /// redacted: details quote Telegram's and the config's own words, and
+    /// whatever they contain, a token does not leave through a check.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let line = match &self.verdict {
+            Verdict::Pass => format!("✓ {}: {}", self.subject, self.detail),
+            Verdict::Fail { fix } => {
+                format!("✗ {}: {} — fix: {fix}", self.subject, self.detail)
+            }
+            Verdict::Note => format!("· {}: {}", self.subject, self.detail),
+        };
+        f.write_str(&redact(&line))
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for check in &self.checks {
-            let line = match &check.verdict {
-                Verdict::Pass => format!("✓ {}: {}", check.subject, check.detail),
-                Verdict::Fail { fix } => {
-                    format!("✗ {}: {} — fix: {fix}", check.subject, check.detail)
-                }
-                Verdict::Note => format!("· {}: {}", check.subject, check.detail),
-            };
-            // Details quote Telegram's and the config's own words; whatever
-            // they contain, a token does not leave through the doctor.
-            writeln!(f, "{}", redact(&line))?;
+            writeln!(f, "{check}")?;
         }
         let failed = self
             .checks
@@ -155,7 +162,12 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
         Ok(api) => {
             let api = api.with_timeout(CALL_TIMEOUT);
             if let Some(bot) = check_token(&mut report, &api, &config).await {
-                check_chat(&mut report, &api, &bot, config.chat_id).await;
+                match config.chat_id {
+                    Some(chat_id) => check_chat(&mut report, &api, &bot, chat_id).await,
+                    None => {
+                        check_private_chat(&mut report, &api, &bot, &config.allowed_users).await
+                    }
+                }
             }
         }
         Err(error) => report.fail(
@@ -220,22 +232,66 @@ async fn check_token(report: &mut Report, api: &BotApi, config: &Config) -> Opti
     }
 }
 
-async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: Option<i64>) {
-    let Some(chat_id) = chat_id else {
-        if bot.has_topics_enabled {
-            report.pass(
-                "chat",
-                "none configured: topics go into the private chat of the paired user (the bot has topics enabled)",
-            );
-        } else {
-            report.fail(
-                "chat",
-                "none configured, and the bot cannot create topics in private chats",
-                "set chat_id to a forum supergroup where the bot is an administrator, or enable topics for the bot in @BotFather",
-            );
-        }
+/// What `chat_id` would be a fix for, and the switch in @BotFather that
+/// gives a bot topics in private chats (`getMe` → `has_topics_enabled`).
+pub(crate) const TOPICS_SWITCH: &str = "in @BotFather, open your bot's settings (the Open button, or /mybots → your bot → Bot Settings) and turn on Threaded Mode (topics in private chats)";
+
+/// The private-chat mode (no `chat_id`): the topics go into the private chat
+/// of the first allowed user (or of whoever pairs), which needs topics
+/// enabled for the bot, and a chat the bot can reach.
+async fn check_private_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, users: &[i64]) {
+    if !bot.has_topics_enabled {
+        report.fail(
+            "chat",
+            "none configured, and the bot has no topics in private chats",
+            format!("{TOPICS_SWITCH}, or set chat_id to a forum supergroup where the bot is an administrator (agent-relay setup does either)"),
+        );
+        return;
+    }
+    let Some(&user) = users.first() else {
+        report.note(
+            "chat",
+            "private chat mode (the bot has topics enabled): the topics go into the private chat of whoever pairs; nobody is in allowed_users — run agent-relay setup, or /telegram-connect from a session",
+        );
         return;
     };
+    let subject = format!("chat {user}");
+    match api.get_chat(user).await {
+        Ok(chat) if chat.kind == ChatKind::Private => {
+            let name = chat.first_name.as_deref().unwrap_or("the user");
+            report.pass(
+                subject,
+                format!("private chat with {name} (the first of allowed_users); the bot has topics enabled"),
+            );
+        }
+        Ok(_) => report.fail(
+            subject,
+            "the first of allowed_users is not a user's private chat",
+            "put your own Telegram user id first in allowed_users (agent-relay setup finds it for you)",
+        ),
+        Err(TelegramError::ChatNotFound { .. } | TelegramError::Forbidden { .. }) => report.fail(
+            subject,
+            "the bot cannot reach this user's private chat (never started, or blocked)",
+            format!("open https://t.me/{} on that user's phone and press Start", bot.username),
+        ),
+        Err(error) => report.fail(
+            subject,
+            format!("getChat failed: {error}"),
+            "check allowed_users and the network",
+        ),
+    }
+}
+
+/// The checks of a forum group: that `chat_id` is a forum supergroup and the
+/// bot may manage and delete topics there. `agent-relay setup` runs them on
+/// the group it found.
+pub(crate) async fn check_group(api: &BotApi, bot: &BotInfo, chat_id: i64) -> Report {
+    let mut report = Report::default();
+    check_chat(&mut report, api, bot, chat_id).await;
+    report
+}
+
+async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: i64) {
     let subject = format!("chat {chat_id}");
     let chat = match api.get_chat(chat_id).await {
         Ok(chat) => chat,
@@ -294,7 +350,7 @@ async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: O
         ChatKind::Private => report.fail(
             subject,
             "a private chat, but the bot has topics disabled in private chats",
-            "enable topics for the bot in @BotFather, or set chat_id to a forum supergroup",
+            format!("{TOPICS_SWITCH}, or set chat_id to a forum supergroup"),
         ),
         ChatKind::Channel | ChatKind::Other => report.fail(
             subject,

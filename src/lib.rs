@@ -30,6 +30,8 @@
 //!   the inbound stream, claims and calls (docs/CLUSTER.md). Phase 1: tested
 //!   against a real `nats-server`, not yet used by the leader.
 //! * `ids`, `config`, `paths`, `redact`, `logging`, `backoff` — the edges.
+//! * `doctor` and `setup` — the checks, and the interactive first run that
+//!   writes the configuration.
 //! * `fake_bot_api` — a faithful Bot API simulator for tests, `demo` and
 //!   benchmarks; production paths never depend on it. `host_client` — the
 //!   host's end of the host protocol, for the demo, benchmark and tests.
@@ -60,6 +62,7 @@ mod redact;
 mod render;
 pub mod schema;
 mod session;
+mod setup;
 mod store;
 mod telegram;
 mod topics;

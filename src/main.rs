@@ -32,6 +32,8 @@ enum Cmd {
     Demo,
     /// Check the configuration, the token, the chat and the bot's rights.
     Doctor,
+    /// Set the relay up interactively: the token, pairing your Telegram account, where the topics go.
+    Setup,
     /// Write the JSON Schemas of every wire type.
     Schema {
         /// Folder to write into.
@@ -43,7 +45,10 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Cmd::Stdio { log_stderr: false });
-    if matches!(command, Cmd::Stdio { .. } | Cmd::Status | Cmd::Doctor) {
+    if matches!(
+        command,
+        Cmd::Stdio { .. } | Cmd::Status | Cmd::Doctor | Cmd::Setup
+    ) {
         cli::private_umask();
     }
     let result = match command {
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Cmd::Status => cli::status(),
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),
+        Cmd::Setup => cli::setup(),
         Cmd::Schema { out } => cli::schema(&out),
     };
     result.unwrap_or_else(|e| {

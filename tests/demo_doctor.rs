@@ -294,3 +294,61 @@ async fn doctor_without_a_token_names_the_config_file_to_put_it_in() {
         )
     );
 }
+
+/// The env of a relay in the private-chat mode: no chat, the user allowed.
+fn private_mode(home: &Path, fake: &FakeServer) -> Vec<(&'static str, String)> {
+    let mut env = configured(home, fake, CHAT);
+    env.retain(|(key, _)| *key != "AGENT_RELAY_CHAT_ID");
+    env
+}
+
+#[tokio::test]
+async fn doctor_recognises_the_private_chat_mode() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let run = doctor(&private_mode(home.path(), &fake)).await;
+    assert_eq!(run.code, Some(0), "{}", run.stdout);
+    assert_eq!(
+        line(&run, &format!("✓ chat {USER}")),
+        format!(
+            "✓ chat {USER}: private chat with Alice (the first of allowed_users); the bot has topics enabled"
+        )
+    );
+    assert!(!run.stdout.contains("rights"), "{}", run.stdout);
+}
+
+#[tokio::test]
+async fn doctor_says_what_to_switch_on_when_the_bot_has_no_private_topics() {
+    let home = common::home();
+    let fake = common::fake_with(common::FakeConfig {
+        has_topics_enabled: false,
+        ..common::FakeConfig::default()
+    })
+    .await;
+    let run = doctor(&private_mode(home.path(), &fake)).await;
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    let chat = line(&run, "✗ chat");
+    assert!(
+        chat.starts_with("✗ chat: none configured, and the bot has no topics in private chats — fix: in @BotFather")
+            && chat.contains("turn on Threaded Mode")
+            && chat.contains("agent-relay setup"),
+        "{chat}"
+    );
+}
+
+#[tokio::test]
+async fn doctor_says_when_the_bot_cannot_reach_the_users_private_chat() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut env = private_mode(home.path(), &fake);
+    env.retain(|(key, _)| *key != "AGENT_RELAY_ALLOWED_USERS");
+    env.push(("AGENT_RELAY_ALLOWED_USERS", "4242".into()));
+    let run = doctor(&env).await;
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    assert!(
+        line(&run, "✗ chat 4242")
+            .contains("open https://t.me/relay_test_bot on that user's phone and press Start"),
+        "{}",
+        run.stdout
+    );
+}

@@ -95,7 +95,7 @@
 //! # In-process API ([`FakeBotApi`])
 //!
 //! * World: `add_forum_supergroup`, `add_supergroup`, `add_private_chat`,
-//!   `add_default_chats`, `set_has_topics_enabled`,
+//!   `add_default_chats`, `set_bot_rights`, `set_has_topics_enabled`,
 //!   `set_allows_users_to_create_topics`.
 //! * Users act: `inject_message` (text), `inject_user_message` (replies, files,
 //!   captions, albums), `inject_callback_query` (taps, also forged ones),
@@ -443,6 +443,19 @@ impl FakeBotApi {
                 .chats
                 .insert(chat_id, Chat::new(chat_id, kind, rights));
         });
+    }
+
+    /// A group's administrator changes the bot's rights there (in a private
+    /// chat rights mean nothing).
+    pub fn set_bot_rights(&self, chat_id: i64, rights: BotRights) -> Result<(), FakeError> {
+        self.mutate(|inner| {
+            let chat = inner
+                .chats
+                .get_mut(&chat_id)
+                .ok_or(FakeError::UnknownChat(chat_id))?;
+            chat.rights = rights;
+            Ok(())
+        })
     }
 
     /// The owner switches topics in private chats on or off in @BotFather

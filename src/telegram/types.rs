@@ -111,6 +111,9 @@ pub struct Chat {
     pub title: Option<String>,
     #[serde(default)]
     pub username: Option<String>,
+    /// A private chat's user.
+    #[serde(default)]
+    pub first_name: Option<String>,
     /// Telegram omits the field unless it is true (and only `getChat`
     /// reports it reliably).
     #[serde(default)]

@@ -94,6 +94,15 @@ impl<'a> Options<'a> {
             .env("AGENT_RELAY_API_URL", &fake.url())
     }
 
+    /// The env of a sidecar of `fake`'s bot in the private-chat mode: no
+    /// chat configured, user [`USER`] allowed, so the topics go into that
+    /// user's private chat with the bot.
+    pub fn private_chat(self, fake: &FakeServer) -> Self {
+        self.env("TELEGRAM_BOT_TOKEN", &fake.api().token())
+            .env("AGENT_RELAY_ALLOWED_USERS", &USER.to_string())
+            .env("AGENT_RELAY_API_URL", &fake.url())
+    }
+
     pub fn answer(mut self, auto: AutoAnswer) -> Self {
         self.auto_answer = Some(auto);
         self
@@ -379,10 +388,15 @@ pub async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> S
 
 /// The one live topic whose name ends with `· name`.
 pub fn topic(fake: &FakeServer, name: &str) -> agent_relay::fake_bot_api::TopicInfo {
+    topic_in(fake, CHAT, name)
+}
+
+/// The one live topic of `chat` whose name ends with `· name`.
+pub fn topic_in(fake: &FakeServer, chat: i64, name: &str) -> agent_relay::fake_bot_api::TopicInfo {
     let suffix = format!("· {name}");
     let live: Vec<_> = fake
         .api()
-        .topics(CHAT)
+        .topics(chat)
         .into_iter()
         .filter(|t| !t.deleted && t.name.ends_with(&suffix))
         .collect();
@@ -396,9 +410,14 @@ pub fn topic(fake: &FakeServer, name: &str) -> agent_relay::fake_bot_api::TopicI
 
 /// A user message in the forum (`thread` None: General).
 pub fn inject(fake: &FakeServer, thread: Option<i64>, user: i64, text: &str) -> i64 {
+    inject_in(fake, CHAT, thread, user, text)
+}
+
+/// A user message in `chat` (`thread` None: outside the topics).
+pub fn inject_in(fake: &FakeServer, chat: i64, thread: Option<i64>, user: i64, text: &str) -> i64 {
     fake.api()
         .inject_message(agent_relay::fake_bot_api::Inject {
-            chat_id: CHAT,
+            chat_id: chat,
             thread_id: thread,
             user_id: user,
             text: text.into(),
@@ -423,12 +442,22 @@ pub async fn wait_prompt(s: &Sidecar, text: &str) -> Value {
 /// Waits until a message containing `needle` is in the topic; returns the
 /// topic's texts as displayed.
 pub async fn wait_topic_text(fake: &FakeServer, thread: i64, needle: &str) -> Vec<String> {
+    wait_topic_text_in(fake, CHAT, thread, needle).await
+}
+
+/// [`wait_topic_text`] in `chat`.
+pub async fn wait_topic_text_in(
+    fake: &FakeServer,
+    chat: i64,
+    thread: i64,
+    needle: &str,
+) -> Vec<String> {
     let needle = needle.to_string();
     fake.api()
         .wait_until(
             |api| {
                 let texts: Vec<String> = api
-                    .messages(CHAT, Some(thread))
+                    .messages(chat, Some(thread))
                     .into_iter()
                     .map(|m| m.plain_text)
                     .collect();
