@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::ids::BotId;
+pub use crate::ids::{BotId, NodeName};
 use crate::paths::{Missing, Paths, PathsError, UntrustedPath, open_private_file};
 use crate::policy::{ApprovalsFile, Policy};
 use crate::redact::{MIN_SECRET_CHARS, redact};
@@ -46,6 +46,169 @@ pub struct ConfigFile {
     pub auto_connect: Option<bool>,
     /// Which tool calls wait for a person's approval, and where they ask.
     pub approvals: Option<ApprovalsFile>,
+    /// One bot across several machines, over NATS JetStream
+    /// (docs/CLUSTER.md). Without this section the relay is the
+    /// single-machine relay and needs no server.
+    pub cluster: Option<ClusterFile>,
+}
+
+/// `[cluster]` in `config.toml`: where the NATS servers are, how to
+/// authenticate, and this machine's name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// The NATS server(s), comma-separated, e.g. `tls://nats.example.net:4222`.
+    /// Required in a `[cluster]` section. Env: `AGENT_RELAY_NATS_URL`.
+    pub nats_url: Option<String>,
+    /// A NATS `.creds` file (a user JWT and its nkey seed). Not with `nkey`.
+    pub creds_file: Option<PathBuf>,
+    /// An nkey seed (`SU…`) to authenticate with. Not with `creds_file`.
+    /// Never logged or shown.
+    pub nkey: Option<String>,
+    /// This machine's name in the cluster: 1-32 of `a-z`, `0-9`, `-`
+    /// (default: the host name, made to fit). Env: `AGENT_RELAY_NODE_NAME`.
+    pub node_name: Option<String>,
+    /// TLS to the NATS servers; its presence (or a `tls://` URL) requires TLS.
+    pub tls: Option<ClusterTlsFile>,
+}
+
+/// `[cluster.tls]`: the certificates for TLS to the NATS servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTlsFile {
+    /// PEM file of the authorities to trust besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, with `key_file`, when the servers ask for one.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+/// The effective cluster configuration (docs/CLUSTER.md, *Configuration*).
+/// Its `Debug` shows no secret: URLs without their user and password, the
+/// seed masked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The servers to connect to, at least one.
+    pub servers: Vec<NatsUrl>,
+    pub credentials: Option<NatsCredentials>,
+    /// TLS is required (a `tls://` URL or a `[cluster.tls]` section).
+    pub require_tls: bool,
+    pub tls: ClusterTlsFile,
+    pub node: NodeName,
+}
+
+/// How the relay authenticates to NATS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatsCredentials {
+    /// A `.creds` file, read by the NATS client when it connects.
+    CredsFile(PathBuf),
+    /// An nkey seed.
+    Nkey(NkeySeed),
+}
+
+/// An nkey seed. Its `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NkeySeed(String);
+
+impl NkeySeed {
+    /// Checks the seed's shape: `S`, a key type letter, 56 base32 characters.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let shaped = text.len() == 58
+            && text.starts_with('S')
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b));
+        if shaped {
+            Ok(Self(text.to_string()))
+        } else {
+            Err(
+                "an nkey seed is 58 characters: 'S', a key type letter and 56 of A-Z and 2-7"
+                    .into(),
+            )
+        }
+    }
+
+    /// The seed itself, for the NATS client only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NkeySeed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NkeySeed(<redacted>)")
+    }
+}
+
+impl fmt::Display for NkeySeed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A NATS server URL. `Debug` and `Display` drop a user and password in it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsUrl(String);
+
+impl NatsUrl {
+    /// Checks the scheme (`nats`, `tls`, `ws`, `wss`, or none) and that a
+    /// host is named.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let rest = match text.split_once("://") {
+            Some(("nats" | "tls" | "ws" | "wss", rest)) => rest,
+            Some(_) => {
+                return Err(format!(
+                    "a NATS URL starts with nats://, tls://, ws:// or wss://, found {}",
+                    Self(text.to_string())
+                ));
+            }
+            None => text,
+        };
+        let host = rest.rsplit('@').next().unwrap_or_default();
+        if host.is_empty() || host.starts_with(':') {
+            return Err(format!(
+                "a NATS URL names a host, found {}",
+                Self(text.to_string())
+            ));
+        }
+        Ok(Self(text.to_string()))
+    }
+
+    /// Whether the URL itself asks for TLS.
+    pub fn is_tls(&self) -> bool {
+        self.0.starts_with("tls://") || self.0.starts_with("wss://")
+    }
+
+    /// The URL as configured, user and password included: for the NATS
+    /// client only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NatsUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (scheme, rest) = match self.0.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, self.0.as_str()),
+        };
+        if let Some(scheme) = scheme {
+            write!(f, "{scheme}://")?;
+        }
+        match rest.rsplit_once('@') {
+            Some((_, host)) => write!(f, "<redacted>@{host}"),
+            None => f.write_str(rest),
+        }
+    }
+}
+
+impl fmt::Debug for NatsUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NatsUrl({self})")
+    }
 }
 
 /// A bot token. Its `Debug` and `Display` never show the secret.
@@ -120,6 +283,9 @@ pub struct Config {
     pub api_url: String,
     pub auto_connect: bool,
     pub approvals: Policy,
+    /// One bot across machines (docs/CLUSTER.md); `None` is the
+    /// single-machine relay.
+    pub cluster: Option<ClusterConfig>,
     /// The file that was read (it may not exist).
     pub file: PathBuf,
 }
@@ -293,6 +459,7 @@ impl Config {
         }
         let approvals = Policy::from_file(parsed.approvals.unwrap_or_default())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
+        let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
         Ok(Self {
             token,
             chat_id,
@@ -300,6 +467,7 @@ impl Config {
             api_url,
             auto_connect: parsed.auto_connect.unwrap_or(true),
             approvals,
+            cluster,
             file: file.to_path_buf(),
         })
     }
@@ -308,6 +476,107 @@ impl Config {
     pub fn bot_id(&self) -> Option<BotId> {
         self.token.as_ref().map(BotToken::bot_id)
     }
+}
+
+/// The `[cluster]` section with the environment on top; `None` when
+/// neither names a NATS server.
+fn cluster_config(
+    from_file: &str,
+    parsed: Option<ClusterFile>,
+    env: impl Fn(&str) -> Option<String>,
+    host: impl Fn() -> Option<String>,
+) -> Result<Option<ClusterConfig>, ConfigError> {
+    let invalid = |origin: &str, key: &str, message: String| ConfigError::Invalid {
+        origin: origin.to_string(),
+        key: key.to_string(),
+        message,
+    };
+    let section = parsed.clone().unwrap_or_default();
+    let (url_origin, url_key, urls) = match env("AGENT_RELAY_NATS_URL") {
+        Some(v) => ("environment", "AGENT_RELAY_NATS_URL", v),
+        None => match section.nats_url {
+            Some(v) => (from_file, "cluster.nats_url", v),
+            None if parsed.is_some() => {
+                return Err(invalid(
+                    from_file,
+                    "cluster.nats_url",
+                    "is required in a [cluster] section".into(),
+                ));
+            }
+            None => return Ok(None),
+        },
+    };
+    let servers = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(NatsUrl::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|m| invalid(url_origin, url_key, m))?;
+    if servers.is_empty() {
+        return Err(invalid(url_origin, url_key, "names no server".into()));
+    }
+    let credentials = match (section.creds_file, section.nkey) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                from_file,
+                "cluster.nkey",
+                "and `cluster.creds_file` exclude each other: keep one".into(),
+            ));
+        }
+        (Some(path), None) => Some(NatsCredentials::CredsFile(path)),
+        (None, Some(seed)) => Some(NatsCredentials::Nkey(
+            NkeySeed::parse(&seed).map_err(|m| invalid(from_file, "cluster.nkey", m))?,
+        )),
+        (None, None) => None,
+    };
+    let node = match env("AGENT_RELAY_NODE_NAME") {
+        Some(v) => NodeName::parse(v.trim())
+            .map_err(|m| invalid("environment", "AGENT_RELAY_NODE_NAME", m))?,
+        None => match section.node_name {
+            Some(v) => {
+                NodeName::parse(&v).map_err(|m| invalid(from_file, "cluster.node_name", m))?
+            }
+            None => host()
+                .as_deref()
+                .and_then(NodeName::from_host)
+                .ok_or_else(|| {
+                    invalid(
+                        from_file,
+                        "cluster.node_name",
+                        "is needed: the host name gives no usable name".into(),
+                    )
+                })?,
+        },
+    };
+    let tls = section.tls.clone().unwrap_or_default();
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        return Err(invalid(
+            from_file,
+            "cluster.tls",
+            "`cert_file` and `key_file` go together".into(),
+        ));
+    }
+    Ok(Some(ClusterConfig {
+        require_tls: section.tls.is_some() || servers.iter().any(NatsUrl::is_tls),
+        servers,
+        credentials,
+        tls,
+        node,
+    }))
+}
+
+/// This machine's host name, if the system tells it.
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes and we read only up to the first NUL.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec()).ok()
 }
 
 /// ` (line N, column M)` for a byte span in `text`, or nothing.
@@ -484,6 +753,128 @@ mod tests {
         let setup = Setup::load(Paths::under(&home), Missing::Create, env);
         assert!(!setup.dirs_trusted);
         assert!(matches!(setup.config, Err(ConfigError::Untrusted(_))));
+    }
+
+    const SEED: &str = "SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4";
+
+    #[test]
+    fn without_a_cluster_section_the_relay_is_single_machine() {
+        assert_eq!(load("", &[]).unwrap().cluster, None);
+    }
+
+    #[test]
+    fn the_cluster_section_with_env_overrides() {
+        let text = format!(
+            "[cluster]\nnats_url = \"tls://a:4222, nats://b:4222\"\nnkey = \"{SEED}\"\nnode_name = \"laptop\"\n"
+        );
+        let c = load(&text, &[]).unwrap().cluster.unwrap();
+        assert_eq!(c.servers.len(), 2);
+        assert!(c.require_tls, "a tls:// URL requires TLS");
+        assert_eq!(c.node.as_str(), "laptop");
+        assert!(matches!(c.credentials, Some(NatsCredentials::Nkey(_))));
+
+        let c = load(
+            &text,
+            &[
+                ("AGENT_RELAY_NATS_URL", "nats://127.0.0.1:4333"),
+                ("AGENT_RELAY_NODE_NAME", "box-2"),
+            ],
+        )
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert_eq!(c.servers[0].expose(), "nats://127.0.0.1:4333");
+        assert!(!c.require_tls);
+        assert_eq!(c.node.as_str(), "box-2");
+
+        // The environment alone is enough to join a cluster.
+        let c = load("", &[("AGENT_RELAY_NATS_URL", "nats://h:1")]).unwrap();
+        assert!(c.cluster.is_some());
+    }
+
+    #[test]
+    fn cluster_errors_name_the_key_and_never_the_secrets() {
+        let err = load("[cluster]\nnode_name = \"x\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`cluster.nats_url`") && err.contains("required"),
+            "{err}"
+        );
+
+        let text = format!(
+            "[cluster]\nnats_url = \"nats://h\"\nnkey = \"{SEED}\"\ncreds_file = \"/x.creds\"\n"
+        );
+        let err = load(&text, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("exclude each other") && !err.contains(SEED),
+            "{err}"
+        );
+
+        let err = load(
+            "[cluster]\nnats_url = \"nats://h\"\nnkey = \"SUshort\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`cluster.nkey`") && !err.contains("SUshort"),
+            "{err}"
+        );
+
+        let err = load(
+            "[cluster]\nnats_url = \"nats://h\"\nnode_name = \"My Box\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`cluster.node_name`"), "{err}");
+
+        let err = load("[cluster]\nnats_url = \"http://h\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`cluster.nats_url`"), "{err}");
+
+        let err = load("[cluster]\nnats_url = \"nats://h\"\nnats = 1\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `nats`"), "{err}");
+
+        let text = "[cluster]\nnats_url = \"nats://h\"\n[cluster.tls]\ncert_file = \"/c\"\n";
+        let err = load(text, &[]).unwrap_err().to_string();
+        assert!(err.contains("go together"), "{err}");
+    }
+
+    #[test]
+    fn cluster_secrets_are_never_displayed() {
+        let text = format!(
+            "[cluster]\nnats_url = \"nats://relay:hunter2secret@h:4222\"\nnkey = \"{SEED}\"\n[cluster.tls]\nca_file = \"/ca.pem\"\n"
+        );
+        let c = load(&text, &[("AGENT_RELAY_NODE_NAME", "n")]).unwrap();
+        let shown = format!("{c:?} {}", c.cluster.as_ref().unwrap().servers[0]);
+        assert!(
+            !shown.contains("hunter2secret") && !shown.contains(SEED),
+            "{shown}"
+        );
+        assert!(shown.contains("nats://<redacted>@h:4222"), "{shown}");
+        assert!(
+            c.cluster.unwrap().require_tls,
+            "a [cluster.tls] section requires TLS"
+        );
+    }
+
+    #[test]
+    fn node_names_from_host_names() {
+        let from = |h: &str| NodeName::from_host(h).map(|n| n.to_string());
+        assert_eq!(from("Laptop.local").as_deref(), Some("laptop"));
+        assert_eq!(from("dev_box 2").as_deref(), Some("dev-box-2"));
+        assert_eq!(from("-._"), None);
+        assert_eq!(
+            from(&"x".repeat(40)).map(|n| n.len()),
+            Some(NodeName::MAX_CHARS)
+        );
+        assert!(NodeName::parse("UPPER").is_err());
+        assert!(NodeName::parse("").is_err());
     }
 
     #[test]

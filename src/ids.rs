@@ -88,3 +88,71 @@ impl std::fmt::Display for BotId {
         self.0.fmt(f)
     }
 }
+
+/// A machine's name in a cluster (docs/CLUSTER.md, *Configuration*): 1–32
+/// of `[a-z0-9-]`, because it appears in NATS subjects, consumer names and
+/// topic names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct NodeName(String);
+
+impl NodeName {
+    pub const MAX_CHARS: usize = 32;
+
+    /// A configured name, checked as it is.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        let ok = !name.is_empty()
+            && name.len() <= Self::MAX_CHARS
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(Self(name.to_string()))
+        } else {
+            Err(format!(
+                "a node name is 1-{} characters of a-z, 0-9 and '-', found {name:?}",
+                Self::MAX_CHARS
+            ))
+        }
+    }
+
+    /// A name made from a host name: lowercased, the domain dropped, every
+    /// other character `-`, cut to [`Self::MAX_CHARS`]; `None` if nothing
+    /// is left.
+    pub fn from_host(host: &str) -> Option<Self> {
+        let short = host.split('.').next().unwrap_or_default();
+        let name: String = short
+            .chars()
+            .map(|c| match c.to_ascii_lowercase() {
+                c @ ('a'..='z' | '0'..='9') => c,
+                _ => '-',
+            })
+            .take(Self::MAX_CHARS)
+            .collect();
+        let name = name.trim_matches('-');
+        Self::parse(name).ok()
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for NodeName {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s)
+    }
+}
+
+impl From<NodeName> for String {
+    fn from(n: NodeName) -> String {
+        n.0
+    }
+}

@@ -26,6 +26,9 @@
 //! * `protocol` — every type that crosses a wire, each with a JSON Schema
 //!   (`schema` exports them).
 //! * `framing` — the one newline-delimited codec used by stdio and the bus.
+//! * `cluster` — one bot across machines over NATS JetStream: the lease,
+//!   the inbound stream, claims and calls (docs/CLUSTER.md). Phase 1: tested
+//!   against a real `nats-server`, not yet used by the leader.
 //! * `ids`, `config`, `paths`, `redact`, `logging`, `backoff` — the edges.
 //! * `doctor` and `setup` — the checks, and the interactive first run that
 //!   writes the configuration.
@@ -36,12 +39,13 @@
 //! Only what another crate needs is public: the binary's commands (`cli`),
 //! and for the tests, the benchmark and the fuzzers the wire types, the
 //! codec, the stdio transport, the fake, the host client, the store's
-//! read side and the bus's socket. Everything else is private to the
+//! read side, the bus's socket and the cluster layer. Everything else is private to the
 //! crate, so the compiler reports what nothing uses.
 
 mod backoff;
 mod bus;
 pub mod cli;
+pub mod cluster;
 mod commands;
 mod config;
 mod demo;

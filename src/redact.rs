@@ -19,17 +19,28 @@ static TOKEN: LazyLock<Regex> = LazyLock::new(|| {
         .expect("token pattern is valid")
 });
 
+/// An nkey seed (docs/CLUSTER.md, *Configuration*): `S`, a key type
+/// letter, 56 base32 characters. A NATS library error quoting one must not
+/// leak it either.
+static NKEY_SEED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\bS[A-Z][A-Z2-7]{56}\b").expect("seed pattern is valid"));
+
 /// What a token is replaced with. The bot id stays visible: it is public and
 /// useful when reading logs of several bots.
 const MASK: &str = "<redacted>";
 
-/// Returns `text` with every bot token masked as `<bot id>:<redacted>`.
+/// Returns `text` with every bot token masked as `<bot id>:<redacted>`
+/// and every nkey seed as `<redacted>`.
 pub fn redact(text: &str) -> Cow<'_, str> {
-    TOKEN.replace_all(text, |caps: &regex::Captures<'_>| {
+    let tokens = TOKEN.replace_all(text, |caps: &regex::Captures<'_>| {
         let whole = &caps[0];
         let id = whole.split(':').next().unwrap_or_default();
         format!("{id}:{MASK}")
-    })
+    });
+    match NKEY_SEED.replace_all(&tokens, MASK) {
+        Cow::Borrowed(_) => tokens,
+        Cow::Owned(masked) => Cow::Owned(masked),
+    }
 }
 
 #[cfg(test)]
@@ -49,6 +60,14 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("bot123456789:<redacted>/getUpdates"), "{out}");
+    }
+
+    #[test]
+    fn masks_nkey_seeds() {
+        let seed = "SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4";
+        let text = format!("nkey {seed} refused");
+        assert_eq!(redact(&text), "nkey <redacted> refused");
+        assert_eq!(redact("SUNDAY"), "SUNDAY");
     }
 
     #[test]

@@ -1,0 +1,364 @@
+//! One bot across several machines, over NATS JetStream (docs/CLUSTER.md).
+//!
+//! This is the NATS layer the leader will use, behind a small typed API;
+//! it knows nothing of the bus, sessions, hosts or Telegram, and carries
+//! whatever the leader gives it as opaque JSON or bytes:
+//!
+//! * [`Cluster::connect`] — the connection, with credentials and TLS from
+//!   [`ClusterConfig`], the buckets and the stream made if missing, and this
+//!   machine's name claimed, so two machines never share one.
+//! * [`lease`] — the bot-wide lease: who polls Telegram, its term as the
+//!   fencing token, a watch of who leads.
+//! * [`inbound`] — updates into the stream deduplicated by update id, and a
+//!   durable pull consumer per node.
+//! * [`claims`] — slots, topics and the offset in a key-value bucket, by
+//!   compare-and-set; the offset fenced by the lease term.
+//! * [`calls`] — Bot API calls from any node to the leader of a term, by
+//!   request/reply.
+//!
+//! **Phase 1.** The leader does not use this yet: wiring it in at the seams
+//! docs/CLUSTER.md names (*Where it plugs in*) is phase 2. Until then the
+//! module is public so that its tests (`tests/cluster.rs`, against a real
+//! `nats-server -js`) use it as the leader will, and the compiler's
+//! dead-code lint stays meaningful for the rest of the crate.
+
+pub mod calls;
+pub mod claims;
+pub mod inbound;
+pub mod lease;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use lease::timed;
+use tokio::sync::watch;
+
+pub use crate::config::{ClusterConfig, ClusterTlsFile, NatsCredentials, NatsUrl, NkeySeed};
+pub use crate::ids::{BotId, NodeName};
+use crate::redact::redact;
+
+/// How long one request to NATS may take before it counts as failed. The
+/// lease renews every second and steps down after three without an
+/// answer, so no single request may hang longer than that.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a cluster operation failed. Messages never carry a secret: they
+/// pass through [`redact`], and URLs are shown without credentials.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    /// NATS cannot be reached, or did not answer in time.
+    #[error("the cluster is unreachable: {0}")]
+    Unreachable(String),
+    /// NATS answered with an error.
+    #[error("NATS refused: {0}")]
+    Refused(String),
+    /// Another machine already uses this node name.
+    #[error(
+        "node name `{name}` is taken by another machine in this cluster; set cluster.node_name (or AGENT_RELAY_NODE_NAME) to a name of its own"
+    )]
+    NodeNameTaken { name: NodeName },
+    /// A claim is held by somebody else (create-if-absent lost).
+    #[error("`{key}` is already claimed")]
+    Taken { key: String },
+    /// A compare-and-set found another revision: somebody wrote since it
+    /// was read.
+    #[error("`{key}` changed since it was read")]
+    Changed { key: String },
+    /// A fenced write by a term that is not (or no longer) the lease's.
+    #[error("term {term} is fenced off: {why}")]
+    Fenced { term: u64, why: String },
+    /// A credentials or key file that is not the user's own private file
+    /// (docs/DESIGN.md, *Trust*), or not what it should be.
+    #[error("{0}")]
+    Untrusted(String),
+    /// Something in NATS that the relay did not write as it is.
+    #[error("cannot read `{what}` from the cluster: {message}")]
+    Decode { what: String, message: String },
+}
+
+impl ClusterError {
+    fn unreachable(e: impl std::fmt::Display) -> Self {
+        Self::Unreachable(redact(&e.to_string()).into_owned())
+    }
+
+    fn refused(e: impl std::fmt::Display) -> Self {
+        Self::Refused(redact(&e.to_string()).into_owned())
+    }
+
+    fn decode(what: &str, e: impl std::fmt::Display) -> Self {
+        Self::Decode {
+            what: what.to_string(),
+            message: redact(&e.to_string()).into_owned(),
+        }
+    }
+}
+
+/// A machine's identity: its configured name and a random id it keeps in
+/// its state directory, so a local failover keeps the lease and two
+/// machines under one name are told apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: NodeName,
+    pub id: String,
+}
+
+/// Whether the connection to NATS is up, for the status line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Up,
+    Down,
+}
+
+/// The names of one bot's things on NATS (docs/CLUSTER.md, *Names on NATS*).
+#[derive(Debug, Clone)]
+struct Names {
+    bot: BotId,
+}
+
+impl Names {
+    fn lease_bucket(&self) -> String {
+        format!("relay-{}-lease", self.bot)
+    }
+    fn claims_bucket(&self) -> String {
+        format!("relay-{}-claims", self.bot)
+    }
+    fn inbound_stream(&self) -> String {
+        format!("RELAY_{}_IN", self.bot)
+    }
+    fn inbound_subject(&self, node: &NodeName) -> String {
+        format!("relay.{}.in.{node}", self.bot)
+    }
+    fn call_subject(&self, term: lease::Term) -> String {
+        format!("relay.{}.call.{}", self.bot, term.0)
+    }
+}
+
+/// A connection to the cluster for one bot and one node. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    node: Node,
+    names: Names,
+    lease_kv: kv::Store,
+    claims_kv: kv::Store,
+    inbound: stream::Stream,
+    link: watch::Receiver<Link>,
+}
+
+impl Cluster {
+    /// Connects, makes the buckets and the stream if they are missing
+    /// (three replicas when the NATS deployment is a cluster that can hold
+    /// them, else one), and claims this node's name.
+    pub async fn connect(
+        config: &ClusterConfig,
+        bot: BotId,
+        node_id: &str,
+    ) -> Result<Self, ClusterError> {
+        let (link_tx, link) = watch::channel(Link::Up);
+        let mut options = match &config.credentials {
+            Some(NatsCredentials::CredsFile(path)) => {
+                let creds = read_private(path)?;
+                async_nats::ConnectOptions::with_credentials(&creds).map_err(|e| {
+                    ClusterError::Untrusted(format!(
+                        "{} is not a NATS creds file: {}",
+                        path.display(),
+                        redact(&e.to_string())
+                    ))
+                })?
+            }
+            Some(NatsCredentials::Nkey(seed)) => {
+                async_nats::ConnectOptions::with_nkey(seed.expose().to_string())
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
+        if config.require_tls {
+            options = options.require_tls(true);
+        }
+        if let Some(ca) = &config.tls.ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
+            // The private key is a secret of the user's: checked like the
+            // creds file before the TLS library reads it.
+            read_private(key)?;
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        let link_tx = std::sync::Arc::new(link_tx);
+        let servers: Vec<async_nats::ServerAddr> = config
+            .servers
+            .iter()
+            .map(|u| u.expose().parse::<async_nats::ServerAddr>())
+            .collect::<Result<_, _>>()
+            .map_err(|e: std::io::Error| {
+                ClusterError::Unreachable(format!("bad NATS URL: {}", redact(&e.to_string())))
+            })?;
+        let shown: Vec<String> = config.servers.iter().map(ToString::to_string).collect();
+        let client = options
+            .name(format!("agent-relay {}", config.node))
+            .connection_timeout(REQUEST_TIMEOUT)
+            .request_timeout(Some(REQUEST_TIMEOUT))
+            .event_callback(move |event| {
+                let link_tx = link_tx.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            link_tx.send_replace(Link::Up);
+                        }
+                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                            link_tx.send_replace(Link::Down);
+                        }
+                        other => tracing::debug!("NATS: {}", redact(&other.to_string())),
+                    }
+                }
+            })
+            .connect(servers)
+            .await
+            .map_err(|e| {
+                // A URL quoted by the client loses its user and password.
+                let mut said = redact(&e.to_string()).into_owned();
+                for url in &config.servers {
+                    said = said.replace(url.expose(), &url.to_string());
+                }
+                ClusterError::Unreachable(format!("{}: {said}", shown.join(", ")))
+            })?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(REQUEST_TIMEOUT)
+            .build(client.clone());
+        let names = Names { bot };
+        let lease_kv = bucket(
+            &js,
+            kv::Config {
+                bucket: names.lease_bucket(),
+                description: "agent-relay: the bot-wide lease (docs/CLUSTER.md)".into(),
+                history: 1,
+                max_age: lease::LEASE_TIME,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let claims_kv = bucket(
+            &js,
+            kv::Config {
+                bucket: names.claims_bucket(),
+                description: "agent-relay: nodes, slots, topics, offset (docs/CLUSTER.md)".into(),
+                history: 1,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let inbound = inbound::ensure_stream(&js, &names).await?;
+        let cluster = Self {
+            client,
+            js,
+            node: Node {
+                name: config.node.clone(),
+                id: node_id.to_string(),
+            },
+            names,
+            lease_kv,
+            claims_kv,
+            inbound,
+            link,
+        };
+        cluster.claims().claim_node(&cluster.node).await?;
+        Ok(cluster)
+    }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Whether the connection is up now, and every change.
+    pub fn link(&self) -> watch::Receiver<Link> {
+        self.link.clone()
+    }
+
+    /// Waits until the server has processed everything this connection
+    /// sent before (a subscription, say): a request and its answer on the
+    /// same connection, which the server handles in order. (The client's
+    /// `flush` only waits for the socket write.)
+    pub async fn round_trip(&self) -> Result<(), ClusterError> {
+        timed(async {
+            self.client
+                .request("$JS.API.INFO", bytes::Bytes::new())
+                .await
+                .map(drop)
+                .map_err(ClusterError::unreachable)
+        })
+        .await
+    }
+}
+
+/// Reads a secret file of the user's, only after `paths` checked it: a
+/// regular file of the user's own that nobody else can write, not a
+/// symlink.
+fn read_private(path: &std::path::Path) -> Result<String, ClusterError> {
+    use std::io::Read;
+    let mut file = crate::paths::open_private_file(path)
+        .map_err(|e| ClusterError::Untrusted(e.to_string()))?
+        .ok_or_else(|| ClusterError::Untrusted(format!("{} does not exist", path.display())))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| ClusterError::Untrusted(format!("cannot read {}: {e}", path.display())))?;
+    Ok(text)
+}
+
+/// Replicas for what the relay creates: three when the deployment can
+/// hold them, else one (a single server refuses more than one).
+const REPLICAS: [usize; 2] = [3, 1];
+
+/// Opens a key-value bucket, creating it if it is missing.
+///
+/// The bucket's stream is made here, with the settings the key-value API
+/// gives a bucket (one subject per key, rollups allowed, deletes as
+/// markers, direct gets, discard new), rather than by
+/// `create_key_value`: that asks for the account's info first and cannot
+/// read the answer of Debian's nats-server 2.9 (it lacks the reserved
+/// storage fields).
+async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, ClusterError> {
+    let name = config.bucket.clone();
+    if let Ok(store) = timed(async {
+        js.get_key_value(&name)
+            .await
+            .map_err(ClusterError::unreachable)
+    })
+    .await
+    {
+        return Ok(store);
+    }
+    let mut last = String::new();
+    for replicas in REPLICAS {
+        let stream = stream::Config {
+            name: format!("KV_{name}"),
+            description: Some(config.description.clone()),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: config.history.max(1),
+            max_age: config.max_age,
+            storage: stream::StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        match timed(async {
+            js.create_stream(stream)
+                .await
+                .map_err(ClusterError::refused)
+        })
+        .await
+        {
+            Ok(_) => {}
+            Err(e) => last = e.to_string(),
+        }
+        // Made now, or by another node meanwhile.
+        if let Ok(store) = js.get_key_value(&name).await {
+            return Ok(store);
+        }
+    }
+    Err(ClusterError::refused(format!(
+        "cannot create the bucket {name}: {last}"
+    )))
+}
