@@ -323,15 +323,59 @@ async fn download(
         });
         found
     });
-    match (found, authorized) {
-        (_, false) => telegram_answer(Err(ApiError::new(401, "Unauthorized"))).0,
-        (None, true) => telegram_answer(Err(ApiError::new(404, "Not Found"))).0,
-        (Some((_, bytes)), true) => (
+    let bytes = match (found, authorized) {
+        (_, false) => return telegram_answer(Err(ApiError::new(401, "Unauthorized"))).0,
+        (None, true) => return telegram_answer(Err(ApiError::new(404, "Not Found"))).0,
+        (Some((_, bytes)), true) => bytes,
+    };
+    let fault = api.mutate(|inner| inner.take_download_fault());
+    let shutdown = api.shared.shutdown.clone();
+    let whole = |bytes: bytes::Bytes| {
+        (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/octet-stream")],
             bytes,
         )
-            .into_response(),
+            .into_response()
+    };
+    match fault {
+        None => whole(bytes),
+        Some(Fault::Delay(delay)) => {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => whole(bytes),
+                () = shutdown.cancelled() => telegram_answer(Err(ApiError::new(503, "Service Unavailable"))).0,
+            }
+        }
+        Some(Fault::Hang) => {
+            // Headers and the first half of the file, then nothing: a
+            // connection that stalls mid-download, until the client leaves
+            // (or the server shuts down).
+            let half = bytes.slice(..bytes.len() / 2);
+            let first = futures::stream::once(async move { Ok::<_, std::io::Error>(half) });
+            let stall = futures::stream::once(async move {
+                shutdown.cancelled().await;
+                Err(std::io::Error::other("the fake shut down"))
+            });
+            let mut response =
+                Body::from_stream(futures::StreamExt::chain(first, stall)).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            if let Ok(length) = HeaderValue::from_str(&bytes.len().to_string()) {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_LENGTH, length);
+            }
+            response
+        }
+        Some(Fault::TooManyRequests { retry_after }) => {
+            telegram_answer(Err(ApiError::too_many_requests(retry_after))).0
+        }
+        Some(Fault::ServerError { code }) => {
+            telegram_answer(Err(ApiError::new(code, "Internal Server Error"))).0
+        }
+        Some(_) => telegram_answer(Err(ApiError::new(500, "Internal Server Error"))).0,
     }
 }
 

@@ -90,7 +90,10 @@
 //! answer (a connection dying mid-response: the side effect happened but the
 //! client cannot know); `Deaf` makes `getUpdates` answer `[]` while updates pile
 //! up (other methods are unaffected); every other fault except `Delay` answers
-//! without performing the call.
+//! without performing the call. Method `"download"` (and only it, not `"*"`)
+//! faults file downloads: `Hang` sends the headers and half the file, then
+//! stalls until the client gives up; `Delay`, `TooManyRequests` and
+//! `ServerError` act as for calls.
 //!
 //! # In-process API ([`FakeBotApi`])
 //!

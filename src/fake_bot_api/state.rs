@@ -514,10 +514,17 @@ impl Inner {
 
     pub fn take_fault(&mut self, method: &str) -> Option<Fault> {
         let lower = method.to_ascii_lowercase();
-        let index = self
-            .faults
-            .iter()
-            .position(|f| f.method == lower || f.method == "*")?;
+        self.take_planned(|planned| planned == lower || planned == "*")
+    }
+
+    /// The next fault planned for file downloads (method `"download"`
+    /// only: a `"*"` fault is for Bot API calls).
+    pub fn take_download_fault(&mut self) -> Option<Fault> {
+        self.take_planned(|planned| planned == "download")
+    }
+
+    fn take_planned(&mut self, matches: impl Fn(&str) -> bool) -> Option<Fault> {
+        let index = self.faults.iter().position(|f| matches(&f.method))?;
         let planned = &mut self.faults[index];
         let fault = planned.fault.clone();
         if let Some(remaining) = &mut planned.remaining {

@@ -211,6 +211,42 @@ async fn get_file_enforces_telegrams_limits_and_downloads_check_the_token() {
     );
 }
 
+#[tokio::test]
+async fn a_download_fault_stalls_mid_file_and_touches_only_downloads() {
+    let h = harness().await;
+    let bytes = png(10_000);
+    let mine = h
+        .api
+        .inject_user_message(user_media(photo(bytes.clone()), ""))
+        .expect("my photo");
+    let file_id = mine.file_ids.last().expect("a largest size").clone();
+    // A `*` fault is for Bot API calls, not for downloads.
+    h.api.inject_fault("download", Fault::Hang, 1);
+    h.api.inject_fault("*", Fault::ServerError { code: 502 }, 1);
+    assert_eq!(h.error("getMe", json!({})).await.0, 502);
+    let file = h.ok("getFile", json!({"file_id": file_id})).await;
+    let url = format!(
+        "{}/file/bot{}/{}",
+        h.server.url(),
+        h.api.token(),
+        file["file_path"].as_str().expect("a path")
+    );
+    let mut response = h.http.get(&url).send().await.expect("headers arrive");
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.content_length(), Some(bytes.len() as u64));
+    let first = response
+        .chunk()
+        .await
+        .expect("a first chunk")
+        .expect("bytes");
+    assert_eq!(&first[..], &bytes[..bytes.len() / 2]);
+    let stalled = tokio::time::timeout(Duration::from_millis(300), response.chunk()).await;
+    assert!(stalled.is_err(), "the rest never comes");
+    // The fault was used once: the next download is whole.
+    assert_eq!(h.fetch_file(&file_id).await, bytes);
+    assert_eq!(h.api.downloads().len(), 2);
+}
+
 #[test]
 fn a_client_refuses_empty_texts_and_long_captions() {
     let api = FakeBotApi::new(FakeConfig::default());
