@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::error::{TelegramError, is_idempotent};
 use super::types::{
     BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic, Message,
-    SendMessage,
+    ParseMode, SendMessage, TelegramFile,
 };
 use crate::config::BotToken;
 use crate::redact::redact;
@@ -47,8 +47,63 @@ pub struct BotApi {
     http: reqwest::Client,
     /// `{base}/bot{token}/`: holds the secret, so `Debug` prints only the base.
     endpoint: String,
+    /// `{base}/file/bot{token}/`, where `getFile`'s paths are downloaded
+    /// from; holds the secret too.
+    files: String,
     base: String,
     timeout: Duration,
+}
+
+/// What an upload carries: a file read from disk as it is sent, or bytes
+/// the relay made itself (a long answer sent as a file).
+#[derive(Debug)]
+pub enum UploadSource {
+    /// An open file and how many of its bytes to send, from the start.
+    File {
+        file: std::fs::File,
+        len: u64,
+    },
+    Bytes(Vec<u8>),
+}
+
+impl UploadSource {
+    /// How many bytes go.
+    pub fn size(&self) -> u64 {
+        match self {
+            Self::File { len, .. } => *len,
+            Self::Bytes(bytes) => bytes.len() as u64,
+        }
+    }
+}
+
+/// `sendPhoto` or `sendDocument` parameters; the file itself is an
+/// [`UploadSource`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SendFile {
+    pub chat_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_thread_id: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caption: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parse_mode: Option<ParseMode>,
+    /// `sendPhoto` (Telegram recompresses it and shows it inline) rather
+    /// than `sendDocument` (sent as it is).
+    #[serde(skip)]
+    pub as_photo: bool,
+    /// The name the file shows on the phone.
+    #[serde(skip)]
+    pub file_name: String,
+}
+
+/// Why a download did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    #[error("{0}")]
+    Telegram(#[from] TelegramError),
+    /// Writing what arrived failed (a full disk, say).
+    #[error("cannot write the file: {0}")]
+    Write(std::io::Error),
 }
 
 impl fmt::Debug for BotApi {
@@ -92,6 +147,7 @@ impl BotApi {
         Ok(Self {
             http,
             endpoint: format!("{base}/bot{}/", token.expose()),
+            files: format!("{base}/file/bot{}/", token.expose()),
             base,
             timeout: DEFAULT_TIMEOUT,
         })
@@ -264,6 +320,134 @@ impl BotApi {
         self.call("deleteForumTopic", &params).await.map(drop)
     }
 
+    /// Where a file can be downloaded from (`file_path`), for an hour.
+    pub async fn get_file(&self, file_id: &str) -> Result<TelegramFile, TelegramError> {
+        self.call_as("getFile", &json!({"file_id": file_id})).await
+    }
+
+    /// Streams the file at `file_path` (from [`BotApi::get_file`]) into
+    /// `out`, at most `limit` bytes: a longer one is
+    /// [`TelegramError::FileTooBig`]. Returns how many bytes were written.
+    pub async fn download(
+        &self,
+        file_path: &str,
+        limit: u64,
+        timeout: Duration,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<u64, DownloadError> {
+        use tokio::io::AsyncWriteExt as _;
+        // The path comes from Telegram; it still never leaves the file route.
+        let plain = !file_path.is_empty()
+            && file_path
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c))
+            && !file_path
+                .split('/')
+                .any(|part| part.is_empty() || part == "..");
+        if !plain {
+            return Err(TelegramError::Refused {
+                reason: "a file path from getFile that is not a plain relative path",
+            }
+            .into());
+        }
+        // Reads are idempotent: classified as getFile is.
+        let transport = |error| TelegramError::classify_transport("getFile", error);
+        let mut response = self
+            .http
+            .get(format!("{}{file_path}", self.files))
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response.bytes().await.map_err(transport)?;
+            let error = TelegramError::classify_response("getFile", status, &body)
+                .err()
+                .unwrap_or_else(|| TelegramError::Malformed {
+                    message: format!("HTTP {status} for a file download"),
+                    commit_unknown: false,
+                });
+            return Err(error.into());
+        }
+        if response
+            .content_length()
+            .is_some_and(|length| length > limit)
+        {
+            return Err(too_big(limit).into());
+        }
+        let mut written = 0u64;
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
+            written += chunk.len() as u64;
+            if written > limit {
+                return Err(too_big(limit).into());
+            }
+            out.write_all(&chunk).await.map_err(DownloadError::Write)?;
+        }
+        out.flush().await.map_err(DownloadError::Write)?;
+        Ok(written)
+    }
+
+    /// `sendPhoto` or `sendDocument` as a multipart upload: the parameters
+    /// as text fields, the file as a part read while it is sent. `timeout`
+    /// covers the whole upload.
+    pub async fn send_file(
+        &self,
+        params: &SendFile,
+        source: &UploadSource,
+        timeout: Duration,
+    ) -> Result<Message, TelegramError> {
+        let (method, field) = if params.as_photo {
+            ("sendPhoto", "photo")
+        } else {
+            ("sendDocument", "document")
+        };
+        let fields = serde_json::to_value(params).map_err(|_| TelegramError::Refused {
+            reason: "parameters do not serialize",
+        })?;
+        check(method, &fields)?;
+        let mut form = reqwest::multipart::Form::new();
+        for (key, value) in fields.as_object().into_iter().flatten() {
+            let text = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            form = form.text(key.clone(), text);
+        }
+        let part = match source {
+            UploadSource::Bytes(bytes) => reqwest::multipart::Part::bytes(bytes.clone()),
+            UploadSource::File { file, len } => {
+                let unreadable = |_| TelegramError::Refused {
+                    reason: "the file to upload cannot be read",
+                };
+                // Every attempt reads the file from its start, through a
+                // descriptor of its own; `take` keeps the part at the length
+                // announced even if the file grows meanwhile.
+                let mut copy = file.try_clone().map_err(unreadable)?;
+                std::io::Seek::seek(&mut copy, std::io::SeekFrom::Start(0)).map_err(unreadable)?;
+                let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(copy), *len);
+                let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader));
+                reqwest::multipart::Part::stream_with_length(body, *len)
+            }
+        };
+        let form = form.part(field, part.file_name(params.file_name.clone()));
+        let response = self
+            .http
+            .post(format!("{}{method}", self.endpoint))
+            .multipart(form)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|error| TelegramError::classify_transport(method, error))?;
+        let status = response.status().as_u16();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| TelegramError::classify_transport(method, error))?;
+        let result = TelegramError::classify_response(method, status, &body)?;
+        decode(method, result)
+    }
+
     pub async fn get_chat(&self, chat: i64) -> Result<Chat, TelegramError> {
         self.call_as("getChat", &json!({"chat_id": chat})).await
     }
@@ -320,6 +504,12 @@ fn decode<T: DeserializeOwned>(method: &str, result: Value) -> Result<T, Telegra
         message: redact(&format!("unexpected {method} result: {error}")).into_owned(),
         commit_unknown: !is_idempotent(method),
     })
+}
+
+fn too_big(limit: u64) -> TelegramError {
+    TelegramError::FileTooBig {
+        description: format!("more than {limit} bytes"),
+    }
 }
 
 /// Sets an optional parameter; Telegram wants absent rather than `null`.

@@ -56,6 +56,10 @@ pub enum TelegramError {
     /// 403: blocked by the user, removed from the group, …
     #[error("forbidden: {description}")]
     Forbidden { description: String },
+    /// Over Telegram's limits for files: `getFile` past 20 MB ("file is
+    /// too big"), an upload past 50 MB (413).
+    #[error("the file is too big for the Bot API: {description}")]
+    FileTooBig { description: String },
     #[error("bad request: {description}")]
     BadRequest { description: String },
     /// 401: the token is wrong or revoked.
@@ -177,6 +181,7 @@ impl TelegramError {
     ) -> Self {
         match code {
             401 => return Self::Unauthorized,
+            413 => return Self::FileTooBig { description },
             409 => return Self::Conflict { description },
             429 => {
                 let retry_after = retry_after
@@ -216,6 +221,8 @@ impl TelegramError {
             Self::NotAForum { description }
         } else if has("chat not found") {
             Self::ChatNotFound { description }
+        } else if has("file is too big") {
+            Self::FileTooBig { description }
         } else {
             match code {
                 400 => Self::BadRequest { description },
@@ -377,6 +384,9 @@ mod tests {
             }),
             ("Bad Request: chat not found", |e| {
                 matches!(e, TelegramError::ChatNotFound { .. })
+            }),
+            ("Bad Request: file is too big", |e| {
+                matches!(e, TelegramError::FileTooBig { .. })
             }),
             ("Bad Request: message text is empty", |e| {
                 matches!(e, TelegramError::BadRequest { .. })

@@ -2,7 +2,8 @@
 //!
 //! * [`client`] — [`BotApi`], a thin reqwest client: one POST per call, no
 //!   retries of its own, client-side refusals (the General topic, negative
-//!   offsets).
+//!   offsets); file downloads streamed to disk under a size limit and
+//!   multipart uploads streamed from disk.
 //! * [`error`] — [`TelegramError`], the one classifier of failed calls:
 //!   retryable or not, `commit_unknown` for ambiguous non-idempotent calls,
 //!   `retry_after` for 429s. Every message in it is redacted.
@@ -19,7 +20,10 @@ pub mod error;
 pub mod ratelimit;
 pub mod types;
 
-pub use client::{BotApi, SetupError};
+pub use client::{BotApi, DownloadError, SendFile, SetupError, UploadSource};
 pub use error::TelegramError;
 pub use ratelimit::RateLimiter;
-pub use types::{BotInfo, CallbackQuery, ChatKind, ChatMemberStatus, Message, Update, UpdateKind};
+pub use types::{
+    BotInfo, CallbackQuery, ChatKind, ChatMemberStatus, FileRef, MediaKind, Message, Update,
+    UpdateKind,
+};

@@ -147,6 +147,30 @@ pub struct Message {
     /// The message this one replies to (Telegram sends it one level deep).
     #[serde(default)]
     pub reply_to_message: Option<Box<Message>>,
+    /// The text of a message that carries a file.
+    #[serde(default)]
+    pub caption: Option<String>,
+    /// A photo in every size Telegram made of it, smallest first.
+    #[serde(default)]
+    pub photo: Vec<FileRef>,
+    #[serde(default)]
+    pub document: Option<FileRef>,
+    #[serde(default)]
+    pub voice: Option<FileRef>,
+    #[serde(default)]
+    pub audio: Option<FileRef>,
+    #[serde(default)]
+    pub video: Option<FileRef>,
+    #[serde(default)]
+    pub video_note: Option<FileRef>,
+    /// A GIF or silent video; Telegram also sends it as `document`.
+    #[serde(default)]
+    pub animation: Option<FileRef>,
+    #[serde(default)]
+    pub sticker: Option<FileRef>,
+    /// Shared by the messages of one album, each of which is its own update.
+    #[serde(default)]
+    pub media_group_id: Option<String>,
 }
 
 impl Message {
@@ -155,6 +179,74 @@ impl Message {
     pub fn topic(&self) -> Option<i64> {
         self.message_thread_id.filter(|_| self.is_topic_message)
     }
+
+    /// The file the message carries, if any: a photo's largest size, an
+    /// animation as itself (not as the `document` Telegram adds for old
+    /// clients).
+    pub fn media(&self) -> Option<(MediaKind, &FileRef)> {
+        if let Some(largest) = self.photo.last() {
+            return Some((MediaKind::Photo, largest));
+        }
+        let kinds = [
+            (MediaKind::Animation, &self.animation),
+            (MediaKind::Document, &self.document),
+            (MediaKind::Voice, &self.voice),
+            (MediaKind::Audio, &self.audio),
+            (MediaKind::Video, &self.video),
+            (MediaKind::VideoNote, &self.video_note),
+            (MediaKind::Sticker, &self.sticker),
+        ];
+        kinds
+            .into_iter()
+            .find_map(|(kind, file)| file.as_ref().map(|f| (kind, f)))
+    }
+}
+
+/// Which field of a message carried a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediaKind {
+    Photo,
+    Document,
+    Voice,
+    Audio,
+    Video,
+    VideoNote,
+    Animation,
+    Sticker,
+}
+
+/// A file as a message carries it (`PhotoSize`, `Document`, `Voice`, …):
+/// the fields those objects share; the rest is ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct FileRef {
+    /// For `getFile`; valid for this bot only.
+    pub file_id: String,
+    /// The same for every bot and over time.
+    pub file_unique_id: String,
+    /// Telegram may leave it out.
+    #[serde(default)]
+    pub file_size: Option<u64>,
+    /// The sender's name for a document, audio, video or animation.
+    #[serde(default)]
+    pub file_name: Option<String>,
+    #[serde(default)]
+    pub mime_type: Option<String>,
+    /// Seconds, for voice, audio, video and video notes.
+    #[serde(default)]
+    pub duration: Option<u32>,
+}
+
+/// The answer of `getFile`: where to download the file from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TelegramFile {
+    pub file_id: String,
+    pub file_unique_id: String,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+    /// `<api>/file/bot<token>/<file_path>`, valid for an hour; absent when
+    /// the file cannot be downloaded.
+    #[serde(default)]
+    pub file_path: Option<String>,
 }
 
 /// Service message: a topic was created (an observation, not proof that it
@@ -461,6 +553,51 @@ mod tests {
         .unwrap();
         assert!(member.may_manage_topics());
         assert!(!member.may_delete_messages());
+    }
+
+    #[test]
+    fn media_messages_decode_with_their_files() {
+        let raw = json!({
+            "update_id": 5,
+            "message": {
+                "message_id": 8, "date": 1, "media_group_id": "13",
+                "chat": {"id": -1001, "type": "supergroup", "is_forum": true},
+                "from": {"id": 42, "is_bot": false, "first_name": "Ada"},
+                "message_thread_id": 5, "is_topic_message": true,
+                "caption": "the bug",
+                "photo": [
+                    {"file_id": "s", "file_unique_id": "us", "file_size": 900, "width": 90, "height": 67},
+                    {"file_id": "l", "file_unique_id": "ul", "file_size": 91_000, "width": 1280, "height": 960}
+                ]
+            }
+        });
+        let UpdateKind::Message(message) = Update::decode(&raw).unwrap().kind else {
+            panic!("not a message")
+        };
+        let (kind, file) = message.media().unwrap();
+        assert_eq!(kind, MediaKind::Photo);
+        assert_eq!((file.file_id.as_str(), file.file_size), ("l", Some(91_000)));
+        assert_eq!(message.caption.as_deref(), Some("the bug"));
+        assert_eq!(message.media_group_id.as_deref(), Some("13"));
+        assert_eq!(message.text, None);
+
+        let animation = json!({
+            "message_id": 9, "date": 1, "chat": {"id": 7, "type": "private"},
+            "animation": {"file_id": "a", "file_unique_id": "ua", "file_name": "x.mp4", "duration": 2},
+            "document": {"file_id": "a", "file_unique_id": "ua", "file_name": "x.mp4"}
+        });
+        let message: Message = serde_json::from_value(animation).unwrap();
+        assert_eq!(message.media().map(|(k, _)| k), Some(MediaKind::Animation));
+        let voice = json!({
+            "message_id": 10, "date": 1, "chat": {"id": 7, "type": "private"},
+            "voice": {"file_id": "v", "file_unique_id": "uv", "duration": 7, "mime_type": "audio/ogg"}
+        });
+        let message: Message = serde_json::from_value(voice).unwrap();
+        let (kind, file) = message.media().unwrap();
+        assert_eq!(
+            (kind, file.duration, file.file_size),
+            (MediaKind::Voice, Some(7), None)
+        );
     }
 
     #[test]
