@@ -50,6 +50,160 @@ pub struct ConfigFile {
     /// (docs/CLUSTER.md). Without this section the relay is the
     /// single-machine relay and needs no server.
     pub cluster: Option<ClusterFile>,
+    /// Speech to text for voice notes: a program and its arguments, run
+    /// without a shell, e.g. `["whisper-cli", "-m", "/models/ggml-base.bin",
+    /// "-nt", "-f", "{file}"]`. The audio file's path replaces `{file}` (or
+    /// is added at the end); what the program prints is the transcript.
+    pub transcribe_command: Option<CommandLine>,
+    /// Seconds `transcribe_command` may run before it is killed (default
+    /// 120).
+    pub transcribe_timeout_s: Option<u64>,
+    /// Files, photos and voice notes both ways.
+    pub files: Option<FilesFile>,
+}
+
+/// A command line as a list of arguments. A single string is refused with a
+/// clear error rather than split: there is no shell to quote for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandLine {
+    Arguments(Vec<String>),
+    /// Refused when read: a list of arguments is needed.
+    Text(String),
+}
+
+/// `[files]` in `config.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FilesFile {
+    /// Megabytes each session's inbox (the files received from Telegram)
+    /// may hold; the oldest files are removed first (default 200, at least
+    /// 20: one Telegram download).
+    pub inbox_max_mb: Option<u64>,
+    /// Folders besides the session's working directory that the agent may
+    /// send files from (absolute, or starting with `~/`).
+    pub send_from: Option<Vec<String>>,
+    /// Send an answer that is mostly one long code block or diff as a file
+    /// instead of many messages (default true).
+    pub long_answers_as_file: Option<bool>,
+}
+
+/// How voice notes are transcribed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transcriber {
+    /// Program and arguments; `{file}` is where the audio's path goes.
+    pub argv: Vec<String>,
+    pub timeout: std::time::Duration,
+}
+
+/// What `[files]` and the transcription keys come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilesPolicy {
+    pub inbox_max_bytes: u64,
+    /// Absolute folders the agent may also send from.
+    pub send_from: Vec<PathBuf>,
+    pub long_answers_as_file: bool,
+    pub transcriber: Option<Transcriber>,
+}
+
+/// Default and bounds of `[files] inbox_max_mb`.
+const INBOX_DEFAULT_MB: u64 = 200;
+const INBOX_MIN_MB: u64 = 20;
+const INBOX_MAX_MB: u64 = 1024 * 1024;
+/// Default and bounds of `transcribe_timeout_s`.
+const TRANSCRIBE_DEFAULT_S: u64 = 120;
+const TRANSCRIBE_MAX_S: u64 = 3600;
+
+impl Default for FilesPolicy {
+    fn default() -> Self {
+        Self {
+            inbox_max_bytes: INBOX_DEFAULT_MB * 1024 * 1024,
+            send_from: Vec::new(),
+            long_answers_as_file: true,
+            transcriber: None,
+        }
+    }
+}
+
+impl FilesPolicy {
+    /// Checks the keys; an error names the key. `home` expands `~/`.
+    fn from_file(
+        files: FilesFile,
+        transcribe: Option<CommandLine>,
+        timeout_s: Option<u64>,
+        home: Option<&Path>,
+    ) -> Result<Self, (&'static str, String)> {
+        let mb = files.inbox_max_mb.unwrap_or(INBOX_DEFAULT_MB);
+        if !(INBOX_MIN_MB..=INBOX_MAX_MB).contains(&mb) {
+            return Err((
+                "files.inbox_max_mb",
+                format!(
+                    "must be {INBOX_MIN_MB} to {INBOX_MAX_MB} (one Telegram download is up to 20 MB), found {mb}"
+                ),
+            ));
+        }
+        let mut send_from = Vec::new();
+        for folder in files.send_from.unwrap_or_default() {
+            let path = match folder.strip_prefix("~/") {
+                Some(rest) => match home {
+                    Some(home) => home.join(rest),
+                    None => {
+                        return Err((
+                            "files.send_from",
+                            format!("{folder:?}: no home directory to expand ~ with"),
+                        ));
+                    }
+                },
+                None => PathBuf::from(&folder),
+            };
+            if !path.is_absolute() {
+                return Err((
+                    "files.send_from",
+                    format!("{folder:?} must be an absolute path (or start with ~/)"),
+                ));
+            }
+            send_from.push(path);
+        }
+        let timeout_s = timeout_s.unwrap_or(TRANSCRIBE_DEFAULT_S);
+        if !(1..=TRANSCRIBE_MAX_S).contains(&timeout_s) {
+            return Err((
+                "transcribe_timeout_s",
+                format!("must be 1 to {TRANSCRIBE_MAX_S} seconds, found {timeout_s}"),
+            ));
+        }
+        let transcriber = match transcribe {
+            None => None,
+            Some(CommandLine::Text(text)) => {
+                return Err((
+                    "transcribe_command",
+                    format!(
+                        "must be a list of arguments, e.g. {:?}: it runs without a shell, so a single string cannot be split safely",
+                        text.split_whitespace()
+                            .chain(["{file}"])
+                            .collect::<Vec<_>>()
+                    ),
+                ));
+            }
+            Some(CommandLine::Arguments(argv)) => {
+                if argv.first().is_none_or(|program| program.trim().is_empty()) {
+                    return Err((
+                        "transcribe_command",
+                        "needs a program as its first element".into(),
+                    ));
+                }
+                Some(Transcriber {
+                    argv,
+                    timeout: std::time::Duration::from_secs(timeout_s),
+                })
+            }
+        };
+        Ok(Self {
+            inbox_max_bytes: mb * 1024 * 1024,
+            send_from,
+            long_answers_as_file: files.long_answers_as_file.unwrap_or(true),
+            transcriber,
+        })
+    }
 }
 
 /// `[cluster]` in `config.toml`: where the NATS servers are, how to
@@ -286,6 +440,9 @@ pub struct Config {
     /// One bot across machines (docs/CLUSTER.md); `None` is the
     /// single-machine relay.
     pub cluster: Option<ClusterConfig>,
+    /// Files both ways: the inbox cap, where files may be sent from, voice
+    /// transcription.
+    pub files: FilesPolicy,
     /// The file that was read (it may not exist).
     pub file: PathBuf,
 }
@@ -459,8 +616,17 @@ impl Config {
         }
         let approvals = Policy::from_file(parsed.approvals.unwrap_or_default())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
+        let home = env("HOME").map(PathBuf::from);
+        let files = FilesPolicy::from_file(
+            parsed.files.unwrap_or_default(),
+            parsed.transcribe_command,
+            parsed.transcribe_timeout_s,
+            home.as_deref(),
+        )
+        .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
         Ok(Self {
+            files,
             token,
             chat_id,
             allowed_users,
@@ -875,6 +1041,65 @@ mod tests {
         );
         assert!(NodeName::parse("UPPER").is_err());
         assert!(NodeName::parse("").is_err());
+    }
+
+    #[test]
+    fn files_and_transcription_keys_with_their_defaults_and_errors() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.files, FilesPolicy::default());
+        assert_eq!(c.files.inbox_max_bytes, 200 * 1024 * 1024);
+
+        let text = "transcribe_command = [\"whisper-cli\", \"-nt\", \"-f\", \"{file}\"]\n\
+                    transcribe_timeout_s = 30\n\
+                    [files]\ninbox_max_mb = 50\nsend_from = [\"~/Downloads\", \"/srv/out\"]\n\
+                    long_answers_as_file = false\n";
+        let c = load(text, &[("HOME", "/home/ada")]).unwrap();
+        let transcriber = c.files.transcriber.clone().unwrap();
+        assert_eq!(transcriber.argv, ["whisper-cli", "-nt", "-f", "{file}"]);
+        assert_eq!(transcriber.timeout, std::time::Duration::from_secs(30));
+        assert_eq!(c.files.inbox_max_bytes, 50 * 1024 * 1024);
+        assert_eq!(
+            c.files.send_from,
+            [
+                PathBuf::from("/home/ada/Downloads"),
+                PathBuf::from("/srv/out")
+            ]
+        );
+        assert!(!c.files.long_answers_as_file);
+
+        for (text, key, says) in [
+            (
+                "transcribe_command = \"whisper-cli -f\"",
+                "transcribe_command",
+                "list of arguments",
+            ),
+            ("transcribe_command = []", "transcribe_command", "program"),
+            (
+                "transcribe_timeout_s = 0",
+                "transcribe_timeout_s",
+                "1 to 3600",
+            ),
+            ("[files]\ninbox_max_mb = 5", "files.inbox_max_mb", "20 to"),
+            (
+                "[files]\nsend_from = [\"relative\"]",
+                "files.send_from",
+                "absolute",
+            ),
+        ] {
+            match load(text, &[]) {
+                Err(ConfigError::Invalid {
+                    key: k, message, ..
+                }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(message.contains(says), "{text}: {message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            load("[files]\ninbox_max = 5", &[]),
+            Err(ConfigError::Parse { .. })
+        ));
     }
 
     #[test]

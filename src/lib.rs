@@ -19,7 +19,8 @@
 //!   kernel file lock, the wire envelopes on the local socket, and the leader:
 //!   registry, router, outbox, access, poller, triage.
 //! * `telegram` — the Bot API client, the one error classifier, the types and
-//!   the pacing; `render` — Markdown into Telegram HTML.
+//!   the pacing; `render` — Markdown into Telegram HTML; `files` — the file
+//!   rules both sides share (Telegram's limits, safe names, sizes).
 //! * `topics` — slots A–Z, topic names and profile keys.
 //! * `store` — the leader's SQLite state: epoch, bindings, offset, journal,
 //!   who posted what, cleanup intents, paired users.
@@ -51,6 +52,7 @@ mod config;
 mod demo;
 mod doctor;
 pub mod fake_bot_api;
+mod files;
 pub mod framing;
 pub mod host;
 pub mod host_client;

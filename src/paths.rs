@@ -186,6 +186,19 @@ impl Paths {
         self.state_dir.join(format!("{bot}.sqlite3"))
     }
 
+    /// Where the files users send to one bot's sessions are saved, one
+    /// folder per session.
+    pub fn inbox_dir(&self, bot: BotId) -> PathBuf {
+        self.state_dir.join("inbox").join(bot.to_string())
+    }
+
+    /// Checks `dir`, one of the relay's own directories or a directory
+    /// below one, and every directory above it, creating what is missing
+    /// if `missing` says so (see the module doc).
+    pub fn check_own_dir(&self, dir: &Path, missing: Missing) -> Result<bool, UntrustedPath> {
+        check_dir(&self.root_of(dir), dir, missing)
+    }
+
     /// Checks the config, state, log and runtime directories and everything
     /// above them (see the module doc), creating missing ones if `missing`
     /// says so, and returns the paths with their ancestors resolved.
@@ -590,6 +603,114 @@ pub fn check_private_file(path: &Path) -> Result<bool, UntrustedPath> {
     }
 }
 
+/// A file the agent may send to Telegram, opened: its descriptor is what
+/// was checked and what is sent.
+#[derive(Debug)]
+pub struct Sendable {
+    pub file: File,
+    /// Bytes, from the open descriptor.
+    pub len: u64,
+    /// The path with every symbolic link resolved.
+    pub path: PathBuf,
+}
+
+/// Why a file may not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendRefused {
+    #[error("{} does not exist", path.display())]
+    Missing { path: PathBuf },
+    #[error(
+        "{} is outside {allowed}; set `[files] send_from` in config.toml to allow another folder",
+        path.display()
+    )]
+    Outside { path: PathBuf, allowed: String },
+    #[error("{} is one of agent-relay's own files (its configuration holds the bot token)", path.display())]
+    RelayFile { path: PathBuf },
+    #[error("{} is not a regular file", path.display())]
+    NotAFile { path: PathBuf },
+    #[error("{} is owned by uid {owner}, not you (uid {me})", path.display())]
+    NotYours { path: PathBuf, owner: u32, me: u32 },
+    #[error("{} cannot be read: {message}", path.display())]
+    Unreadable { path: PathBuf, message: String },
+}
+
+/// Opens `path` (absolute) for sending, if it may be sent: with every
+/// symbolic link resolved it must lie under one of `roots` (the session's
+/// working directory, `[files] send_from`) and outside `forbidden` (the
+/// relay's configuration), and be a regular file of the effective user's.
+/// The resolved path is opened with `O_NOFOLLOW` and the open descriptor
+/// checked, so a link planted after the resolution is refused, not
+/// followed. (A process of the same user that swaps a directory in
+/// between can do anything the user can anyway: docs/DESIGN.md, *Trust*.)
+pub fn open_sendable(
+    path: &Path,
+    roots: &[PathBuf],
+    forbidden: &[PathBuf],
+) -> Result<Sendable, SendRefused> {
+    let unreadable = |path: &Path, e: &io::Error| SendRefused::Unreadable {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let resolved = match std::fs::canonicalize(path) {
+        Ok(resolved) => resolved,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(SendRefused::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(unreadable(path, &e)),
+    };
+    // Roots that do not exist allow nothing.
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|root| std::fs::canonicalize(root).ok())
+        .collect();
+    if !roots.iter().any(|root| resolved.starts_with(root)) {
+        let allowed = roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(SendRefused::Outside {
+            path: resolved,
+            allowed: if allowed.is_empty() {
+                "every allowed folder (none exists)".into()
+            } else {
+                allowed
+            },
+        });
+    }
+    let relay_file = forbidden
+        .iter()
+        .filter_map(|dir| std::fs::canonicalize(dir).ok())
+        .any(|dir| resolved.starts_with(dir));
+    if relay_file {
+        return Err(SendRefused::RelayFile { path: resolved });
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&resolved)
+        .map_err(|e| unreadable(&resolved, &e))?;
+    let meta = file.metadata().map_err(|e| unreadable(&resolved, &e))?;
+    if !meta.is_file() {
+        return Err(SendRefused::NotAFile { path: resolved });
+    }
+    let me = euid();
+    if meta.uid() != me {
+        return Err(SendRefused::NotYours {
+            path: resolved,
+            owner: meta.uid(),
+            me,
+        });
+    }
+    Ok(Sendable {
+        file,
+        len: meta.len(),
+        path: resolved,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,6 +740,59 @@ mod tests {
             PathBuf::from("/h/state/42.sqlite3")
         );
         assert_eq!(p.roots, vec![PathBuf::from("/h")]);
+    }
+
+    #[test]
+    fn only_regular_files_under_the_roots_may_be_sent_links_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("project");
+        let secret = dir.path().join("secret");
+        let relay = project.join("relay-config");
+        for d in [&project, &secret, &relay] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(project.join("plot.png"), b"png").unwrap();
+        std::fs::write(secret.join("id_rsa"), b"key").unwrap();
+        std::fs::write(relay.join("config.toml"), b"token").unwrap();
+        std::os::unix::fs::symlink(secret.join("id_rsa"), project.join("innocent.txt")).unwrap();
+        std::os::unix::fs::symlink(&secret, project.join("docs")).unwrap();
+        std::fs::create_dir(project.join("sub")).unwrap();
+        let roots = [project.clone()];
+        let forbidden = [relay.clone()];
+        let open = |p: &Path| open_sendable(p, &roots, &forbidden);
+
+        let sent = open(&project.join("sub/../plot.png")).unwrap();
+        assert_eq!(sent.len, 3);
+        assert_eq!(sent.path, project.join("plot.png").canonicalize().unwrap());
+        for outside in [
+            secret.join("id_rsa"),
+            project.join("innocent.txt"),
+            project.join("docs/id_rsa"),
+            project.join("../secret/id_rsa"),
+        ] {
+            assert!(
+                matches!(open(&outside), Err(SendRefused::Outside { .. })),
+                "{outside:?}: {:?}",
+                open(&outside)
+            );
+        }
+        assert!(matches!(
+            open(&relay.join("config.toml")),
+            Err(SendRefused::RelayFile { .. })
+        ));
+        assert!(matches!(
+            open(&project.join("nope.txt")),
+            Err(SendRefused::Missing { .. })
+        ));
+        assert!(matches!(
+            open(&project.join("sub")),
+            Err(SendRefused::NotAFile { .. })
+        ));
+        // Allowed once the secret folder is configured.
+        let more = [project.clone(), secret.clone()];
+        assert!(open_sendable(&project.join("innocent.txt"), &more, &forbidden).is_ok());
+        let refusal = open(&secret.join("id_rsa")).unwrap_err().to_string();
+        assert!(refusal.contains("send_from"), "{refusal}");
     }
 
     #[test]

@@ -1,7 +1,18 @@
 //! An agent's Markdown as Telegram messages: [`render`] turns it into
 //! Telegram's HTML subset, [`split`] cuts that into chunks that each fit one
 //! message and parse on their own, [`to_plain`] is the fallback for a chunk
-//! Telegram still refuses ("can't parse entities").
+//! Telegram still refuses ("can't parse entities"). [`long_block`] finds an
+//! answer that reads better as a file (see *Long answers as files*).
+//!
+//! # Long answers as files
+//!
+//! An answer that would take more than [`ATTACH_AFTER_MESSAGES`] messages
+//! and is mostly one code block (the block holds at least
+//! [`ATTACH_SHARE_PERCENT`] % of its characters), or is a bare diff, goes
+//! as the prose around the block plus the block as a file (`answer.rs`,
+//! `answer.diff`, …): one message and one download on the phone instead of
+//! a scroll through ten half-blocks, and the file can be opened, saved or
+//! applied as it is.
 //!
 //! Telegram's HTML knows only a few inline tags and no block structure, so
 //! blocks become text: headings bold lines, list items bullets or numbers,
@@ -541,6 +552,118 @@ impl Table {
     }
 }
 
+/// An answer longer than this many messages may go as a file.
+pub const ATTACH_AFTER_MESSAGES: usize = 3;
+
+/// The share of an answer's characters its largest code block must hold.
+pub const ATTACH_SHARE_PERCENT: usize = 80;
+
+/// An answer's code block that goes as a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongBlock {
+    /// The answer without the block (Markdown), possibly empty.
+    pub prose: String,
+    /// The block's content, as it is.
+    pub code: String,
+    /// `answer.<extension>` after the fence's language.
+    pub file_name: String,
+}
+
+/// The code block `markdown` should send as a file, by the rule in the
+/// module doc; `None` when it reads well enough as messages.
+pub fn long_block(markdown: &str) -> Option<LongBlock> {
+    if split(&render(markdown), MESSAGE_LIMIT).len() <= ATTACH_AFTER_MESSAGES {
+        return None;
+    }
+    let total = markdown.trim().chars().count().max(1);
+    let trimmed = markdown.trim_start();
+    if trimmed.starts_with("diff --git ")
+        || (trimmed.starts_with("--- ") && trimmed.contains("\n+++ "))
+    {
+        return Some(LongBlock {
+            prose: String::new(),
+            code: markdown.trim().to_string() + "\n",
+            file_name: "answer.diff".into(),
+        });
+    }
+    let mut best: Option<(std::ops::Range<usize>, String, Option<String>)> = None;
+    let mut current: Option<(std::ops::Range<usize>, String, Option<String>)> = None;
+    for (event, range) in Parser::new(markdown).into_offset_iter() {
+        match event {
+            Event::Start(Tag::CodeBlock(kind)) => {
+                let language = match kind {
+                    CodeBlockKind::Fenced(info) => language(&info),
+                    CodeBlockKind::Indented => None,
+                };
+                current = Some((range, String::new(), language));
+            }
+            Event::Text(text) => {
+                if let Some((_, code, _)) = current.as_mut() {
+                    code.push_str(&text);
+                }
+            }
+            Event::End(TagEnd::CodeBlock) => {
+                if let Some(block) = current.take() {
+                    let longer = best
+                        .as_ref()
+                        .is_none_or(|(_, code, _)| block.1.chars().count() > code.chars().count());
+                    if longer {
+                        best = Some(block);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let (range, code, language) = best?;
+    if code.chars().count() * 100 < total * ATTACH_SHARE_PERCENT {
+        return None;
+    }
+    let prose = format!(
+        "{}\n\n{}",
+        markdown[..range.start].trim_end(),
+        markdown[range.end..].trim_start()
+    );
+    let extension = language
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .map_or("txt", |l| extension_for(&l));
+    Some(LongBlock {
+        prose: prose.trim().to_string(),
+        code,
+        file_name: format!("answer.{extension}"),
+    })
+}
+
+/// A file extension for a fence's language.
+fn extension_for(language: &str) -> &'static str {
+    match language {
+        "diff" | "patch" => "diff",
+        "rust" | "rs" => "rs",
+        "python" | "py" => "py",
+        "javascript" | "js" => "js",
+        "typescript" | "ts" => "ts",
+        "tsx" => "tsx",
+        "json" => "json",
+        "toml" => "toml",
+        "yaml" | "yml" => "yaml",
+        "sh" | "bash" | "shell" | "zsh" | "console" => "sh",
+        "go" => "go",
+        "c" => "c",
+        "cpp" | "c++" | "cc" => "cpp",
+        "java" => "java",
+        "kotlin" | "kt" => "kt",
+        "swift" => "swift",
+        "ruby" | "rb" => "rb",
+        "html" => "html",
+        "css" => "css",
+        "sql" => "sql",
+        "markdown" | "md" => "md",
+        "xml" => "xml",
+        _ => "txt",
+    }
+}
+
 /// The first word of a fence's info string, if it looks like a language.
 fn language(info: &str) -> Option<String> {
     let word = info.split([' ', '\t', ',', '{']).next()?;
@@ -952,6 +1075,42 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_long_answer_that_is_mostly_one_code_block_goes_as_a_file() {
+        let code: String = (0..600)
+            .map(|i| format!("let value_{i} = compute({i}) + other_{i};\n"))
+            .collect();
+        let answer =
+            format!("Here is the new module:\n\n```rust\n{code}```\n\nRun `cargo test` after.");
+        let block = long_block(&answer).expect("mostly one block, many messages");
+        assert_eq!(block.file_name, "answer.rs");
+        assert_eq!(block.code, code);
+        assert_eq!(
+            block.prose,
+            "Here is the new module:\n\nRun `cargo test` after."
+        );
+
+        // Short: messages read fine.
+        assert_eq!(long_block("```rust\nfn main() {}\n```"), None);
+        // Long, but mostly prose: messages.
+        let prose = format!("{}\n\n```\nx\n```", "A sentence of prose. ".repeat(1200));
+        assert_eq!(long_block(&prose), None);
+        // A bare diff.
+        let diff = format!(
+            "diff --git a/x b/x\n--- a/x\n+++ b/x\n{}",
+            "+added line\n".repeat(2000)
+        );
+        let block = long_block(&diff).unwrap();
+        assert_eq!(
+            (block.file_name.as_str(), block.prose.as_str()),
+            ("answer.diff", "")
+        );
+        assert!(block.code.starts_with("diff --git"));
+        // An unknown language is a text file.
+        let odd = format!("```brainfuck\n{}```", "+-<>[].,\n".repeat(3000));
+        assert_eq!(long_block(&odd).unwrap().file_name, "answer.txt");
+    }
 
     #[test]
     fn inline_formatting() {

@@ -40,6 +40,8 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::ToolParams>("host/tool-ended.params"),
         file::<h::InputReceivedParams>("host/input-received.params"),
         file::<h::ShutdownParams>("host/shutdown.params"),
+        file::<h::SendFileParams>("host/file-send.params"),
+        file::<h::SendFileResult>("host/file-send.result"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),
         file::<h::NotifyParams>("host/ui-notify.params"),
@@ -58,6 +60,7 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::RestartPlan>("bus/restart.result"),
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
+        file::<b::Fetched>("bus/fetch.result"),
         // config
         file::<crate::config::ConfigFile>("config"),
     ]

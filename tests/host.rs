@@ -254,6 +254,7 @@ fn schema_for(method: &str, part: &str) -> Option<String> {
         "ui/confirm" => "ui-confirm",
         "agent/sendUserMessage" => "agent-send-user-message",
         "agent/abort" => "agent-abort",
+        "file/send" => "file-send",
         "shutdown" if part == "params" => "shutdown",
         _ => return None,
     };
@@ -267,10 +268,42 @@ async fn real_traffic_matches_the_checked_in_schemas() {
         Arc::new(|method, _| (method == "ui/confirm").then(|| json!({"confirmed": false})));
     let fake = common::fake().await;
     let mut sidecar = Sidecar::spawn(Options::new(home.path()).configured(&fake).answer(answer));
-    sidecar.handshake("/tmp/schema", "schema").await;
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("notes.txt"), b"notes").unwrap();
+    sidecar
+        .handshake(cwd.path().to_str().unwrap(), "schema")
+        .await;
     sidecar.wait_status(|s| s.contains("leader")).await;
     sidecar.command("telegram-status", "--debug").await;
     sidecar.command("relay", "status").await;
+    // A prompt with an attachment, and a file sent back.
+    let thread = common::topic(&fake, "schema").thread_id;
+    fake.api()
+        .inject_user_message(agent_relay::fake_bot_api::UserMessage {
+            chat_id: common::CHAT,
+            thread_id: Some(thread),
+            user_id: common::USER,
+            text: "a caption".into(),
+            media: Some(agent_relay::fake_bot_api::MediaInject {
+                kind: agent_relay::fake_bot_api::MediaKind::Voice,
+                bytes: b"OggS".to_vec().into(),
+                duration: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+    sidecar
+        .wait_for("a prompt with an attachment", |m| {
+            m["method"] == "agent/sendUserMessage" && m["params"]["attachments"].is_array()
+        })
+        .await;
+    sidecar
+        .call(
+            "file/send",
+            json!({"path": "notes.txt", "caption": "notes"}),
+        )
+        .await;
     sidecar.command("telegram-disconnect", "").await;
     sidecar.call("shutdown", json!({})).await;
 

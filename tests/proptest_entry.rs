@@ -236,7 +236,45 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
         any::<u64>().prop_map(|id| ToLeader::Status(StatusQuery { id })),
         (any::<u64>(), any::<u64>())
             .prop_map(|(id, generation)| ToLeader::Pair(Pair { id, generation })),
+        (any::<u64>(), any::<u64>(), any::<i64>()).prop_map(|(id, generation, update_id)| {
+            ToLeader::Fetch(Fetch {
+                id,
+                generation,
+                update_id,
+            })
+        }),
     ]
+}
+
+fn attachment_kind() -> impl Strategy<Value = AttachmentKind> {
+    prop::sample::select(vec![
+        AttachmentKind::Photo,
+        AttachmentKind::Document,
+        AttachmentKind::Voice,
+        AttachmentKind::Audio,
+        AttachmentKind::Video,
+        AttachmentKind::VideoNote,
+        AttachmentKind::Animation,
+    ])
+}
+
+fn inbound_attachment() -> impl Strategy<Value = InboundAttachment> {
+    (
+        attachment_kind(),
+        prop::option::of(".{0,20}"),
+        prop::option::of("[a-z]{1,8}/[a-z0-9.+-]{1,12}"),
+        prop::option::of(any::<u64>()),
+        prop::option::of(any::<u32>()),
+    )
+        .prop_map(
+            |(kind, name, mime_type, size, duration_s)| InboundAttachment {
+                kind,
+                name,
+                mime_type,
+                size,
+                duration_s,
+            },
+        )
 }
 
 fn keyboard() -> impl Strategy<Value = Keyboard> {
@@ -311,6 +349,21 @@ fn topic_op() -> impl Strategy<Value = TopicOp> {
                 outcome,
             })
         }),
+        (
+            prop_oneof![
+                ".{0,40}".prop_map(FileSource::Path),
+                (".{0,16}", ".{0,60}").prop_map(|(name, text)| FileSource::Text { name, text }),
+            ],
+            prop::option::of(".{0,30}"),
+            prop::option::of(prop::sample::select(vec![SendAs::Photo, SendAs::Document])),
+        )
+            .prop_map(|(source, caption, send_as)| {
+                TopicOp::SendFile(SendFile {
+                    source,
+                    caption,
+                    send_as,
+                })
+            }),
     ]
 }
 
@@ -327,6 +380,8 @@ fn bus_error_code() -> impl Strategy<Value = BusErrorCode> {
         BusErrorCode::CommitUnknown,
         BusErrorCode::Telegram,
         BusErrorCode::Unavailable,
+        BusErrorCode::FileRefused,
+        BusErrorCode::FileTooBig,
         BusErrorCode::Internal,
     ])
 }
@@ -346,9 +401,22 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
         any::<i64>(),
         ".{0,40}",
         prop::option::of(any::<i64>()),
+        prop::collection::vec(inbound_attachment(), 0..3),
+        prop::option::of("[0-9]{1,12}"),
     )
         .prop_map(
-            |(delivery_id, update_id, chat_id, thread_id, user_id, message_id, text, reply_to)| {
+            |(
+                delivery_id,
+                update_id,
+                chat_id,
+                thread_id,
+                user_id,
+                message_id,
+                text,
+                reply_to,
+                attachments,
+                media_group_id,
+            )| {
                 FromLeader::Deliver(Deliver {
                     delivery_id,
                     update_id,
@@ -359,6 +427,8 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
                         message_id,
                         text,
                         reply_to,
+                        attachments,
+                        media_group_id,
                     },
                 })
             },

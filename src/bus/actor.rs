@@ -52,7 +52,6 @@ type Waiting = HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>;
 pub(super) struct Actor {
     request: JoinRequest,
     bus: BusDir,
-    store_path: std::path::PathBuf,
     instance_id: String,
     /// Proves to a leader that a registration under `instance_id` is ours.
     instance_secret: String,
@@ -80,7 +79,6 @@ impl Actor {
         let bot = request.config.bot_id().unwrap_or(BotId(0));
         Self {
             bus: BusDir::new(request.paths.bus_dir(bot)),
-            store_path: request.paths.store_file(bot),
             instance_id: uuid::Uuid::new_v4().to_string(),
             instance_secret: uuid::Uuid::new_v4().simple().to_string(),
             request,
@@ -209,7 +207,7 @@ impl Actor {
             Ok(Some(lock)) => {
                 let started = leader::start(
                     lock,
-                    self.store_path.clone(),
+                    &self.request.paths,
                     self.instance_id.clone(),
                     &self.request.config,
                 )
@@ -365,6 +363,7 @@ impl Actor {
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
                         Call::Restart => ToLeader::Restart(Restart { id, generation }),
                         Call::Topic(op) => ToLeader::Topic(TopicRequest { id, generation, op }),
+                        Call::Fetch(update_id) => ToLeader::Fetch(Fetch { id, generation, update_id }),
                     };
                     if let Err(e) = writer.send(&envelope).await {
                         let _ = call.reply.send(Err(MemberError::NotConnected));

@@ -20,6 +20,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// than the leader's own deadline, so the leader's answer (sent, or why
 /// not) is what the session hears, not a timeout.
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(super::leader::TOPIC_DEADLINE.as_secs() + 30);
+/// The same for fetching a message's files…
+const FETCH_TIMEOUT: Duration = Duration::from_secs(super::leader::FETCH_DEADLINE.as_secs() + 30);
+/// …and for sending a file.
+pub const UPLOAD_TIMEOUT: Duration =
+    Duration::from_secs(super::leader::UPLOAD_DEADLINE.as_secs() + 30);
 
 /// What a session needs to join its bot's bus.
 #[derive(Debug, Clone)]
@@ -136,6 +141,7 @@ pub(super) enum Call {
     Restart,
     Pair,
     Topic(TopicOp),
+    Fetch(i64),
 }
 
 pub(super) struct Pending {
@@ -275,6 +281,12 @@ impl Member {
         timeout: Duration,
     ) -> Result<TopicDone, MemberError> {
         self.call(Call::Topic(op), timeout).await
+    }
+
+    /// Downloads the files of delivery `update_id` (one of this session's)
+    /// into its inbox, or finds them there; answers with their paths.
+    pub async fn fetch(&self, update_id: i64) -> Result<Fetched, MemberError> {
+        self.call(Call::Fetch(update_id), FETCH_TIMEOUT).await
     }
 
     /// Tells the leader a delivery reached the host. Best effort: an ack lost

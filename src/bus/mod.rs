@@ -22,5 +22,5 @@ mod restart;
 mod status;
 pub mod wire;
 
-pub use member::{JoinRequest, Member, MemberError, MemberState, Role};
+pub use member::{JoinRequest, Member, MemberError, MemberState, Role, UPLOAD_TIMEOUT};
 pub use status::{LeaderReport, leader_report, query_status};

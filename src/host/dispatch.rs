@@ -14,7 +14,8 @@ use super::message::{INTERNAL_ERROR, error_line};
 use super::outbound::Outbox;
 use super::{Handler, RpcError};
 use crate::protocol::host::{
-    ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, ShutdownParams, method,
+    ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, SendFileParams,
+    ShutdownParams, method,
 };
 
 impl From<RpcError> for ErrorObjectOwned {
@@ -64,6 +65,15 @@ pub(crate) fn rpc_module<H: Handler>(handler: Arc<H>) -> RpcModule<H> {
         .register_async_method(method::QUESTION_ASK, |params, handler, _| async move {
             let params: QuestionParams = params.parse()?;
             Ok::<_, ErrorObjectOwned>(handler.ask(params).await)
+        })
+        .expect("method names are distinct");
+    module
+        .register_async_method(method::FILE_SEND, |params, handler, _| async move {
+            let params: SendFileParams = params.parse()?;
+            handler
+                .send_file(params)
+                .await
+                .map_err(ErrorObjectOwned::from)
         })
         .expect("method names are distinct");
     module

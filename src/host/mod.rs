@@ -77,6 +77,18 @@ pub trait Handler: Send + Sync + 'static {
         })
     }
 
+    /// `file/send`. A handler that cannot send files refuses.
+    fn send_file(
+        &self,
+        params: SendFileParams,
+    ) -> impl Future<Output = Result<SendFileResult, RpcError>> + Send {
+        let _ = params;
+        std::future::ready(Err(RpcError {
+            code: FILE_NOT_SENT,
+            message: "this sidecar sends no files".into(),
+        }))
+    }
+
     /// `question/ask`. A handler that cannot ask answers nothing.
     fn ask(&self, params: QuestionParams) -> impl Future<Output = QuestionResult> + Send {
         let _ = params;

@@ -516,6 +516,7 @@ async fn outbound_request_answered() {
                 user_id: 1,
                 update_id: 99,
             },
+            attachments: Vec::new(),
         };
         link.send_user_message(&params, WAIT)
             .await

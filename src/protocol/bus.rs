@@ -15,6 +15,7 @@ use serde_json::Value;
 /// The bus protocol version; a leader refuses a follower that speaks another.
 pub const BUS_PROTOCOL_VERSION: u32 = 2;
 
+pub use super::host::{AttachmentKind, SendAs};
 pub use crate::ids::{Epoch, Generation, Slot, Target};
 
 /// A session's route as the follower remembers it; carried on re-register so
@@ -44,6 +45,7 @@ pub enum ToLeader {
     Restart(Restart),
     Status(StatusQuery),
     Pair(Pair),
+    Fetch(Fetch),
 }
 
 /// Join the bus as a session (or rejoin it after a reconnect).
@@ -172,6 +174,75 @@ pub enum TopicOp {
     /// all: the message shows `outcome` and loses its buttons. If the phone
     /// answered first, that answer comes back instead (`TopicDone::answer`).
     CloseAsk(CloseAsk),
+    /// Post a file (a multipart upload by the leader). The bytes never
+    /// cross the bus: the leader reads a path after checking it, or takes
+    /// a short text the session made (docs/DESIGN.md, *Files*).
+    SendFile(SendFile),
+}
+
+/// A file for the topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendFile {
+    pub source: FileSource,
+    /// Plain text under the file; cut to Telegram's 1024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caption: Option<String>,
+    /// None: a picture small enough goes as a photo, the rest as a document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_as: Option<SendAs>,
+}
+
+/// Where the bytes of a [`SendFile`] come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FileSource {
+    /// An absolute path the leader opens after checking it: inside the
+    /// session's registered working directory or a folder of
+    /// `[files] send_from` once symbolic links are resolved, a regular file
+    /// of the user's, 50 MB at most.
+    Path(String),
+    /// A text the session made (a long answer as a file), at most
+    /// [`MAX_INLINE_FILE`] bytes, sent as a document called `name`.
+    Text { name: String, text: String },
+}
+
+/// The most bytes a [`FileSource::Text`] may carry: well inside a frame.
+pub const MAX_INLINE_FILE: usize = 512 * 1024;
+
+/// Download the files of a delivery into the session's inbox. Asked by the
+/// session when it takes the delivery, so the files arrive in the order of
+/// the topic and only for the session that owns the message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Fetch {
+    pub id: u64,
+    pub generation: Generation,
+    pub update_id: i64,
+}
+
+/// `fetch` result: the delivery's files, in the order of its attachments.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Fetched {
+    pub files: Vec<FetchedFile>,
+}
+
+/// One file saved in the session's inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FetchedFile {
+    pub kind: AttachmentKind,
+    /// Absolute path in the inbox.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    pub size: u64,
+    /// The sender's name for it, as sent (never used as a path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<u32>,
 }
 
 /// A question for the phone.
@@ -300,6 +371,11 @@ pub struct TopicDone {
     /// answered first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<AskAnswer>,
+    /// How a file went (`sendFile`), and how many bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_as: Option<SendAs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
 }
 
 /// The follower handed delivery `delivery_id` to its host.
@@ -505,6 +581,13 @@ pub enum BusErrorCode {
     /// The leader is restarting, or Telegram stayed unreachable past the
     /// request's deadline. Nothing was sent.
     Unavailable,
+    /// A file that may not be sent: outside the session's folder and the
+    /// configured ones, missing, not a regular file of the user's. Nothing
+    /// was sent.
+    FileRefused,
+    /// A file over the Bot API's limits: 20 MB to download, 50 MB (photos
+    /// 10 MB) to upload. Nothing was sent or saved.
+    FileTooBig,
     /// Anything else.
     Internal,
 }
@@ -531,6 +614,30 @@ pub struct InboundMessage {
     /// The message of the topic this one replies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<i64>,
+    /// The files the message carries (their bytes: `fetch`); `text` is
+    /// then the caption, possibly empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<InboundAttachment>,
+    /// The album the message belongs to: its messages come one by one and
+    /// make one prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_group_id: Option<String>,
+}
+
+/// A file an inbound message carries, as Telegram describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundAttachment {
+    pub kind: AttachmentKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Bytes, when Telegram says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<u32>,
 }
 
 /// The leader is about to step down on purpose; expect these to come back.

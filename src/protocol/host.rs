@@ -36,6 +36,7 @@ pub mod method {
     pub const QUESTION_ASK: &str = "question/ask";
     pub const UI_SELECT: &str = "ui/select";
     pub const CANCEL_REQUEST: &str = "$/cancelRequest";
+    pub const FILE_SEND: &str = "file/send";
 }
 
 // ---------------------------------------------------------------- host → sidecar
@@ -280,10 +281,102 @@ pub struct MessageOrigin {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SendUserMessageParams {
+    /// The prompt. With attachments it is the caption (or a voice note's
+    /// transcript) followed by one line per file naming its path, so a host
+    /// that ignores `attachments` still tells the agent where they are.
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver_as: Option<DeliverAs>,
     pub origin: MessageOrigin,
+    /// Files that came with the message (an album: every file of it),
+    /// already saved on this machine. A host that can show images to its
+    /// model passes the photos as images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+}
+
+/// What kind of file a Telegram message carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AttachmentKind {
+    /// A picture Telegram compressed (always JPEG).
+    Photo,
+    /// Any file sent as it is (a screenshot sent "as a file" too).
+    Document,
+    /// A voice note (OGG/Opus).
+    Voice,
+    Audio,
+    Video,
+    /// A round video message.
+    VideoNote,
+    /// A GIF or silent video.
+    Animation,
+}
+
+/// A file from Telegram, saved in the session's inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    pub kind: AttachmentKind,
+    /// Absolute path of the saved file.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Bytes.
+    pub size: u64,
+    /// The name the sender gave it (documents, audio, video), as sent:
+    /// never used as a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Seconds, for voice notes, audio and video.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<u32>,
+}
+
+/// How a file goes to Telegram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SendAs {
+    /// Shown inline, recompressed by Telegram (JPEG, PNG, GIF, WebP, BMP up
+    /// to 10 MB).
+    Photo,
+    /// Sent byte for byte (up to 50 MB).
+    Document,
+}
+
+/// `file/send` params (host → sidecar): the agent sends a file into its
+/// session's topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendFileParams {
+    /// Absolute, or relative to the session's working directory. It must
+    /// lie there (symbolic links resolved) or under a folder of
+    /// `[files] send_from`.
+    pub path: String,
+    /// Shown under the file, plain text (at most 1024 characters; longer is
+    /// cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caption: Option<String>,
+    /// Photo or document; left out, a picture small enough goes as a photo
+    /// and everything else as a document.
+    #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
+    pub send_as: Option<SendAs>,
+}
+
+/// The JSON-RPC error code of a `file/send` that was not done; the message
+/// says why (not connected, outside the allowed folders, too big, Telegram
+/// refused it).
+pub const FILE_NOT_SENT: i32 = -32001;
+
+/// `file/send` result. A refusal is a JSON-RPC error ([`FILE_NOT_SENT`])
+/// whose message says why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendFileResult {
+    pub message_id: i64,
+    pub sent_as: SendAs,
+    /// Bytes sent.
+    pub size: u64,
 }
 
 /// `agent/sendUserMessage` result.

@@ -18,6 +18,9 @@
 //!   repeats by `origin.updateId`.
 //! * A command waits until the prompts before it were answered, so
 //!   `/stop` stops what came before it.
+//! * A message with files waits until they are fetched (and a voice note
+//!   transcribed), and an album until all its parts came (`media.rs`): the
+//!   parts make one prompt, settled together once the host took it.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -32,12 +35,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
+use super::media::{self, ALBUM_WAIT, Prepared};
 use super::outbound::Outgoing;
 use crate::bus::Member;
 use crate::host::OutboundError;
 use crate::protocol::bus::Deliver;
 use crate::protocol::host::{
-    DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,
+    Attachment, DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,
 };
 
 /// How long the host may take to accept a prompt.
@@ -88,8 +92,9 @@ fn topic_command(text: &str) -> Option<&str> {
 /// in journal order without waiting for each answer (see the module docs).
 const WINDOW: usize = 64;
 
-/// A prompt on its way: settled (`true`) once the host answered.
-type Answered = Pin<Box<dyn Future<Output = (Deliver, bool)> + Send>>;
+/// A prompt on its way, with the deliveries it was made of: settled
+/// (`true`) once the host answered.
+type Answered = Pin<Box<dyn Future<Output = (Vec<Deliver>, bool)> + Send>>;
 
 pub async fn run(
     session: Weak<Session>,
@@ -100,81 +105,148 @@ pub async fn run(
     let mut seen = Seen::new();
     let mut in_flight: FuturesOrdered<Answered> = FuturesOrdered::new();
     let mut on_the_way: HashSet<i64> = HashSet::new();
+    // A delivery read ahead while an album waited for its parts.
+    let mut held: VecDeque<Deliver> = VecDeque::new();
     let settle =
-        |(deliver, settled): (Deliver, bool), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
-            on_the_way.remove(&deliver.update_id);
-            if settled {
-                seen.insert(deliver.update_id);
-                member.ack_delivery(deliver.delivery_id);
+        |(parts, settled): (Vec<Deliver>, bool), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
+            for deliver in parts {
+                on_the_way.remove(&deliver.update_id);
+                if settled {
+                    seen.insert(deliver.update_id);
+                    member.ack_delivery(deliver.delivery_id);
+                }
             }
         };
     loop {
+        let next = async {
+            match held.pop_front() {
+                Some(deliver) => Some(deliver),
+                None => deliveries.recv().await,
+            }
+        };
         tokio::select! {
             () = stop.cancelled() => break,
             Some(answered) = in_flight.next(), if !in_flight.is_empty() => {
                 settle(answered, &mut seen, &mut on_the_way);
             }
-            next = deliveries.recv(), if in_flight.len() < WINDOW => {
+            next = next, if in_flight.len() < WINDOW => {
                 let Some(deliver) = next else { break };
-                if seen.contains(deliver.update_id) {
-                    member.ack_delivery(deliver.delivery_id);
-                    continue;
+                let mut parts = vec![deliver];
+                if let Some(group) = parts[0].message.media_group_id.clone() {
+                    gather_album(&group, &mut parts, &mut held, &mut deliveries).await;
                 }
-                if on_the_way.contains(&deliver.update_id) {
-                    // A redelivery of a prompt the host has not answered yet:
-                    // its answer settles both.
+                // Repeats: settled ones are acknowledged again, ones the
+                // host has not answered yet are settled by that answer.
+                parts.retain(|deliver| {
+                    if seen.contains(deliver.update_id) {
+                        member.ack_delivery(deliver.delivery_id);
+                        return false;
+                    }
+                    !on_the_way.contains(&deliver.update_id)
+                });
+                if parts.is_empty() {
                     continue;
                 }
                 let Some(session) = session.upgrade() else {
                     break;
                 };
-                if let Some(params) = prompt(&deliver, session.is_busy()) {
-                    match session.host.send_user_message(&params, HOST_TIMEOUT).await {
-                        Ok(answer) => {
-                            on_the_way.insert(deliver.update_id);
-                            in_flight.push_back(Box::pin(async move {
-                                let settled = accepted(&session, &deliver, answer.await);
-                                (deliver, settled)
-                            }));
-                        }
-                        Err(e) => tracing::warn!(
-                            update_id = deliver.update_id,
-                            "the host did not take a message: {e}"
-                        ),
+                let has_files = parts.iter().any(|d| !d.message.attachments.is_empty());
+                if !has_files && topic_command(&parts[0].message.text).is_some() {
+                    // A command acts on what came before it: the prompts
+                    // on their way are answered first.
+                    while let Some(answered) = in_flight.next().await {
+                        settle(answered, &mut seen, &mut on_the_way);
+                    }
+                    if handle(&session, &parts[0]).await {
+                        settle((parts, true), &mut seen, &mut on_the_way);
                     }
                     continue;
                 }
-                // A command acts on what came before it: the prompts
-                // on their way are answered first.
-                while let Some(answered) = in_flight.next().await {
-                    settle(answered, &mut seen, &mut on_the_way);
-                }
-                if handle(&session, &deliver).await {
-                    seen.insert(deliver.update_id);
-                    member.ack_delivery(deliver.delivery_id);
+                let (text, attachments) = if has_files {
+                    let prepared = tokio::select! {
+                        () = stop.cancelled() => break,
+                        prepared = media::prepare(&session, &member, &parts) => prepared,
+                    };
+                    match prepared {
+                        Prepared::Prompt { text, attachments } => (text, attachments),
+                        Prepared::Nothing => {
+                            settle((parts, true), &mut seen, &mut on_the_way);
+                            continue;
+                        }
+                        Prepared::Later => continue,
+                    }
+                } else {
+                    (parts[0].message.text.clone(), Vec::new())
+                };
+                let params = prompt(&parts[0], text, attachments, session.is_busy());
+                match session.host.send_user_message(&params, HOST_TIMEOUT).await {
+                    Ok(answer) => {
+                        on_the_way.extend(parts.iter().map(|d| d.update_id));
+                        in_flight.push_back(Box::pin(async move {
+                            let settled = accepted(&session, &parts[0], answer.await);
+                            (parts, settled)
+                        }));
+                    }
+                    Err(e) => tracing::warn!(
+                        update_id = parts[0].update_id,
+                        "the host did not take a message: {e}"
+                    ),
                 }
             }
         }
     }
 }
 
-/// The prompt a delivery makes, unless it is a command or a tap; a busy
-/// agent gets it as a follow-up.
-fn prompt(deliver: &Deliver, busy: bool) -> Option<SendUserMessageParams> {
-    let message = &deliver.message;
-    if topic_command(&message.text).is_some() {
-        return None;
+/// Gathers the parts of album `group` that follow its first: Telegram sends
+/// each as an update of its own, one after another. The first delivery of
+/// something else is kept for later.
+async fn gather_album(
+    group: &str,
+    parts: &mut Vec<Deliver>,
+    held: &mut VecDeque<Deliver>,
+    deliveries: &mut mpsc::Receiver<Deliver>,
+) {
+    loop {
+        let next = match held.pop_front() {
+            Some(deliver) => Some(deliver),
+            None => tokio::time::timeout(ALBUM_WAIT, deliveries.recv())
+                .await
+                .ok()
+                .flatten(),
+        };
+        match next {
+            Some(deliver) if deliver.message.media_group_id.as_deref() == Some(group) => {
+                parts.push(deliver);
+            }
+            Some(other) => {
+                held.push_front(other);
+                return;
+            }
+            None => return,
+        }
     }
-    Some(SendUserMessageParams {
-        text: message.text.clone(),
+}
+
+/// The prompt for a delivery (the first of an album); a busy agent gets it
+/// as a follow-up.
+fn prompt(
+    first: &Deliver,
+    text: String,
+    attachments: Vec<Attachment>,
+    busy: bool,
+) -> SendUserMessageParams {
+    let message = &first.message;
+    SendUserMessageParams {
+        text,
         deliver_as: busy.then_some(DeliverAs::FollowUp),
         origin: MessageOrigin {
             chat_id: message.chat_id,
             thread_id: message.thread_id,
             user_id: message.user_id,
-            update_id: deliver.update_id,
+            update_id: first.update_id,
         },
-    })
+        attachments,
+    }
 }
 
 /// Whether the host's answer settles the delivery: taken, or refused for

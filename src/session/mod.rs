@@ -16,7 +16,7 @@ use crate::commands::{relay_status_text, restart_text};
 use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
 use crate::paths::Paths;
-use crate::protocol::bus::Health;
+use crate::protocol::bus::{BusErrorCode, FileSource, Health, SendFile, TopicOp};
 use crate::protocol::host::*;
 use crate::topics;
 
@@ -24,7 +24,9 @@ mod approvals;
 mod dialog;
 mod facts;
 mod inbound;
+mod media;
 mod outbound;
+mod transcribe;
 
 pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
 use facts::{describe_binding, describe_sync, describe_transport};
@@ -105,6 +107,8 @@ pub struct Session {
     busy: AtomicBool,
     /// "Allow for this session" grants.
     grants: Mutex<approvals::Grants>,
+    /// The topic was told how to have voice notes transcribed.
+    told_about_voice: AtomicBool,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -141,6 +145,7 @@ impl Session {
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
             grants: Mutex::default(),
+            told_about_voice: AtomicBool::new(false),
         })
     }
 
@@ -235,6 +240,7 @@ impl Session {
             .identity
             .clone()
             .ok_or("the host has not sent initialize yet")?;
+        let long_answers_as_file = config.files.long_answers_as_file;
         let (member, deliveries) = Member::join(JoinRequest {
             paths: self.paths.clone(),
             config,
@@ -247,7 +253,11 @@ impl Session {
         let membership = self.stop.child_token();
         state.member = Some(member.clone());
         state.disconnected = false;
-        state.outbound = Some(outbound::spawn(member.clone(), membership.clone()));
+        state.outbound = Some(outbound::spawn(
+            member.clone(),
+            membership.clone(),
+            long_answers_as_file,
+        ));
         state.membership = membership.clone();
         drop(state);
         if self.is_busy() {
@@ -686,6 +696,10 @@ impl Handler for Session {
         self.question(params).await
     }
 
+    async fn send_file(&self, params: SendFileParams) -> Result<SendFileResult, RpcError> {
+        Session::send_file(self, params).await
+    }
+
     async fn shutdown(&self, params: ShutdownParams) {
         tracing::info!(reason = ?params.reason, "host asked to shut down");
         self.close().await;
@@ -729,6 +743,48 @@ impl Session {
                 .await
         {
             tracing::warn!("cannot register the new session: {e}");
+        }
+    }
+
+    /// `file/send`: the agent posts a file into its topic. The path is
+    /// resolved against the session's working directory; the leader checks
+    /// where it lies and opens it (docs/DESIGN.md, *Files*).
+    async fn send_file(&self, params: SendFileParams) -> Result<SendFileResult, RpcError> {
+        let refused = |message: String| RpcError {
+            code: FILE_NOT_SENT,
+            message,
+        };
+        let Some(member) = self.member() else {
+            return Err(refused(
+                "this session is not connected to Telegram; run /telegram-connect first".into(),
+            ));
+        };
+        let path = std::path::Path::new(&params.path);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            std::path::Path::new(&self.cwd()).join(path)
+        };
+        let op = TopicOp::SendFile(SendFile {
+            source: FileSource::Path(path.display().to_string()),
+            caption: params.caption.filter(|c| !c.trim().is_empty()),
+            send_as: params.send_as,
+        });
+        match member.topic_within(op, crate::bus::UPLOAD_TIMEOUT).await {
+            Ok(done) => Ok(SendFileResult {
+                message_id: done.message_id.unwrap_or_default(),
+                sent_as: done.sent_as.unwrap_or(SendAs::Document),
+                size: done.size.unwrap_or_default(),
+            }),
+            Err(e) => Err(refused(match e.code() {
+                Some(BusErrorCode::CommitUnknown) => format!(
+                    "it is unknown whether Telegram got the file ({e}); look in the topic before sending it again"
+                ),
+                Some(BusErrorCode::NoTopic) => {
+                    "this session has no Telegram topic yet; run /telegram-connect".into()
+                }
+                _ => format!("the file was not sent: {e}"),
+            })),
         }
     }
 

@@ -21,7 +21,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Member, MemberError};
-use crate::protocol::bus::{BusErrorCode, EditText, SendText, Target, TextFormat, TopicOp};
+use crate::protocol::bus::{
+    BusErrorCode, EditText, FileSource, MAX_INLINE_FILE, SendAs, SendFile, SendText, Target,
+    TextFormat, TopicOp,
+};
 use crate::render;
 
 /// Telegram shows `typing` for about 5 s; renew a little before.
@@ -97,9 +100,15 @@ fn elapsed(since: Instant) -> String {
     format!("{}:{:02}", secs / 60, secs % 60)
 }
 
-pub fn spawn(member: Arc<Member>, stop: CancellationToken) -> mpsc::UnboundedSender<Outgoing> {
+/// `long_answers_as_file`: an answer that is mostly one long code block
+/// goes as a file (`render::long_block`).
+pub fn spawn(
+    member: Arc<Member>,
+    stop: CancellationToken,
+    long_answers_as_file: bool,
+) -> mpsc::UnboundedSender<Outgoing> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(member, rx, stop));
+    tokio::spawn(run(member, rx, stop, long_answers_as_file));
     tx
 }
 
@@ -107,6 +116,7 @@ async fn run(
     member: Arc<Member>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     stop: CancellationToken,
+    long_answers_as_file: bool,
 ) {
     let mut typing: Option<tokio::time::Interval> = None;
     let mut progress: Option<Progress> = None;
@@ -125,6 +135,12 @@ async fn run(
                         progress = Some(Progress { message_id: None, ..done });
                     }
                     let mut markdown = markdown;
+                    if long_answers_as_file
+                        && let Some(block) = render::long_block(&markdown)
+                        && send_block(&member, &block, cut).await
+                    {
+                        continue;
+                    }
                     if cut {
                         markdown.push_str("\n\n⏹ *Stopped: this answer is cut off.*");
                     }
@@ -237,6 +253,46 @@ fn target(member: &Member) -> Option<Target> {
         .route
         .as_ref()
         .and_then(|r| r.target)
+}
+
+/// Sends an answer as its prose, then its long code block as a file. False
+/// when the block is too big to travel inline (nothing was sent then); a
+/// file Telegram does not take goes as messages after all.
+async fn send_block(member: &Member, block: &render::LongBlock, cut: bool) -> bool {
+    if block.code.len() > MAX_INLINE_FILE {
+        return false;
+    }
+    if !block.prose.is_empty() {
+        for chunk in render::split(&render::render(&block.prose), render::MESSAGE_LIMIT) {
+            send(member, &chunk, TextFormat::Html).await;
+        }
+    }
+    let lines = block.code.lines().count();
+    let what = if block.file_name.ends_with(".diff") {
+        "diff"
+    } else {
+        "code"
+    };
+    let mut caption = format!("📄 The answer's {what}, {lines} lines, as a file.");
+    if cut {
+        caption.push_str(" ⏹ Stopped: this answer is cut off.");
+    }
+    let op = TopicOp::SendFile(SendFile {
+        source: FileSource::Text {
+            name: block.file_name.clone(),
+            text: block.code.clone(),
+        },
+        caption: Some(caption),
+        send_as: Some(SendAs::Document),
+    });
+    if let Err(e) = member.topic_within(op, crate::bus::UPLOAD_TIMEOUT).await {
+        tracing::warn!("cannot send the answer's code as a file ({e}); sending messages");
+        let fenced = format!("```\n{}\n```", block.code.trim_end());
+        for chunk in render::split(&render::render(&fenced), render::MESSAGE_LIMIT) {
+            send(member, &chunk, TextFormat::Html).await;
+        }
+    }
+    true
 }
 
 /// Plain text split the same way as HTML (escaping first keeps the splitter

@@ -154,6 +154,13 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
                 leader.registry.send(conn, leader.ack(Some(req.id), result));
             });
         }
+        ToLeader::Fetch(req) => {
+            let leader = leader.clone();
+            requests.spawn(async move {
+                let result = leader.fetch(conn, &req).await;
+                leader.registry.send(conn, leader.ack(Some(req.id), result));
+            });
+        }
         ToLeader::Topic(req) => {
             let leader = leader.clone();
             requests.spawn(async move {

@@ -22,6 +22,8 @@
 mod access;
 mod asks;
 mod conn;
+mod files;
+mod inbox;
 mod outbox;
 mod poller;
 mod registry;
@@ -40,17 +42,19 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::election::{LeaderInfo, LeaderLock};
-use crate::config::Config;
+use crate::config::{Config, FilesPolicy};
+use crate::paths::Paths;
 use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 use crate::telegram::SetupError;
 use access::Access;
+use inbox::Inbox;
 use outbox::Outbox;
 use poller::{PollHealth, Poller};
 use registry::{ConnId, Registry};
 use router::Router;
 
-pub(crate) use outbox::TOPIC_DEADLINE;
+pub(crate) use outbox::{FETCH_DEADLINE, TOPIC_DEADLINE, UPLOAD_DEADLINE};
 
 /// Why a sidecar that won the lock could not lead.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +80,10 @@ pub(super) struct Leader {
     outbox: Outbox,
     access: Arc<Access>,
     asks: asks::Asks,
+    /// Where the files users send are saved, one folder per session.
+    inbox: Inbox,
+    /// `[files]`: the folders files may be sent from besides a session's own.
+    files: FilesPolicy,
     health: watch::Sender<PollHealth>,
     /// The restart this leader is stepping down for, once one was asked:
     /// a second request joins it.
@@ -102,10 +110,19 @@ impl Leader {
         })
     }
 
-    fn prune(&self) {
+    fn prune(self: &Arc<Self>) {
         match self.store().prune() {
             Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
             Err(e) => tracing::warn!("cannot prune the store: {e}"),
+        }
+        // The inboxes of sessions whose binding is gone go too.
+        match self.store().bindings() {
+            Ok(bindings) => {
+                let live = bindings.into_iter().map(|b| b.profile_key).collect();
+                let leader = self.clone();
+                tokio::spawn(async move { leader.inbox.prune(live).await });
+            }
+            Err(e) => tracing::warn!("cannot read the bindings to prune the inboxes: {e}"),
         }
     }
 
@@ -144,11 +161,15 @@ pub(crate) struct LeaderHandle {
 /// [`LeaderHandle::stop`].
 pub(crate) async fn start(
     lock: LeaderLock,
-    store_path: PathBuf,
+    paths: &Paths,
     instance_id: String,
     config: &Config,
 ) -> Result<LeaderHandle, LeaderError> {
     let outbox = Outbox::new(config)?;
+    let bot = config.bot_id().ok_or(SetupError::Http {
+        message: "no bot token".into(),
+    })?;
+    let store_path: PathBuf = paths.store_file(bot);
     let configured = config.allowed_users.clone();
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
@@ -182,6 +203,8 @@ pub(crate) async fn start(
         outbox,
         access: Arc::new(access),
         asks: asks::Asks::default(),
+        inbox: Inbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
+        files: config.files.clone(),
         health,
         restarting: OnceLock::new(),
         cleanup: Arc::default(),

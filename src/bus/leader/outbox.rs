@@ -14,25 +14,37 @@
 //! | the topic is closed | reopens it (the bot made it) and sends again | the result |
 //! | the topic is gone | nothing | `TopicGone`: register again for a new topic |
 //! | a send that may or may not have happened | never replays it | `CommitUnknown` |
+//! | a photo Telegram cannot process, sent as chosen by the relay | sends it again as a document | the result |
+//! | a file over Telegram's limits | nothing | `FileTooBig` |
 //! | anything else | nothing | `Telegram` with the reason |
+//!
+//! Files go through here too: downloads (`getFile`, then the file streamed
+//! to disk) and uploads (a multipart `sendPhoto`/`sendDocument` streamed
+//! from disk), paced and retried like every other call, as tasks of their
+//! own so no other session waits for them.
 //!
 //! It never touches the store: the leader records what it needs from the
 //! results (a stale topic, who posted which message).
 
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::inbox::Inbox;
 use crate::backoff::Backoff;
 use crate::config::Config;
+use crate::files::DOWNLOAD_MAX;
 use crate::protocol::bus::*;
 use crate::render;
 use crate::telegram::types::{
     EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, ParseMode,
     ReplyParameters, SendMessage,
 };
-use crate::telegram::{BotApi, BotInfo, RateLimiter, SetupError, TelegramError};
+use crate::telegram::{
+    BotApi, BotInfo, DownloadError, RateLimiter, SendFile, SetupError, TelegramError, UploadSource,
+};
 
 /// How long a session's request may wait for pacing and retries before
 /// the outbox gives up on it (the member waits a little longer).
@@ -44,6 +56,35 @@ const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Longest `callback_data` Telegram accepts, in bytes.
 const MAX_BUTTON_DATA: usize = 64;
+
+/// How long fetching one file may take, retries included.
+pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(240);
+
+/// How long sending a file may take, pacing and retries included (the
+/// member waits a little longer).
+pub(crate) const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Longest caption Telegram takes, in UTF-16 units.
+const MAX_CAPTION: usize = 1024;
+
+/// One attempt at moving `bytes` to or from Telegram: a minute, plus a
+/// second for every 128 KiB (a slow uplink still gets 50 MB through).
+fn transfer_timeout(bytes: u64) -> Duration {
+    Duration::from_secs(60 + bytes / (128 * 1024))
+}
+
+/// A file on its way to a topic, its bytes checked and opened by the
+/// leader (`files.rs`).
+#[derive(Debug)]
+pub(super) struct Upload {
+    pub source: UploadSource,
+    pub file_name: String,
+    pub caption: Option<String>,
+    pub send_as: SendAs,
+    /// The relay chose `send_as`: a photo Telegram cannot process goes
+    /// again as a document.
+    pub chosen: bool,
+}
 
 pub(super) struct Outbox {
     api: BotApi,
@@ -83,71 +124,221 @@ impl Outbox {
     pub async fn perform(&self, target: Target, op: &TopicOp) -> Result<TopicDone, BusError> {
         check_buttons(op)?;
         let deadline = Instant::now() + TOPIC_DEADLINE;
+        self.with_fallbacks(target, is_html(op), |plain| {
+            self.attempt(target, op, plain, deadline)
+        })
+        .await
+    }
+
+    async fn attempt(
+        &self,
+        target: Target,
+        op: &TopicOp,
+        plain: bool,
+        deadline: Instant,
+    ) -> Result<TopicDone, TelegramError> {
+        match op {
+            TopicOp::SendText(send) => {
+                let params = send_message(target, send, plain);
+                self.paced("sendMessage", Some(target.chat_id), deadline, || {
+                    self.api.send_message(&params)
+                })
+                .await
+                .map(|m| TopicDone {
+                    message_id: Some(m.message_id),
+                    plain,
+                    ..TopicDone::default()
+                })
+            }
+            TopicOp::EditText(edit) => {
+                let params = EditMessageText {
+                    chat_id: target.chat_id,
+                    message_id: edit.message_id,
+                    text: text_for(&edit.text, edit.format, plain),
+                    parse_mode: parse_mode(edit.format, plain),
+                    reply_markup: edit.buttons.as_ref().map(markup),
+                    link_preview_options: Some(Default::default()),
+                };
+                self.paced("editMessageText", Some(target.chat_id), deadline, || {
+                    self.api.edit_message_text(&params)
+                })
+                .await
+                .map(|()| TopicDone::default())
+            }
+            TopicOp::EditButtons(edit) => {
+                let params = EditMessageReplyMarkup {
+                    chat_id: target.chat_id,
+                    message_id: edit.message_id,
+                    reply_markup: edit.buttons.as_ref().map(markup),
+                };
+                self.paced(
+                    "editMessageReplyMarkup",
+                    Some(target.chat_id),
+                    deadline,
+                    || self.api.edit_message_reply_markup(&params),
+                )
+                .await
+                .map(|()| TopicDone::default())
+            }
+            TopicOp::Typing => self
+                .paced("sendChatAction", Some(target.chat_id), deadline, || {
+                    self.api
+                        .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
+                })
+                .await
+                .map(|()| TopicDone::default()),
+            // The leader keeps asks itself (`asks.rs`) and opens files before
+            // it sends them (`files.rs`); neither gets here.
+            TopicOp::Ask(_)
+            | TopicOp::AwaitAnswer(_)
+            | TopicOp::CloseAsk(_)
+            | TopicOp::SendFile(_) => Err(TelegramError::Refused {
+                reason: "asks and files are the leader's, not one Bot API call",
+            }),
+        }
+    }
+
+    /// Sends a file into `target`: a multipart upload, paced like any
+    /// message, with the fallbacks of the table above.
+    pub async fn send_file(&self, target: Target, upload: &Upload) -> Result<TopicDone, BusError> {
+        let deadline = Instant::now() + UPLOAD_DEADLINE;
+        let timeout = transfer_timeout(upload.source.size());
+        let params = |send_as: SendAs| SendFile {
+            chat_id: target.chat_id,
+            message_thread_id: Some(target.thread_id),
+            caption: upload.caption.as_deref().map(clip_caption),
+            parse_mode: None,
+            as_photo: send_as == SendAs::Photo,
+            file_name: upload.file_name.clone(),
+        };
+        let send = |send_as: SendAs| {
+            let params = params(send_as);
+            let method = if params.as_photo {
+                "sendPhoto"
+            } else {
+                "sendDocument"
+            };
+            async move {
+                self.paced(method, Some(target.chat_id), deadline, || {
+                    self.api.send_file(&params, &upload.source, timeout)
+                })
+                .await
+                .map(|m| TopicDone {
+                    message_id: Some(m.message_id),
+                    sent_as: Some(send_as),
+                    size: Some(upload.source.size()),
+                    ..TopicDone::default()
+                })
+            }
+        };
+        self.with_fallbacks(target, false, |_| async {
+            match send(upload.send_as).await {
+                Err(TelegramError::BadRequest { description })
+                    if upload.chosen
+                        && upload.send_as == SendAs::Photo
+                        && photo_refused(&description) =>
+                {
+                    tracing::info!(
+                        "Telegram cannot show the picture ({description}); sending it as a document"
+                    );
+                    send(SendAs::Document).await
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+
+    /// Downloads a file users sent into `dir` as `name`: `getFile`, then the
+    /// file streamed into a part file that is synced and renamed once
+    /// complete. Returns its size.
+    pub async fn download(&self, file_id: &str, dir: &Path, name: &str) -> Result<u64, BusError> {
+        let deadline = Instant::now() + FETCH_DEADLINE;
+        let file = self
+            .paced("getFile", None, deadline, || self.api.get_file(file_id))
+            .await
+            .map_err(decide)?;
+        let too_big = |size: u64| {
+            BusError::new(
+                BusErrorCode::FileTooBig,
+                format!(
+                    "the file is {}; bots can download at most {} from Telegram",
+                    crate::files::describe_size(size),
+                    crate::files::describe_size(DOWNLOAD_MAX)
+                ),
+            )
+        };
+        if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
+            return Err(too_big(size));
+        }
+        let Some(file_path) = file.file_path else {
+            return Err(BusError::new(
+                BusErrorCode::Telegram,
+                "Telegram gave no path to download the file from",
+            ));
+        };
+        let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
+        let downloaded = self
+            .paced("getFile", None, deadline, || async {
+                let (part, opened) = match Inbox::part_file(dir, name) {
+                    Ok(opened) => opened,
+                    Err(e) => return Ok(Err(e)),
+                };
+                let mut out = tokio::fs::File::from_std(opened);
+                let written = match self
+                    .api
+                    .download(&file_path, DOWNLOAD_MAX, timeout, &mut out)
+                    .await
+                {
+                    Ok(written) => written,
+                    Err(DownloadError::Telegram(e)) => {
+                        let _ = tokio::fs::remove_file(&part).await;
+                        return Err(e);
+                    }
+                    Err(DownloadError::Write(e)) => return Ok(Err(e)),
+                };
+                // Synced before it gets its name: a name is a whole file.
+                let done = match out.sync_all().await {
+                    Ok(()) => tokio::fs::rename(&part, dir.join(name)).await,
+                    Err(e) => Err(e),
+                };
+                if done.is_err() {
+                    let _ = tokio::fs::remove_file(&part).await;
+                }
+                Ok(done.map(|()| written))
+            })
+            .await;
+        match downloaded {
+            Ok(Ok(written)) => Ok(written),
+            Ok(Err(e)) => Err(BusError::new(
+                BusErrorCode::Internal,
+                format!("cannot save the file in the inbox: {e}"),
+            )),
+            Err(TelegramError::FileTooBig { .. }) => Err(too_big(DOWNLOAD_MAX + 1)),
+            Err(e) => Err(decide(e)),
+        }
+    }
+
+    /// Runs `attempt` until it succeeds or fails for good, applying the
+    /// fallbacks of the module's table: plain text after refused HTML (for
+    /// `html` requests), a reopened topic after a closed one.
+    async fn with_fallbacks<F, Fut>(
+        &self,
+        target: Target,
+        html: bool,
+        attempt: F,
+    ) -> Result<TopicDone, BusError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: std::future::Future<Output = Result<TopicDone, TelegramError>>,
+    {
         let mut reopened = false;
         let mut plain = false;
         loop {
-            let attempt = match op {
-                TopicOp::SendText(send) => {
-                    let params = send_message(target, send, plain);
-                    self.paced("sendMessage", Some(target.chat_id), deadline, || {
-                        self.api.send_message(&params)
-                    })
-                    .await
-                    .map(|m| TopicDone {
-                        message_id: Some(m.message_id),
-                        plain,
-                        ..TopicDone::default()
-                    })
-                }
-                TopicOp::EditText(edit) => {
-                    let params = EditMessageText {
-                        chat_id: target.chat_id,
-                        message_id: edit.message_id,
-                        text: text_for(&edit.text, edit.format, plain),
-                        parse_mode: parse_mode(edit.format, plain),
-                        reply_markup: edit.buttons.as_ref().map(markup),
-                        link_preview_options: Some(Default::default()),
-                    };
-                    self.paced("editMessageText", Some(target.chat_id), deadline, || {
-                        self.api.edit_message_text(&params)
-                    })
-                    .await
-                    .map(|()| TopicDone::default())
-                }
-                TopicOp::EditButtons(edit) => {
-                    let params = EditMessageReplyMarkup {
-                        chat_id: target.chat_id,
-                        message_id: edit.message_id,
-                        reply_markup: edit.buttons.as_ref().map(markup),
-                    };
-                    self.paced(
-                        "editMessageReplyMarkup",
-                        Some(target.chat_id),
-                        deadline,
-                        || self.api.edit_message_reply_markup(&params),
-                    )
-                    .await
-                    .map(|()| TopicDone::default())
-                }
-                TopicOp::Typing => self
-                    .paced("sendChatAction", Some(target.chat_id), deadline, || {
-                        self.api
-                            .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
-                    })
-                    .await
-                    .map(|()| TopicDone::default()),
-                // The leader keeps asks itself (`asks.rs`); they never get here.
-                TopicOp::Ask(_) | TopicOp::AwaitAnswer(_) | TopicOp::CloseAsk(_) => {
-                    return Err(BusError::new(
-                        BusErrorCode::Internal,
-                        "asks are the leader's, not a Bot API call",
-                    ));
-                }
-            };
-            match attempt {
+            match attempt(plain).await {
                 Ok(done) => return Ok(done),
                 Err(TelegramError::NotModified { .. }) => return Ok(TopicDone::default()),
-                Err(TelegramError::ParseEntities { description }) if !plain && is_html(op) => {
+                Err(TelegramError::ParseEntities { description }) if !plain && html => {
                     tracing::info!(
                         "Telegram refused the markup ({description}); sending plain text"
                     );
@@ -313,11 +504,40 @@ impl Outbox {
 pub(super) fn decide(e: TelegramError) -> BusError {
     let code = match &e {
         TelegramError::ThreadGone { .. } => BusErrorCode::TopicGone,
+        TelegramError::FileTooBig { .. } => BusErrorCode::FileTooBig,
         _ if e.commit_unknown() => BusErrorCode::CommitUnknown,
         _ if e.is_transient() => BusErrorCode::Unavailable,
         _ => BusErrorCode::Telegram,
     };
     BusError::new(code, e.to_string())
+}
+
+/// Telegram's refusals of a picture it cannot show as a photo (too large a
+/// side, an odd ratio, a format it cannot read).
+fn photo_refused(description: &str) -> bool {
+    let upper = description.to_ascii_uppercase();
+    upper.contains("IMAGE_PROCESS_FAILED")
+        || upper.contains("PHOTO_INVALID_DIMENSIONS")
+        || upper.contains("PHOTO_SAVE_FILE_INVALID")
+        || upper.contains("PHOTO_EXT_INVALID")
+}
+
+/// A caption cut to what Telegram takes, marked when cut.
+fn clip_caption(caption: &str) -> String {
+    if caption.encode_utf16().count() <= MAX_CAPTION {
+        return caption.to_string();
+    }
+    let mut out = String::new();
+    let mut units = 0;
+    for c in caption.chars() {
+        if units + c.len_utf16() > MAX_CAPTION - 1 {
+            break;
+        }
+        units += c.len_utf16();
+        out.push(c);
+    }
+    out.push('…');
+    out
 }
 
 fn is_html(op: &TopicOp) -> bool {

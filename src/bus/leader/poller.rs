@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::triage::Journaling;
+use super::triage::{Journaling, Notice, Triaged};
 use crate::backoff::Backoff;
 use crate::store::{NewUpdate, Store, StoreError};
 use crate::telegram::{BotApi, TelegramError, Update};
@@ -46,6 +46,9 @@ pub(super) enum PollHealth {
 pub(super) struct Batch {
     /// Updates newly written to the journal, in update order.
     pub journaled: Vec<NewUpdate>,
+    /// What topics are told instead of journaling (a file too big to
+    /// download, a sticker).
+    pub notices: Vec<Notice>,
     /// Decoded updates the triage did not journal (pairing, General, …).
     pub others: Vec<Update>,
 }
@@ -178,13 +181,15 @@ impl Poller {
             return Ok(());
         };
         let mut journal = Vec::new();
+        let mut notices = Vec::new();
         let mut others = Vec::new();
         self.triage.prepare();
         for value in &raw {
             match Update::decode(value) {
                 Ok(update) => match self.triage.journal(&update) {
-                    Some(entry) => journal.push(entry),
-                    None => others.push(update),
+                    Triaged::Journal(entry) => journal.push(entry),
+                    Triaged::Notice(notice) => notices.push(notice),
+                    Triaged::Leader => others.push(update),
                 },
                 Err(e) => tracing::warn!("skipping an update: {e}"),
             }
@@ -195,7 +200,11 @@ impl Poller {
             .into_iter()
             .filter(|u| inserted.contains(&u.update_id))
             .collect();
-        let batch = Batch { journaled, others };
+        let batch = Batch {
+            journaled,
+            notices,
+            others,
+        };
         // The router may be gone when the leader is stopping; the journal
         // already holds everything, so nothing is lost.
         let _ = self.batches.send(batch).await;

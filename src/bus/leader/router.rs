@@ -17,7 +17,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::asks::{self, Key, Taken};
 use super::poller::Batch;
 use super::registry::{ConnId, Conns};
-use super::triage::MessageDetail;
+use super::triage::{JournaledFile, MessageDetail};
 use super::{Leader, now_ms};
 use crate::protocol::bus::*;
 use crate::render;
@@ -51,6 +51,7 @@ impl Router {
     fn push(&self, conns: &Conns, conn: ConnId, updates: &[NewUpdate]) -> Vec<i64> {
         let mut queued = Vec::with_capacity(updates.len());
         for update in updates {
+            let detail = MessageDetail::of(update);
             let frame = FromLeader::Deliver(Deliver {
                 delivery_id: update.update_id as u64,
                 update_id: update.update_id,
@@ -60,7 +61,9 @@ impl Router {
                     user_id: update.user_id,
                     message_id: update.message_id,
                     text: update.text.clone(),
-                    reply_to: detail(update).reply_to,
+                    reply_to: detail.reply_to,
+                    attachments: detail.files.iter().map(JournaledFile::inbound).collect(),
+                    media_group_id: detail.media_group_id,
                 },
             });
             if !conns.push(conn, frame) {
@@ -87,15 +90,6 @@ impl Router {
     pub fn delivered(&self, profile_key: String, delivery_id: u64) {
         let _ = self.settle.send((profile_key, delivery_id as i64));
     }
-}
-
-/// What the leader keeps about a journaled message besides its columns.
-fn detail(update: &NewUpdate) -> MessageDetail {
-    update
-        .detail
-        .as_deref()
-        .and_then(|d| serde_json::from_str(d).ok())
-        .unwrap_or_default()
 }
 
 /// The time of day, as shown under an answered question.
@@ -142,6 +136,11 @@ impl Leader {
         self.settle(&answers);
         for update in away {
             self.tell_away(update);
+        }
+        for notice in batch.notices {
+            self.router
+                .replies
+                .say(self, notice.chat_id, Some(notice.thread_id), notice.text);
         }
         for update in batch.others {
             self.answer_directly(update);
@@ -204,14 +203,14 @@ impl Leader {
     /// Whether `update` is a reply that answers an open free-text ask; the
     /// answer is shown on the question then.
     fn answers_ask(self: &Arc<Self>, update: &NewUpdate) -> bool {
-        let Some(message_id) = detail(update).reply_to else {
+        let Some(message_id) = MessageDetail::of(update).reply_to else {
             return false;
         };
         let key = Key::Reply {
             message_id,
             text: &update.text,
         };
-        let name = detail(update)
+        let name = MessageDetail::of(update)
             .from
             .unwrap_or_else(|| format!("user {}", update.user_id));
         match self

@@ -466,6 +466,11 @@ impl Leader {
             TopicOp::EditText(edit) => own_message(edit.message_id)?,
             TopicOp::EditButtons(edit) => own_message(edit.message_id)?,
             TopicOp::Typing => {}
+            TopicOp::SendFile(send) => {
+                let done = self.send_file(&session.cwd, target, send).await;
+                self.after_send(profile, target, &done);
+                return done;
+            }
             TopicOp::Ask(ask) => return self.ask(profile, target, ask).await,
             TopicOp::AwaitAnswer(wait) => {
                 if !self.asks.knows(&wait.token) {

@@ -1,6 +1,9 @@
 //! What enters the journal: a message from an allowed user in a topic some
-//! session owns. Everything else (pairing, strangers, General, button taps)
-//! is the leader's to answer itself.
+//! session owns, its text or its files with their caption. Everything else
+//! (pairing, strangers, General, button taps) is the leader's to answer
+//! itself, and so is a file over Telegram's 20 MB download limit or a kind
+//! of message no agent can take (a sticker): the topic is told, nothing
+//! is downloaded.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,8 +11,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::access::Access;
+use crate::files::{DOWNLOAD_MAX, describe_size};
+use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
-use crate::telegram::{Update, UpdateKind};
+use crate::telegram::{FileRef, MediaKind, Message, Update, UpdateKind};
 
 /// What a journaled message keeps besides the columns every entry has.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +25,88 @@ pub(super) struct MessageDetail {
     /// The writer's first name, for showing who answered a question.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// The files the message carries; `text` is then their caption.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<JournaledFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_group_id: Option<String>,
+}
+
+/// A file of a journaled message: what `getFile` needs and what the
+/// session is told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct JournaledFile {
+    pub kind: AttachmentKind,
+    pub file_id: String,
+    pub file_unique_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<u32>,
+}
+
+impl MessageDetail {
+    /// What the leader keeps about a journaled message besides its columns.
+    pub fn of(update: &NewUpdate) -> Self {
+        update
+            .detail
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl JournaledFile {
+    fn new(kind: AttachmentKind, file: &FileRef) -> Self {
+        Self {
+            kind,
+            file_id: file.file_id.clone(),
+            file_unique_id: file.file_unique_id.clone(),
+            size: file.file_size,
+            name: file.file_name.clone(),
+            // Telegram sends every photo as JPEG and names no type for it.
+            mime_type: file
+                .mime_type
+                .clone()
+                .or_else(|| (kind == AttachmentKind::Photo).then(|| "image/jpeg".into())),
+            duration_s: file.duration,
+        }
+    }
+
+    /// What the session is told of it.
+    pub fn inbound(&self) -> InboundAttachment {
+        InboundAttachment {
+            kind: self.kind,
+            name: self.name.clone(),
+            mime_type: self.mime_type.clone(),
+            size: self.size,
+            duration_s: self.duration_s,
+        }
+    }
+}
+
+/// A line the leader writes into a topic about a message it did not pass on.
+#[derive(Debug)]
+pub(super) struct Notice {
+    pub chat_id: i64,
+    pub thread_id: i64,
+    pub text: String,
+}
+
+/// What the leader makes of one update.
+#[derive(Debug)]
+pub(super) enum Triaged {
+    /// A message for a session: journaled, then routed.
+    Journal(NewUpdate),
+    /// The topic is told why the message goes nowhere; nothing else happens.
+    Notice(Notice),
+    /// The leader answers it itself (pairing, a tap, a stranger…).
+    Leader,
 }
 
 pub(super) struct Journaling {
@@ -64,41 +151,105 @@ impl Journaling {
         }
     }
 
-    /// The journal entry for `update`, or `None` when the leader answers
-    /// it itself.
-    pub fn journal(&mut self, update: &Update) -> Option<NewUpdate> {
-        match &update.kind {
-            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
-                let text = message.text.as_ref()?;
-                let user = message.from.as_ref().filter(|u| !u.is_bot)?;
-                let thread = message.topic()?;
-                if !self.allowed.contains(&user.id) {
-                    return None;
-                }
-                let owner = self.owners.get(&(message.chat.id, thread))?.clone();
-                let text = match update.kind {
-                    UpdateKind::EditedMessage(_) => format!("(edited) {text}"),
-                    _ => text.clone(),
-                };
-                let reply_to = message.reply_to_message.as_ref().map(|m| m.message_id);
-                let detail = MessageDetail {
-                    reply_to,
-                    from: reply_to.map(|_| user.first_name.clone()),
-                };
-                Some(NewUpdate {
-                    update_id: update.update_id,
-                    owner: Some(owner),
-                    chat_id: message.chat.id,
-                    thread_id: Some(thread),
-                    user_id: user.id,
-                    message_id: message.message_id,
-                    text,
-                    detail: (detail != MessageDetail::default())
-                        .then(|| serde_json::to_string(&detail).ok())
-                        .flatten(),
-                })
-            }
-            UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => None,
+    /// What becomes of `update`: a journal entry, a notice in its topic, or
+    /// the leader's to answer.
+    pub fn journal(&mut self, update: &Update) -> Triaged {
+        let (message, edited) = match &update.kind {
+            UpdateKind::Message(message) => (message, false),
+            UpdateKind::EditedMessage(message) => (message, true),
+            UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => return Triaged::Leader,
+        };
+        let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
+            return Triaged::Leader;
+        };
+        let Some(thread) = message.topic() else {
+            return Triaged::Leader;
+        };
+        if !self.allowed.contains(&user.id) {
+            return Triaged::Leader;
         }
+        let Some(owner) = self.owners.get(&(message.chat.id, thread)).cloned() else {
+            return Triaged::Leader;
+        };
+        let notice = |text: String| {
+            Triaged::Notice(Notice {
+                chat_id: message.chat.id,
+                thread_id: thread,
+                text,
+            })
+        };
+        let media = message.media();
+        let (text, files) = match (message.text.as_ref(), media) {
+            (Some(text), _) => (text.clone(), Vec::new()),
+            // A caption edited later: the file reached the agent already.
+            (None, Some(_)) if edited => match message.caption.as_ref() {
+                Some(caption) => (caption.clone(), Vec::new()),
+                None => return Triaged::Leader,
+            },
+            (None, Some((MediaKind::Sticker, _))) => {
+                return notice("Stickers are not passed to the agent.".into());
+            }
+            (None, Some((kind, file))) => {
+                if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
+                    return notice(too_big(message, file, size));
+                }
+                let file = JournaledFile::new(attachment_kind(kind), file);
+                (message.caption.clone().unwrap_or_default(), vec![file])
+            }
+            (None, None) => return Triaged::Leader,
+        };
+        let text = if edited {
+            format!("(edited) {text}")
+        } else {
+            text
+        };
+        let reply_to = message.reply_to_message.as_ref().map(|m| m.message_id);
+        let detail = MessageDetail {
+            reply_to,
+            from: reply_to.map(|_| user.first_name.clone()),
+            media_group_id: message.media_group_id.clone().filter(|_| !files.is_empty()),
+            files,
+        };
+        Triaged::Journal(NewUpdate {
+            update_id: update.update_id,
+            owner: Some(owner),
+            chat_id: message.chat.id,
+            thread_id: Some(thread),
+            user_id: user.id,
+            message_id: message.message_id,
+            text,
+            detail: (detail != MessageDetail::default())
+                .then(|| serde_json::to_string(&detail).ok())
+                .flatten(),
+        })
     }
+}
+
+/// The Bot API's field for a file, as the host protocol names it.
+fn attachment_kind(kind: MediaKind) -> AttachmentKind {
+    match kind {
+        MediaKind::Photo => AttachmentKind::Photo,
+        MediaKind::Document | MediaKind::Sticker => AttachmentKind::Document,
+        MediaKind::Voice => AttachmentKind::Voice,
+        MediaKind::Audio => AttachmentKind::Audio,
+        MediaKind::Video => AttachmentKind::Video,
+        MediaKind::VideoNote => AttachmentKind::VideoNote,
+        MediaKind::Animation => AttachmentKind::Animation,
+    }
+}
+
+/// The answer to a file bots may not download.
+fn too_big(message: &Message, file: &FileRef, size: u64) -> String {
+    let what = match (&file.file_name, message.media().map(|(k, _)| k)) {
+        (Some(name), _) => format!("“{name}”"),
+        (None, Some(MediaKind::Photo)) => "This photo".into(),
+        (None, Some(MediaKind::Voice)) => "This voice note".into(),
+        (None, Some(MediaKind::Video | MediaKind::VideoNote)) => "This video".into(),
+        (None, _) => "This file".into(),
+    };
+    format!(
+        "📎 {what} is {}: bots can download at most {} from Telegram, so it was not passed to the agent. Share it another way (a link, or smaller parts).",
+        describe_size(size),
+        describe_size(DOWNLOAD_MAX)
+    )
 }
