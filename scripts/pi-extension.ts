@@ -18,6 +18,7 @@
 
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
+import { readFile, stat } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
@@ -53,6 +54,15 @@ const SHUTDOWN_REPLY_MS = 1_000;
 const EXIT_GRACE_MS = 1_500;
 /** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
 const REBIND_WAIT_MS = 5_000;
+/** Sending a file: the sidecar gives up after its upload deadline (10 min); this bounds a sidecar that never answers. */
+const FILE_SEND_TIMEOUT_MS = 11 * 60_000;
+/**
+ * Pictures from Telegram larger than this reach the model as a path only: model APIs refuse
+ * big images (Anthropic's limit is 5 MB), and base64 makes them a third bigger.
+ */
+const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
+/** Image types models read; other pictures (BMP, HEIC, …) stay paths. */
+const IMAGE_TYPES = new Set(["image/jpeg", "image/png", "image/gif", "image/webp"]);
 
 const GLOBAL_KEY = Symbol.for("agent-relay.pi-extension.bridge");
 /** How many relayed update ids are remembered to drop a redelivery. */
@@ -697,14 +707,38 @@ class Bridge {
 			}
 		}
 		this.fromTelegram = true;
+		// Pictures go to the model as images; every file is also named, with its path, in
+		// the text the sidecar wrote.
+		const images = await imagesOf(p.attachments);
+		const content = images.length > 0 ? [{ type: "text" as const, text: p.text }, ...images] : p.text;
 		if (binding.ctx.isIdle()) {
-			binding.pi.sendUserMessage(p.text);
+			binding.pi.sendUserMessage(content);
 		} else {
 			// pi refuses a prompt without a delivery mode while it streams.
 			const deliverAs = p.deliverAs === "steer" ? "steer" : "followUp";
-			binding.pi.sendUserMessage(p.text, { deliverAs });
+			binding.pi.sendUserMessage(content, { deliverAs });
 		}
 		return true;
+	}
+
+	/** The agent sends a file into its Telegram topic; resolves with what to tell the model, throws why not. */
+	async sendFile(path: string, caption: string | undefined, as: string | undefined, signal: AbortSignal | undefined): Promise<string> {
+		const sidecar = this.sidecar;
+		if (!sidecar?.alive || !this.initialized) throw new Error("agent-relay is not running, so nothing can be sent to Telegram.");
+		const params = { path, ...(caption ? { caption } : {}), ...(as === "photo" || as === "document" ? { as } : {}) };
+		const sent = sidecar.request("file/send", params, FILE_SEND_TIMEOUT_MS) as Promise<{
+			sentAs?: unknown;
+			size?: unknown;
+		} | null>;
+		const aborted = new Promise<never>((_, fail) => {
+			const stop = () => fail(new Error("The run was stopped; the file may or may not have reached Telegram."));
+			if (signal?.aborted) stop();
+			signal?.addEventListener("abort", stop, { once: true });
+		});
+		const result = await Promise.race([sent, aborted]);
+		const how = result?.sentAs === "photo" ? "a photo" : "a document";
+		const size = typeof result?.size === "number" ? ` (${result.size} bytes)` : "";
+		return `Sent ${path} to the user's Telegram topic as ${how}${size}.`;
 	}
 
 	private awaitBinding(): Promise<Binding | undefined> {
@@ -807,6 +841,28 @@ function clipArgs(args: unknown): unknown {
 	} catch {
 		return {};
 	}
+}
+
+/**
+ * The pictures among a prompt's attachments, read as pi's image parts. A file that cannot
+ * be read (removed meanwhile) is left out: the text still names its path.
+ */
+async function imagesOf(attachments: unknown): Promise<Array<{ type: "image"; data: string; mimeType: string }>> {
+	if (!Array.isArray(attachments)) return [];
+	const images: Array<{ type: "image"; data: string; mimeType: string }> = [];
+	for (const item of attachments) {
+		if (typeof item !== "object" || item === null) continue;
+		const { kind, path, mimeType } = item as Record<string, unknown>;
+		if (typeof path !== "string" || typeof mimeType !== "string" || !IMAGE_TYPES.has(mimeType)) continue;
+		if (kind !== "photo" && kind !== "document") continue;
+		try {
+			if ((await stat(path)).size > MAX_IMAGE_BYTES) continue;
+			images.push({ type: "image", data: (await readFile(path)).toString("base64"), mimeType });
+		} catch {
+			// gone or unreadable: the path in the text is all the model gets
+		}
+	}
+	return images;
 }
 
 /** Whether a message ended because the run was stopped. */
@@ -933,6 +989,27 @@ export default function agentRelay(pi: ExtensionAPI): void {
 			const options = params.options ?? [];
 			const allowText = params.allowText ?? options.length === 0;
 			const text = await relay.ask(params.question, options, allowText, signal);
+			return { content: [{ type: "text", text }], details: {} };
+		},
+	});
+
+	// The agent shows the user a plot, a patch or a build artefact: the file goes into this
+	// session's Telegram topic. The sidecar's leader checks the path (inside the working
+	// directory, or a folder of `[files] send_from`) and its size; a refusal says why.
+	pi.registerTool({
+		name: "telegram_send_file",
+		label: "Send a file to Telegram",
+		description:
+			"Send a file from the working directory to the user's Telegram chat for this session, with an optional caption. Pictures arrive as photos, other files as documents (at most 50 MB). Use it to show the user a plot, a screenshot, a patch or a build artefact.",
+		parameters: Type.Object({
+			path: Type.String({ description: "The file, relative to the working directory (or absolute, inside it)." }),
+			caption: Type.Optional(Type.String({ description: "A short text shown under the file." })),
+			as: Type.Optional(
+				Type.String({ enum: ["photo", "document"], description: "Force a photo or a document; by default pictures go as photos." }),
+			),
+		}),
+		async execute(_toolCallId, params, signal) {
+			const text = await relay.sendFile(params.path, params.caption, params.as, signal);
 			return { content: [{ type: "text", text }], details: {} };
 		},
 	});

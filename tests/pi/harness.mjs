@@ -168,6 +168,25 @@ class FakeBotApi {
 		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: USER_ID, text });
 	}
 
+	/**
+	 * A user posts a file into topic `threadId`: `media` is the fake's `MediaInject`
+	 * (`{kind, data_base64, file_name?, mime_type?, duration?}`), `text` its caption.
+	 */
+	injectMedia(threadId, text, media, userId = USER_ID) {
+		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: userId, text, media });
+	}
+
+	/** The bytes of a file the fake holds (one the bot uploaded, or a user's). */
+	async fileContent(fileId) {
+		const response = await deadline(
+			fetch(`${this.url}/control/file_content?file_id=${encodeURIComponent(fileId)}`),
+			10_000,
+			"control file_content",
+		);
+		if (!response.ok) throw new Error(`control file_content: HTTP ${response.status}`);
+		return Buffer.from(await response.arrayBuffer());
+	}
+
 	/** A tap by `userId` (default: the allowed user) on a button of message `messageId`. */
 	tap(threadId, messageId, data, userId = USER_ID) {
 		return this.control("POST", "inject_callback_query", {
