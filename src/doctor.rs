@@ -177,8 +177,57 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
         ),
     }
     check_users(&mut report, &config.allowed_users);
+    check_transcriber(&mut report, &config, std::env::var_os("PATH"));
     check_leader(&mut report, paths, bot_id).await;
     report
+}
+
+/// Whether `transcribe_command`'s program can be run: a path must be an
+/// executable file, a bare name must be found on `path` (the sidecar's
+/// `PATH` is its host's; the doctor's is a good guess of it).
+fn check_transcriber(report: &mut Report, config: &Config, path: Option<std::ffi::OsString>) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(transcriber) = &config.files.transcriber else {
+        report.note(
+            "voice notes",
+            format!(
+                "reach the agent as audio files; set transcribe_command in {} to have them transcribed",
+                config.file.display()
+            ),
+        );
+        return;
+    };
+    let program = &transcriber.argv[0];
+    let runnable = |candidate: &std::path::Path| {
+        std::fs::metadata(candidate)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        runnable(std::path::Path::new(program)).then(|| std::path::PathBuf::from(program))
+    } else {
+        path.iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join(program))
+            .find(|candidate| runnable(candidate))
+    };
+    match found {
+        Some(found) => report.pass(
+            "voice notes",
+            format!(
+                "transcribed by {} (at most {} s)",
+                found.display(),
+                transcriber.timeout.as_secs()
+            ),
+        ),
+        None => report.fail(
+            "voice notes",
+            format!("transcribe_command's program {program} is not an executable file or on PATH"),
+            format!(
+                "install it, or give its full path in transcribe_command in {}",
+                config.file.display()
+            ),
+        ),
+    }
 }
 
 fn config_fix(error: &ConfigError) -> String {
@@ -455,6 +504,8 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[test]
@@ -475,6 +526,40 @@ mod tests {
              · state dir: /tmp/state\n\
              1 problem found\n"
         );
+    }
+
+    #[test]
+    fn the_transcribers_program_must_be_runnable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let config = |argv: &str| {
+            std::fs::write(&file, format!("transcribe_command = {argv}\n")).unwrap();
+            Config::load_with(&file, |_| None).unwrap()
+        };
+        let check = |config: &Config| {
+            let mut report = Report::default();
+            check_transcriber(&mut report, config, Some(dir.path().as_os_str().to_owned()));
+            report
+        };
+        let script = dir.path().join("whisper-cli");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        let found = check(&config(r#"["whisper-cli", "-f"]"#));
+        assert!(found.passed(), "{found}");
+        assert!(found.to_string().contains("transcribed by"), "{found}");
+        let missing = check(&config(r#"["no-such-whisper"]"#));
+        assert!(!missing.passed(), "{missing}");
+        assert!(
+            missing.to_string().contains("give its full path"),
+            "{missing}"
+        );
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let not_executable = check(&config(&format!("[{:?}]", script.display().to_string())));
+        assert!(!not_executable.passed(), "{not_executable}");
+        let unset = check(&Config::load_with(&dir.path().join("none.toml"), |_| None).unwrap());
+        assert!(unset.passed(), "a note only: {unset}");
+        assert!(unset.to_string().contains("audio files"), "{unset}");
     }
 
     #[test]
