@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The bus protocol version; a leader refuses a follower that speaks another.
-pub const BUS_PROTOCOL_VERSION: u32 = 2;
+/// 3: deliveries carry files, fetched with `fetch`; `sendFile` (a follower
+/// of 2 would hand its host an empty prompt for a photo).
+pub const BUS_PROTOCOL_VERSION: u32 = 3;
 
 pub use super::host::{AttachmentKind, SendAs};
 pub use crate::ids::{Epoch, Generation, Slot, Target};
