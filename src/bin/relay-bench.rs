@@ -8,11 +8,14 @@
 //!
 //! Modules, one per figure family: `failover`, `restart`, `inbound`
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
-//! leader), `footprint` (cold start, idle RSS); `reference` holds the
-//! same-run floors; `world`, `host`, `stats` and `report` are the harness.
+//! leader), `files` (a photo in, a file out), `footprint` (cold start, idle
+//! RSS); `reference` holds the same-run floors; `world`, `host`, `stats`
+//! and `report` are the harness.
 
 #[path = "relay-bench/failover.rs"]
 mod failover;
+#[path = "relay-bench/files.rs"]
+mod files;
 #[path = "relay-bench/footprint.rs"]
 mod footprint;
 #[path = "relay-bench/host.rs"]
@@ -47,6 +50,7 @@ enum Figure {
     Inbound,
     Fanout,
     Proxied,
+    Files,
     Idle,
     Cold,
 }
@@ -81,6 +85,9 @@ struct Plan {
     idle: Duration,
     cold_runs: usize,
     echo_round_trips: usize,
+    file_trials: usize,
+    photo_bytes: usize,
+    upload_bytes: usize,
 }
 
 impl Plan {
@@ -98,6 +105,9 @@ impl Plan {
                 idle: Duration::from_secs(2),
                 cold_runs: 5,
                 echo_round_trips: 1000,
+                file_trials: 3,
+                photo_bytes: 1024 * 1024,
+                upload_bytes: 5 * 1024 * 1024,
             }
         } else {
             Plan {
@@ -112,6 +122,9 @@ impl Plan {
                 idle: Duration::from_secs(10),
                 cold_runs: 20,
                 echo_round_trips: 10_000,
+                file_trials: 20,
+                photo_bytes: 1024 * 1024,
+                upload_bytes: 20 * 1024 * 1024,
             }
         }
     }
@@ -218,9 +231,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    let needs_world = [Figure::Inbound, Figure::Fanout, Figure::Proxied]
-        .into_iter()
-        .any(wanted);
+    let needs_world = [
+        Figure::Inbound,
+        Figure::Fanout,
+        Figure::Proxied,
+        Figure::Files,
+    ]
+    .into_iter()
+    .any(wanted);
     if needs_world {
         step(&format!("starting a bus of {FAN_OUT_SESSIONS} sessions"));
         match world::World::start(&relay, FAN_OUT_SESSIONS).await {
@@ -245,6 +263,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 }
                 if wanted(Figure::Proxied) {
                     proxied_rows(&mut world, &plan, &mut rows, &step).await;
+                }
+                if wanted(Figure::Files) {
+                    file_rows(&mut world, &plan, &mut rows, &step).await;
                 }
             }
             Err(e) => {
@@ -350,6 +371,42 @@ async fn inbound_rows(
             break;
         }
     }
+}
+
+async fn file_rows(
+    world: &mut world::World,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    let mib = |bytes: usize| bytes / (1024 * 1024);
+    step(&format!("files: {} photos in", plan.file_trials));
+    let (relayed, direct) = match files::inbound(world, plan.file_trials, plan.photo_bytes).await {
+        Ok(pair) => pair,
+        Err(e) => (Measure::na(format!("{e:#}")), Measure::None),
+    };
+    rows.push(
+        Row::new(
+            format!("photo in, {} MiB", mib(plan.photo_bytes)),
+            "photo injected into a follower's topic → its host reads the prompt naming the saved file; reference: getFile + download by hand",
+            relayed,
+        )
+        .reference("direct download", direct),
+    );
+    step(&format!("files: {} files out", plan.file_trials));
+    let (relayed, direct) = match files::outbound(world, plan.file_trials, plan.upload_bytes).await
+    {
+        Ok(pair) => pair,
+        Err(e) => (Measure::na(format!("{e:#}")), Measure::None),
+    };
+    rows.push(
+        Row::new(
+            format!("file out, {} MiB", mib(plan.upload_bytes)),
+            "file/send at a follower's host → answered (the fake stored it); reference: a multipart sendDocument by hand",
+            relayed,
+        )
+        .reference("direct upload", direct),
+    );
 }
 
 async fn proxied_rows(

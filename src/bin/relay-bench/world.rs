@@ -75,7 +75,10 @@ impl World {
             home,
         };
         for i in 0..sessions {
-            let host = world.spawn_session(&format!("/tmp/bench/p{i}"), &format!("s{i}"))?;
+            // A real folder: the files figure sends from it.
+            let cwd = world.home.path().join(format!("p{i}"));
+            std::fs::create_dir_all(&cwd)?;
+            let host = world.spawn_session(&cwd.display().to_string(), &format!("s{i}"))?;
             world.hosts.push(host);
         }
         for host in &mut world.hosts {
