@@ -40,6 +40,9 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::ToolParams>("host/tool-ended.params"),
         file::<h::InputReceivedParams>("host/input-received.params"),
         file::<h::ShutdownParams>("host/shutdown.params"),
+        file::<h::TopicSendParams>("host/topic-send.params"),
+        file::<h::TopicSendResult>("host/topic-send.result"),
+        file::<h::NoticeParams>("host/agent-notice.params"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),
         file::<h::NotifyParams>("host/ui-notify.params"),
@@ -58,6 +61,9 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::RestartPlan>("bus/restart.result"),
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
+        // Claude Code: agent-relay hook ⇄ agent-relay mcp
+        file::<crate::protocol::claude::HookCall>("claude/hook-call"),
+        file::<crate::protocol::claude::HookAnswer>("claude/hook-answer"),
         // config
         file::<crate::config::ConfigFile>("config"),
     ]

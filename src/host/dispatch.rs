@@ -15,7 +15,8 @@ use super::message::{INTERNAL_ERROR, error_line};
 use super::outbound::Outbox;
 use super::{Handler, RpcError, Service};
 use crate::protocol::host::{
-    ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, ShutdownParams, method,
+    ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, ShutdownParams,
+    TopicSendParams, method,
 };
 
 impl From<RpcError> for ErrorObjectOwned {
@@ -65,6 +66,12 @@ pub(crate) fn rpc_module<H: Handler>(handler: Arc<H>) -> RpcModule<H> {
         .register_async_method(method::QUESTION_ASK, |params, handler, _| async move {
             let params: QuestionParams = params.parse()?;
             Ok::<_, ErrorObjectOwned>(handler.ask(params).await)
+        })
+        .expect("method names are distinct");
+    module
+        .register_async_method(method::TOPIC_SEND, |params, handler, _| async move {
+            let params: TopicSendParams = params.parse()?;
+            Ok::<_, ErrorObjectOwned>(handler.send_text(params).await)
         })
         .expect("method names are distinct");
     module

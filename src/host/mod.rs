@@ -80,6 +80,16 @@ pub trait Handler: Send + Sync + 'static {
         })
     }
 
+    /// `topic/send`. A handler without a topic sends nothing.
+    fn send_text(&self, params: TopicSendParams) -> impl Future<Output = TopicSendResult> + Send {
+        let _ = params;
+        std::future::ready(TopicSendResult {
+            sent: false,
+            messages: 0,
+            reason: Some("this sidecar has no topic".into()),
+        })
+    }
+
     /// `question/ask`. A handler that cannot ask answers nothing.
     fn ask(&self, params: QuestionParams) -> impl Future<Output = QuestionResult> + Send {
         let _ = params;
@@ -151,6 +161,7 @@ pub enum HostEvent {
     ToolStarted(ToolParams),
     ToolEnded(ToolParams),
     InputReceived(InputReceivedParams),
+    Notice(NoticeParams),
 }
 
 /// Why an outbound request to the host failed.
@@ -194,6 +205,7 @@ impl HostEvent {
             method::TOOL_STARTED => Self::ToolStarted(serde_json::from_value(params)?),
             method::TOOL_ENDED => Self::ToolEnded(serde_json::from_value(params)?),
             method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_value(params)?),
+            method::AGENT_NOTICE => Self::Notice(serde_json::from_value(params)?),
             _ => return Ok(None),
         }))
     }

@@ -173,6 +173,7 @@ fn prompt(deliver: &Deliver, busy: bool) -> Option<SendUserMessageParams> {
             thread_id: message.thread_id,
             user_id: message.user_id,
             update_id: deliver.update_id,
+            message_id: Some(message.message_id),
         },
     })
 }

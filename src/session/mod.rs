@@ -36,6 +36,10 @@ const CONNECT_WAIT: Duration = Duration::from_secs(15);
 /// How much of a locally typed prompt is mirrored into the topic.
 const MIRROR_LIMIT: usize = 2000;
 
+/// How long `topic/send` waits for its messages to go out (the leader paces
+/// a group at 20 messages a minute).
+const SEND_WAIT: Duration = Duration::from_secs(300);
+
 /// How long the user has to answer a confirmation dialog.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -667,6 +671,11 @@ impl Handler for Session {
                     )));
                 }
             }
+            HostEvent::Notice(notice) => {
+                if !notice.text.trim().is_empty() {
+                    self.send_out(Outgoing::Plain(clip(&notice.text, MIRROR_LIMIT)));
+                }
+            }
             HostEvent::SessionStarted(started) => {
                 if let Some(session) = started.session
                     && let Some(me) = self.me()
@@ -684,6 +693,36 @@ impl Handler for Session {
 
     async fn ask(&self, params: QuestionParams) -> QuestionResult {
         self.question(params).await
+    }
+
+    async fn send_text(&self, params: TopicSendParams) -> TopicSendResult {
+        let not_sent = |reason: &str| TopicSendResult {
+            sent: false,
+            messages: 0,
+            reason: Some(reason.to_string()),
+        };
+        let has_topic = self.member().is_some_and(|m| {
+            let state = m.watch().borrow().clone();
+            state.role.is_connected() && state.route.and_then(|r| r.target).is_some()
+        });
+        if !has_topic {
+            return not_sent("this session has no Telegram topic right now");
+        }
+        let (done, sent) = tokio::sync::oneshot::channel();
+        self.send_out(Outgoing::Reply {
+            markdown: params.text,
+            done,
+        });
+        match tokio::time::timeout(SEND_WAIT, sent).await {
+            Ok(Ok(Ok(messages))) => TopicSendResult {
+                sent: true,
+                messages,
+                reason: None,
+            },
+            Ok(Ok(Err(why))) => not_sent(&why),
+            Ok(Err(_)) => not_sent("the session left the relay"),
+            Err(_) => not_sent("Telegram did not take the message in time"),
+        }
     }
 
     async fn shutdown(&self, params: ShutdownParams) {
