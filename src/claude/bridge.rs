@@ -230,7 +230,11 @@ impl Bridge {
         timeout: Duration,
     ) -> Result<Value, String> {
         if self.state().session_id.is_none() {
-            self.ensure_session(None, None, "startup", false).await?;
+            // Claude Code called a tool before any hook said which session
+            // this is: start from the environment, and be on the relay.
+            if let Err(e) = self.ensure_session(None, None, "startup", true).await {
+                tracing::warn!("the session is not on the relay: {e}");
+            }
         }
         self.session
             .request(method, params, timeout)

@@ -173,8 +173,12 @@ pub async fn run(
     let Some(key) = key else {
         return (None, Some("agent-relay: Claude Code named no session".into()));
     };
+    let not_running = || {
+        Some("agent-relay: this Claude Code session's MCP server (agent-relay mcp) is not running; nothing was relayed".to_string())
+    };
     let name = match socket_name(paths, &config, &key) {
         Ok(name) => name,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (None, not_running()),
         Err(e) => return (None, Some(format!("agent-relay: {e}"))),
     };
     let mut call = HookCall {
@@ -188,10 +192,7 @@ pub async fn run(
         line = serde_json::to_string(&call).unwrap_or_default();
     }
     let Some(stream) = find_server(name).await else {
-        return (
-            None,
-            Some("agent-relay: this Claude Code session's MCP server (agent-relay mcp) is not running; nothing was relayed".into()),
-        );
+        return (None, not_running());
     };
     let mut framed = Framed::new(stream, LineCodec::default());
     if let Err(e) = framed.send(line).await {

@@ -701,10 +701,15 @@ impl Handler for Session {
             messages: 0,
             reason: Some(reason.to_string()),
         };
-        let has_topic = self.member().is_some_and(|m| {
-            let state = m.watch().borrow().clone();
-            state.role.is_connected() && state.route.and_then(|r| r.target).is_some()
-        });
+        // A session still joining (just started, or between leaders) is
+        // waited for, as `/telegram-connect` waits.
+        let has_topic = match self.member() {
+            Some(member) => {
+                let state = member.wait_registered(CONNECT_WAIT).await;
+                state.role.is_connected() && state.route.and_then(|r| r.target).is_some()
+            }
+            None => false,
+        };
         if !has_topic {
             return not_sent("this session has no Telegram topic right now");
         }
