@@ -115,7 +115,8 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     let env = crate::claude::ClaudeEnv::from_env();
     let rt = runtime()?;
     rt.block_on(async move {
-        let serve = crate::claude::serve(tokio::io::stdin(), tokio::io::stdout(), paths, config, env);
+        let serve =
+            crate::claude::serve(tokio::io::stdin(), tokio::io::stdout(), paths, config, env);
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .context("cannot watch SIGTERM")?;
@@ -144,7 +145,8 @@ pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
         .read_to_end(&mut input)
         .context("cannot read the hook input")?;
     let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
-    let (output, note) = runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
+    let (output, note) =
+        runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
     if let Some(note) = note {
         eprintln!("{}", crate::redact::redact(&note));
     }
@@ -162,7 +164,10 @@ pub fn install_claude_code(dry_run: bool) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find this program's own path")?;
     let exe = exe.to_str().context("this program's path is not UTF-8")?;
     let targets = crate::claude::install::Targets::from_env(std::path::Path::new(&home));
-    print!("{}", crate::claude::install::install(&targets, exe, dry_run)?);
+    print!(
+        "{}",
+        crate::claude::install::install(&targets, exe, dry_run)?
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -73,7 +73,12 @@ fn main() -> ExitCode {
     let command = cli.command.unwrap_or(Cmd::Stdio { log_stderr: false });
     if matches!(
         command,
-        Cmd::Stdio { .. } | Cmd::Mcp { .. } | Cmd::Hook { .. } | Cmd::Status | Cmd::Doctor | Cmd::Setup
+        Cmd::Stdio { .. }
+            | Cmd::Mcp { .. }
+            | Cmd::Hook { .. }
+            | Cmd::Status
+            | Cmd::Doctor
+            | Cmd::Setup
     ) {
         cli::private_umask();
     }

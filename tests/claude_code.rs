@@ -86,7 +86,10 @@ fn hook_input(name: &str, session: &str, cwd: &str) -> Value {
         .to_string()
         .replace("SESSION", session)
         .replace("CWD", cwd)
-        .replace("TRANSCRIPT", &format!("/tmp/home/.claude/projects/x/{session}.jsonl"));
+        .replace(
+            "TRANSCRIPT",
+            &format!("/tmp/home/.claude/projects/x/{session}.jsonl"),
+        );
     serde_json::from_str(&text).unwrap()
 }
 
@@ -228,13 +231,24 @@ async fn reply_status_and_the_channel_reach_the_sessions_topic() {
     let home = common::home();
     let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
     handshake(&mut s).await;
-    let sent = tool(&mut s, "reply", json!({"text": "**Done**: all 3 tests pass"})).await;
+    let sent = tool(
+        &mut s,
+        "reply",
+        json!({"text": "**Done**: all 3 tests pass"}),
+    )
+    .await;
     assert_eq!(text_of(&sent), "Sent to the Telegram topic.", "{sent}");
     let thread = topic(&fake, "proj").thread_id;
     let texts = wait_topic_text(&fake, thread, "Done: all 3 tests pass").await;
-    assert!(texts.iter().any(|t| t == "Done: all 3 tests pass"), "{texts:?}");
+    assert!(
+        texts.iter().any(|t| t == "Done: all 3 tests pass"),
+        "{texts:?}"
+    );
     let status = tool(&mut s, "status", json!({})).await;
-    assert!(text_of(&status).contains("binding: bound A · proj"), "{status}");
+    assert!(
+        text_of(&status).contains("binding: bound A · proj"),
+        "{status}"
+    );
 
     // A message in the topic becomes a channel notification with its meta…
     inject(&fake, Some(thread), USER, "run the linter please");
@@ -337,7 +351,11 @@ async fn two_sessions_in_one_folder_get_two_topics_and_a_resumed_one_its_old_top
     tool(&mut resumed, "reply", json!({"text": "back again"})).await;
     wait_topic_text(&fake, thread_one, "back again").await;
     assert_eq!(
-        fake.api().topics(CHAT).iter().filter(|t| !t.deleted).count(),
+        fake.api()
+            .topics(CHAT)
+            .iter()
+            .filter(|t| !t.deleted)
+            .count(),
         2,
         "no third topic"
     );
@@ -424,8 +442,7 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
                 |api| {
                     api.messages(CHAT, Some(thread))
                         .into_iter()
-                        .filter(|m| m.reply_markup.is_some())
-                        .last()
+                        .rfind(|m| m.reply_markup.is_some())
                 },
                 WAIT,
             )
@@ -455,7 +472,11 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
     let status = tool(&mut s, "status", json!({})).await;
     assert!(text_of(&status).contains("A · app"), "{status}");
     assert_eq!(
-        fake.api().topics(CHAT).iter().filter(|t| !t.deleted).count(),
+        fake.api()
+            .topics(CHAT)
+            .iter()
+            .filter(|t| !t.deleted)
+            .count(),
         1,
         "the env's wrong session id got no topic"
     );
@@ -479,7 +500,13 @@ async fn the_mcp_server_exits_cleanly_on_eof_sigint_and_sigterm() {
     let fake = common::fake().await;
     let home = common::home();
     for (i, how) in ["eof", "int", "term"].into_iter().enumerate() {
-        let mut s = mcp(home.path(), &fake, &i.to_string(), &format!("s-{i}"), "/tmp/p");
+        let mut s = mcp(
+            home.path(),
+            &fake,
+            &i.to_string(),
+            &format!("s-{i}"),
+            "/tmp/p",
+        );
         handshake(&mut s).await;
         tool(&mut s, "reply", json!({"text": "up"})).await;
         match how {

@@ -149,7 +149,11 @@ impl Bridge {
             .map(str::to_string)
             .or(known_cwd)
             .or_else(|| self.env.project_dir.clone())
-            .or_else(|| std::env::current_dir().ok().map(|d| d.display().to_string()))
+            .or_else(|| {
+                std::env::current_dir()
+                    .ok()
+                    .map(|d| d.display().to_string())
+            })
             .unwrap_or_default();
         let info = json!({"id": session_id, "file": super::session_file(&session_id)});
         match current {
@@ -350,7 +354,11 @@ impl Bridge {
         }
         let sent = self
             .session
-            .request(method::TOPIC_SEND, json!({"text": text}), Duration::from_secs(3))
+            .request(
+                method::TOPIC_SEND,
+                json!({"text": text}),
+                Duration::from_secs(3),
+            )
             .await;
         if let Err(e) = sent {
             tracing::warn!("cannot tell the topic what went unread: {e}");
@@ -399,9 +407,7 @@ impl Bridge {
             let input = serde_json::from_str::<Value>(preview)
                 .ok()
                 .filter(Value::is_object)
-                .unwrap_or_else(|| {
-                    json!({"description": params["description"], "input": preview})
-                });
+                .unwrap_or_else(|| json!({"description": params["description"], "input": preview}));
             let decided = self.approve(&request_id, &tool, input).await;
             let behavior = match decided.decision {
                 Decision::Allow => "allow",
@@ -448,7 +454,11 @@ impl Bridge {
                 let from_telegram = self.took_from_inbox(&prompt);
                 self.state().from_telegram = from_telegram;
                 self.tell_session(method::AGENT_STARTED, json!({}));
-                let source = if from_telegram { "extension" } else { "interactive" };
+                let source = if from_telegram {
+                    "extension"
+                } else {
+                    "interactive"
+                };
                 self.tell_session(
                     method::INPUT_RECEIVED,
                     json!({"text": prompt, "source": source}),
@@ -496,7 +506,10 @@ impl Bridge {
                 let waiting_on_phone = self.state().approvals_open > 0;
                 let permission = input.notification_type.as_deref() == Some("permission_prompt");
                 if let Some(message) = input.message.filter(|_| !(permission && waiting_on_phone)) {
-                    self.tell_session(method::AGENT_NOTICE, json!({"text": format!("⏳ {message}")}));
+                    self.tell_session(
+                        method::AGENT_NOTICE,
+                        json!({"text": format!("⏳ {message}")}),
+                    );
                 }
                 HookAnswer::default()
             }
@@ -509,7 +522,9 @@ impl Bridge {
                 HookAnswer::default()
             }
             "SessionEnd" => HookAnswer::default(),
-            other => note(format!("agent-relay: the {other} hook is not one the relay uses")),
+            other => note(format!(
+                "agent-relay: the {other} hook is not one the relay uses"
+            )),
         }
     }
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use interprocess::local_socket::ListenerOptions;
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::{Listener as _, Stream as _};
-use interprocess::local_socket::ListenerOptions;
 use interprocess::os::unix::local_socket::ListenerOptionsExt;
 use serde_json::Value;
 use tokio_util::codec::Framed;
@@ -158,20 +158,27 @@ pub async fn run(
 ) -> (Option<String>, Option<String>) {
     let input: Value = match serde_json::from_slice(stdin) {
         Ok(input) => input,
-        Err(e) => return (None, Some(format!("agent-relay: the hook input is not JSON: {e}"))),
+        Err(e) => {
+            return (
+                None,
+                Some(format!("agent-relay: the hook input is not JSON: {e}")),
+            );
+        }
     };
     let config = match config {
         Ok(config) => config,
         Err(e) => return (None, Some(format!("agent-relay: {e}"))),
     };
     let env = super::ClaudeEnv::from_env();
-    let key = env.process_key.clone().or_else(|| {
-        input["session_id"]
-            .as_str()
-            .map(|s| format!("session:{s}"))
-    });
+    let key = env
+        .process_key
+        .clone()
+        .or_else(|| input["session_id"].as_str().map(|s| format!("session:{s}")));
     let Some(key) = key else {
-        return (None, Some("agent-relay: Claude Code named no session".into()));
+        return (
+            None,
+            Some("agent-relay: Claude Code named no session".into()),
+        );
     };
     let not_running = || {
         Some("agent-relay: this Claude Code session's MCP server (agent-relay mcp) is not running; nothing was relayed".to_string())
@@ -196,7 +203,10 @@ pub async fn run(
     };
     let mut framed = Framed::new(stream, LineCodec::default());
     if let Err(e) = framed.send(line).await {
-        return (None, Some(format!("agent-relay: cannot reach the MCP server: {e}")));
+        return (
+            None,
+            Some(format!("agent-relay: cannot reach the MCP server: {e}")),
+        );
     }
     match framed.next().await {
         Some(Ok(Frame::Line(line))) => match serde_json::from_str::<HookAnswer>(&line) {

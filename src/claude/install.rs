@@ -289,7 +289,10 @@ mod tests {
 
         std::fs::write(&targets.settings, "{ not json").unwrap();
         let refused = install(&targets, "/bin/agent-relay", false).unwrap_err();
-        assert!(refused.to_string().contains("nothing was changed"), "{refused}");
+        assert!(
+            refused.to_string().contains("nothing was changed"),
+            "{refused}"
+        );
         assert_eq!(
             std::fs::read_to_string(&targets.settings).unwrap(),
             "{ not json"

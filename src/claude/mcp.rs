@@ -125,7 +125,12 @@ impl Mcp {
         }
         let options: Vec<String> = args["options"]
             .as_array()
-            .map(|o| o.iter().filter_map(Value::as_str).map(String::from).collect())
+            .map(|o| {
+                o.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
             .unwrap_or_default();
         let allow_text = args["allow_text"].as_bool().unwrap_or(options.is_empty());
         let mut params = json!({"question": question, "options": options, "allowText": allow_text});
@@ -184,23 +189,21 @@ impl Mcp {
 }
 
 impl Service for Mcp {
-    fn call(
+    async fn call(
         self: Arc<Self>,
         method: String,
         params: Option<Value>,
-    ) -> impl Future<Output = Result<Value, RpcError>> + Send {
-        async move {
-            let params = params.unwrap_or(Value::Null);
-            match method.as_str() {
-                "initialize" => Ok(self.initialize(&params)),
-                "ping" => Ok(json!({})),
-                "tools/list" => Ok(json!({"tools": tools()})),
-                "tools/call" => self.call_tool(params).await,
-                _ => Err(RpcError {
-                    code: -32601,
-                    message: format!("Method not found: {method}"),
-                }),
-            }
+    ) -> Result<Value, RpcError> {
+        let params = params.unwrap_or(Value::Null);
+        match method.as_str() {
+            "initialize" => Ok(self.initialize(&params)),
+            "ping" => Ok(json!({})),
+            "tools/list" => Ok(json!({"tools": tools()})),
+            "tools/call" => self.call_tool(params).await,
+            _ => Err(RpcError {
+                code: -32601,
+                message: format!("Method not found: {method}"),
+            }),
         }
     }
 

@@ -133,11 +133,10 @@ pub(crate) async fn call<H: Handler>(
             tracing::error!(method, "jsonrpsee refused a request we built: {e}");
             internal()
         })?;
-    let mut response: Map<String, Value> =
-        serde_json::from_str(response.get()).map_err(|e| {
-            tracing::error!("jsonrpsee produced an unreadable response: {e}");
-            internal()
-        })?;
+    let mut response: Map<String, Value> = serde_json::from_str(response.get()).map_err(|e| {
+        tracing::error!("jsonrpsee produced an unreadable response: {e}");
+        internal()
+    })?;
     if let Some(error) = response.remove("error") {
         return Err(RpcError {
             code: error

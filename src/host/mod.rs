@@ -123,12 +123,12 @@ struct HostService<H: Handler> {
 }
 
 impl<H: Handler> Service for HostService<H> {
-    fn call(
+    async fn call(
         self: Arc<Self>,
         method: String,
         params: Option<Value>,
-    ) -> impl Future<Output = Result<Value, RpcError>> + Send {
-        async move { dispatch::call(&self.module, &method, params).await }
+    ) -> Result<Value, RpcError> {
+        dispatch::call(&self.module, &method, params).await
     }
 
     fn notify(&self, method: &str, params: Option<Value>) {
