@@ -97,6 +97,10 @@ async fn the_status_line_and_telegram_status_show_the_private_topic() {
         text.contains("binding: bound A · api") && text.contains("transport: leader"),
         "{text}"
     );
+    assert!(
+        text.contains(&format!("private chat with user {USER}")),
+        "{text}"
+    );
     // Outside any topic the user gets the list of sessions, in the
     // private chat itself.
     inject_in(&fake, USER, None, USER, "hello?");
@@ -266,4 +270,23 @@ async fn pairing_from_a_session_puts_the_topics_in_that_users_private_chat() {
     a.wait_status(|s| s.contains("·pair ● leader")).await;
     inject(&fake, thread, "now mine");
     wait_prompt(&a, "now mine").await;
+}
+
+#[tokio::test]
+async fn topics_switched_on_in_botfather_are_noticed_without_a_restart() {
+    let home = common::home();
+    let fake = common::fake().await;
+    fake.api().set_has_topics_enabled(false);
+    let mut a = Sidecar::spawn(accepting(Options::new(home.path()).private_chat(&fake)));
+    a.handshake("/tmp/a", "api").await;
+    // The session says what to switch on, not just that it is stuck.
+    let status = a.wait_status(|s| s.contains("⚠")).await;
+    let (_, text) = a.command("telegram-status", "").await;
+    assert!(text.contains("turn on Threaded Mode"), "{status}\n{text}");
+    // The user switches topics on; the same leader notices.
+    fake.api().set_has_topics_enabled(true);
+    let (ok, text) = a.command("telegram-connect", "").await;
+    assert!(ok, "{text}");
+    a.wait_status(connected).await;
+    assert_eq!(created_topics(&fake), 1);
 }
