@@ -476,6 +476,23 @@ impl Session {
         }
     }
 
+    /// Where this session's topics go, as `/telegram-status` says it.
+    fn chat_description(&self, config: &Config) -> String {
+        if let Some(id) = config.chat_id {
+            return format!("chat {id}");
+        }
+        // A private chat's id is its user's id.
+        let bound = self
+            .member()
+            .and_then(|m| m.watch().borrow().route.as_ref().and_then(|r| r.target))
+            .map(|t| t.chat_id)
+            .filter(|id| *id > 0);
+        match bound.or(config.allowed_users.first().copied()) {
+            Some(user) => format!("private chat with user {user}"),
+            None => "the private chat of whoever pairs".into(),
+        }
+    }
+
     async fn status_report(&self, debug: bool) -> String {
         let facts = self.facts();
         let mut out = String::new();
@@ -487,9 +504,9 @@ impl Session {
                     c.file.display()
                 ),
                 Some(t) => format!(
-                    "configuration: bot {} · chat {} · {} allowed user(s) · {}",
+                    "configuration: bot {} · {} · {} allowed user(s) · {}",
                     t.bot_id(),
-                    c.chat_id.map_or("not set".into(), |id| id.to_string()),
+                    self.chat_description(c),
                     c.allowed_users.len(),
                     c.file.display()
                 ),

@@ -19,9 +19,9 @@
 //! It never touches the store: the leader records what it needs from the
 //! results (a stale topic, who posted which message).
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
@@ -48,7 +48,8 @@ const MAX_BUTTON_DATA: usize = 64;
 pub(super) struct Outbox {
     api: BotApi,
     limiter: RateLimiter,
-    bot: OnceCell<BotInfo>,
+    /// `getMe`'s answer.
+    bot: Mutex<Option<BotInfo>>,
 }
 
 impl Outbox {
@@ -65,7 +66,7 @@ impl Outbox {
         Ok(Self {
             api: BotApi::new(&config.api_url, token)?,
             limiter,
-            bot: OnceCell::new(),
+            bot: Mutex::new(None),
         })
     }
 
@@ -73,9 +74,21 @@ impl Outbox {
         &self.api
     }
 
-    /// `getMe`, asked once per leader.
-    pub async fn bot(&self) -> Result<&BotInfo, TelegramError> {
-        self.bot.get_or_try_init(|| self.api.get_me()).await
+    /// `getMe`, asked once per leader — and each time again while the bot
+    /// has no topics in private chats: the user may switch them on in
+    /// @BotFather while sessions wait, and nobody should need a restart.
+    pub async fn bot(&self) -> Result<BotInfo, TelegramError> {
+        let cached = self
+            .bot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
+            return Ok(bot);
+        }
+        let bot = self.api.get_me().await?;
+        *self.bot.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
+        Ok(bot)
     }
 
     /// Runs a session's request in `target`, with pacing, retries and the
