@@ -275,7 +275,11 @@ mod tests {
             settings: dir.path().join(".claude/settings.json"),
             state: dir.path().join(".claude.json"),
         };
-        std::fs::write(&targets.state, r#"{"numStartups": 3}"#).unwrap();
+        std::fs::write(
+            &targets.state,
+            r#"{"numStartups": 3, "zeta": 1, "alpha": {"y": 1, "b": 2}}"#,
+        )
+        .unwrap();
         let shown = install(&targets, "/bin/agent-relay", true).unwrap();
         assert!(shown.contains("+ mcpServers.agent-relay"), "{shown}");
         assert!(!targets.settings.exists(), "a dry run writes nothing");
@@ -284,6 +288,17 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&targets.state).unwrap()).unwrap();
         assert_eq!(state["numStartups"], 3);
         assert_eq!(state["mcpServers"]["agent-relay"]["args"], json!(["mcp"]));
+        // The user's file keeps its order: ours is appended, nothing sorted.
+        let text = std::fs::read_to_string(&targets.state).unwrap();
+        let at = |key: &str| text.find(key).unwrap_or_else(|| panic!("{key} in {text}"));
+        assert!(
+            at("numStartups") < at("zeta") && at("zeta") < at("alpha"),
+            "{text}"
+        );
+        assert!(
+            at("\"y\"") < at("\"b\"") && at("alpha") < at("mcpServers"),
+            "{text}"
+        );
         let again = install(&targets, "/bin/agent-relay", false).unwrap();
         assert_eq!(again.matches("up to date").count(), 2, "{again}");
 
