@@ -517,3 +517,51 @@ async fn the_mcp_server_exits_cleanly_on_eof_sigint_and_sigterm() {
         assert_eq!(s.wait_exit().await, Some(0), "{how}");
     }
 }
+
+#[tokio::test]
+async fn without_channels_the_topic_hears_where_its_message_waits_once_per_batch() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
+    // A client that takes no channel messages.
+    s.call(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "other-client", "version": "1"}}),
+    )
+    .await;
+    s.notify("notifications/initialized", json!({}));
+    tool(&mut s, "reply", json!({"text": "hello"})).await;
+    let thread = topic(&fake, "proj").thread_id;
+    inject(&fake, Some(thread), USER, "first");
+    inject(&fake, Some(thread), USER, "second");
+    wait_topic_text(&fake, thread, "has not taken this yet").await;
+    let inbox = tool(&mut s, "telegram_inbox", json!({})).await;
+    assert!(
+        text_of(&inbox).contains("first") && text_of(&inbox).contains("second"),
+        "{inbox}"
+    );
+    assert_eq!(
+        notices_in(&fake.api(), thread),
+        1,
+        "one notice for the batch"
+    );
+    assert!(
+        s.messages()
+            .iter()
+            .all(|m| m["method"] != "notifications/claude/channel"),
+        "no channel messages to a client that takes none"
+    );
+    // A new batch after the inbox was read is told again.
+    inject(&fake, Some(thread), USER, "third");
+    fake.api()
+        .wait_until(|api| (notices_in(api, thread) == 2).then_some(()), WAIT)
+        .await
+        .expect("a second notice for the second batch");
+}
+
+fn notices_in(api: &agent_relay::fake_bot_api::FakeBotApi, thread: i64) -> usize {
+    api.messages(CHAT, Some(thread))
+        .iter()
+        .filter(|m| m.plain_text.contains("has not taken this yet"))
+        .count()
+}

@@ -40,6 +40,11 @@ const SEEN: usize = 4096;
 const INBOX: usize = 256;
 /// The MCP method that pushes a message into Claude Code as a turn.
 pub(super) const CHANNEL: &str = "notifications/claude/channel";
+/// How long a channel message may wait for a turn before the topic hears
+/// where it waits.
+const CHANNEL_GRACE: Duration = Duration::from_secs(15);
+/// What the topic hears about a message no turn took.
+const WAITING_NOTICE: &str = "📥 Claude Code has not taken this yet: it reads messages from here when the agent next checks its inbox (the telegram_inbox tool), or at once where Claude Code's channels are on.";
 /// How the bridge answers a channel permission request.
 pub(super) const CHANNEL_PERMISSION: &str = "notifications/claude/channel/permission";
 
@@ -59,6 +64,9 @@ struct State {
     /// Push prompts as channel notifications (the client takes them).
     channel: bool,
     inbox: VecDeque<Waiting>,
+    /// The topic was told that messages wait for `telegram_inbox` (once
+    /// per batch: reset when the inbox is read).
+    told_waiting: bool,
     seen: VecDeque<i64>,
     seen_set: HashSet<i64>,
     /// The current turn came from Telegram (its prompt was a channel message).
@@ -282,7 +290,11 @@ impl Bridge {
         });
     }
 
-    fn on_session_request(&self, method: &str, params: Value) -> Result<Value, (i64, String)> {
+    fn on_session_request(
+        self: &Arc<Self>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, (i64, String)> {
         match method {
             method::AGENT_SEND_USER_MESSAGE => {
                 let params: SendUserMessageParams = serde_json::from_value(params)
@@ -300,13 +312,13 @@ impl Bridge {
 
     /// A prompt from the topic: into the inbox, and to Claude Code as a
     /// channel message when it takes those.
-    fn deliver(&self, params: SendUserMessageParams) {
+    fn deliver(self: &Arc<Self>, params: SendUserMessageParams) {
         let waiting = Waiting {
             text: params.text,
             origin: params.origin,
             at_ms: now_ms(),
         };
-        let (channel, dropped) = {
+        let (channel, dropped, update_id) = {
             let mut state = self.state();
             let id = waiting.origin.update_id;
             if !state.seen_set.insert(id) {
@@ -320,8 +332,29 @@ impl Bridge {
             }
             state.inbox.push_back(waiting.clone());
             let dropped = (state.inbox.len() > INBOX).then(|| state.inbox.pop_front());
-            (state.channel, dropped.flatten())
+            (state.channel, dropped.flatten(), id)
         };
+        // Only a channel message can start a turn, and Claude Code may
+        // ignore channels (print mode, or channels off): when no turn took
+        // the message in a while — at once without channels — the topic is
+        // told where it waits, once per batch, so it does not seem lost.
+        let grace = if channel {
+            CHANNEL_GRACE
+        } else {
+            Duration::ZERO
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let tell = {
+                let mut state = me.state();
+                let waiting = state.inbox.iter().any(|w| w.origin.update_id == update_id);
+                waiting && !std::mem::replace(&mut state.told_waiting, true)
+            };
+            if tell {
+                me.tell_session(method::AGENT_NOTICE, json!({"text": WAITING_NOTICE}));
+            }
+        });
         if let Some(dropped) = dropped {
             self.tell_session(
                 method::AGENT_NOTICE,
@@ -335,7 +368,9 @@ impl Bridge {
 
     /// The messages no turn has taken yet; they are taken now.
     pub(super) fn take_inbox(&self) -> Vec<Waiting> {
-        self.state().inbox.drain(..).collect()
+        let mut state = self.state();
+        state.told_waiting = false;
+        state.inbox.drain(..).collect()
     }
 
     /// Says in the topic what nobody read, before the session ends.
