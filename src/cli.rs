@@ -93,6 +93,84 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `agent-relay mcp`: Claude Code's MCP server, a session of the relay.
+pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    let Setup {
+        paths,
+        dirs_trusted,
+        config,
+    } = Setup::from_env(Missing::Create)?;
+    let _log = if dirs_trusted {
+        logging::init(&paths.log_dir(), log_stderr)
+            .map_err(|e| eprintln!("agent-relay: logging disabled: {e}"))
+            .ok()
+    } else {
+        eprintln!("agent-relay: logging disabled: the relay's directories failed the checks");
+        None
+    };
+    if let Err(e) = &config {
+        tracing::error!("configuration error: {e}");
+        eprintln!("agent-relay: {e}");
+    }
+    let env = crate::claude::ClaudeEnv::from_env();
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let serve =
+            crate::claude::serve(tokio::io::stdin(), tokio::io::stdout(), paths, config, env);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot watch SIGTERM")?;
+        // Claude Code ends its MCP servers with SIGINT (stdin still open).
+        // The serving future is dropped there, so leave the bus explicitly:
+        // the session's drop does not wait.
+        tokio::select! {
+            served = serve => served.context("stdio transport failed")?,
+            _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
+        }
+        anyhow::Ok(())
+    })?;
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay hook <event>`: one Claude Code hook. It always exits 0: a
+/// hook that fails must not block Claude Code, and deciding nothing lets
+/// Claude Code go on as without it.
+pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Write};
+    let mut input = Vec::new();
+    std::io::stdin()
+        .take(64 << 20)
+        .read_to_end(&mut input)
+        .context("cannot read the hook input")?;
+    let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
+    let (output, note) =
+        runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
+    if let Some(note) = note {
+        eprintln!("{}", crate::redact::redact(&note));
+    }
+    if let Some(output) = output {
+        let mut stdout = std::io::stdout();
+        stdout.write_all(output.as_bytes())?;
+        stdout.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay install claude-code`.
+pub fn install_claude_code(dry_run: bool) -> anyhow::Result<ExitCode> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let exe = std::env::current_exe().context("cannot find this program's own path")?;
+    let exe = exe.to_str().context("this program's path is not UTF-8")?;
+    let targets = crate::claude::install::Targets::from_env(std::path::Path::new(&home));
+    print!(
+        "{}",
+        crate::claude::install::install(&targets, exe, dry_run)?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn status() -> anyhow::Result<ExitCode> {
     let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
     let config = config?;

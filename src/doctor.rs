@@ -14,7 +14,7 @@ use crate::bus::{LeaderReport, leader_report};
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
 use crate::redact::redact;
-use crate::telegram::{BotApi, BotInfo, ChatKind, ChatMemberStatus, TelegramError};
+use crate::telegram::{BotApi, BotInfo, ChatKind, ChatMemberStatus, TOPICS_SWITCH, TelegramError};
 
 /// A doctor should answer promptly even when Telegram does not.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -280,10 +280,6 @@ async fn check_token(report: &mut Report, api: &BotApi, config: &Config) -> Opti
         }
     }
 }
-
-/// What `chat_id` would be a fix for, and the switch in @BotFather that
-/// gives a bot topics in private chats (`getMe` → `has_topics_enabled`).
-pub(crate) const TOPICS_SWITCH: &str = "in @BotFather, open your bot's settings (the Open button, or /mybots → your bot → Bot Settings) and turn on Threaded Mode (topics in private chats)";
 
 /// The private-chat mode (no `chat_id`): the topics go into the private chat
 /// of the first allowed user (or of whoever pairs), which needs topics

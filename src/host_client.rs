@@ -142,69 +142,14 @@ impl Sidecar {
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(HostError::Spawn)?;
-        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.start_kill();
             return Err(HostError::Spawn(std::io::Error::other(
                 "the child has no stdio pipes",
             )));
         };
 
-        let (lines, mut outgoing) = mpsc::unbounded_channel::<Out>();
-        // One task owns stdin so that answering never waits on reading; it
-        // ends, closing stdin, when every `Link` is gone or on `Close`.
-        tokio::spawn(async move {
-            while let Some(Out::Line(mut line)) = outgoing.recv().await {
-                line.push('\n');
-                if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                    break;
-                }
-            }
-        });
-
-        let pending: Pending = Arc::default();
-        let traffic: Option<Traffic> = record.then(Traffic::default);
-        let (events, incoming) = mpsc::unbounded_channel();
-        let waiting = pending.clone();
-        let recorded = traffic.clone();
-        tokio::spawn(async move {
-            let mut frames = FramedRead::new(stdout, LineCodec::default());
-            while let Some(Ok(frame)) = frames.next().await {
-                let at = Instant::now();
-                let line = match frame {
-                    Frame::Line(line) => line,
-                    Frame::NotUtf8 => String::from("<not UTF-8>"),
-                    Frame::Oversized { .. } => String::from("<oversized line>"),
-                };
-                let message = match serde_json::from_str::<Value>(&line) {
-                    Ok(message) => message,
-                    Err(_) => {
-                        let _ = events.send(Incoming {
-                            message: FromSidecar::NotJson(line),
-                            at,
-                        });
-                        continue;
-                    }
-                };
-                if let Some(traffic) = &recorded {
-                    lock(traffic).push((Direction::FromSidecar, message.clone()));
-                }
-                if let Some(message) = route(message, &waiting) {
-                    // Nobody listening is fine: responses still matter.
-                    let _ = events.send(Incoming { message, at });
-                }
-            }
-            // Every request still waiting learns the sidecar is gone.
-            let mut waiters = lock(&waiting);
-            waiters.closed = true;
-            waiters.by_id.clear();
-        });
-
-        let link = Link {
-            lines,
-            pending,
-            next_id: Arc::new(AtomicU64::new(1)),
-            traffic,
-        };
+        let (link, incoming) = Link::over(stdout, stdin, record);
         Ok((Self { child, link }, incoming))
     }
 
@@ -251,6 +196,79 @@ impl Drop for Sidecar {
         // A SIGSTOPped child must be continued to die promptly.
         self.signal(libc::SIGCONT);
         let _ = self.child.start_kill();
+    }
+}
+
+impl Link {
+    /// The host's end over any pair of pipes: `output` is what the sidecar
+    /// writes (its stdout), `stdin` what it reads. A sidecar served in the
+    /// same process (the MCP server's session) is driven this way.
+    pub fn over<R, W>(
+        output: R,
+        mut stdin: W,
+        record: bool,
+    ) -> (Link, mpsc::UnboundedReceiver<Incoming>)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (lines, mut outgoing) = mpsc::unbounded_channel::<Out>();
+        // One task owns stdin so that answering never waits on reading; it
+        // ends, closing stdin, when every `Link` is gone or on `Close`.
+        tokio::spawn(async move {
+            while let Some(Out::Line(mut line)) = outgoing.recv().await {
+                line.push('\n');
+                if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let pending: Pending = Arc::default();
+        let traffic: Option<Traffic> = record.then(Traffic::default);
+        let (events, incoming) = mpsc::unbounded_channel();
+        let waiting = pending.clone();
+        let recorded = traffic.clone();
+        tokio::spawn(async move {
+            let mut frames = FramedRead::new(output, LineCodec::default());
+            while let Some(Ok(frame)) = frames.next().await {
+                let at = Instant::now();
+                let line = match frame {
+                    Frame::Line(line) => line,
+                    Frame::NotUtf8 => String::from("<not UTF-8>"),
+                    Frame::Oversized { .. } => String::from("<oversized line>"),
+                };
+                let message = match serde_json::from_str::<Value>(&line) {
+                    Ok(message) => message,
+                    Err(_) => {
+                        let _ = events.send(Incoming {
+                            message: FromSidecar::NotJson(line),
+                            at,
+                        });
+                        continue;
+                    }
+                };
+                if let Some(traffic) = &recorded {
+                    lock(traffic).push((Direction::FromSidecar, message.clone()));
+                }
+                if let Some(message) = route(message, &waiting) {
+                    // Nobody listening is fine: responses still matter.
+                    let _ = events.send(Incoming { message, at });
+                }
+            }
+            // Every request still waiting learns the sidecar is gone.
+            let mut waiters = lock(&waiting);
+            waiters.closed = true;
+            waiters.by_id.clear();
+        });
+
+        let link = Link {
+            lines,
+            pending,
+            next_id: Arc::new(AtomicU64::new(1)),
+            traffic,
+        };
+        (link, incoming)
     }
 }
 

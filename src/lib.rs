@@ -13,6 +13,8 @@
 //!   It knows nothing of Telegram or the bus.
 //! * `session` — one agent session: its binding, transport and sync facts,
 //!   the status line, host events into relay actions, deliveries into prompts.
+//! * `claude` — Claude Code as a host: the MCP server (`agent-relay mcp`)
+//!   that runs a session and plays its host, and the hook command.
 //! * `commands` — parsing of `/telegram-*` and `/relay` commands and the text
 //!   of their reports.
 //! * `bus` — the member (handle, actor, restart, status), election through a
@@ -45,6 +47,7 @@
 
 mod backoff;
 mod bus;
+mod claude;
 pub mod cli;
 pub mod cluster;
 mod commands;

@@ -26,6 +26,22 @@ enum Cmd {
         #[arg(long)]
         log_stderr: bool,
     },
+    /// Serve Claude Code as an MCP server on stdin/stdout (what `claude` spawns).
+    Mcp {
+        /// Also log to stderr.
+        #[arg(long)]
+        log_stderr: bool,
+    },
+    /// Handle one Claude Code hook event (its JSON on stdin); what Claude Code's hooks run.
+    Hook {
+        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
+        event: String,
+    },
+    /// Add the relay to a coding agent's configuration.
+    Install {
+        #[command(subcommand)]
+        host: InstallHost,
+    },
     /// Show the relay's sessions, as the leader sees them.
     Status,
     /// Run three sessions against a simulated Telegram, kill the leader, watch the failover.
@@ -42,17 +58,37 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum InstallHost {
+    /// The MCP server in ~/.claude.json and the hooks in ~/.claude/settings.json (user scope).
+    ClaudeCode {
+        /// Show what would change, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Cmd::Stdio { log_stderr: false });
     if matches!(
         command,
-        Cmd::Stdio { .. } | Cmd::Status | Cmd::Doctor | Cmd::Setup
+        Cmd::Stdio { .. }
+            | Cmd::Mcp { .. }
+            | Cmd::Hook { .. }
+            | Cmd::Status
+            | Cmd::Doctor
+            | Cmd::Setup
     ) {
         cli::private_umask();
     }
     let result = match command {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
+        Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
+        Cmd::Hook { event } => cli::hook(&event),
+        Cmd::Install {
+            host: InstallHost::ClaudeCode { dry_run },
+        } => cli::install_claude_code(dry_run),
         Cmd::Status => cli::status(),
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),

@@ -42,6 +42,9 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::ShutdownParams>("host/shutdown.params"),
         file::<h::SendFileParams>("host/file-send.params"),
         file::<h::SendFileResult>("host/file-send.result"),
+        file::<h::TopicSendParams>("host/topic-send.params"),
+        file::<h::TopicSendResult>("host/topic-send.result"),
+        file::<h::NoticeParams>("host/agent-notice.params"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),
         file::<h::NotifyParams>("host/ui-notify.params"),
@@ -61,6 +64,9 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
         file::<b::Fetched>("bus/fetch.result"),
+        // Claude Code: agent-relay hook ⇄ agent-relay mcp
+        file::<crate::protocol::claude::HookCall>("claude/hook-call"),
+        file::<crate::protocol::claude::HookAnswer>("claude/hook-answer"),
         // config
         file::<crate::config::ConfigFile>("config"),
     ]

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::Path;
 
+use agent_relay::fake_bot_api::CallbackInject;
 use common::{
     CHAT, FakeServer, Options, Sidecar, USER, WAIT, accepting, connected, inject_in, prompts,
     start, topic_in, wait_prompt, wait_topic_text_in,
@@ -95,6 +96,10 @@ async fn the_status_line_and_telegram_status_show_the_private_topic() {
     assert!(ok, "{text}");
     assert!(
         text.contains("binding: bound A · api") && text.contains("transport: leader"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("private chat with user {USER}")),
         "{text}"
     );
     // Outside any topic the user gets the list of sessions, in the
@@ -266,4 +271,62 @@ async fn pairing_from_a_session_puts_the_topics_in_that_users_private_chat() {
     a.wait_status(|s| s.contains("·pair ● leader")).await;
     inject(&fake, thread, "now mine");
     wait_prompt(&a, "now mine").await;
+}
+
+#[tokio::test]
+async fn topics_switched_on_in_botfather_are_noticed_without_a_restart() {
+    let home = common::home();
+    let fake = common::fake().await;
+    fake.api().set_has_topics_enabled(false);
+    let mut a = Sidecar::spawn(accepting(Options::new(home.path()).private_chat(&fake)));
+    a.handshake("/tmp/a", "api").await;
+    // The session says what to switch on, not just that it is stuck.
+    let status = a.wait_status(|s| s.contains("⚠")).await;
+    let (_, text) = a.command("telegram-status", "").await;
+    assert!(text.contains("turn on Threaded Mode"), "{status}\n{text}");
+    // The user switches topics on; the same leader notices.
+    fake.api().set_has_topics_enabled(true);
+    let (ok, text) = a.command("telegram-connect", "").await;
+    assert!(ok, "{text}");
+    a.wait_status(connected).await;
+    assert_eq!(created_topics(&fake), 1);
+}
+
+#[tokio::test]
+async fn a_tool_call_is_approved_from_the_private_topic() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api");
+    let decision = a.call_later(
+        "approval/request",
+        json!({"toolCallId": "c1", "tool": "bash", "input": {"command": "make deploy"}, "fromTelegram": true}),
+    );
+    let asked = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(USER, Some(thread))
+                    .into_iter()
+                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains("make deploy"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the approval is asked in the private topic");
+    let allow = asked.reply_markup.as_ref().unwrap()["inline_keyboard"][0][0].clone();
+    assert!(allow["text"].as_str().unwrap().contains("Allow"), "{allow}");
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: USER,
+        thread_id: Some(thread),
+        user_id: USER,
+        message_id: asked.message_id,
+        data: allow["callback_data"].as_str().unwrap().into(),
+    });
+    let answer = tokio::time::timeout(WAIT, decision)
+        .await
+        .expect("decided in time")
+        .expect("the sidecar runs");
+    assert_eq!(answer["result"]["decision"], "allow", "{answer}");
+    assert_eq!(answer["result"]["by"], "phone", "{answer}");
 }

@@ -329,6 +329,27 @@ async fn pairing_binds_the_right_user_only() {
             .all(|p| p["params"]["text"] != "not yet allowed")
     );
 
+    // Bob opening the link again is told he is paired, not that the code
+    // is wrong.
+    fake.api().inject_message(Inject {
+        chat_id: 2002,
+        thread_id: None,
+        user_id: 2002,
+        text: format!("/start {code}"),
+    });
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(2002, None)
+                    .iter()
+                    .any(|m| m.plain_text.contains("already paired"))
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("a paired user is told so");
+
     // The code was single-use: a replay binds nobody else.
     fake.api().add_private_chat(3003, "Eve");
     fake.api().inject_message(Inject {

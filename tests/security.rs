@@ -580,6 +580,7 @@ async fn a_stranger_guessing_pairing_codes_delays_nobody_and_hears_once() {
             text: format!("/start guess{guess:04}"),
         });
     }
+    let sent = std::time::Instant::now();
     api.inject_message(Inject {
         chat_id: CHAT,
         thread_id: Some(thread),
@@ -590,6 +591,11 @@ async fn a_stranger_guessing_pairing_codes_delays_nobody_and_hears_once() {
         m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "after the flood"
     })
     .await;
+    // A figure for the record, not a limit: it was 28 s before the fix.
+    eprintln!(
+        "after 30 stranger guesses, the allowed message reached its host in {:?}",
+        sent.elapsed()
+    );
     let refusals = api
         .wait_until(
             |api| {

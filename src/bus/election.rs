@@ -111,12 +111,21 @@ impl BusDir {
     /// limit, once the directory passed the checks (`NotFound` when it does
     /// not exist, `PermissionDenied` when it is not trusted).
     pub fn socket_name(&self) -> io::Result<Name<'static>> {
-        let path = self.socket_path();
+        self.name_of(self.socket_path())
+    }
+
+    /// The name of another socket in this directory (a Claude Code session's
+    /// hook socket), with the same checks as the bus socket's.
+    pub fn side_socket_name(&self, file_name: &str) -> io::Result<Name<'static>> {
+        self.name_of(self.dir.join(file_name))
+    }
+
+    fn name_of(&self, path: PathBuf) -> io::Result<Name<'static>> {
         if path.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "bus socket path {} is longer than {MAX_SOCKET_PATH} bytes; set AGENT_RELAY_HOME or XDG_RUNTIME_DIR to a shorter directory",
+                    "socket path {} is longer than {MAX_SOCKET_PATH} bytes; set AGENT_RELAY_HOME or XDG_RUNTIME_DIR to a shorter directory",
                     path.display()
                 ),
             ));

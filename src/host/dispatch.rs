@@ -1,5 +1,6 @@
 //! Requests from the host: the jsonrpsee [`RpcModule`] that parses params and
-//! calls the [`Handler`], and the task that answers one request.
+//! calls the [`Handler`], and the task that answers one request of any
+//! [`Service`].
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -12,10 +13,10 @@ use serde_json::{Map, Value, json};
 
 use super::message::{INTERNAL_ERROR, error_line};
 use super::outbound::Outbox;
-use super::{Handler, RpcError};
+use super::{Handler, RpcError, Service};
 use crate::protocol::host::{
     ApprovalParams, ExecuteParams, InitializeParams, QuestionParams, SendFileParams,
-    ShutdownParams, method,
+    ShutdownParams, TopicSendParams, method,
 };
 
 impl From<RpcError> for ErrorObjectOwned {
@@ -77,6 +78,12 @@ pub(crate) fn rpc_module<H: Handler>(handler: Arc<H>) -> RpcModule<H> {
         })
         .expect("method names are distinct");
     module
+        .register_async_method(method::TOPIC_SEND, |params, handler, _| async move {
+            let params: TopicSendParams = params.parse()?;
+            Ok::<_, ErrorObjectOwned>(handler.send_text(params).await)
+        })
+        .expect("method names are distinct");
+    module
         .register_async_method(method::SHUTDOWN, |params, handler, _| async move {
             let params: ShutdownParams = parse_or_default(&params)?;
             handler.shutdown(params).await;
@@ -87,57 +94,70 @@ pub(crate) fn rpc_module<H: Handler>(handler: Arc<H>) -> RpcModule<H> {
 }
 
 /// Answers one request and queues the answer for the writer.
-pub(crate) async fn answer<H: Handler>(
-    module: Arc<RpcModule<H>>,
+pub(crate) async fn answer<S: Service>(
+    service: Arc<S>,
     outbox: Arc<Outbox>,
     id: Value,
     method: String,
     params: Option<Value>,
 ) {
-    let line = respond(&module, &id, &method, params).await;
+    let call = AssertUnwindSafe(service.call(method.clone(), params))
+        .catch_unwind()
+        .await;
+    let line = match call {
+        Ok(Ok(result)) => json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string(),
+        Ok(Err(e)) => error_line(&id, e.code, &e.message),
+        Err(_) => {
+            tracing::error!(method, "the handler panicked");
+            error_line(&id, INTERNAL_ERROR, "Internal error: the handler failed")
+        }
+    };
     if !outbox.send(line).await {
         tracing::debug!(method, "the host is gone; answer dropped");
     }
 }
 
-async fn respond<H: Handler>(
+/// Calls `method` of the host protocol's module: its result, or the error
+/// jsonrpsee answered (-32601 unknown method, -32602 bad params, …).
+pub(crate) async fn call<H: Handler>(
     module: &RpcModule<H>,
-    id: &Value,
     method: &str,
     params: Option<Value>,
-) -> String {
+) -> Result<Value, RpcError> {
     // jsonrpsee only knows unsigned integer and string ids, but JSON-RPC allows
-    // any number. The module therefore sees a fixed id and the host's own id is
-    // put back into the answer, byte for byte as the host sent it.
+    // any number: the module sees a fixed id, and the transport answers with
+    // the host's own id, byte for byte as the host sent it.
     let mut request = json!({ "jsonrpc": "2.0", "id": 0, "method": method });
     if let Some(params) = params.filter(|p| !p.is_null()) {
         request["params"] = params;
     }
-    let call = AssertUnwindSafe(module.raw_json_request(&request.to_string(), 1))
-        .catch_unwind()
-        .await;
-    match call {
-        Ok(Ok((response, _subscription))) => with_id(response.get(), id),
-        Ok(Err(e)) => {
+    let internal = || RpcError {
+        code: INTERNAL_ERROR,
+        message: "Internal error".into(),
+    };
+    let (response, _subscription) = module
+        .raw_json_request(&request.to_string(), 1)
+        .await
+        .map_err(|e| {
             tracing::error!(method, "jsonrpsee refused a request we built: {e}");
-            error_line(id, INTERNAL_ERROR, "Internal error")
-        }
-        Err(_) => {
-            tracing::error!(method, "the handler panicked");
-            error_line(id, INTERNAL_ERROR, "Internal error: the handler failed")
-        }
+            internal()
+        })?;
+    let mut response: Map<String, Value> = serde_json::from_str(response.get()).map_err(|e| {
+        tracing::error!("jsonrpsee produced an unreadable response: {e}");
+        internal()
+    })?;
+    if let Some(error) = response.remove("error") {
+        return Err(RpcError {
+            code: error
+                .get("code")
+                .and_then(Value::as_i64)
+                .map_or(INTERNAL_ERROR, |c| c as i32),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        });
     }
-}
-
-fn with_id(response: &str, id: &Value) -> String {
-    match serde_json::from_str::<Map<String, Value>>(response) {
-        Ok(mut response) => {
-            response.insert("id".to_owned(), id.clone());
-            Value::Object(response).to_string()
-        }
-        Err(e) => {
-            tracing::error!("jsonrpsee produced an unreadable response: {e}");
-            error_line(id, INTERNAL_ERROR, "Internal error")
-        }
-    }
+    Ok(response.remove("result").unwrap_or(Value::Null))
 }

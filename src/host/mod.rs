@@ -2,9 +2,12 @@
 //!
 //! Transport apart from meaning: a reader loop turns lines into messages, a
 //! writer loop turns messages into lines, and a demultiplexer sends requests
-//! to the jsonrpsee `RpcModule`, notifications to [`Handler::notify`] as a
-//! typed [`HostEvent`], and responses to the table of our own pending
-//! outbound requests. The [`Handler`] (the session) never sees bytes.
+//! and notifications to a [`Service`] and responses to the table of our own
+//! pending outbound requests. The host protocol's service is a [`Handler`]
+//! (the session) behind the jsonrpsee `RpcModule`, its notifications typed as
+//! [`HostEvent`]s ([`serve`]); the MCP server Claude Code talks to is
+//! another service on the same transport ([`serve_service`]). Neither sees
+//! bytes.
 //!
 //! Lines that are not valid messages are answered, never fatal: not JSON or
 //! not UTF-8 → -32700; a batch, a wrong `jsonrpc`, an id or method of the
@@ -89,6 +92,16 @@ pub trait Handler: Send + Sync + 'static {
         }))
     }
 
+    /// `topic/send`. A handler without a topic sends nothing.
+    fn send_text(&self, params: TopicSendParams) -> impl Future<Output = TopicSendResult> + Send {
+        let _ = params;
+        std::future::ready(TopicSendResult {
+            sent: false,
+            messages: 0,
+            reason: Some("this sidecar has no topic".into()),
+        })
+    }
+
     /// `question/ask`. A handler that cannot ask answers nothing.
     fn ask(&self, params: QuestionParams) -> impl Future<Output = QuestionResult> + Send {
         let _ = params;
@@ -97,6 +110,45 @@ pub trait Handler: Send + Sync + 'static {
             answer: None,
             by: DecidedBy::Unavailable,
         })
+    }
+}
+
+/// What one JSON-RPC peer serves on this transport: the requests it answers
+/// and the notifications it takes. Each request runs in a task of its own.
+pub trait Service: Send + Sync + 'static {
+    /// Answers a request; an error becomes the JSON-RPC error response.
+    fn call(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Value>,
+    ) -> impl Future<Output = Result<Value, RpcError>> + Send;
+
+    /// Takes a notification. Must not block; unknown ones are ignored.
+    fn notify(&self, method: &str, params: Option<Value>);
+}
+
+/// The host protocol as a [`Service`]: requests through jsonrpsee's module
+/// (which parses the params), notifications as typed [`HostEvent`]s.
+struct HostService<H: Handler> {
+    module: jsonrpsee::RpcModule<H>,
+    handler: Arc<H>,
+}
+
+impl<H: Handler> Service for HostService<H> {
+    async fn call(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Value>,
+    ) -> Result<Value, RpcError> {
+        dispatch::call(&self.module, &method, params).await
+    }
+
+    fn notify(&self, method: &str, params: Option<Value>) {
+        match HostEvent::from_notification(method, params) {
+            Ok(Some(event)) => self.handler.notify(event),
+            Ok(None) => tracing::trace!(method, "unknown notification ignored"),
+            Err(e) => tracing::warn!(method, "notification with unreadable params dropped: {e}"),
+        }
     }
 }
 
@@ -121,6 +173,7 @@ pub enum HostEvent {
     ToolStarted(ToolParams),
     ToolEnded(ToolParams),
     InputReceived(InputReceivedParams),
+    Notice(NoticeParams),
 }
 
 /// Why an outbound request to the host failed.
@@ -164,6 +217,7 @@ impl HostEvent {
             method::TOOL_STARTED => Self::ToolStarted(serde_json::from_value(params)?),
             method::TOOL_ENDED => Self::ToolEnded(serde_json::from_value(params)?),
             method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_value(params)?),
+            method::AGENT_NOTICE => Self::Notice(serde_json::from_value(params)?),
             _ => return Ok(None),
         }))
     }
@@ -385,14 +439,35 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    serve_service(input, output, move |link| {
+        let handler = make_handler(link);
+        Arc::new(HostService {
+            module: dispatch::rpc_module(Arc::clone(&handler)),
+            handler,
+        })
+    })
+    .await
+}
+
+/// Serves any [`Service`] on `input`/`output`, with everything [`serve`]
+/// promises about framing, errors, backpressure and the end at EOF.
+pub async fn serve_service<S, R, W>(
+    input: R,
+    output: W,
+    make_service: impl FnOnce(HostLink) -> Arc<S>,
+) -> std::io::Result<()>
+where
+    S: Service,
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let outbox = Arc::new(Outbox::new());
-    let handler = make_handler(HostLink {
+    let service = make_service(HostLink {
         outbox: Arc::clone(&outbox),
     });
     let writer = tokio::spawn(write_lines(output, Arc::clone(&outbox)));
     let mut demux = Demultiplexer {
-        module: Arc::new(dispatch::rpc_module(Arc::clone(&handler))),
-        handler,
+        service,
         outbox: Arc::clone(&outbox),
         requests: JoinSet::new(),
     };
@@ -417,9 +492,8 @@ where
 }
 
 /// Routes each classified line to where it belongs.
-struct Demultiplexer<H: Handler> {
-    module: Arc<jsonrpsee::RpcModule<H>>,
-    handler: Arc<H>,
+struct Demultiplexer<S: Service> {
+    service: Arc<S>,
     outbox: Arc<Outbox>,
     /// Requests being answered, each in a task of its own so a long
     /// `command/execute` holds up neither other requests nor the answers to
@@ -427,7 +501,7 @@ struct Demultiplexer<H: Handler> {
     requests: JoinSet<()>,
 }
 
-impl<H: Handler> Demultiplexer<H> {
+impl<S: Service> Demultiplexer<S> {
     async fn route(&mut self, frame: Frame) {
         while let Some(done) = self.requests.try_join_next() {
             log_join(done);
@@ -443,7 +517,7 @@ impl<H: Handler> Demultiplexer<H> {
             Incoming::Request { id, method, params } => {
                 tracing::trace!(%id, method, "request");
                 self.requests.spawn(dispatch::answer(
-                    Arc::clone(&self.module),
+                    Arc::clone(&self.service),
                     Arc::clone(&self.outbox),
                     id,
                     method,
@@ -468,16 +542,10 @@ impl<H: Handler> Demultiplexer<H> {
     }
 
     fn notification(&self, method: &str, params: Option<Value>) {
-        match HostEvent::from_notification(method, params) {
-            Ok(Some(event)) => {
-                // A panicking handler must not take the transport down with it.
-                let handler = &self.handler;
-                if std::panic::catch_unwind(AssertUnwindSafe(|| handler.notify(event))).is_err() {
-                    tracing::error!(method, "the handler panicked on a notification");
-                }
-            }
-            Ok(None) => tracing::trace!(method, "unknown notification ignored"),
-            Err(e) => tracing::warn!(method, "notification with unreadable params dropped: {e}"),
+        // A panicking handler must not take the transport down with it.
+        let service = &self.service;
+        if std::panic::catch_unwind(AssertUnwindSafe(|| service.notify(method, params))).is_err() {
+            tracing::error!(method, "the handler panicked on a notification");
         }
     }
 

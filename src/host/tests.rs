@@ -515,6 +515,7 @@ async fn outbound_request_answered() {
                 thread_id: Some(7),
                 user_id: 1,
                 update_id: 99,
+                message_id: None,
             },
             attachments: Vec::new(),
         };

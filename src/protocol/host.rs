@@ -37,6 +37,8 @@ pub mod method {
     pub const UI_SELECT: &str = "ui/select";
     pub const CANCEL_REQUEST: &str = "$/cancelRequest";
     pub const FILE_SEND: &str = "file/send";
+    pub const TOPIC_SEND: &str = "topic/send";
+    pub const AGENT_NOTICE: &str = "agent/notice";
 }
 
 // ---------------------------------------------------------------- host → sidecar
@@ -275,6 +277,9 @@ pub struct MessageOrigin {
     pub thread_id: Option<i64>,
     pub user_id: i64,
     pub update_id: i64,
+    /// The Telegram message, in its chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<i64>,
 }
 
 /// `agent/sendUserMessage` params.
@@ -502,4 +507,32 @@ pub struct SelectResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CancelParams {
     pub id: u64,
+}
+
+// ---------------------------------------------------------------- the agent's own words
+
+/// `topic/send` params (host → sidecar): Markdown the agent sends into its
+/// topic now, through a tool of its own (Claude Code's `reply`), rendered
+/// and split as an answer is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TopicSendParams {
+    pub text: String,
+}
+
+/// `topic/send` result: how many messages went out, or why none did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TopicSendResult {
+    pub sent: bool,
+    /// Messages posted (a long text is split).
+    #[serde(default)]
+    pub messages: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `agent/notice` params (host → sidecar, a notification): something the
+/// person should hear in the topic, e.g. that the agent waits for them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NoticeParams {
+    pub text: String,
 }

@@ -244,6 +244,7 @@ fn prompt(
             thread_id: message.thread_id,
             user_id: message.user_id,
             update_id: first.update_id,
+            message_id: Some(message.message_id),
         },
         attachments,
     }

@@ -38,6 +38,10 @@ const CONNECT_WAIT: Duration = Duration::from_secs(15);
 /// How much of a locally typed prompt is mirrored into the topic.
 const MIRROR_LIMIT: usize = 2000;
 
+/// How long `topic/send` waits for its messages to go out (the leader paces
+/// a group at 20 messages a minute).
+const SEND_WAIT: Duration = Duration::from_secs(300);
+
 /// How long the user has to answer a confirmation dialog.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -482,6 +486,23 @@ impl Session {
         }
     }
 
+    /// Where this session's topics go, as `/telegram-status` says it.
+    fn chat_description(&self, config: &Config) -> String {
+        if let Some(id) = config.chat_id {
+            return format!("chat {id}");
+        }
+        // A private chat's id is its user's id.
+        let bound = self
+            .member()
+            .and_then(|m| m.watch().borrow().route.as_ref().and_then(|r| r.target))
+            .map(|t| t.chat_id)
+            .filter(|id| *id > 0);
+        match bound.or(config.allowed_users.first().copied()) {
+            Some(user) => format!("private chat with user {user}"),
+            None => "the private chat of whoever pairs".into(),
+        }
+    }
+
     async fn status_report(&self, debug: bool) -> String {
         let facts = self.facts();
         let mut out = String::new();
@@ -493,9 +514,9 @@ impl Session {
                     c.file.display()
                 ),
                 Some(t) => format!(
-                    "configuration: bot {} · chat {} · {} allowed user(s) · {}",
+                    "configuration: bot {} · {} · {} allowed user(s) · {}",
                     t.bot_id(),
-                    c.chat_id.map_or("not set".into(), |id| id.to_string()),
+                    self.chat_description(c),
                     c.allowed_users.len(),
                     c.file.display()
                 ),
@@ -677,6 +698,11 @@ impl Handler for Session {
                     )));
                 }
             }
+            HostEvent::Notice(notice) => {
+                if !notice.text.trim().is_empty() {
+                    self.send_out(Outgoing::Plain(clip(&notice.text, MIRROR_LIMIT)));
+                }
+            }
             HostEvent::SessionStarted(started) => {
                 if let Some(session) = started.session
                     && let Some(me) = self.me()
@@ -698,6 +724,41 @@ impl Handler for Session {
 
     async fn send_file(&self, params: SendFileParams) -> Result<SendFileResult, RpcError> {
         Session::send_file(self, params).await
+    }
+
+    async fn send_text(&self, params: TopicSendParams) -> TopicSendResult {
+        let not_sent = |reason: &str| TopicSendResult {
+            sent: false,
+            messages: 0,
+            reason: Some(reason.to_string()),
+        };
+        // A session still joining (just started, or between leaders) is
+        // waited for, as `/telegram-connect` waits.
+        let has_topic = match self.member() {
+            Some(member) => {
+                let state = member.wait_registered(CONNECT_WAIT).await;
+                state.role.is_connected() && state.route.and_then(|r| r.target).is_some()
+            }
+            None => false,
+        };
+        if !has_topic {
+            return not_sent("this session has no Telegram topic right now");
+        }
+        let (done, sent) = tokio::sync::oneshot::channel();
+        self.send_out(Outgoing::Reply {
+            markdown: params.text,
+            done,
+        });
+        match tokio::time::timeout(SEND_WAIT, sent).await {
+            Ok(Ok(Ok(messages))) => TopicSendResult {
+                sent: true,
+                messages,
+                reason: None,
+            },
+            Ok(Ok(Err(why))) => not_sent(&why),
+            Ok(Err(_)) => not_sent("the session left the relay"),
+            Err(_) => not_sent("Telegram did not take the message in time"),
+        }
     }
 
     async fn shutdown(&self, params: ShutdownParams) {

@@ -48,6 +48,12 @@ pub enum Outgoing {
     Busy(bool),
     /// A tool call started: its name and what it works on, in short.
     Tool { name: String, argument: String },
+    /// The agent's own message (a tool such as `reply`), as Markdown, sent
+    /// now; `done` hears how many messages went out, or why none did.
+    Reply {
+        markdown: String,
+        done: tokio::sync::oneshot::Sender<Result<u32, String>>,
+    },
 }
 
 /// The turn's progress message.
@@ -147,6 +153,24 @@ async fn run(
                     for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
                         send(&member, &chunk, TextFormat::Html).await;
                     }
+                }
+                Some(Outgoing::Reply { markdown, done }) => {
+                    let mut sent = 0;
+                    let mut failed = false;
+                    for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
+                        match send(&member, &chunk, TextFormat::Html).await {
+                            Some(_) => sent += 1,
+                            None => {
+                                failed = true;
+                                break;
+                            }
+                        }
+                    }
+                    let _ = done.send(if failed {
+                        Err(format!("{sent} message(s) sent, then Telegram refused; see the log"))
+                    } else {
+                        Ok(sent)
+                    });
                 }
                 Some(Outgoing::Plain(text)) => {
                     for chunk in plain_chunks(&text) {

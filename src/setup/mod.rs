@@ -30,8 +30,9 @@ pub use console::Console;
 
 use crate::bus::election::{BusDir, LeaderLock};
 use crate::config::{BotToken, Config, ConfigError};
-use crate::doctor::{self, TOPICS_SWITCH};
+use crate::doctor;
 use crate::paths::{Paths, UntrustedPath};
+use crate::telegram::TOPICS_SWITCH;
 use crate::telegram::types::{LinkPreviewOptions, SendMessage};
 use crate::telegram::{BotApi, BotInfo, ChatKind, Message, TelegramError};
 use file::{Chat, ConfigDocument, FileError, Managed};

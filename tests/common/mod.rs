@@ -70,6 +70,8 @@ pub struct Options<'a> {
     pub home: &'a Path,
     pub env: Vec<(String, String)>,
     pub auto_answer: Option<AutoAnswer>,
+    /// The command line after the binary (default `stdio`).
+    pub args: Vec<String>,
 }
 
 impl<'a> Options<'a> {
@@ -78,7 +80,14 @@ impl<'a> Options<'a> {
             home,
             env: Vec::new(),
             auto_answer: None,
+            args: vec!["stdio".into()],
         }
+    }
+
+    /// Runs `agent-relay mcp` (Claude Code's MCP server) instead.
+    pub fn mcp(mut self) -> Self {
+        self.args = vec!["mcp".into()];
+        self
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -113,7 +122,7 @@ impl Sidecar {
     pub fn spawn(options: Options<'_>) -> Sidecar {
         let mut command = Command::new(binary());
         command
-            .arg("stdio")
+            .args(&options.args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("AGENT_RELAY_HOME", options.home)

@@ -109,7 +109,7 @@ export function sidecarsOf(parentPid) {
 
 // ------------------------------------------------------------------- fake Bot API
 
-class FakeBotApi {
+export class FakeBotApi {
 	constructor(child, url, token) {
 		this.child = child;
 		this.url = url;

@@ -27,9 +27,9 @@
 //! results (a stale topic, who posted which message).
 
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::inbox::Inbox;
@@ -89,7 +89,8 @@ pub(super) struct Upload {
 pub(super) struct Outbox {
     api: BotApi,
     limiter: RateLimiter,
-    bot: OnceCell<BotInfo>,
+    /// `getMe`'s answer.
+    bot: Mutex<Option<BotInfo>>,
 }
 
 impl Outbox {
@@ -106,7 +107,7 @@ impl Outbox {
         Ok(Self {
             api: BotApi::new(&config.api_url, token)?,
             limiter,
-            bot: OnceCell::new(),
+            bot: Mutex::new(None),
         })
     }
 
@@ -114,9 +115,21 @@ impl Outbox {
         &self.api
     }
 
-    /// `getMe`, asked once per leader.
-    pub async fn bot(&self) -> Result<&BotInfo, TelegramError> {
-        self.bot.get_or_try_init(|| self.api.get_me()).await
+    /// `getMe`, asked once per leader — and each time again while the bot
+    /// has no topics in private chats: the user may switch them on in
+    /// @BotFather while sessions wait, and nobody should need a restart.
+    pub async fn bot(&self) -> Result<BotInfo, TelegramError> {
+        let cached = self
+            .bot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
+            return Ok(bot);
+        }
+        let bot = self.api.get_me().await?;
+        *self.bot.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
+        Ok(bot)
     }
 
     /// Runs a session's request in `target`, with pacing, retries and the

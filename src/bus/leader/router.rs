@@ -362,21 +362,28 @@ impl Leader {
         };
         let text = message.text.as_deref().unwrap_or_default().trim();
         let private = message.chat.kind == ChatKind::Private;
+        let allowed = self.access.is_allowed(user.id);
+        let mut greeting = "";
         if private && let Some(code) = text.strip_prefix("/start") {
             let code = code.trim();
-            if !code.is_empty() {
+            // A user who may already drive sessions does not spend the
+            // code (someone else may be about to use it): they are told.
+            if !code.is_empty() && !allowed {
                 self.pair_user(user.id, message.chat.id, code);
                 return;
             }
+            if allowed {
+                greeting = "You are already paired with this bot.\n";
+            }
         }
-        if !self.access.is_allowed(user.id) || text.is_empty() {
+        if !allowed || text.is_empty() {
             return;
         }
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
         let ours = private || Some(message.chat.id) == self.chat_id;
         if ours {
-            let reply = self.sessions_overview();
+            let reply = format!("{greeting}{}", self.sessions_overview());
             self.router
                 .replies
                 .say(self, message.chat.id, message.topic(), reply);

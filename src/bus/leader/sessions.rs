@@ -10,7 +10,7 @@ use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::render;
 use crate::store::{Binding, BindingStatus, NewCleanup};
-use crate::telegram::TelegramError;
+use crate::telegram::{TOPICS_SWITCH, TelegramError};
 use crate::topics;
 
 /// The most routes one instance may claim in a reconcile.
@@ -259,7 +259,9 @@ impl Leader {
         };
         match self.outbox.bot().await {
             Ok(bot) if bot.has_topics_enabled => Ok(user),
-            Ok(_) => Err("no chat_id configured, and the bot has no topics in private chats; set chat_id to a forum supergroup".into()),
+            Ok(_) => Err(format!(
+                "no chat_id configured, and the bot has no topics in private chats: {TOPICS_SWITCH}, or set chat_id to a forum supergroup"
+            )),
             Err(e) => Err(format!("cannot ask Telegram about the bot: {e}")),
         }
     }

@@ -1,0 +1,131 @@
+// The relay inside the real Claude Code (print mode, offline): `agent-relay mcp`
+// configured with --mcp-config and `agent-relay hook <event>` with --settings, the
+// fake Bot API as Telegram, the fake Anthropic API as the model.
+//
+// * the session gets its topic at start (SessionStart), the model's answer lands
+//   in it (Stop), and the `reply` tool posts into it;
+// * a Bash call that needs permission waits for the tap on the phone
+//   (PermissionRequest) and runs only on Allow; Deny reaches the model;
+// * `--resume` brings the session back into its old topic.
+//
+// Not testable offline: channel delivery into a turn. Print mode ignores
+// `notifications/claude/channel`, and the terminal UI's channels sit behind a
+// server-side flag that cannot be fetched offline; tests/claude_code.rs covers the
+// notifications with an MCP client instead.
+
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import { CHAT_ID, eventually, FakeBotApi, REPO } from "../pi/harness.mjs";
+import { World } from "./harness.mjs";
+
+const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
+const EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "SessionEnd"];
+
+/** A world whose Claude Code runs the relay against its own fake Telegram. */
+async function relayWorld(t) {
+	assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
+	const world = await World.create(t);
+	const telegram = await FakeBotApi.start();
+	t.after(() => telegram.stop());
+	const hooks = {};
+	for (const event of EVENTS) {
+		const timeout = event === "PermissionRequest" ? 600 : 30;
+		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${SIDECAR} hook ${event}`, timeout }] }];
+	}
+	const settings = await world.writeJson("relay-settings.json", { hooks });
+	const mcp = await world.writeJson("relay-mcp.json", {
+		mcpServers: { "agent-relay": { type: "stdio", command: SIDECAR, args: ["mcp"] } },
+	});
+	const env = {
+		AGENT_RELAY_HOME: join(world.root, "relay"),
+		TELEGRAM_BOT_TOKEN: telegram.token,
+		AGENT_RELAY_CHAT_ID: String(CHAT_ID),
+		AGENT_RELAY_ALLOWED_USERS: "1001",
+		AGENT_RELAY_API_URL: telegram.url,
+		AGENT_RELAY_LOG: "debug",
+	};
+	const run = (prompt, args = []) =>
+		world.run(prompt, { args: ["--settings", settings, "--mcp-config", mcp, "--strict-mcp-config", ...args], env });
+	return { world, telegram, run };
+}
+
+async function topicOf(telegram) {
+	const topics = await eventually(async () => {
+		const live = (await telegram.topics()).filter((t) => !t.deleted);
+		return live.length > 0 && live;
+	}, 20_000, "the session's topic");
+	assert.equal(topics.length, 1, JSON.stringify(topics));
+	return topics[0];
+}
+
+test("the session gets its topic at start, reply posts into it, and the answer arrives through Stop", async (t) => {
+	const { world, telegram, run } = await relayWorld(t);
+	const cue = '[[tool:mcp__agent-relay__reply {"text":"**Tests** pass: 12 of 12"}]]';
+	const out = await run(`report to the phone ${cue}`, ["--allowedTools", "mcp__agent-relay__reply"]);
+	assert.equal(out.code, 0, out.stderr);
+	assert.equal(out.result?.is_error, false, JSON.stringify(out.result));
+	const topic = await topicOf(telegram);
+	assert.equal(topic.name, "A · project");
+	const reply = await telegram.said(topic.thread_id, (text) => text === "Tests pass: 12 of 12", { what: "the reply tool's message" });
+	assert.match(reply.text, /<b>Tests<\/b>/, "Markdown rendered to Telegram HTML");
+	const answer = await telegram.said(topic.thread_id, (text) => text.includes("returned: Sent to the Telegram topic."), {
+		what: "the final answer, posted by the Stop hook",
+	});
+	assert.match(answer.plain_text, /^tool mcp__agent-relay__reply returned/);
+	assert.deepEqual(world.fake.unknown ?? [], [], "Claude Code asked for nothing the fake does not serve");
+});
+
+test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model hears why", async (t) => {
+	const { world, telegram, run } = await relayWorld(t);
+	const allowFile = join(world.project, "allowed-by-phone");
+	const tapWhenAsked = async (label) => {
+		const topic = await topicOf(telegram);
+		const asked = await eventually(
+			async () => (await telegram.messages(topic.thread_id)).find((m) => m.reply_markup && m.plain_text.includes("wants to run")),
+			30_000,
+			"the approval message",
+		);
+		const button = asked.reply_markup.inline_keyboard.flat().find((b) => b.text.includes(label));
+		assert.ok(button, JSON.stringify(asked.reply_markup));
+		assert.ok(!existsSync(allowFile), "nothing runs before the tap");
+		await telegram.tap(topic.thread_id, asked.message_id, button.callback_data);
+		return { topic, asked };
+	};
+
+	const allowed = run(`make the file [[tool:Bash {"command":"touch allowed-by-phone && echo made"}]]`);
+	const { topic, asked } = await tapWhenAsked("✅ Allow");
+	const out = await allowed;
+	assert.equal(out.code, 0, out.stderr);
+	assert.ok(existsSync(allowFile), "Allow ran the command");
+	assert.match(out.result.result, /tool Bash returned: made/);
+	const settled = await eventually(async () => {
+		const m = await telegram.message(asked.message_id);
+		return !m.reply_markup && m;
+	}, 20_000, "the approval message to settle");
+	assert.match(settled.plain_text, /✅ Allow — \S+, \d\d:\d\d UTC$/, "who allowed it, and when");
+
+	const denyFile = join(world.project, "denied-by-phone");
+	// `--resume`: the same Claude Code session, so the same topic.
+	const denied = run(`try again [[tool:Bash {"command":"touch denied-by-phone && echo made"}]]`, [
+		"--resume",
+		out.result.session_id,
+	]);
+	const second = await eventually(
+		async () =>
+			(await telegram.messages(topic.thread_id)).find(
+				(m) => m.reply_markup && m.plain_text.includes("denied-by-phone"),
+			),
+		30_000,
+		"the second approval message",
+	);
+	const deny = second.reply_markup.inline_keyboard.flat().find((b) => b.text.includes("Deny"));
+	await telegram.tap(topic.thread_id, second.message_id, deny.callback_data);
+	const out2 = await denied;
+	assert.equal(out2.code, 0, out2.stderr);
+	assert.ok(!existsSync(denyFile), "Deny blocked the command");
+	assert.match(out2.result.result, /tool Bash failed: .*denied/i);
+	assert.equal(out2.result.permission_denials?.length, 1, JSON.stringify(out2.result));
+	assert.equal((await topicOf(telegram)).thread_id, topic.thread_id, "the resumed session kept its topic");
+});
