@@ -1,0 +1,316 @@
+//! `agent-relay install claude-code`: the MCP server in the user's Claude
+//! Code configuration (`~/.claude.json`, user scope: every project) and
+//! the hooks in the user's settings
+//! (`${CLAUDE_CONFIG_DIR:-~/.claude}/settings.json`), merged into what is
+//! there: the user's own entries stay, ours are added once, and running it
+//! again changes nothing. Every change is shown; `--dry-run` only shows.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+/// The hooks the relay uses, and how long each may take (seconds):
+/// a permission waits for a person (the relay's own timeout denies
+/// first, at `[approvals] timeout_s`, 300 by default).
+pub const HOOKS: [(&str, u32); 8] = [
+    ("SessionStart", 30),
+    ("UserPromptSubmit", 10),
+    ("PreToolUse", 10),
+    ("PostToolUse", 10),
+    ("PermissionRequest", 3600),
+    ("Notification", 10),
+    ("Stop", 30),
+    ("SessionEnd", 5),
+];
+
+/// The name of the MCP server (tools are `mcp__agent-relay__<tool>`).
+pub const SERVER: &str = "agent-relay";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a JSON object ({why}); fix or move it, nothing was changed")]
+    Malformed { path: PathBuf, why: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Where Claude Code keeps the user's settings and its own state.
+pub struct Targets {
+    pub settings: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Targets {
+    pub fn from_env(home: &Path) -> Self {
+        let config_dir = std::env::var_os("CLAUDE_CONFIG_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| home.join(".claude"), PathBuf::from);
+        Self {
+            settings: config_dir.join("settings.json"),
+            state: home.join(".claude.json"),
+        }
+    }
+}
+
+fn hook_group(exe: &str, event: &str, timeout: u32) -> Value {
+    json!({"matcher": "", "hooks": [{"type": "command", "command": format!("{} hook {event}", quote(exe)), "timeout": timeout}]})
+}
+
+/// The MCP server's entry (also what `--mcp-config` takes under `mcpServers`).
+pub fn server_value(exe: &str) -> Value {
+    json!({"type": "stdio", "command": exe, "args": ["mcp"], "env": {}})
+}
+
+/// Quotes a path for the shell Claude Code runs a hook command with.
+fn quote(path: &str) -> String {
+    if path
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:@".contains(c))
+    {
+        path.to_string()
+    } else {
+        format!("'{}'", path.replace('\'', r"'\''"))
+    }
+}
+
+/// Whether a hook group is one of ours.
+fn ours(group: &Value) -> bool {
+    group["hooks"].as_array().is_some_and(|hooks| {
+        hooks.iter().any(|h| {
+            h["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("agent-relay") && c.contains(" hook "))
+        })
+    })
+}
+
+/// Adds what is missing; returns the lines that say what changed.
+pub fn merge_settings(settings: &mut Map<String, Value>, exe: &str) -> Vec<String> {
+    let mut changes = Vec::new();
+    let hooks = settings
+        .entry("hooks")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !hooks.is_object() {
+        *hooks = Value::Object(Map::new());
+        changes.push("~ hooks was not an object; replaced".into());
+    }
+    let hooks = hooks.as_object_mut().expect("made an object above");
+    for (event, timeout) in HOOKS {
+        let groups = hooks.entry(event).or_insert_with(|| json!([]));
+        if !groups.is_array() {
+            *groups = json!([]);
+        }
+        let groups = groups.as_array_mut().expect("made an array above");
+        let wanted = hook_group(exe, event, timeout);
+        match groups.iter().position(ours) {
+            Some(i) if groups[i] == wanted => {}
+            Some(i) => {
+                groups[i] = wanted;
+                changes.push(format!("~ hooks.{event}: {} hook {event}", quote(exe)));
+            }
+            None => {
+                groups.push(wanted);
+                changes.push(format!("+ hooks.{event}: {} hook {event}", quote(exe)));
+            }
+        }
+    }
+    changes
+}
+
+pub fn merge_state(state: &mut Map<String, Value>, exe: &str) -> Vec<String> {
+    let servers = state
+        .entry("mcpServers")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !servers.is_object() {
+        *servers = Value::Object(Map::new());
+    }
+    let servers = servers.as_object_mut().expect("made an object above");
+    let wanted = server_value(exe);
+    match servers.get(SERVER) {
+        Some(have) if *have == wanted => Vec::new(),
+        have => {
+            let sign = if have.is_some() { "~" } else { "+" };
+            servers.insert(SERVER.into(), wanted);
+            vec![format!("{sign} mcpServers.{SERVER}: {exe} mcp")]
+        }
+    }
+}
+
+fn read_object(path: &Path) -> Result<Map<String, Value>, InstallError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Map::new()),
+        Err(source) => {
+            return Err(InstallError::Read {
+                path: path.into(),
+                source,
+            });
+        }
+    };
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(InstallError::Malformed {
+            path: path.into(),
+            why: "not an object".into(),
+        }),
+        Err(e) => Err(InstallError::Malformed {
+            path: path.into(),
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// Replaces `path` atomically: a new file beside it, then a rename; the
+/// old file's mode is kept (0600 for a new one).
+fn write_object(path: &Path, value: &Map<String, Value>) -> Result<(), InstallError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let fail = |source| InstallError::Write {
+        path: path.into(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let mode = std::fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o777);
+    let tmp = path.with_extension(format!("agent-relay.{}.tmp", std::process::id()));
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| fail(e.into()))?;
+    text.push('\n');
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(fail)
+}
+
+/// Installs (or with `dry_run`, shows) the MCP server and the hooks;
+/// returns what it says to the user.
+pub fn install(targets: &Targets, exe: &str, dry_run: bool) -> Result<String, InstallError> {
+    let mut settings = read_object(&targets.settings)?;
+    let mut state = read_object(&targets.state)?;
+    let hook_changes = merge_settings(&mut settings, exe);
+    let server_changes = merge_state(&mut state, exe);
+    let mut out = String::new();
+    for (path, changes) in [
+        (&targets.state, &server_changes),
+        (&targets.settings, &hook_changes),
+    ] {
+        if changes.is_empty() {
+            out.push_str(&format!("{}: up to date\n", path.display()));
+        } else {
+            out.push_str(&format!("{}:\n", path.display()));
+            for change in changes.iter() {
+                out.push_str(&format!("  {change}\n"));
+            }
+        }
+    }
+    if dry_run {
+        out.push_str("(dry run: nothing was written)\n");
+        return Ok(out);
+    }
+    if !server_changes.is_empty() {
+        write_object(&targets.state, &state)?;
+    }
+    if !hook_changes.is_empty() {
+        write_object(&targets.settings, &settings)?;
+    }
+    if !server_changes.is_empty() || !hook_changes.is_empty() {
+        out.push_str("Restart Claude Code to use them. Each session gets its own topic.\n");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merging_keeps_the_users_hooks_and_is_idempotent() {
+        let mut settings: Map<String, Value> = serde_json::from_value(json!({
+            "model": "x",
+            "hooks": {"Stop": [{"matcher": "", "hooks": [{"type": "command", "command": "say done"}]}]},
+        }))
+        .unwrap();
+        let changes = merge_settings(&mut settings, "/opt/agent relay/agent-relay");
+        assert_eq!(changes.len(), HOOKS.len(), "{changes:?}");
+        assert_eq!(settings["model"], "x");
+        let stop = settings["hooks"]["Stop"].as_array().unwrap();
+        assert_eq!(stop.len(), 2, "the user's own Stop hook stays");
+        assert_eq!(
+            stop[1]["hooks"][0]["command"],
+            "'/opt/agent relay/agent-relay' hook Stop"
+        );
+        assert!(merge_settings(&mut settings, "/opt/agent relay/agent-relay").is_empty());
+        // Another binary path replaces ours, never adds a second.
+        let moved = merge_settings(&mut settings, "/usr/bin/agent-relay");
+        assert!(moved.iter().all(|c| c.starts_with('~')), "{moved:?}");
+        assert_eq!(settings["hooks"]["Stop"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn install_writes_both_files_once_and_refuses_a_broken_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let targets = Targets {
+            settings: dir.path().join(".claude/settings.json"),
+            state: dir.path().join(".claude.json"),
+        };
+        std::fs::write(
+            &targets.state,
+            r#"{"numStartups": 3, "zeta": 1, "alpha": {"y": 1, "b": 2}}"#,
+        )
+        .unwrap();
+        let shown = install(&targets, "/bin/agent-relay", true).unwrap();
+        assert!(shown.contains("+ mcpServers.agent-relay"), "{shown}");
+        assert!(!targets.settings.exists(), "a dry run writes nothing");
+        install(&targets, "/bin/agent-relay", false).unwrap();
+        let state: Value =
+            serde_json::from_str(&std::fs::read_to_string(&targets.state).unwrap()).unwrap();
+        assert_eq!(state["numStartups"], 3);
+        assert_eq!(state["mcpServers"]["agent-relay"]["args"], json!(["mcp"]));
+        // The user's file keeps its order: ours is appended, nothing sorted.
+        let text = std::fs::read_to_string(&targets.state).unwrap();
+        let at = |key: &str| text.find(key).unwrap_or_else(|| panic!("{key} in {text}"));
+        assert!(
+            at("numStartups") < at("zeta") && at("zeta") < at("alpha"),
+            "{text}"
+        );
+        assert!(
+            at("\"y\"") < at("\"b\"") && at("alpha") < at("mcpServers"),
+            "{text}"
+        );
+        let again = install(&targets, "/bin/agent-relay", false).unwrap();
+        assert_eq!(again.matches("up to date").count(), 2, "{again}");
+
+        std::fs::write(&targets.settings, "{ not json").unwrap();
+        let refused = install(&targets, "/bin/agent-relay", false).unwrap_err();
+        assert!(
+            refused.to_string().contains("nothing was changed"),
+            "{refused}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&targets.settings).unwrap(),
+            "{ not json"
+        );
+    }
+}

@@ -1,0 +1,652 @@
+//! Claude Code as a host, without Claude Code: an MCP client (the crate's
+//! host client, which speaks any JSON-RPC over stdio) drives
+//! `agent-relay mcp` next to `agent-relay stdio` sidecars on one bus, and
+//! `agent-relay hook <event>` is run with hook inputs Claude Code recorded
+//! (`tests/claude/fixtures/hook-inputs.json`). The fake Bot API plays
+//! Telegram. `tests/claude/relay.test.mjs` runs the real Claude Code.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
+use common::{CHAT, Options, Sidecar, USER, WAIT, connected, inject, topic, wait_topic_text};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+/// The env Claude Code gives its MCP servers and hooks (the parts the
+/// relay reads): one Claude Code process is one messaging socket.
+fn claude_env<'a>(options: Options<'a>, process: &str, session: &str, cwd: &str) -> Options<'a> {
+    options
+        .env(
+            "CLAUDE_CODE_MESSAGING_SOCKET",
+            &format!("/tmp/cc-socks/{process}.sock"),
+        )
+        .env("CLAUDE_CODE_SESSION_ID", session)
+        .env("CLAUDE_PROJECT_DIR", cwd)
+        .env("CLAUDE_CODE_ENTRYPOINT", "sdk-cli")
+}
+
+/// `agent-relay mcp` for Claude Code process `process`, session `session`.
+fn mcp(home: &Path, fake: &FakeServer, process: &str, session: &str, cwd: &str) -> Sidecar {
+    Sidecar::spawn(claude_env(
+        Options::new(home).configured(fake).mcp(),
+        process,
+        session,
+        cwd,
+    ))
+}
+
+/// The MCP handshake as Claude Code 2.1.332 does it: `server/discover`
+/// first (answered "method not found"), then `initialize`, `initialized`.
+async fn handshake(s: &mut Sidecar) -> Value {
+    let discover = s
+        .call_raw(
+            "server/discover",
+            json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
+        )
+        .await;
+    assert_eq!(discover["error"]["code"], -32601, "{discover}");
+    let init = s
+        .call(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"roots": {"listChanged": true}, "elicitation": {"form": {}, "url": {}}},
+                "clientInfo": {"name": "claude-code", "title": "Claude Code", "version": "2.1.332"},
+            }),
+        )
+        .await;
+    s.notify("notifications/initialized", json!({}));
+    init
+}
+
+async fn tool(s: &mut Sidecar, name: &str, arguments: Value) -> Value {
+    s.call(
+        "tools/call",
+        json!({"name": name, "arguments": arguments, "_meta": {"claudecode/toolUseId": "toolu_1", "progressToken": 2}}),
+    )
+    .await
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// One recorded hook input, for `session` in `cwd`.
+fn hook_input(name: &str, session: &str, cwd: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/claude/fixtures/hook-inputs.json");
+    let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text = all[name]
+        .to_string()
+        .replace("SESSION", session)
+        .replace("CWD", cwd)
+        .replace(
+            "TRANSCRIPT",
+            &format!("/tmp/home/.claude/projects/x/{session}.jsonl"),
+        );
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Runs `agent-relay hook <event>` as Claude Code would: stdout, stderr.
+async fn run_hook(
+    home: &Path,
+    fake: &FakeServer,
+    process: &str,
+    event: &str,
+    input: &Value,
+) -> (String, String) {
+    let mut command = tokio::process::Command::new(common::binary());
+    command
+        .args(["hook", event])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("AGENT_RELAY_HOME", home)
+        .env("TELEGRAM_BOT_TOKEN", fake.api().token())
+        .env("AGENT_RELAY_CHAT_ID", CHAT.to_string())
+        .env("AGENT_RELAY_ALLOWED_USERS", USER.to_string())
+        .env("AGENT_RELAY_API_URL", fake.url())
+        .env(
+            "CLAUDE_CODE_MESSAGING_SOCKET",
+            format!("/tmp/cc-socks/{process}.sock"),
+        )
+        .env("CLAUDE_CODE_ENTRYPOINT", "sdk-cli")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn agent-relay hook");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("the hook ends in time")
+        .expect("the hook runs");
+    assert!(output.status.success(), "a hook always exits 0: {output:?}");
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+async fn question(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no question with {needle:?} in thread {thread}"))
+}
+
+fn tap(fake: &FakeServer, message: &SentMessage, thread: i64, label: &str) {
+    let rows = message.reply_markup.as_ref().expect("buttons")["inline_keyboard"].clone();
+    let data = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+        .find(|b| b["text"].as_str().is_some_and(|t| t.contains(label)))
+        .and_then(|b| b["callback_data"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("no button {label:?} in {rows}"));
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: Some(thread),
+        user_id: USER,
+        message_id: message.message_id,
+        data,
+    });
+}
+
+async fn wait_topic(fake: &FakeServer, name: &str) -> i64 {
+    let suffix = format!("· {name}");
+    fake.api()
+        .wait_until(
+            |api| {
+                api.topics(CHAT)
+                    .into_iter()
+                    .find(|t| !t.deleted && t.name.ends_with(&suffix))
+                    .map(|t| t.thread_id)
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no topic {name}"))
+}
+
+#[tokio::test]
+async fn the_mcp_handshake_tools_and_errors() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
+    let init = handshake(&mut s).await;
+    assert_eq!(init["protocolVersion"], "2025-11-25");
+    assert_eq!(init["serverInfo"]["name"], "agent-relay");
+    assert!(init["capabilities"]["tools"].is_object());
+    assert!(init["capabilities"]["experimental"]["claude/channel"].is_object());
+    assert!(init["capabilities"]["experimental"]["claude/channel/permission"].is_object());
+    assert!(init["instructions"].as_str().unwrap().contains("Telegram"));
+    assert_eq!(s.call("ping", json!({})).await, json!({}));
+    let tools = s.call("tools/list", json!({})).await;
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["reply", "ask", "status", "telegram_inbox", "permission"]
+    );
+    let unknown = s
+        .call_raw("tools/call", json!({"name": "nope", "arguments": {}}))
+        .await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    let empty = tool(&mut s, "reply", json!({"text": "  "})).await;
+    assert_eq!(empty["isError"], true);
+    // An older client's protocol version is answered as it is.
+    let old = s
+        .call(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "other"}}),
+        )
+        .await;
+    assert_eq!(old["protocolVersion"], "2025-06-18");
+    assert!(s.garbage().is_empty(), "stdout carries JSON-RPC only");
+}
+
+#[tokio::test]
+async fn reply_status_and_the_channel_reach_the_sessions_topic() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
+    handshake(&mut s).await;
+    let sent = tool(
+        &mut s,
+        "reply",
+        json!({"text": "**Done**: all 3 tests pass"}),
+    )
+    .await;
+    assert_eq!(text_of(&sent), "Sent to the Telegram topic.", "{sent}");
+    let thread = topic(&fake, "proj").thread_id;
+    let texts = wait_topic_text(&fake, thread, "Done: all 3 tests pass").await;
+    assert!(
+        texts.iter().any(|t| t == "Done: all 3 tests pass"),
+        "{texts:?}"
+    );
+    let status = tool(&mut s, "status", json!({})).await;
+    assert!(
+        text_of(&status).contains("binding: bound A · proj"),
+        "{status}"
+    );
+
+    // A message in the topic becomes a channel notification with its meta…
+    inject(&fake, Some(thread), USER, "run the linter please");
+    let pushed = s
+        .wait_for("a channel notification", |m| {
+            m["method"] == "notifications/claude/channel"
+        })
+        .await;
+    let params = &pushed["params"];
+    assert_eq!(params["content"], "run the linter please");
+    assert_eq!(params["meta"]["chat_id"], CHAT.to_string());
+    assert_eq!(params["meta"]["user_id"], USER.to_string());
+    assert!(params["meta"]["message_id"].as_str().is_some(), "{params}");
+    assert!(params["meta"]["ts"].as_str().is_some(), "{params}");
+    // …and waits in the inbox until something takes it.
+    let inbox = tool(&mut s, "telegram_inbox", json!({})).await;
+    assert!(text_of(&inbox).contains("run the linter please"), "{inbox}");
+    let again = tool(&mut s, "telegram_inbox", json!({})).await;
+    assert_eq!(text_of(&again), "No messages are waiting.");
+}
+
+#[tokio::test]
+async fn the_channel_permission_relay_and_the_permission_tool_ask_the_phone() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
+    handshake(&mut s).await;
+    tool(&mut s, "reply", json!({"text": "hello"})).await;
+    let thread = topic(&fake, "proj").thread_id;
+
+    s.notify(
+        "notifications/claude/channel/permission_request",
+        json!({"request_id": "abcde", "tool_name": "Bash", "description": "Remove the build", "input_preview": "{\"command\":\"rm -rf build\"}"}),
+    );
+    let asked = question(&fake, thread, "rm -rf build").await;
+    assert!(asked.plain_text.contains("Bash"), "{}", asked.plain_text);
+    tap(&fake, &asked, thread, "Deny");
+    let answered = s
+        .wait_for("the permission verdict", |m| {
+            m["method"] == "notifications/claude/channel/permission"
+        })
+        .await;
+    assert_eq!(
+        answered["params"],
+        json!({"request_id": "abcde", "behavior": "deny"})
+    );
+
+    // `--permission-prompt-tool mcp__agent-relay__permission` in print mode.
+    let call = s.call_later(
+        "tools/call",
+        json!({"name": "permission", "arguments": {"tool_name": "Bash", "input": {"command": "touch x"}, "tool_use_id": "toolu_9"}}),
+    );
+    let asked = question(&fake, thread, "touch x").await;
+    tap(&fake, &asked, thread, "✅ Allow");
+    let response = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+    let verdict: Value = serde_json::from_str(&text_of(&response["result"])).unwrap();
+    assert_eq!(
+        verdict,
+        json!({"behavior": "allow", "updatedInput": {"command": "touch x"}})
+    );
+}
+
+#[tokio::test]
+async fn two_sessions_in_one_folder_get_two_topics_and_a_resumed_one_its_old_topic() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut one = mcp(home.path(), &fake, "1", "s-one", "/tmp/proj");
+    let mut two = mcp(home.path(), &fake, "2", "s-two", "/tmp/proj");
+    handshake(&mut one).await;
+    handshake(&mut two).await;
+    tool(&mut one, "reply", json!({"text": "from one"})).await;
+    tool(&mut two, "reply", json!({"text": "from two"})).await;
+    let topics: Vec<_> = fake
+        .api()
+        .topics(CHAT)
+        .into_iter()
+        .filter(|t| !t.deleted)
+        .collect();
+    assert_eq!(topics.len(), 2, "{topics:?}");
+    let thread_one = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.topics(CHAT).into_iter().find(|t| {
+                    api.messages(CHAT, Some(t.thread_id))
+                        .iter()
+                        .any(|m| m.plain_text == "from one")
+                })
+            },
+            WAIT,
+        )
+        .await
+        .unwrap()
+        .thread_id;
+    // Claude Code ends its MCP server; `claude --resume s-one` starts another.
+    one.signal(libc::SIGINT);
+    assert_eq!(one.wait_exit().await, Some(0));
+    let mut resumed = mcp(home.path(), &fake, "3", "s-one", "/tmp/proj");
+    handshake(&mut resumed).await;
+    tool(&mut resumed, "reply", json!({"text": "back again"})).await;
+    wait_topic_text(&fake, thread_one, "back again").await;
+    assert_eq!(
+        fake.api()
+            .topics(CHAT)
+            .iter()
+            .filter(|t| !t.deleted)
+            .count(),
+        2,
+        "no third topic"
+    );
+}
+
+#[tokio::test]
+async fn an_mcp_member_leads_next_to_stdio_sidecars_and_fails_over() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut claude = mcp(home.path(), &fake, "1", "s-1", "/tmp/claude-proj");
+    handshake(&mut claude).await;
+    tool(&mut claude, "reply", json!({"text": "claude here"})).await;
+    let pi = common::session(home.path(), &fake, "/tmp/pi-proj", "pi-proj").await;
+    assert!(
+        pi.latest_status().unwrap().ends_with("● follower"),
+        "the MCP server leads: {:?}",
+        pi.latest_status()
+    );
+    let claude_thread = topic(&fake, "claude-proj").thread_id;
+    let pi_thread = topic(&fake, "pi-proj").thread_id;
+
+    // The leader (Claude Code's MCP server) dies; pi's sidecar takes over.
+    claude.kill9().await;
+    pi.wait_status(|s| s.ends_with("● leader")).await;
+    inject(&fake, Some(pi_thread), USER, "still there?");
+    common::wait_prompt(&pi, "still there?").await;
+
+    // A new MCP server for the same session follows the new leader, gets
+    // its topic back and its messages.
+    let mut back = mcp(home.path(), &fake, "2", "s-1", "/tmp/claude-proj");
+    handshake(&mut back).await;
+    tool(&mut back, "reply", json!({"text": "claude is back"})).await;
+    wait_topic_text(&fake, claude_thread, "claude is back").await;
+    inject(&fake, Some(claude_thread), USER, "welcome back");
+    back.wait_for("the message as a channel turn", |m| {
+        m["method"] == "notifications/claude/channel" && m["params"]["content"] == "welcome back"
+    })
+    .await;
+    assert!(connected(&pi.latest_status().unwrap()));
+}
+
+#[tokio::test]
+async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
+    let fake = common::fake().await;
+    let home = common::home();
+    // `claude --continue`: the MCP server's env names a fresh session, the
+    // hooks the one that goes on. The hooks win.
+    let mut s = mcp(home.path(), &fake, "7", "s-wrong", "/tmp/app");
+    handshake(&mut s).await;
+    let start = hook_input("SessionStart", "s-real", "/tmp/app");
+    let (out, err) = run_hook(home.path(), &fake, "7", "SessionStart", &start).await;
+    assert_eq!(out, "", "SessionStart decides nothing");
+    assert!(err.contains("Connected as A · app"), "{err}");
+    let thread = wait_topic(&fake, "app").await;
+
+    let prompt = hook_input("UserPromptSubmit", "s-real", "/tmp/app");
+    run_hook(home.path(), &fake, "7", "UserPromptSubmit", &prompt).await;
+    wait_topic_text(&fake, thread, "hello one").await;
+    let pre = hook_input("PreToolUse", "s-real", "/tmp/app");
+    run_hook(home.path(), &fake, "7", "PreToolUse", &pre).await;
+    wait_topic_text(&fake, thread, "Bash: $ touch x && echo hello").await;
+
+    // PermissionRequest waits for the tap; Allow lets it run.
+    let permission = hook_input("PermissionRequest", "s-real", "/tmp/app");
+    let (home_path, fake_ref) = (home.path().to_path_buf(), &fake);
+    let waiting = run_hook(&home_path, fake_ref, "7", "PermissionRequest", &permission);
+    let tapping = async {
+        let asked = question(&fake, thread, "touch x").await;
+        tap(&fake, &asked, thread, "✅ Allow");
+    };
+    let ((out, _), ()) = tokio::join!(waiting, tapping);
+    let decision: Value = serde_json::from_str(&out).expect("a decision on stdout");
+    assert_eq!(
+        decision,
+        json!({"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}})
+    );
+    // Deny answers with the reason Claude Code hands the model.
+    let waiting = run_hook(&home_path, fake_ref, "7", "PermissionRequest", &permission);
+    let tapping = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let asked = fake
+            .api()
+            .wait_until(
+                |api| {
+                    api.messages(CHAT, Some(thread))
+                        .into_iter()
+                        .rfind(|m| m.reply_markup.is_some())
+                },
+                WAIT,
+            )
+            .await
+            .unwrap();
+        tap(&fake, &asked, thread, "Deny");
+    };
+    let ((out, _), ()) = tokio::join!(waiting, tapping);
+    let decision: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        decision["hookSpecificOutput"]["decision"]["behavior"],
+        "deny"
+    );
+    assert!(
+        decision["hookSpecificOutput"]["decision"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("denied"),
+        "{decision}"
+    );
+
+    let stop = hook_input("Stop", "s-real", "/tmp/app");
+    run_hook(home.path(), &fake, "7", "Stop", &stop).await;
+    wait_topic_text(&fake, thread, "echo: hello one").await;
+
+    // The resumed session (the hooks' id) has the topic; the env's id none.
+    let status = tool(&mut s, "status", json!({})).await;
+    assert!(text_of(&status).contains("A · app"), "{status}");
+    assert_eq!(
+        fake.api()
+            .topics(CHAT)
+            .iter()
+            .filter(|t| !t.deleted)
+            .count(),
+        1,
+        "the env's wrong session id got no topic"
+    );
+}
+
+#[tokio::test]
+async fn a_hook_without_its_mcp_server_decides_nothing_and_says_why() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let input = hook_input("PermissionRequest", "s-x", "/tmp/app");
+    let (out, err) = run_hook(home.path(), &fake, "404", "PermissionRequest", &input).await;
+    assert_eq!(out, "", "no decision: Claude Code asks as it would");
+    assert!(err.contains("MCP server"), "{err}");
+    let (out, err) = run_hook(home.path(), &fake, "404", "Stop", &json!("not an object")).await;
+    assert_eq!(out, "");
+    assert!(!err.is_empty());
+}
+
+#[tokio::test]
+async fn the_mcp_server_exits_cleanly_on_eof_sigint_and_sigterm() {
+    let fake = common::fake().await;
+    let home = common::home();
+    for (i, how) in ["eof", "int", "term"].into_iter().enumerate() {
+        let mut s = mcp(
+            home.path(),
+            &fake,
+            &i.to_string(),
+            &format!("s-{i}"),
+            "/tmp/p",
+        );
+        handshake(&mut s).await;
+        tool(&mut s, "reply", json!({"text": "up"})).await;
+        match how {
+            "eof" => s.close_stdin(),
+            "int" => s.signal(libc::SIGINT),
+            _ => s.signal(libc::SIGTERM),
+        }
+        assert_eq!(s.wait_exit().await, Some(0), "{how}");
+    }
+}
+
+#[tokio::test]
+async fn without_channels_the_topic_hears_where_its_message_waits_once_per_batch() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", "/tmp/proj");
+    // A client that takes no channel messages.
+    s.call(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "other-client", "version": "1"}}),
+    )
+    .await;
+    s.notify("notifications/initialized", json!({}));
+    tool(&mut s, "reply", json!({"text": "hello"})).await;
+    let thread = topic(&fake, "proj").thread_id;
+    inject(&fake, Some(thread), USER, "first");
+    inject(&fake, Some(thread), USER, "second");
+    wait_topic_text(&fake, thread, "has not taken this yet").await;
+    let inbox = tool(&mut s, "telegram_inbox", json!({})).await;
+    assert!(
+        text_of(&inbox).contains("first") && text_of(&inbox).contains("second"),
+        "{inbox}"
+    );
+    assert_eq!(
+        notices_in(&fake.api(), thread),
+        1,
+        "one notice for the batch"
+    );
+    assert!(
+        s.messages()
+            .iter()
+            .all(|m| m["method"] != "notifications/claude/channel"),
+        "no channel messages to a client that takes none"
+    );
+    // A new batch after the inbox was read is told again.
+    inject(&fake, Some(thread), USER, "third");
+    fake.api()
+        .wait_until(|api| (notices_in(api, thread) == 2).then_some(()), WAIT)
+        .await
+        .expect("a second notice for the second batch");
+}
+
+fn notices_in(api: &agent_relay::fake_bot_api::FakeBotApi, thread: i64) -> usize {
+    api.messages(CHAT, Some(thread))
+        .iter()
+        .filter(|m| m.plain_text.contains("has not taken this yet"))
+        .count()
+}
+
+/// Issue 15 for Claude Code: a photo from the topic is saved on the machine
+/// and its channel message names the path (`image_path`, `attachments`);
+/// `send_file` sends a file of the project back byte for byte, and refuses
+/// one outside the project, saying why.
+#[tokio::test]
+async fn a_photo_reaches_claude_code_by_path_and_send_file_sends_one_back() {
+    use agent_relay::fake_bot_api::{MediaInject, MediaKind, UserMessage};
+    let fake = common::fake().await;
+    let home = common::home();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("shots");
+    std::fs::create_dir(&cwd).unwrap();
+    let dir = cwd.to_str().unwrap();
+    let mut s = mcp(home.path(), &fake, "1", "s-1", dir);
+    handshake(&mut s).await;
+    tool(&mut s, "reply", json!({"text": "ready"})).await;
+    let thread = topic(&fake, "shots").thread_id;
+
+    let photo: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fake.api()
+        .inject_user_message(UserMessage {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            text: "what is wrong here?".into(),
+            media: Some(MediaInject {
+                kind: MediaKind::Photo,
+                bytes: photo.clone().into(),
+                ..MediaInject::default()
+            }),
+            ..UserMessage::default()
+        })
+        .expect("a client would send this");
+    let pushed = s
+        .wait_for("a channel notification with a photo", |m| {
+            m["method"] == "notifications/claude/channel"
+        })
+        .await;
+    let params = &pushed["params"];
+    let path = params["meta"]["image_path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no image_path: {params}"));
+    assert_eq!(std::fs::read(path).unwrap(), photo, "the saved photo");
+    let listed: Vec<String> =
+        serde_json::from_str(params["meta"]["attachments"].as_str().unwrap()).unwrap();
+    assert_eq!(listed, [path]);
+    let content = params["content"].as_str().unwrap();
+    assert!(
+        content.contains("what is wrong here?") && content.contains(path),
+        "{content}"
+    );
+
+    let plot: Vec<u8> = (0..70_000u32).map(|i| (i * 13 % 253) as u8).collect();
+    std::fs::write(cwd.join("build.log"), &plot).unwrap();
+    let sent = tool(
+        &mut s,
+        "send_file",
+        json!({"path": "build.log", "caption": "the log"}),
+    )
+    .await;
+    assert!(sent.get("isError").is_none(), "{sent}");
+    assert!(
+        text_of(&sent).starts_with("Sent build.log to the Telegram topic as a document"),
+        "{sent}"
+    );
+    let message = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.media.is_some() && m.plain_text.contains("the log"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the document in the topic");
+    let file_id = &message.media.as_ref().unwrap().file_id;
+    assert_eq!(fake.api().file(file_id).unwrap().bytes.to_vec(), plot);
+
+    let refused = tool(&mut s, "send_file", json!({"path": "/etc/passwd"})).await;
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert!(text_of(&refused).contains("outside"), "{refused}");
+}
