@@ -321,7 +321,7 @@ impl Session {
         let (ok, message) = match command {
             Command::Status { debug } => (true, self.status_report(debug).await),
             Command::Connect => self.connect_command().await,
-            Command::Disconnect => self.disconnect().await,
+            Command::Disconnect => return self.disconnect().await,
             Command::RelayStatus => match self.member() {
                 Some(member) => match member.status().await {
                     Ok(status) => (true, relay_status_text(&status)),
@@ -342,7 +342,7 @@ impl Session {
                 ),
             },
         };
-        ExecuteResult { ok, message }
+        ExecuteResult::new(ok, message)
     }
 
     /// `/telegram-connect`: join (or re-provision a topic that could not be
@@ -398,9 +398,9 @@ impl Session {
         (state.problem.is_none() || state.needs_pairing, message)
     }
 
-    async fn disconnect(self: &Arc<Self>) -> (bool, String) {
+    async fn disconnect(self: &Arc<Self>) -> ExecuteResult {
         let Some(member) = self.member() else {
-            return (false, "This session is not connected to the relay.".into());
+            return ExecuteResult::new(false, "This session is not connected to the relay.");
         };
         let state = member.watch().borrow().clone();
         let what = match &state.route {
@@ -426,12 +426,11 @@ impl Session {
             match self.ask_person(question).await {
                 dialog::Answer::Choice { index: 0, .. } => {}
                 dialog::Answer::Nothing(_, why) => {
-                    return (
-                        false,
-                        format!("Disconnect cancelled ({why}); nothing changed."),
-                    );
+                    return ExecuteResult::cancelled(format!(
+                        "Disconnect cancelled ({why}); nothing changed."
+                    ));
                 }
-                _ => return (false, "Disconnect cancelled; nothing changed.".into()),
+                _ => return ExecuteResult::cancelled("Disconnect cancelled; nothing changed."),
             }
         }
         match member.disconnect().await {
@@ -452,20 +451,20 @@ impl Session {
                 if disconnected.cleanup_pending {
                     // The leader hands over whatever Telegram said; its
                     // successor finishes the deletion.
-                    (
+                    ExecuteResult::new(
                         false,
                         format!(
                             "Disconnected, but Telegram has not confirmed deleting {what} yet; the relay will finish it."
                         ),
                     )
                 } else {
-                    (
+                    ExecuteResult::new(
                         true,
                         format!("Deleted {what}; this session no longer relays to Telegram."),
                     )
                 }
             }
-            Err(e) => (
+            Err(e) => ExecuteResult::new(
                 false,
                 format!("Topic deletion not confirmed ({e}); retry /telegram-disconnect."),
             ),
@@ -590,15 +589,9 @@ impl Handler for Session {
         match commands::parse(&params.name, &params.args) {
             Ok(command) => match self.me() {
                 Some(me) => me.run(command).await,
-                None => ExecuteResult {
-                    ok: false,
-                    message: "the session is shutting down".into(),
-                },
+                None => ExecuteResult::new(false, "the session is shutting down"),
             },
-            Err(usage) => ExecuteResult {
-                ok: false,
-                message: usage.to_string(),
-            },
+            Err(usage) => ExecuteResult::new(false, usage.to_string()),
         }
     }
 
