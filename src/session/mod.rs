@@ -25,9 +25,10 @@ mod dialog;
 mod facts;
 mod inbound;
 mod outbound;
+mod unsent;
 
-pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
-use facts::{describe_binding, describe_sync, describe_transport};
+pub use facts::{BindingFact, Facts, OutboxFact, SyncFact, TransportFact};
+use facts::{describe_binding, describe_outbox, describe_sync, describe_transport};
 use outbound::Outgoing;
 
 /// How long `/telegram-connect` waits for the registration.
@@ -105,6 +106,8 @@ pub struct Session {
     busy: AtomicBool,
     /// "Allow for this session" grants.
     grants: Mutex<approvals::Grants>,
+    /// Answers that did not reach the topic, offered again.
+    held: Mutex<unsent::Held>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -122,6 +125,7 @@ impl Session {
             binding,
             transport: TransportFact::None,
             sync: SyncFact::None,
+            outbox: OutboxFact::default(),
         });
         Arc::new_cyclic(|this| Self {
             this: this.clone(),
@@ -141,6 +145,7 @@ impl Session {
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
             grants: Mutex::default(),
+            held: Mutex::default(),
         })
     }
 
@@ -187,15 +192,19 @@ impl Session {
         }
     }
 
-    /// Pushes the status line whenever a fact changes, from `initialized` on.
+    /// Pushes the status line whenever a fact changes, from `initialized` on,
+    /// and every few seconds while a pacing countdown runs; tells the host
+    /// once of what only the user can fix (a rejected token, missing rights).
     fn spawn_status_line(self: &Arc<Self>) {
         let mut facts = self.facts.subscribe();
         let host = self.host.clone();
         let stop = self.stop.clone();
         tokio::spawn(async move {
             let mut last = None;
+            let mut told = None;
             loop {
-                let (text, tone) = facts.borrow_and_update().render();
+                let current = facts.borrow_and_update().clone();
+                let (text, tone) = current.render();
                 if last.as_ref() != Some(&(text.clone(), tone)) {
                     host.notify(
                         method::UI_SET_STATUS,
@@ -207,9 +216,27 @@ impl Session {
                     );
                     last = Some((text, tone));
                 }
+                let notice = current.notice();
+                if let Some(message) = &notice
+                    && told.as_ref() != Some(message)
+                {
+                    host.notify(
+                        method::UI_NOTIFY,
+                        &NotifyParams {
+                            message: message.clone(),
+                            level: NotifyLevel::Error,
+                        },
+                    );
+                }
+                told = notice;
+                let countdown = current
+                    .outbox
+                    .paced_until
+                    .filter(|until| *until > std::time::Instant::now());
                 tokio::select! {
                     changed = facts.changed() => if changed.is_err() { break },
                     () = stop.cancelled() => break,
+                    () = tick(countdown) => {}
                 }
             }
         });
@@ -247,7 +274,11 @@ impl Session {
         let membership = self.stop.child_token();
         state.member = Some(member.clone());
         state.disconnected = false;
-        state.outbound = Some(outbound::spawn(member.clone(), membership.clone()));
+        state.outbound = Some(outbound::spawn(
+            Arc::downgrade(self),
+            member.clone(),
+            membership.clone(),
+        ));
         state.membership = membership.clone();
         drop(state);
         if self.is_busy() {
@@ -290,24 +321,39 @@ impl Session {
             return;
         }
         self.facts.send_modify(|f| {
-            f.binding = match &member.route {
-                Some(_) if member.needs_pairing => BindingFact::Unpaired,
-                Some(route) => BindingFact::Bound {
+            let blocked = member
+                .route
+                .as_ref()
+                .is_some_and(|r| r.target.is_none())
+                .then_some(member.blocker)
+                .flatten();
+            f.binding = match (&member.route, blocked) {
+                (Some(_), _) if member.needs_pairing => BindingFact::Unpaired,
+                (Some(_), Some(blocker)) => BindingFact::Blocked {
+                    blocker,
+                    problem: member.problem.clone().unwrap_or_default(),
+                },
+                (Some(route), None) => BindingFact::Bound {
                     slot: route.slot,
                     name: topics::session_part(&route.topic_name).to_string(),
                 },
-                None => BindingFact::Connecting,
+                (None, _) => BindingFact::Connecting,
             };
             f.transport = match (member.role, &member.telegram) {
                 (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
                     TransportFact::Reconnecting
                 }
+                (_, Health::Unauthorized) => TransportFact::Unauthorized,
                 (_, Health::Conflict) => TransportFact::Conflict,
                 (_, Health::Offline { .. }) => TransportFact::Offline,
+                (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
                 (Role::Leader, _) => TransportFact::Leader,
                 (Role::Follower, _) => TransportFact::Follower,
             };
-            f.sync = match (&member.problem, member.epoch) {
+            f.outbox.paced_until = member.paced_until;
+            // A blocked binding's problem is the binding's to show.
+            let problem = member.problem.as_ref().filter(|_| blocked.is_none());
+            f.sync = match (problem, member.epoch) {
                 (Some(problem), _) => SyncFact::Stale(problem.clone()),
                 (None, Some(epoch)) if member.role.is_connected() && member.synced => {
                     SyncFact::Synced(epoch)
@@ -498,6 +544,18 @@ impl Session {
             describe_transport(&facts.transport)
         ));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
+        let private = self.member().is_some_and(|m| {
+            m.watch()
+                .borrow()
+                .route
+                .as_ref()
+                .and_then(|r| r.target)
+                .is_some_and(|t| t.chat_id > 0)
+        });
+        out.push_str(&format!(
+            "outbox: {}\n",
+            describe_outbox(&facts.outbox, private, std::time::Instant::now())
+        ));
         if let Ok(config) = &self.config {
             let policy = &config.approvals;
             let mode = match policy.mode {
@@ -684,6 +742,21 @@ impl Handler for Session {
         self.close().await;
     }
 }
+
+/// Resolves every few seconds while a countdown runs (so the status line
+/// counts down), never otherwise.
+async fn tick(countdown: Option<std::time::Instant>) {
+    match countdown {
+        Some(until) => {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            tokio::time::sleep(left.min(COUNTDOWN_STEP)).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// How often the pacing countdown in the status line moves.
+const COUNTDOWN_STEP: Duration = Duration::from_secs(5);
 
 /// At most `max` characters of `text`, marked when cut.
 fn clip(text: &str, max: usize) -> String {

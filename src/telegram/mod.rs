@@ -21,5 +21,5 @@ pub mod types;
 
 pub use client::{BotApi, SetupError};
 pub use error::TelegramError;
-pub use ratelimit::RateLimiter;
+pub use ratelimit::{ChatBudget, Priority, RateLimiter};
 pub use types::{BotInfo, CallbackQuery, ChatKind, ChatMemberStatus, Message, Update, UpdateKind};

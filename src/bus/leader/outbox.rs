@@ -14,7 +14,13 @@
 //! | the topic is closed | reopens it (the bot made it) and sends again | the result |
 //! | the topic is gone | nothing | `TopicGone`: register again for a new topic |
 //! | a send that may or may not have happened | never replays it | `CommitUnknown` |
+//! | the chat's budget is spent, for a background request | nothing | `Paced` |
 //! | anything else | nothing | `Telegram` with the reason |
+//!
+//! Pacing puts what people wait for first ([`Priority`]): answers and
+//! questions before edits; a background request (typing, a progress edit a
+//! later one supersedes) never waits. Whoever asked hears how long a request
+//! waits (`waiting`), so the session can show it.
 //!
 //! It never touches the store: the leader records what it needs from the
 //! results (a stale topic, who posted which message).
@@ -32,7 +38,9 @@ use crate::telegram::types::{
     EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, ParseMode,
     ReplyParameters, SendMessage,
 };
-use crate::telegram::{BotApi, BotInfo, RateLimiter, SetupError, TelegramError};
+use crate::telegram::{
+    BotApi, BotInfo, ChatBudget, Priority, RateLimiter, SetupError, TelegramError,
+};
 
 /// How long a session's request may wait for pacing and retries before
 /// the outbox gives up on it (the member waits a little longer).
@@ -44,6 +52,29 @@ const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Longest `callback_data` Telegram accepts, in bytes.
 const MAX_BUTTON_DATA: usize = 64;
+
+/// Shorter waits for the budget are not worth telling anybody.
+const TELL_WAIT: Duration = Duration::from_secs(1);
+
+/// How a call is paced: its chat, its rank, and who hears about a wait.
+struct Pace<'a> {
+    chat: Option<i64>,
+    priority: Priority,
+    waiting: &'a (dyn Fn(Duration) + Sync),
+}
+
+impl Pace<'static> {
+    /// The leader's own calls: nobody to tell, and first in line.
+    fn high(chat: Option<i64>) -> Self {
+        Pace {
+            chat,
+            priority: Priority::High,
+            waiting: &nobody,
+        }
+    }
+}
+
+fn nobody(_: Duration) {}
 
 pub(super) struct Outbox {
     api: BotApi,
@@ -73,15 +104,32 @@ impl Outbox {
         &self.api
     }
 
+    /// The chats' message budgets, for `/relay status`.
+    pub fn budgets(&self) -> Vec<ChatBudget> {
+        self.limiter.snapshot()
+    }
+
     /// `getMe`, asked once per leader.
     pub async fn bot(&self) -> Result<&BotInfo, TelegramError> {
         self.bot.get_or_try_init(|| self.api.get_me()).await
     }
 
     /// Runs a session's request in `target`, with pacing, retries and the
-    /// fallbacks of the table above.
-    pub async fn perform(&self, target: Target, op: &TopicOp) -> Result<TopicDone, BusError> {
+    /// fallbacks of the table above. `waiting` hears how long it waits for
+    /// the chat's budget, when it has to.
+    pub async fn perform(
+        &self,
+        target: Target,
+        op: &TopicOp,
+        priority: Priority,
+        waiting: impl Fn(Duration) + Sync,
+    ) -> Result<TopicDone, BusError> {
         check_buttons(op)?;
+        let pace = Pace {
+            chat: Some(target.chat_id),
+            priority,
+            waiting: &waiting,
+        };
         let deadline = Instant::now() + TOPIC_DEADLINE;
         let mut reopened = false;
         let mut plain = false;
@@ -89,7 +137,7 @@ impl Outbox {
             let attempt = match op {
                 TopicOp::SendText(send) => {
                     let params = send_message(target, send, plain);
-                    self.paced("sendMessage", Some(target.chat_id), deadline, || {
+                    self.paced("sendMessage", &pace, deadline, || {
                         self.api.send_message(&params)
                     })
                     .await
@@ -108,7 +156,7 @@ impl Outbox {
                         reply_markup: edit.buttons.as_ref().map(markup),
                         link_preview_options: Some(Default::default()),
                     };
-                    self.paced("editMessageText", Some(target.chat_id), deadline, || {
+                    self.paced("editMessageText", &pace, deadline, || {
                         self.api.edit_message_text(&params)
                     })
                     .await
@@ -120,17 +168,14 @@ impl Outbox {
                         message_id: edit.message_id,
                         reply_markup: edit.buttons.as_ref().map(markup),
                     };
-                    self.paced(
-                        "editMessageReplyMarkup",
-                        Some(target.chat_id),
-                        deadline,
-                        || self.api.edit_message_reply_markup(&params),
-                    )
+                    self.paced("editMessageReplyMarkup", &pace, deadline, || {
+                        self.api.edit_message_reply_markup(&params)
+                    })
                     .await
                     .map(|()| TopicDone::default())
                 }
                 TopicOp::Typing => self
-                    .paced("sendChatAction", Some(target.chat_id), deadline, || {
+                    .paced("sendChatAction", &pace, deadline, || {
                         self.api
                             .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
                     })
@@ -147,6 +192,17 @@ impl Outbox {
             match attempt {
                 Ok(done) => return Ok(done),
                 Err(TelegramError::NotModified { .. }) => return Ok(TopicDone::default()),
+                Err(TelegramError::RateLimited { retry_after })
+                    if priority == Priority::Background =>
+                {
+                    return Err(BusError::new(
+                        BusErrorCode::Paced,
+                        format!(
+                            "not sent: the chat's message budget is spent for {} s",
+                            retry_after.as_secs_f64().ceil()
+                        ),
+                    ));
+                }
                 Err(TelegramError::ParseEntities { description }) if !plain && is_html(op) => {
                     tracing::info!(
                         "Telegram refused the markup ({description}); sending plain text"
@@ -186,7 +242,7 @@ impl Outbox {
             link_preview_options: Some(Default::default()),
         };
         let deadline = Instant::now() + TOPIC_DEADLINE;
-        self.paced("sendMessage", Some(chat), deadline, || {
+        self.paced("sendMessage", &Pace::high(Some(chat)), deadline, || {
             self.api.send_message(&params)
         })
         .await
@@ -202,7 +258,7 @@ impl Outbox {
         // Not paced per chat: an answer is no message, and a spinner that
         // waits behind a long answer helps nobody.
         let deadline = Instant::now() + Duration::from_secs(10);
-        self.paced("answerCallbackQuery", None, deadline, || {
+        self.paced("answerCallbackQuery", &Pace::high(None), deadline, || {
             self.api.answer_callback_query(callback_id, text, alert)
         })
         .await
@@ -211,9 +267,12 @@ impl Outbox {
     pub async fn create_topic(&self, chat: i64, name: &str) -> Result<Target, TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         let topic = self
-            .paced("createForumTopic", Some(chat), deadline, || {
-                self.api.create_forum_topic(chat, name, None)
-            })
+            .paced(
+                "createForumTopic",
+                &Pace::high(Some(chat)),
+                deadline,
+                || self.api.create_forum_topic(chat, name, None),
+            )
             .await?;
         Ok(Target {
             chat_id: chat,
@@ -225,10 +284,15 @@ impl Outbox {
     pub async fn delete_topic(&self, target: Target) -> Result<(), TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("deleteForumTopic", Some(target.chat_id), deadline, || {
-                self.api
-                    .delete_forum_topic(target.chat_id, target.thread_id)
-            })
+            .paced(
+                "deleteForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .delete_forum_topic(target.chat_id, target.thread_id)
+                },
+            )
             .await
         {
             Ok(()) | Err(TelegramError::ThreadGone { .. }) => Ok(()),
@@ -236,13 +300,36 @@ impl Outbox {
         }
     }
 
-    async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
+    /// Closes a topic; one closed already counts as closed.
+    pub async fn close_topic(&self, target: Target) -> Result<(), TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("reopenForumTopic", Some(target.chat_id), deadline, || {
-                self.api
-                    .reopen_forum_topic(target.chat_id, target.thread_id)
-            })
+            .paced(
+                "closeForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || self.api.close_forum_topic(target.chat_id, target.thread_id),
+            )
+            .await
+        {
+            Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reopens a topic; one open already counts as open.
+    pub async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        match self
+            .paced(
+                "reopenForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .reopen_forum_topic(target.chat_id, target.thread_id)
+                },
+            )
             .await
         {
             Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
@@ -255,10 +342,15 @@ impl Outbox {
     pub async fn probe(&self, target: Target) -> Result<bool, TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("sendChatAction", Some(target.chat_id), deadline, || {
-                self.api
-                    .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
-            })
+            .paced(
+                "sendChatAction",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
+                },
+            )
             .await
         {
             Ok(()) => Ok(true),
@@ -273,7 +365,7 @@ impl Outbox {
     async fn paced<T, F, Fut>(
         &self,
         method: &'static str,
-        chat: Option<i64>,
+        pace: &Pace<'_>,
         deadline: Instant,
         call: F,
     ) -> Result<T, TelegramError>
@@ -281,9 +373,18 @@ impl Outbox {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, TelegramError>>,
     {
+        let chat = pace.chat;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
-            if let Err(wait) = self.limiter.acquire_until(chat, method, deadline).await {
+            let acquired = self
+                .limiter
+                .acquire_until(chat, method, deadline, pace.priority, |wait| {
+                    if wait >= TELL_WAIT {
+                        (pace.waiting)(wait);
+                    }
+                })
+                .await;
+            if let Err(wait) = acquired {
                 return Err(TelegramError::RateLimited { retry_after: wait });
             }
             let error = match call().await {
@@ -293,6 +394,9 @@ impl Outbox {
             let wait = match error.retry_after() {
                 Some(wait) => {
                     self.limiter.penalize(chat, wait);
+                    if pace.priority == Priority::Background {
+                        return Err(error);
+                    }
                     wait
                 }
                 None if error.is_retryable() => backoff.step(),
