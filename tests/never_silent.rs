@@ -595,3 +595,157 @@ async fn a_switched_away_session_closes_its_topic_and_resuming_reopens_it() {
         .expect("and closes the one it left");
     assert_eq!(fake.api().topics(CHAT).len(), topics_before, "no new topic");
 }
+
+// ------------------------------------------------------------ failover
+
+/// The status lines a sidecar sent after the first `skip` messages.
+fn statuses_after(s: &Sidecar, skip: usize) -> Vec<String> {
+    s.messages()[skip..]
+        .iter()
+        .filter(|m| m["method"] == "ui/setStatus")
+        .filter_map(|m| m["params"]["text"].as_str().map(String::from))
+        .collect()
+}
+
+/// Item 6: after the leader is SIGKILLed, every survivor's status line
+/// follows the bus as it happens: it says `◌ reconnecting` only while it is
+/// away, and by the time a message written after the kill reaches it (the
+/// new leader polled and routed), its line already names its new role. No
+/// timer brings it back, so there is no window of "reconnecting" while
+/// messages flow. Nothing here measures time; `scripts/bench` does ("status
+/// line after failover").
+#[tokio::test]
+async fn after_a_failover_the_status_line_follows_the_bus_not_a_timer() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut all = Vec::new();
+    for name in ["one", "two", "three"] {
+        all.push(session(home.path(), &fake, &format!("/tmp/{name}"), name).await);
+    }
+    for s in &all {
+        s.wait_status(connected).await;
+    }
+    let leader = all
+        .iter()
+        .position(|s| s.latest_status().unwrap().contains("● leader"))
+        .expect("one of them leads");
+    let seen: Vec<usize> = all.iter().map(|s| s.messages().len()).collect();
+    all[leader].kill9().await;
+    let survivors: Vec<usize> = (0..all.len()).filter(|i| *i != leader).collect();
+    for &i in &survivors {
+        let name = ["one", "two", "three"][i];
+        let thread = topic(&fake, name).thread_id;
+        inject(
+            &fake,
+            Some(thread),
+            USER,
+            &format!("after the kill, {name}"),
+        );
+        let prompt = wait_prompt(&all[i], &format!("after the kill, {name}")).await;
+        // The status line as the host had it when the message arrived.
+        let messages = all[i].messages();
+        let at = messages
+            .iter()
+            .position(|m| *m == prompt)
+            .expect("the prompt is in the inbox");
+        let before: Vec<String> = messages[seen[i]..at]
+            .iter()
+            .filter(|m| m["method"] == "ui/setStatus")
+            .filter_map(|m| m["params"]["text"].as_str().map(String::from))
+            .collect();
+        let shown = before.last().cloned().unwrap_or_default();
+        assert!(
+            before.iter().any(|l| l.contains("◌ reconnecting")),
+            "survivor {name} never said it was away: {before:?}"
+        );
+        assert!(
+            shown.contains("● leader") || shown.contains("● follower"),
+            "survivor {name} got a message while its line said {shown:?}; lines since the kill: {before:?}"
+        );
+    }
+    // Every survivor ends connected, exactly one leads, and none of them
+    // went back to "reconnecting" after it was back.
+    for &i in &survivors {
+        all[i].wait_status(connected).await;
+        let lines = statuses_after(&all[i], seen[i]);
+        let back = lines
+            .iter()
+            .position(|l| l.contains("● leader") || l.contains("● follower"))
+            .expect("back");
+        assert!(
+            lines[back..].iter().all(|l| !l.contains("reconnecting")),
+            "{lines:?}"
+        );
+    }
+    let leaders = survivors
+        .iter()
+        .filter(|&&i| all[i].latest_status().unwrap().ends_with("● leader"))
+        .count();
+    assert_eq!(leaders, 1);
+}
+
+// ------------------------------------------------------------------ /stop
+
+/// Item 10: `/stop` from the topic stops the run, and the answer the run
+/// still sends is marked as cut off, even from a host that does not say the
+/// turn was aborted; the next run's answer is whole again.
+#[tokio::test]
+async fn an_answer_cut_off_by_stop_says_so() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/stop", "stop").await;
+    let thread = topic(&fake, "stop").thread_id;
+    inject(&fake, Some(thread), USER, "explain the build");
+    wait_prompt(&s, "explain the build").await;
+    s.notify("agent/started", json!({}));
+    // Busy as far as the relay knows: it shows the typing indicator.
+    fake.api()
+        .wait_until(
+            |api| {
+                api.calls()
+                    .iter()
+                    .any(|c| c.method == "sendChatAction")
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("typing while the agent works");
+    inject(&fake, Some(thread), USER, "/stop");
+    s.wait_for("agent/abort", |m| m["method"] == "agent/abort")
+        .await;
+    wait_topic_text(&fake, thread, "⏹ Stopped.").await;
+    // The host ends the run without saying it was aborted.
+    answer(&s, "The build runs in three st");
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "The build runs in three st"}),
+    );
+    let texts = wait_topic_text(&fake, thread, "The build runs in three st").await;
+    let cut = texts
+        .iter()
+        .find(|t| t.contains("The build runs in three st"))
+        .unwrap();
+    assert!(
+        cut.contains("⏹ Stopped: this answer is cut off."),
+        "{cut:?}"
+    );
+    assert_eq!(
+        texts.iter().filter(|t| t.contains("three st")).count(),
+        1,
+        "the answer once: {texts:?}"
+    );
+
+    // The next run is not cut off.
+    inject(&fake, Some(thread), USER, "and now?");
+    wait_prompt(&s, "and now?").await;
+    s.notify("agent/started", json!({}));
+    answer(&s, "All three stages passed.");
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "All three stages passed."}),
+    );
+    let texts = wait_topic_text(&fake, thread, "All three stages passed.").await;
+    let whole = texts.iter().find(|t| t.contains("stages passed")).unwrap();
+    assert!(!whole.contains("cut off"), "{whole:?}");
+}

@@ -211,7 +211,10 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
         }
         Some("stop") => {
             let reply = match session.host.abort(HOST_TIMEOUT).await {
-                Ok(()) => "⏹ Stopped.".to_string(),
+                Ok(()) => {
+                    session.stopped_by_user();
+                    "⏹ Stopped.".to_string()
+                }
                 Err(e) => format!("⚠️ Could not stop the agent: {e}"),
             };
             session.send_out(Outgoing::Plain(reply));

@@ -104,6 +104,9 @@ pub struct Session {
     stop: CancellationToken,
     /// The agent is working (between `agent/started` and `agent/ended`).
     busy: AtomicBool,
+    /// `/stop` from the topic stopped the run under way: what the run
+    /// answers from now on is cut off, whether or not the host says so.
+    stopped: AtomicBool,
     /// "Allow for this session" grants.
     grants: Mutex<approvals::Grants>,
     /// Answers that did not reach the topic, offered again.
@@ -144,6 +147,7 @@ impl Session {
             facts,
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             grants: Mutex::default(),
             held: Mutex::default(),
         })
@@ -183,6 +187,14 @@ impl Session {
 
     fn is_busy(&self) -> bool {
         self.busy.load(Ordering::Relaxed)
+    }
+
+    /// The host stopped the run on `/stop`: if one was under way, its
+    /// answer is cut off (a host may not say so itself).
+    fn stopped_by_user(&self) {
+        if self.is_busy() {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Queues something for this session's topic (dropped when not connected).
@@ -669,6 +681,7 @@ impl Handler for Session {
             }
             HostEvent::AgentStarted => {
                 self.busy.store(true, Ordering::Relaxed);
+                self.stopped.store(false, Ordering::Relaxed);
                 self.send_out(Outgoing::Busy(true));
             }
             HostEvent::TurnEnded(turn) => {
@@ -677,7 +690,7 @@ impl Handler for Session {
                     self.state().last_answer = Some(text.to_string());
                     self.send_out(Outgoing::Answer {
                         markdown: text.to_string(),
-                        cut: turn.aborted,
+                        cut: turn.aborted || self.stopped.load(Ordering::Relaxed),
                     });
                 }
             }
@@ -695,6 +708,7 @@ impl Handler for Session {
             }
             HostEvent::AgentEnded(ended) => {
                 self.busy.store(false, Ordering::Relaxed);
+                let stopped = self.stopped.swap(false, Ordering::Relaxed);
                 self.send_out(Outgoing::Busy(false));
                 let last = ended.last_assistant_text.as_deref().map(str::trim);
                 if let Some(text) = last.filter(|t| !t.is_empty()) {
@@ -702,7 +716,7 @@ impl Handler for Session {
                     if !already {
                         self.send_out(Outgoing::Answer {
                             markdown: text.to_string(),
-                            cut: ended.aborted,
+                            cut: ended.aborted || stopped,
                         });
                     }
                 }
