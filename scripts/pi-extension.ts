@@ -469,10 +469,13 @@ class Bridge {
 			const result = (await sidecar.request("command/execute", { name, args }, COMMAND_TIMEOUT_MS)) as {
 				ok?: unknown;
 				message?: unknown;
+				cancelled?: unknown;
 			} | null;
 			const message = typeof result?.message === "string" ? result.message : "";
 			const ok = result?.ok === true;
-			if (message !== "" || !ok) ctx.ui.notify(message || `/${name} failed`, ok ? "info" : "error");
+			// Declining a confirmation is the user's choice, not a failure.
+			const level = ok || result?.cancelled === true ? "info" : "error";
+			if (message !== "" || !ok) ctx.ui.notify(message || `/${name} failed`, level);
 		} catch (error) {
 			ctx.ui.notify(`/${name}: ${error instanceof Error ? error.message : String(error)}`, "error");
 		}
@@ -805,7 +808,27 @@ function isTone(value: unknown): value is Tone {
 	return typeof value === "string" && value in TONE_COLOURS;
 }
 
+/**
+ * The argument completions for `prefix` (all text after the command's first space).
+ * A word that is already complete gets none: while pi's TUI shows a list, Enter applies
+ * the selected item instead of submitting, so offering `→ status` for `status` would
+ * take a second Enter (pi-facts, "Command argument completions").
+ */
+function completeArgument(choices: string[], prefix: string): Array<{ value: string; label: string }> | null {
+	const word = prefix.trim();
+	if (choices.includes(word)) return null;
+	const items = choices.filter((c) => c.startsWith(word)).map((c) => ({ value: c, label: c }));
+	return items.length > 0 ? items : null;
+}
+
+/**
+ * pi's theme paints with ANSI escapes, which only a terminal shows: an RPC client
+ * (pi's stdout a pipe) gets the status text as it is.
+ */
+const TERMINAL = process.stdout.isTTY === true;
+
 function colour(ctx: ExtensionContext, tone: Tone, text: string): string {
+	if (!TERMINAL) return text;
 	try {
 		return ctx.ui.theme.fg(TONE_COLOURS[tone], text);
 	} catch {
@@ -902,12 +925,7 @@ export default function agentRelay(pi: ExtensionAPI): void {
 			const choices = spec.args && !/[[\]<>]/.test(spec.args) ? spec.args.split("|").map((c) => c.trim()) : [];
 			pi.registerCommand(spec.name, {
 				description: spec.args ? `${spec.description} — ${spec.args}` : spec.description,
-				getArgumentCompletions: choices.length
-					? (prefix) => {
-							const items = choices.filter((c) => c.startsWith(prefix)).map((c) => ({ value: c, label: c }));
-							return items.length > 0 ? items : null;
-						}
-					: undefined,
+				getArgumentCompletions: choices.length ? (prefix) => completeArgument(choices, prefix) : undefined,
 				// `/relay restart` arrives as name `relay`, args `restart`: the sidecar parses both.
 				handler: (args, ctx) => relay.execute(spec.name, args.trim(), ctx),
 			});

@@ -2,7 +2,7 @@
 //! and how their reports read. Executing them is the session's job; this
 //! module knows no sockets and no host framing.
 
-use crate::protocol::bus::{BusStatus, RestartOutcome};
+use crate::protocol::bus::{BusStatus, ChatPacing, Health, PollReport, RestartOutcome};
 use crate::protocol::host::CommandSpec;
 
 /// A parsed command.
@@ -122,6 +122,12 @@ pub fn relay_status_text(status: &BusStatus) -> String {
         status.epoch,
         status.sessions.iter().filter(|s| s.live).count()
     );
+    if let Some(poll) = &status.poll {
+        out.push_str(&format!("poll: {}\n", poll_text(poll)));
+    }
+    for chat in &status.pacing {
+        out.push_str(&format!("pacing: {}\n", pacing_text(chat)));
+    }
     out.push_str("slot  topic                     health        cwd\n");
     for s in &status.sessions {
         let health = if s.live {
@@ -139,6 +145,60 @@ pub fn relay_status_text(status: &BusStatus) -> String {
     }
     out.truncate(out.trim_end().len());
     out
+}
+
+/// How the leader's poll is doing: its health, when it last answered and
+/// what waits at Telegram.
+fn poll_text(poll: &PollReport) -> String {
+    let mut out = match &poll.health {
+        Health::Ok => "ok".to_string(),
+        Health::Starting => "starting".into(),
+        Health::Conflict => "⚠ 409 conflict: another process polls this bot".into(),
+        Health::Offline { reason } => format!("offline: {reason}"),
+        Health::Unauthorized => "✕ Telegram rejected the bot token (run agent-relay doctor)".into(),
+        Health::Deaf { .. } => "⚠ not receiving: polls come back empty while updates wait".into(),
+    };
+    match poll.last_ok_age_ms {
+        Some(ms) => out.push_str(&format!(" · last answer {} ago", seconds(ms))),
+        None => out.push_str(" · no answer yet"),
+    }
+    if let Some(pending) = poll.pending_updates {
+        out.push_str(&format!(" · {pending} waiting at Telegram"));
+    }
+    if poll.restarts > 0 {
+        out.push_str(&format!(" · restarted {} time(s)", poll.restarts));
+    }
+    out
+}
+
+/// One chat's message budget: what it allows, how much is used, who waits.
+fn pacing_text(chat: &ChatPacing) -> String {
+    let mut out = format!(
+        "chat {}: {}/{} messages in {}",
+        chat.chat_id,
+        chat.used,
+        chat.capacity,
+        seconds(chat.window_ms)
+    );
+    if chat.waiting > 0 {
+        out.push_str(&format!(
+            " · {} waiting, next in {}",
+            chat.waiting,
+            seconds(chat.next_free_ms)
+        ));
+    }
+    if chat.paced > 0 {
+        out.push_str(&format!(
+            " · {} paced, longest wait {}",
+            chat.paced,
+            seconds(chat.longest_wait_ms)
+        ));
+    }
+    out
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
 }
 
 fn truncate(text: &str, max: usize) -> String {

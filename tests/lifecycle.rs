@@ -190,8 +190,18 @@ async fn disconnect_declined_changes_nothing() {
     let home = common::home();
     let fake = common::fake().await;
     let mut all = sessions(home.path(), &fake, 1, false).await;
-    let (ok, text) = all[0].command("telegram-disconnect", "").await;
-    assert!(!ok && text.contains("nothing changed"), "{text}");
+    let result = all[0]
+        .call(
+            "command/execute",
+            serde_json::json!({"name": "telegram-disconnect", "args": ""}),
+        )
+        .await;
+    // Declining is no error: the host shows it as information.
+    assert_eq!(
+        result,
+        serde_json::json!({"ok": false, "cancelled": true,
+            "message": "Disconnect cancelled; nothing changed."})
+    );
     assert!(live_topic(&fake, "s0").is_some());
     assert!(connected(&all[0].latest_status().unwrap()));
     let deletes = fake

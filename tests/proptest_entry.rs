@@ -200,6 +200,7 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
                     carried,
                     protocol_version: BUS_PROTOCOL_VERSION,
                     retry_provisioning: retry,
+                    left: None,
                 })
             },
         );
@@ -223,8 +224,14 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
             }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(id, generation)| ToLeader::Disconnect(Disconnect { id, generation })),
-        (any::<u64>(), any::<u64>(), topic_op())
-            .prop_map(|(id, generation, op)| ToLeader::Topic(TopicRequest { id, generation, op })),
+        (any::<u64>(), any::<u64>(), topic_op(), any::<bool>()).prop_map(
+            |(id, generation, op, background)| ToLeader::Topic(TopicRequest {
+                id,
+                generation,
+                op,
+                background
+            })
+        ),
         (any::<u64>(), any::<u64>()).prop_map(|(generation, delivery_id)| {
             ToLeader::DeliveryAck(DeliveryAck {
                 generation,
@@ -382,6 +389,7 @@ fn bus_error_code() -> impl Strategy<Value = BusErrorCode> {
         BusErrorCode::Unavailable,
         BusErrorCode::FileRefused,
         BusErrorCode::FileTooBig,
+        BusErrorCode::Paced,
         BusErrorCode::Internal,
     ])
 }
@@ -438,6 +446,8 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
         Just(Health::Starting),
         Just(Health::Conflict),
         ".{0,20}".prop_map(|reason| Health::Offline { reason }),
+        Just(Health::Unauthorized),
+        any::<u32>().prop_map(|pending| Health::Deaf { pending }),
     ]
     .prop_map(FromLeader::Health);
     let restarting = (
@@ -455,7 +465,9 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
             })
         });
     let paired = any::<i64>().prop_map(|user_id| FromLeader::Paired(Paired { user_id }));
-    prop_oneof![ack, deliver, health, restarting, paired]
+    let paced = (any::<u64>(), any::<u64>())
+        .prop_map(|(id, wait_ms)| FromLeader::Paced(Paced { id, wait_ms }));
+    prop_oneof![ack, deliver, health, restarting, paired, paced]
 }
 
 /// One way to damage an envelope's JSON.

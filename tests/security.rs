@@ -381,6 +381,7 @@ impl RawFollower {
                     carried: None,
                     protocol_version: BUS_PROTOCOL_VERSION,
                     retry_provisioning: false,
+                    left: None,
                 })
             })
             .await;
@@ -413,8 +414,15 @@ impl RawFollower {
     }
 
     async fn topic(&mut self, op: TopicOp) -> Ack {
-        self.request(|id, generation| ToLeader::Topic(TopicRequest { id, generation, op }))
-            .await
+        self.request(|id, generation| {
+            ToLeader::Topic(TopicRequest {
+                id,
+                generation,
+                op,
+                background: false,
+            })
+        })
+        .await
     }
 
     /// Sends a hand-written frame, as a process that is no sidecar could;
@@ -647,6 +655,7 @@ async fn a_generation_jump_cannot_take_over_another_session() {
                 carried: None,
                 protocol_version: BUS_PROTOCOL_VERSION,
                 retry_provisioning: false,
+                left: None,
             })
         })
         .await;

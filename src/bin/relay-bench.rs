@@ -193,21 +193,37 @@ async fn run(args: Args) -> anyhow::Result<()> {
             (25, plan.growth_trials),
         ] {
             step(&format!("failover: {sessions} sessions, {trials} trials"));
-            let value = Measure::from_result(
-                failover::measure(&relay, sessions, trials)
-                    .await
-                    .map(|s| Measure::latency(&s, "no trial")),
-            );
+            let measured = failover::measure(&relay, sessions, trials).await;
+            let (value, lag) = match measured {
+                Ok(f) => (
+                    Measure::latency(&f.takeover, "no trial"),
+                    Measure::latency(&f.status_lag, "no survivor"),
+                ),
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    (Measure::na(why.clone()), Measure::na(why))
+                }
+            };
             let mut row = Row::new(
                 format!("failover, {sessions} sessions"),
                 "SIGKILL leader → a new leader accepts a registration and polls getUpdates",
                 value,
             )
             .reference("flock+connect", floor.clone());
+            let mut lag_row = Row::new(
+                format!("status line after failover, {sessions} sessions"),
+                "new leader's first getUpdates → each survivor's host reads a connected status line (0 if it was back before)",
+                lag,
+            );
             if sessions == 10 {
                 row = row.goal(Goal::MedianAtMost { ms: 100.0 });
+                lag_row = lag_row.goal(Goal::PercentilesAtMost {
+                    p50_ms: 5.0,
+                    p99_ms: 20.0,
+                });
             }
             rows.push(row);
+            rows.push(lag_row);
         }
     }
 

@@ -58,6 +58,11 @@ pub(super) struct Actor {
     generation: Generation,
     next_id: u64,
     carried: Option<Route>,
+    /// The route of the session this instance switched away from, told to
+    /// the leader with the next registration.
+    left: Option<Route>,
+    /// Requests waiting for their chat's budget, and until when.
+    paced: HashMap<u64, Instant>,
     retry_provisioning: bool,
     leader: Option<LeaderHandle>,
     state: watch::Sender<MemberState>,
@@ -85,6 +90,8 @@ impl Actor {
             generation: 0,
             next_id: 0,
             carried: None,
+            left: None,
+            paced: HashMap::new(),
             retry_provisioning: false,
             leader: None,
             state,
@@ -190,7 +197,10 @@ impl Actor {
     fn rebind(&mut self, profile_key: String, session_name: String) {
         self.request.profile_key = profile_key;
         self.request.session_name = session_name;
-        self.carried = None;
+        // Several switches before the leader heard of the first: the topic
+        // it has to close is still the first one's.
+        let left = self.carried.take();
+        self.left = self.left.take().or(left);
         self.set(|s| s.route = None);
     }
 
@@ -250,12 +260,14 @@ impl Actor {
                 let leader_pid = self.bus.leader_info().map(|i| i.pid);
                 self.carried = Some(registered.route.clone());
                 self.retry_provisioning = false;
+                self.left = None;
                 self.set(|s| {
                     s.role = role;
                     s.route = Some(registered.route);
                     s.epoch = Some(registered.epoch);
                     s.leader_pid = leader_pid;
                     s.problem = registered.problem;
+                    s.blocker = registered.blocker;
                     s.needs_pairing = registered.needs_pairing;
                 });
             }
@@ -283,6 +295,7 @@ impl Actor {
             carried: self.carried.clone(),
             protocol_version: BUS_PROTOCOL_VERSION,
             retry_provisioning: self.retry_provisioning,
+            left: self.left.clone(),
         });
         writer
             .send(&register)
@@ -362,7 +375,9 @@ impl Actor {
                         Call::Status => ToLeader::Status(StatusQuery { id }),
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
                         Call::Restart => ToLeader::Restart(Restart { id, generation }),
-                        Call::Topic(op) => ToLeader::Topic(TopicRequest { id, generation, op }),
+                        Call::Topic { op, background } => {
+                            ToLeader::Topic(TopicRequest { id, generation, op, background })
+                        }
                         Call::Fetch(update_id) => ToLeader::Fetch(Fetch { id, generation, update_id }),
                     };
                     if let Err(e) = writer.send(&envelope).await {
@@ -396,6 +411,8 @@ impl Actor {
         for (_, reply) in waiting.drain() {
             let _ = reply.send(Err(MemberError::NotConnected));
         }
+        self.paced.clear();
+        self.set(|s| s.paced_until = None);
         ended
     }
 
@@ -439,6 +456,11 @@ impl Actor {
                     tracing::info!(epoch = ack.epoch, "the leader's epoch changed; reconciling");
                     self.set(|s| s.epoch = Some(ack.epoch));
                 }
+                if let Some(id) = ack.id
+                    && self.paced.remove(&id).is_some()
+                {
+                    self.show_pacing();
+                }
                 match ack.id.and_then(|id| waiting.remove(&id)) {
                     Some(reply) => {
                         let _ = reply.send(ack.outcome.map_err(MemberError::Refused));
@@ -466,6 +488,13 @@ impl Actor {
                 });
             }
             FromLeader::Health(health) => self.set(|s| s.telegram = health),
+            FromLeader::Paced(paced) => {
+                if waiting.contains_key(&paced.id) {
+                    let until = Instant::now() + Duration::from_millis(paced.wait_ms);
+                    self.paced.insert(paced.id, until);
+                    self.show_pacing();
+                }
+            }
             FromLeader::Paired(_) => {
                 self.set(|s| s.needs_pairing = false);
                 // Paired while this session had no topic: register again so
@@ -482,6 +511,12 @@ impl Actor {
             }
         }
         Next::Go
+    }
+
+    /// The latest of the waits for the chat's budget, for the status line.
+    fn show_pacing(&self) {
+        let until = self.paced.values().max().copied();
+        self.set(|s| s.paced_until = until);
     }
 
     /// The leader's answer to our route snapshot.

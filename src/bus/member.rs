@@ -85,6 +85,11 @@ pub struct MemberState {
     pub restarting: Option<(Restarting, Instant)>,
     /// Why the member cannot do its job right now, if it cannot.
     pub problem: Option<String>,
+    /// What keeps this session from having a topic until the user acts.
+    pub blocker: Option<Blocker>,
+    /// A request of this session waits for its chat's message budget until
+    /// then (the latest of the waiting ones).
+    pub paced_until: Option<Instant>,
 }
 
 impl MemberState {
@@ -99,6 +104,8 @@ impl MemberState {
             synced: false,
             restarting: None,
             problem: None,
+            blocker: None,
+            paced_until: None,
         }
     }
 }
@@ -140,7 +147,10 @@ pub(super) enum Call {
     Disconnect,
     Restart,
     Pair,
-    Topic(TopicOp),
+    Topic {
+        op: TopicOp,
+        background: bool,
+    },
     Fetch(i64),
 }
 
@@ -270,7 +280,28 @@ impl Member {
     /// chat's pace (and any `retry_after`); a failure carries the leader's
     /// decision ([`MemberError::code`]).
     pub async fn topic(&self, op: TopicOp) -> Result<TopicDone, MemberError> {
-        self.call(Call::Topic(op), TOPIC_TIMEOUT).await
+        self.call(
+            Call::Topic {
+                op,
+                background: false,
+            },
+            TOPIC_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Like [`Member::topic`], for a request a later one supersedes (typing,
+    /// a progress edit): it never waits for the chat's budget, and fails
+    /// with [`BusErrorCode::Paced`] when the budget is spent.
+    pub async fn topic_background(&self, op: TopicOp) -> Result<TopicDone, MemberError> {
+        self.call(
+            Call::Topic {
+                op,
+                background: true,
+            },
+            TOPIC_TIMEOUT,
+        )
+        .await
     }
 
     /// Like [`Member::topic`], for a request that waits longer than sending
@@ -280,7 +311,14 @@ impl Member {
         op: TopicOp,
         timeout: Duration,
     ) -> Result<TopicDone, MemberError> {
-        self.call(Call::Topic(op), timeout).await
+        self.call(
+            Call::Topic {
+                op,
+                background: false,
+            },
+            timeout,
+        )
+        .await
     }
 
     /// Downloads the files of delivery `update_id` (one of this session's)

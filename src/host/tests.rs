@@ -43,10 +43,7 @@ impl Handler for TestHandler {
         match params.name.as_str() {
             "slow" => {
                 let permit = self.gate.acquire().await;
-                ExecuteResult {
-                    ok: permit.is_ok(),
-                    message: "slow done".into(),
-                }
+                ExecuteResult::new(permit.is_ok(), "slow done")
             }
             "confirm" => {
                 let confirm = ConfirmParams {
@@ -55,21 +52,12 @@ impl Handler for TestHandler {
                     timeout_ms: None,
                 };
                 match self.link.confirm(&confirm, WAIT).await {
-                    Ok(answer) => ExecuteResult {
-                        ok: answer.confirmed,
-                        message: "confirmed".into(),
-                    },
-                    Err(e) => ExecuteResult {
-                        ok: false,
-                        message: e.to_string(),
-                    },
+                    Ok(answer) => ExecuteResult::new(answer.confirmed, "confirmed"),
+                    Err(e) => ExecuteResult::new(false, e.to_string()),
                 }
             }
             "panic" => panic!("test handler asked to panic"),
-            other => ExecuteResult {
-                ok: true,
-                message: format!("ran {other} {}", params.args),
-            },
+            other => ExecuteResult::new(true, format!("ran {other} {}", params.args)),
         }
     }
 

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 /// The bus protocol version; a leader refuses a follower that speaks another.
 /// 3: deliveries carry files, fetched with `fetch`; `sendFile` (a follower
-/// of 2 would hand its host an empty prompt for a photo).
+/// of 2 would hand its host an empty prompt for a photo); the `paced` and
+/// blocker frames, background topic requests.
 pub const BUS_PROTOCOL_VERSION: u32 = 3;
 
 pub use super::host::{AttachmentKind, SendAs};
@@ -77,6 +78,11 @@ pub struct Register {
     /// attempt ended with an unknown outcome.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retry_provisioning: bool,
+    /// The route of the session this instance switched away from (its host
+    /// ran `/new` or `/resume`): the leader closes that topic, which opens
+    /// again when the session is resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<Route>,
 }
 
 /// The result of a successful [`Register`].
@@ -92,6 +98,25 @@ pub struct Registered {
     /// offer a pairing link.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_pairing: bool,
+    /// What keeps the session from having a topic, when waiting will not
+    /// help: the user must fix something (`problem` says what), then run
+    /// `/telegram-connect`. The leader does not try again by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocker: Option<Blocker>,
+}
+
+/// Why no topic can be had until the user fixes something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Blocker {
+    /// Telegram rejected the bot token (401).
+    TokenRejected,
+    /// The bot may not create or manage topics in the chat.
+    NoTopicRights,
+    /// The configured chat has no topics.
+    NotAForum,
+    /// The configured chat does not exist, or the bot is not in it.
+    ChatNotFound,
 }
 
 /// Liveness; sent every [`HEARTBEAT_INTERVAL_MS`].
@@ -148,6 +173,11 @@ pub struct TopicRequest {
     pub id: u64,
     pub generation: Generation,
     pub op: TopicOp,
+    /// A request a later one supersedes (a typing indicator, a progress
+    /// edit): the leader performs it only when the chat's message budget
+    /// allows it now, and answers `paced` instead of waiting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
 }
 
 /// What a session may do in its topic. Answered with [`TopicDone`], or a
@@ -430,6 +460,19 @@ pub enum FromLeader {
     Restarting(Restarting),
     Health(Health),
     Paired(Paired),
+    Paced(Paced),
+}
+
+/// A request of this session waits for its chat's message budget (Telegram
+/// allows about 20 messages a minute in a group, shared by every topic, and
+/// about one a second in a private chat); its ack follows when it went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Paced {
+    /// The waiting request.
+    pub id: u64,
+    /// How long it will wait, as far as the leader knows now.
+    pub wait_ms: u64,
 }
 
 /// A Telegram user paired with the bot: sessions may now be driven.
@@ -451,6 +494,12 @@ pub enum Health {
     Conflict,
     /// Telegram cannot be reached or keeps failing.
     Offline { reason: String },
+    /// Telegram rejected the bot token (401): nothing works until it is
+    /// replaced.
+    Unauthorized,
+    /// The poll is alive but hears nothing while updates wait at Telegram
+    /// (`getWebhookInfo` counts `pending`); the leader restarts it.
+    Deaf { pending: u32 },
 }
 
 /// The answer to a request: its outcome, decoded in one place. `id` is
@@ -590,6 +639,9 @@ pub enum BusErrorCode {
     /// A file over the Bot API's limits: 20 MB to download, 50 MB (photos
     /// 10 MB) to upload. Nothing was sent or saved.
     FileTooBig,
+    /// A background request found its chat's message budget spent: it was
+    /// not sent, and a later one will say the same thing better.
+    Paced,
     /// Anything else.
     Internal,
 }
@@ -664,6 +716,49 @@ pub struct BusStatus {
     /// Unix milliseconds when this leader took over.
     pub leader_since_ms: u64,
     pub sessions: Vec<SessionStatus>,
+    /// How the leader's poll of Telegram is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<PollReport>,
+    /// Every chat whose message budget was used lately.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pacing: Vec<ChatPacing>,
+}
+
+/// The leader's poll, for `/relay status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PollReport {
+    pub health: Health,
+    /// Milliseconds since `getUpdates` last answered; none yet when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_ok_age_ms: Option<u64>,
+    /// Updates waiting at Telegram when `getWebhookInfo` was last asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_updates: Option<u32>,
+    /// Times the poll was restarted because it heard nothing.
+    #[serde(default)]
+    pub restarts: u32,
+}
+
+/// One chat's message budget, for `/relay status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatPacing {
+    pub chat_id: i64,
+    /// Messages (sends and edits) in the current window.
+    pub used: u32,
+    /// What the window allows: 20 a minute in a group, 1 a second in a
+    /// private chat.
+    pub capacity: u32,
+    pub window_ms: u64,
+    /// Requests waiting for the budget now.
+    pub waiting: u32,
+    /// When the next one may go, from now.
+    pub next_free_ms: u64,
+    /// The longest any request waited for this chat's budget.
+    pub longest_wait_ms: u64,
+    /// Requests that had to wait at all.
+    pub paced: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

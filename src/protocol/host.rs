@@ -135,10 +135,32 @@ pub struct ExecuteParams {
 }
 
 /// `command/execute` result: `message` is shown to the user as it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecuteResult {
     pub ok: bool,
     pub message: String,
+    /// The user declined a confirmation the command asked for: nothing
+    /// changed, and that is no error (`ok` is false all the same).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
+}
+
+impl ExecuteResult {
+    pub fn new(ok: bool, message: impl Into<String>) -> Self {
+        Self {
+            ok,
+            message: message.into(),
+            cancelled: false,
+        }
+    }
+
+    /// The user said no: nothing changed.
+    pub fn cancelled(message: impl Into<String>) -> Self {
+        Self {
+            cancelled: true,
+            ..Self::new(false, message)
+        }
+    }
 }
 
 /// `agent/started`, `turn/started` params (nothing is required).

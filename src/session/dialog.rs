@@ -74,7 +74,7 @@ pub(super) enum Answer {
 }
 
 /// A question on the phone, once posted.
-struct Posted {
+pub(super) struct Posted {
     token: String,
     message_id: i64,
     ask: Ask,
@@ -233,7 +233,7 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(10);
 /// cannot ask, and says so at once). A connection lost meanwhile may or may
 /// not have posted it: it is asked again with the same token, which finds
 /// the message if it was.
-async fn post(
+pub(super) async fn post(
     member: &Member,
     question: &Question,
     deadline: Instant,
@@ -281,7 +281,7 @@ async fn post(
 
 /// Waits for the phone's answer until `deadline`, across reconnects: after
 /// a failover the new leader adopts the question from the next request.
-async fn wait_phone(
+pub(super) async fn wait_phone(
     member: &Member,
     posted: &Posted,
     deadline: Instant,
@@ -315,7 +315,7 @@ async fn wait_phone(
 
 /// Closes the question with `outcome`; the phone's answer when it came
 /// first.
-async fn close(member: &Member, posted: &Posted, outcome: &str) -> Option<AskAnswer> {
+pub(super) async fn close(member: &Member, posted: &Posted, outcome: &str) -> Option<AskAnswer> {
     let close = TopicOp::CloseAsk(CloseAsk {
         token: posted.token.clone(),
         message_id: posted.message_id,

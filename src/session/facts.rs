@@ -1,8 +1,11 @@
-//! The three facts a session shows — binding, transport, sync — and how they
-//! read in the status line and in `/telegram-status`. Never conflated: each
-//! changes on its own and each is shown on its own.
+//! The facts a session shows — binding, transport, sync, and what waits to
+//! be sent — and how they read in the status line and in
+//! `/telegram-status`. Never conflated: each changes on its own and each is
+//! shown on its own.
 
-use crate::protocol::bus::{Epoch, Slot};
+use std::time::{Duration, Instant};
+
+use crate::protocol::bus::{Blocker, Epoch, Slot};
 use crate::protocol::host::Tone;
 
 /// Whether and how this session is bound to a topic.
@@ -22,6 +25,11 @@ pub enum BindingFact {
         slot: Slot,
         name: String,
     },
+    /// No topic until the user fixes what `problem` says.
+    Blocked {
+        blocker: Blocker,
+        problem: String,
+    },
     /// The user disconnected this session.
     Disconnected,
 }
@@ -38,6 +46,12 @@ pub enum TransportFact {
     Conflict,
     /// Telegram cannot be reached.
     Offline,
+    /// Telegram rejected the bot token.
+    Unauthorized,
+    /// The leader's poll hears nothing while `pending` updates wait.
+    Deaf {
+        pending: u32,
+    },
 }
 
 /// Whether this session's routes agree with the leader's.
@@ -49,17 +63,45 @@ pub enum SyncFact {
     Stale(String),
 }
 
-/// The three facts the status line shows, never conflated.
+/// What this session sends that has not reached its topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboxFact {
+    /// Something waits for the chat's message budget until then.
+    pub paced_until: Option<Instant>,
+    /// Answers that could not be sent, nor a notice about them.
+    pub undelivered: u32,
+}
+
+/// The facts the status line shows, never conflated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Facts {
     pub binding: BindingFact,
     pub transport: TransportFact,
     pub sync: SyncFact,
+    pub outbox: OutboxFact,
 }
 
 impl Facts {
     /// The short status-line text and its tone, e.g. `TG A·api ● leader`.
     pub fn render(&self) -> (String, Tone) {
+        self.render_at(Instant::now())
+    }
+
+    /// What the host should be told once, with its level, while it holds:
+    /// something only the user can fix.
+    pub fn notice(&self) -> Option<String> {
+        match (&self.binding, &self.transport) {
+            (BindingFact::Blocked { problem, .. }, _) => Some(format!("Telegram relay: {problem}")),
+            (_, TransportFact::Unauthorized) => Some(TOKEN_REJECTED.into()),
+            _ => None,
+        }
+    }
+
+    /// [`Facts::render`] at `now` (the pacing countdown depends on it).
+    pub fn render_at(&self, now: Instant) -> (String, Tone) {
+        if self.transport == TransportFact::Unauthorized {
+            return ("TG ✕ token rejected".into(), Tone::Error);
+        }
         let who = match &self.binding {
             BindingFact::Unconfigured { problem: None } => {
                 return ("TG ○ not configured".into(), Tone::Muted);
@@ -69,16 +111,25 @@ impl Facts {
             }
             BindingFact::Idle => return ("TG ○ not connected".into(), Tone::Muted),
             BindingFact::Disconnected => return ("TG ○ disconnected".into(), Tone::Muted),
+            BindingFact::Blocked { blocker, .. } => {
+                return (format!("TG ✕ {}", blocker_text(*blocker)), Tone::Error);
+            }
             BindingFact::Connecting => "TG".to_string(),
             BindingFact::Unpaired => "TG ○ unpaired".to_string(),
             BindingFact::Bound { slot, name } => format!("TG {slot}·{}", short(name)),
         };
+        let deaf;
         let (transport, mut tone) = match self.transport {
             TransportFact::None | TransportFact::Reconnecting => ("◌ reconnecting", Tone::Warning),
             TransportFact::Leader => ("● leader", Tone::Success),
             TransportFact::Follower => ("● follower", Tone::Success),
             TransportFact::Conflict => ("⚠ 409 conflict", Tone::Warning),
             TransportFact::Offline => ("○ offline", Tone::Error),
+            TransportFact::Unauthorized => ("✕ token rejected", Tone::Error),
+            TransportFact::Deaf { pending } => {
+                deaf = format!("⚠ not receiving ({pending} waiting)");
+                (deaf.as_str(), Tone::Warning)
+            }
         };
         let transport = if self.binding == BindingFact::Connecting
             && self.transport != TransportFact::Conflict
@@ -101,7 +152,42 @@ impl Facts {
                 " ⚠ stale"
             }
         };
-        (format!("{who} {transport}{sync}"), tone)
+        let mut outbox = String::new();
+        if let Some(left) = self
+            .outbox
+            .paced_until
+            .map(|until| until.saturating_duration_since(now))
+            && !left.is_zero()
+        {
+            tone = tone.max_severity(Tone::Info);
+            outbox.push_str(&format!(" ⏳ paced {} s", seconds(left)));
+        }
+        match self.outbox.undelivered {
+            0 => {}
+            n => {
+                tone = tone.max_severity(Tone::Warning);
+                let what = if n == 1 { "answer" } else { "answers" };
+                outbox.push_str(&format!(" ⚠ {n} {what} not delivered"));
+            }
+        }
+        (format!("{who} {transport}{sync}{outbox}"), tone)
+    }
+}
+
+/// What the host hears when Telegram rejects the token.
+const TOKEN_REJECTED: &str = "Telegram relay: Telegram rejected the bot token (401 Unauthorized), so nothing reaches Telegram. Put a valid token from @BotFather in bot_token (config.toml) or TELEGRAM_BOT_TOKEN, then run /telegram-connect; `agent-relay doctor` checks it.";
+
+/// Whole seconds, rounded up: "paced 1 s" until it goes.
+fn seconds(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000) as u64
+}
+
+fn blocker_text(blocker: Blocker) -> &'static str {
+    match blocker {
+        Blocker::TokenRejected => "token rejected",
+        Blocker::NoTopicRights => "no right to manage topics",
+        Blocker::NotAForum => "chat has no topics",
+        Blocker::ChatNotFound => "chat not reachable",
     }
 }
 
@@ -143,19 +229,50 @@ pub fn describe_binding(b: &BindingFact) -> String {
         BindingFact::Connecting => "connecting".into(),
         BindingFact::Unpaired => "unpaired (run /telegram-connect for a pairing link)".into(),
         BindingFact::Bound { slot, name } => format!("bound {slot} · {name}"),
+        BindingFact::Blocked { blocker, problem } => {
+            format!("no topic: {} — {problem}", blocker_text(*blocker))
+        }
         BindingFact::Disconnected => "disconnected".into(),
     }
 }
 
-pub fn describe_transport(t: &TransportFact) -> &'static str {
+pub fn describe_transport(t: &TransportFact) -> String {
     match t {
-        TransportFact::None => "none",
-        TransportFact::Leader => "leader (this process polls Telegram)",
-        TransportFact::Follower => "follower (through the leader)",
-        TransportFact::Reconnecting => "reconnecting",
-        TransportFact::Conflict => "conflict (409: another process polls this bot)",
-        TransportFact::Offline => "offline (Telegram unreachable)",
+        TransportFact::None => "none".into(),
+        TransportFact::Leader => "leader (this process polls Telegram)".into(),
+        TransportFact::Follower => "follower (through the leader)".into(),
+        TransportFact::Reconnecting => "reconnecting".into(),
+        TransportFact::Conflict => "conflict (409: another process polls this bot)".into(),
+        TransportFact::Offline => "offline (Telegram unreachable)".into(),
+        TransportFact::Unauthorized => "unauthorized: Telegram rejected the bot token (401); put a valid token from @BotFather in bot_token, then run /telegram-connect; `agent-relay doctor` checks it".into(),
+        TransportFact::Deaf { pending } => format!(
+            "not receiving: {pending} update(s) wait at Telegram while its polls come back empty; the leader restarts its poll (see /relay status)"
+        ),
     }
+}
+
+/// The outbox line of `/telegram-status`; `chat` is whether the topics
+/// are in a private chat (paced per chat) or a group (shared by all).
+pub fn describe_outbox(o: &OutboxFact, private: bool, now: Instant) -> String {
+    let budget = if private {
+        "about one message a second in a private chat"
+    } else {
+        "about 20 messages a minute in a group, shared by every topic"
+    };
+    let mut out = match o.paced_until.map(|u| u.saturating_duration_since(now)) {
+        Some(left) if !left.is_zero() => format!(
+            "paced — Telegram allows {budget}; the next message goes in {} s, and messages that pile up meanwhile go out together",
+            seconds(left)
+        ),
+        _ => format!("clear (Telegram allows {budget})"),
+    };
+    if o.undelivered > 0 {
+        out.push_str(&format!(
+            "; {} answer(s) could not be sent, nor a notice about them: they are offered again (/resend in the topic) once the topic can be reached",
+            o.undelivered
+        ));
+    }
+    out
 }
 
 pub fn describe_sync(s: &SyncFact) -> String {
@@ -176,6 +293,7 @@ mod tests {
             binding,
             transport,
             sync,
+            outbox: OutboxFact::default(),
         }
         .render()
     }
@@ -241,6 +359,81 @@ mod tests {
             )
             .1,
             Tone::Warning
+        );
+    }
+
+    #[test]
+    fn what_only_the_user_can_fix_is_said_as_such() {
+        let blocked = BindingFact::Blocked {
+            blocker: Blocker::NoTopicRights,
+            problem: "make the bot an administrator".into(),
+        };
+        assert_eq!(
+            facts(blocked.clone(), TransportFact::Leader, SyncFact::Synced(2)),
+            ("TG ✕ no right to manage topics".into(), Tone::Error)
+        );
+        assert_eq!(
+            facts(
+                bound(0, "api"),
+                TransportFact::Unauthorized,
+                SyncFact::Syncing
+            ),
+            ("TG ✕ token rejected".into(), Tone::Error)
+        );
+        assert_eq!(
+            facts(
+                bound(0, "api"),
+                TransportFact::Deaf { pending: 3 },
+                SyncFact::Synced(2)
+            ),
+            ("TG A·api ⚠ not receiving (3 waiting)".into(), Tone::Warning)
+        );
+        let f = Facts {
+            binding: blocked,
+            transport: TransportFact::Leader,
+            sync: SyncFact::Synced(2),
+            outbox: OutboxFact::default(),
+        };
+        assert_eq!(
+            f.notice().as_deref(),
+            Some("Telegram relay: make the bot an administrator")
+        );
+    }
+
+    #[test]
+    fn pacing_and_undelivered_answers_show_beside_the_route() {
+        let now = Instant::now();
+        let f = Facts {
+            binding: bound(0, "api"),
+            transport: TransportFact::Follower,
+            sync: SyncFact::Synced(2),
+            outbox: OutboxFact {
+                paced_until: Some(now + Duration::from_millis(41_200)),
+                undelivered: 0,
+            },
+        };
+        assert_eq!(
+            f.render_at(now),
+            ("TG A·api ● follower ⏳ paced 42 s".into(), Tone::Info)
+        );
+        assert_eq!(
+            f.render_at(now + Duration::from_secs(60)).0,
+            "TG A·api ● follower",
+            "a wait that is over shows no more"
+        );
+        let f = Facts {
+            outbox: OutboxFact {
+                paced_until: None,
+                undelivered: 2,
+            },
+            ..f
+        };
+        assert_eq!(
+            f.render_at(now),
+            (
+                "TG A·api ● follower ⚠ 2 answers not delivered".into(),
+                Tone::Warning
+            )
         );
     }
 

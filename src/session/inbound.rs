@@ -1,7 +1,7 @@
 //! Deliveries from the leader to the host: each user message in this
 //! session's topic becomes an `agent/sendUserMessage` request, once
 //! (deduplicated by `update_id`), acknowledged only after the host took it.
-//! `/status` and `/stop` typed in the topic are answered here.
+//! `/status`, `/stop` and `/resend` typed in the topic are answered here.
 //!
 //! Prompts are pipelined: up to [`WINDOW`] go out in journal order without
 //! waiting for each answer, so a burst costs one round trip, not one per
@@ -85,7 +85,7 @@ fn topic_command(text: &str) -> Option<&str> {
     let word = text.trim().strip_prefix('/')?;
     let word = word.split_whitespace().next()?;
     let word = word.split('@').next()?;
-    matches!(word, "status" | "stop").then_some(word)
+    matches!(word, "status" | "stop" | "resend").then_some(word)
 }
 
 /// Prompts handed to the host and not answered yet, at most. They go out
@@ -284,10 +284,21 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
         }
         Some("stop") => {
             let reply = match session.host.abort(HOST_TIMEOUT).await {
-                Ok(()) => "⏹ Stopped.".to_string(),
+                Ok(()) => {
+                    session.stopped_by_user();
+                    "⏹ Stopped.".to_string()
+                }
                 Err(e) => format!("⚠️ Could not stop the agent: {e}"),
             };
             session.send_out(Outgoing::Plain(reply));
+        }
+        Some("resend") => {
+            let offered = session.resend_all();
+            if offered == 0 {
+                session.send_out(Outgoing::Plain(
+                    "Nothing to send again: every answer arrived.".into(),
+                ));
+            }
         }
         _ => {}
     }

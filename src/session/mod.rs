@@ -27,9 +27,10 @@ mod inbound;
 mod media;
 mod outbound;
 mod transcribe;
+mod unsent;
 
-pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
-use facts::{describe_binding, describe_sync, describe_transport};
+pub use facts::{BindingFact, Facts, OutboxFact, SyncFact, TransportFact};
+use facts::{describe_binding, describe_outbox, describe_sync, describe_transport};
 use outbound::Outgoing;
 
 /// How long `/telegram-connect` waits for the registration.
@@ -109,10 +110,15 @@ pub struct Session {
     stop: CancellationToken,
     /// The agent is working (between `agent/started` and `agent/ended`).
     busy: AtomicBool,
+    /// `/stop` from the topic stopped the run under way: what the run
+    /// answers from now on is cut off, whether or not the host says so.
+    stopped: AtomicBool,
     /// "Allow for this session" grants.
     grants: Mutex<approvals::Grants>,
     /// The topic was told how to have voice notes transcribed.
     told_about_voice: AtomicBool,
+    /// Answers that did not reach the topic, offered again.
+    held: Mutex<unsent::Held>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -130,6 +136,7 @@ impl Session {
             binding,
             transport: TransportFact::None,
             sync: SyncFact::None,
+            outbox: OutboxFact::default(),
         });
         Arc::new_cyclic(|this| Self {
             this: this.clone(),
@@ -148,8 +155,10 @@ impl Session {
             facts,
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             grants: Mutex::default(),
             told_about_voice: AtomicBool::new(false),
+            held: Mutex::default(),
         })
     }
 
@@ -189,6 +198,14 @@ impl Session {
         self.busy.load(Ordering::Relaxed)
     }
 
+    /// The host stopped the run on `/stop`: if one was under way, its
+    /// answer is cut off (a host may not say so itself).
+    fn stopped_by_user(&self) {
+        if self.is_busy() {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Queues something for this session's topic (dropped when not connected).
     fn send_out(&self, outgoing: Outgoing) {
         if let Some(tx) = &self.state().outbound {
@@ -196,15 +213,19 @@ impl Session {
         }
     }
 
-    /// Pushes the status line whenever a fact changes, from `initialized` on.
+    /// Pushes the status line whenever a fact changes, from `initialized` on,
+    /// and every few seconds while a pacing countdown runs; tells the host
+    /// once of what only the user can fix (a rejected token, missing rights).
     fn spawn_status_line(self: &Arc<Self>) {
         let mut facts = self.facts.subscribe();
         let host = self.host.clone();
         let stop = self.stop.clone();
         tokio::spawn(async move {
             let mut last = None;
+            let mut told = None;
             loop {
-                let (text, tone) = facts.borrow_and_update().render();
+                let current = facts.borrow_and_update().clone();
+                let (text, tone) = current.render();
                 if last.as_ref() != Some(&(text.clone(), tone)) {
                     host.notify(
                         method::UI_SET_STATUS,
@@ -216,9 +237,27 @@ impl Session {
                     );
                     last = Some((text, tone));
                 }
+                let notice = current.notice();
+                if let Some(message) = &notice
+                    && told.as_ref() != Some(message)
+                {
+                    host.notify(
+                        method::UI_NOTIFY,
+                        &NotifyParams {
+                            message: message.clone(),
+                            level: NotifyLevel::Error,
+                        },
+                    );
+                }
+                told = notice;
+                let countdown = current
+                    .outbox
+                    .paced_until
+                    .filter(|until| *until > std::time::Instant::now());
                 tokio::select! {
                     changed = facts.changed() => if changed.is_err() { break },
                     () = stop.cancelled() => break,
+                    () = tick(countdown) => {}
                 }
             }
         });
@@ -258,6 +297,7 @@ impl Session {
         state.member = Some(member.clone());
         state.disconnected = false;
         state.outbound = Some(outbound::spawn(
+            Arc::downgrade(self),
             member.clone(),
             membership.clone(),
             long_answers_as_file,
@@ -304,24 +344,39 @@ impl Session {
             return;
         }
         self.facts.send_modify(|f| {
-            f.binding = match &member.route {
-                Some(_) if member.needs_pairing => BindingFact::Unpaired,
-                Some(route) => BindingFact::Bound {
+            let blocked = member
+                .route
+                .as_ref()
+                .is_some_and(|r| r.target.is_none())
+                .then_some(member.blocker)
+                .flatten();
+            f.binding = match (&member.route, blocked) {
+                (Some(_), _) if member.needs_pairing => BindingFact::Unpaired,
+                (Some(_), Some(blocker)) => BindingFact::Blocked {
+                    blocker,
+                    problem: member.problem.clone().unwrap_or_default(),
+                },
+                (Some(route), None) => BindingFact::Bound {
                     slot: route.slot,
                     name: topics::session_part(&route.topic_name).to_string(),
                 },
-                None => BindingFact::Connecting,
+                (None, _) => BindingFact::Connecting,
             };
             f.transport = match (member.role, &member.telegram) {
                 (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
                     TransportFact::Reconnecting
                 }
+                (_, Health::Unauthorized) => TransportFact::Unauthorized,
                 (_, Health::Conflict) => TransportFact::Conflict,
                 (_, Health::Offline { .. }) => TransportFact::Offline,
+                (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
                 (Role::Leader, _) => TransportFact::Leader,
                 (Role::Follower, _) => TransportFact::Follower,
             };
-            f.sync = match (&member.problem, member.epoch) {
+            f.outbox.paced_until = member.paced_until;
+            // A blocked binding's problem is the binding's to show.
+            let problem = member.problem.as_ref().filter(|_| blocked.is_none());
+            f.sync = match (problem, member.epoch) {
                 (Some(problem), _) => SyncFact::Stale(problem.clone()),
                 (None, Some(epoch)) if member.role.is_connected() && member.synced => {
                     SyncFact::Synced(epoch)
@@ -335,7 +390,7 @@ impl Session {
         let (ok, message) = match command {
             Command::Status { debug } => (true, self.status_report(debug).await),
             Command::Connect => self.connect_command().await,
-            Command::Disconnect => self.disconnect().await,
+            Command::Disconnect => return self.disconnect().await,
             Command::RelayStatus => match self.member() {
                 Some(member) => match member.status().await {
                     Ok(status) => (true, relay_status_text(&status)),
@@ -356,7 +411,7 @@ impl Session {
                 ),
             },
         };
-        ExecuteResult { ok, message }
+        ExecuteResult::new(ok, message)
     }
 
     /// `/telegram-connect`: join (or re-provision a topic that could not be
@@ -412,9 +467,9 @@ impl Session {
         (state.problem.is_none() || state.needs_pairing, message)
     }
 
-    async fn disconnect(self: &Arc<Self>) -> (bool, String) {
+    async fn disconnect(self: &Arc<Self>) -> ExecuteResult {
         let Some(member) = self.member() else {
-            return (false, "This session is not connected to the relay.".into());
+            return ExecuteResult::new(false, "This session is not connected to the relay.");
         };
         let state = member.watch().borrow().clone();
         let what = match &state.route {
@@ -440,12 +495,11 @@ impl Session {
             match self.ask_person(question).await {
                 dialog::Answer::Choice { index: 0, .. } => {}
                 dialog::Answer::Nothing(_, why) => {
-                    return (
-                        false,
-                        format!("Disconnect cancelled ({why}); nothing changed."),
-                    );
+                    return ExecuteResult::cancelled(format!(
+                        "Disconnect cancelled ({why}); nothing changed."
+                    ));
                 }
-                _ => return (false, "Disconnect cancelled; nothing changed.".into()),
+                _ => return ExecuteResult::cancelled("Disconnect cancelled; nothing changed."),
             }
         }
         match member.disconnect().await {
@@ -466,20 +520,20 @@ impl Session {
                 if disconnected.cleanup_pending {
                     // The leader hands over whatever Telegram said; its
                     // successor finishes the deletion.
-                    (
+                    ExecuteResult::new(
                         false,
                         format!(
                             "Disconnected, but Telegram has not confirmed deleting {what} yet; the relay will finish it."
                         ),
                     )
                 } else {
-                    (
+                    ExecuteResult::new(
                         true,
                         format!("Deleted {what}; this session no longer relays to Telegram."),
                     )
                 }
             }
-            Err(e) => (
+            Err(e) => ExecuteResult::new(
                 false,
                 format!("Topic deletion not confirmed ({e}); retry /telegram-disconnect."),
             ),
@@ -530,6 +584,18 @@ impl Session {
             describe_transport(&facts.transport)
         ));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
+        let private = self.member().is_some_and(|m| {
+            m.watch()
+                .borrow()
+                .route
+                .as_ref()
+                .and_then(|r| r.target)
+                .is_some_and(|t| t.chat_id > 0)
+        });
+        out.push_str(&format!(
+            "outbox: {}\n",
+            describe_outbox(&facts.outbox, private, std::time::Instant::now())
+        ));
         if let Ok(config) = &self.config {
             let policy = &config.approvals;
             let mode = match policy.mode {
@@ -621,15 +687,9 @@ impl Handler for Session {
         match commands::parse(&params.name, &params.args) {
             Ok(command) => match self.me() {
                 Some(me) => me.run(command).await,
-                None => ExecuteResult {
-                    ok: false,
-                    message: "the session is shutting down".into(),
-                },
+                None => ExecuteResult::new(false, "the session is shutting down"),
             },
-            Err(usage) => ExecuteResult {
-                ok: false,
-                message: usage.to_string(),
-            },
+            Err(usage) => ExecuteResult::new(false, usage.to_string()),
         }
     }
 
@@ -649,6 +709,7 @@ impl Handler for Session {
             }
             HostEvent::AgentStarted => {
                 self.busy.store(true, Ordering::Relaxed);
+                self.stopped.store(false, Ordering::Relaxed);
                 self.send_out(Outgoing::Busy(true));
             }
             HostEvent::TurnEnded(turn) => {
@@ -657,7 +718,7 @@ impl Handler for Session {
                     self.state().last_answer = Some(text.to_string());
                     self.send_out(Outgoing::Answer {
                         markdown: text.to_string(),
-                        cut: turn.aborted,
+                        cut: turn.aborted || self.stopped.load(Ordering::Relaxed),
                     });
                 }
             }
@@ -675,6 +736,7 @@ impl Handler for Session {
             }
             HostEvent::AgentEnded(ended) => {
                 self.busy.store(false, Ordering::Relaxed);
+                let stopped = self.stopped.swap(false, Ordering::Relaxed);
                 self.send_out(Outgoing::Busy(false));
                 let last = ended.last_assistant_text.as_deref().map(str::trim);
                 if let Some(text) = last.filter(|t| !t.is_empty()) {
@@ -682,7 +744,7 @@ impl Handler for Session {
                     if !already {
                         self.send_out(Outgoing::Answer {
                             markdown: text.to_string(),
-                            cut: ended.aborted,
+                            cut: ended.aborted || stopped,
                         });
                     }
                 }
@@ -766,6 +828,21 @@ impl Handler for Session {
         self.close().await;
     }
 }
+
+/// Resolves every few seconds while a countdown runs (so the status line
+/// counts down), never otherwise.
+async fn tick(countdown: Option<std::time::Instant>) {
+    match countdown {
+        Some(until) => {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            tokio::time::sleep(left.min(COUNTDOWN_STEP)).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// How often the pacing countdown in the status line moves.
+const COUNTDOWN_STEP: Duration = Duration::from_secs(5);
 
 /// At most `max` characters of `text`, marked when cut.
 fn clip(text: &str, max: usize) -> String {

@@ -3,16 +3,35 @@
 //! `typing` while the agent works, and one progress message per turn. One
 //! task per session keeps the order of messages and never blocks the host.
 //!
+//! Telegram allows a group about 20 messages a minute, shared by every
+//! topic, so this task spends the budget well:
+//!
+//! * **Merged while waiting.** A send may wait at the leader for the chat's
+//!   budget; whatever text the agent produces meanwhile queues up here and
+//!   goes out together, as few messages as the limit allows, in order.
+//! * **Answers first.** Answers are sent at the leader's highest priority;
+//!   the progress message and `typing` are background requests that never
+//!   wait (a later state supersedes them), and the turn's summary edit runs
+//!   on its own after the answer.
+//!
 //! The progress message appears with the turn's first tool call and is
 //! edited in place (the current tool and its argument in short, how many
-//! ran, the time so far) at most every [`EDIT_EVERY_GROUP`] in a group
-//! (every topic of a forum shares its 20 messages a minute) and every
-//! [`EDIT_EVERY_PRIVATE`] in a private chat; states in between are
+//! ran, the time so far) at most every [`EDIT_EVERY_GROUP`] in a group and
+//! every [`EDIT_EVERY_PRIVATE`] in a private chat; states in between are
 //! superseded, never queued. When the answer comes, the message says how
 //! the turn went, and the answer follows as a message of its own, so the
 //! phone is notified.
+//!
+//! An answer that is mostly one long code block, or a bare diff, goes as
+//! its prose plus the block as a file (`render::long_block`), when
+//! `long_answers_as_file` is on.
+//!
+//! An answer that could not be sent, or whose fate Telegram left open
+//! ([`BusErrorCode::CommitUnknown`], never replayed blindly), is handed to
+//! the session, which offers it again in the topic (`unsent.rs`).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,6 +39,8 @@ use tokio::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::Session;
+use super::unsent::Unsent;
 use crate::bus::{Member, MemberError};
 use crate::protocol::bus::{
     BusErrorCode, EditText, FileSource, MAX_INLINE_FILE, SendAs, SendFile, SendText, Target,
@@ -37,6 +58,8 @@ const EDIT_EVERY_GROUP: Duration = Duration::from_secs(10);
 const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
 /// How much of a tool's argument the progress message shows.
 const TOOL_ARGUMENT: usize = 80;
+/// What stands between texts that went out as one message.
+const MERGED: &str = "\n\n";
 
 #[derive(Debug)]
 pub enum Outgoing {
@@ -44,16 +67,43 @@ pub enum Outgoing {
     Answer { markdown: String, cut: bool },
     /// Plain text (status replies, mirrored prompts).
     Plain(String),
+    /// Telegram HTML offered again (an answer that may be missing).
+    Again(String),
     /// The agent started (true) or stopped (false) working.
     Busy(bool),
     /// A tool call started: its name and what it works on, in short.
     Tool { name: String, argument: String },
     /// The agent's own message (a tool such as `reply`), as Markdown, sent
-    /// now; `done` hears how many messages went out, or why none did.
+    /// in order but never merged; `done` hears how many messages went out,
+    /// or why none did (the agent is told, so it is not offered again).
     Reply {
         markdown: String,
         done: tokio::sync::oneshot::Sender<Result<u32, String>>,
     },
+}
+
+impl Outgoing {
+    fn is_text(&self) -> bool {
+        matches!(
+            self,
+            Outgoing::Answer { .. } | Outgoing::Plain(_) | Outgoing::Again(_)
+        )
+    }
+
+    /// The text as Telegram HTML.
+    fn html(self) -> String {
+        match self {
+            Outgoing::Answer { mut markdown, cut } => {
+                if cut {
+                    markdown.push_str("\n\n⏹ *Stopped: this answer is cut off.*");
+                }
+                render::render(&markdown)
+            }
+            Outgoing::Plain(text) => render::escape(&text),
+            Outgoing::Again(html) => html,
+            Outgoing::Busy(_) | Outgoing::Tool { .. } | Outgoing::Reply { .. } => String::new(),
+        }
+    }
 }
 
 /// The turn's progress message.
@@ -109,87 +159,127 @@ fn elapsed(since: Instant) -> String {
 /// `long_answers_as_file`: an answer that is mostly one long code block
 /// goes as a file (`render::long_block`).
 pub fn spawn(
+    session: Weak<Session>,
     member: Arc<Member>,
     stop: CancellationToken,
     long_answers_as_file: bool,
 ) -> mpsc::UnboundedSender<Outgoing> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(member, rx, stop, long_answers_as_file));
+    let outbound = Outbound {
+        session,
+        member,
+        progress: None,
+        long_answers_as_file,
+    };
+    tokio::spawn(outbound.run(rx, stop));
     tx
 }
 
-async fn run(
+struct Outbound {
+    session: Weak<Session>,
     member: Arc<Member>,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
-    stop: CancellationToken,
+    progress: Option<Progress>,
     long_answers_as_file: bool,
-) {
-    let mut typing: Option<tokio::time::Interval> = None;
-    let mut progress: Option<Progress> = None;
-    loop {
-        let edit_due = progress.as_ref().and_then(|p| {
-            let last = p.last_shown?;
-            p.stale.then(|| last + edit_every(&member))
-        });
-        tokio::select! {
-            () = stop.cancelled() => break,
-            next = rx.recv() => match next {
-                None => break,
-                Some(Outgoing::Answer { markdown, cut }) => {
-                    if let Some(done) = progress.take() {
-                        finish(&member, &done, cut).await;
-                        progress = Some(Progress { message_id: None, ..done });
+}
+
+impl Outbound {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Outgoing>, stop: CancellationToken) {
+        let mut typing: Option<tokio::time::Interval> = None;
+        let mut queue = VecDeque::new();
+        loop {
+            let edit_due = self.progress.as_ref().and_then(|p| {
+                let last = p.last_shown?;
+                p.stale.then(|| last + edit_every(&self.member))
+            });
+            tokio::select! {
+                () = stop.cancelled() => break,
+                next = rx.recv() => {
+                    let Some(next) = next else { break };
+                    queue.push_back(next);
+                    // Whatever queued up while the last send waited goes
+                    // out with this one.
+                    while let Ok(more) = rx.try_recv() {
+                        queue.push_back(more);
                     }
-                    let mut markdown = markdown;
-                    if long_answers_as_file
-                        && let Some(block) = render::long_block(&markdown)
-                        && send_block(&member, &block, cut).await
+                    self.work_off(&mut queue, &mut typing).await;
+                }
+                () = sleep_until(edit_due), if edit_due.is_some() => {
+                    if let Some(mut p) = self.progress.take() {
+                        self.show(&mut p).await;
+                        self.progress = Some(p);
+                    }
+                }
+                _ = async { typing.as_mut().expect("guarded").tick().await }, if typing.is_some() => {
+                    // Superseded by the next one anyway: never waits.
+                    if target(&self.member).is_some()
+                        && let Err(e) = self.member.topic_background(TopicOp::Typing).await
                     {
-                        continue;
-                    }
-                    if cut {
-                        markdown.push_str("\n\n⏹ *Stopped: this answer is cut off.*");
-                    }
-                    for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
-                        send(&member, &chunk, TextFormat::Html).await;
+                        tracing::debug!("typing indicator not sent: {e}");
                     }
                 }
-                Some(Outgoing::Reply { markdown, done }) => {
-                    let mut sent = 0;
-                    let mut failed = false;
-                    for chunk in render::split(&render::render(&markdown), render::MESSAGE_LIMIT) {
-                        match send(&member, &chunk, TextFormat::Html).await {
-                            Some(_) => sent += 1,
-                            None => {
-                                failed = true;
-                                break;
+            }
+        }
+    }
+
+    /// Sends what queued up: its texts merged into as few messages as the
+    /// limit allows, the rest in order after them. A reply of the agent's
+    /// tools and an answer that goes as a file are not merged: the texts
+    /// before them go first.
+    async fn work_off(
+        &mut self,
+        queue: &mut VecDeque<Outgoing>,
+        typing: &mut Option<tokio::time::Interval>,
+    ) {
+        let items: Vec<Outgoing> = queue.drain(..).collect();
+        let mut texts = Vec::new();
+        let mut rest = Vec::new();
+        for item in items {
+            match item {
+                Outgoing::Reply { markdown, done } => {
+                    if !texts.is_empty() {
+                        self.send_texts(std::mem::take(&mut texts)).await;
+                    }
+                    let _ = done.send(self.reply(&markdown).await);
+                }
+                Outgoing::Answer { markdown, cut } => {
+                    let block = self
+                        .long_answers_as_file
+                        .then(|| render::long_block(&markdown))
+                        .flatten()
+                        .filter(|block| block.code.len() <= MAX_INLINE_FILE);
+                    match block {
+                        Some(block) => {
+                            if !texts.is_empty() {
+                                self.send_texts(std::mem::take(&mut texts)).await;
                             }
+                            self.send_block(&block, cut).await;
+                            self.finish_turn(cut);
                         }
-                    }
-                    let _ = done.send(if failed {
-                        Err(format!("{sent} message(s) sent, then Telegram refused; see the log"))
-                    } else {
-                        Ok(sent)
-                    });
-                }
-                Some(Outgoing::Plain(text)) => {
-                    for chunk in plain_chunks(&text) {
-                        send(&member, &chunk, TextFormat::Plain).await;
+                        None => texts.push(Outgoing::Answer { markdown, cut }),
                     }
                 }
-                Some(Outgoing::Busy(busy)) => {
-                    typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
-                    match (busy, progress.take()) {
-                        (true, _) => progress = Some(Progress::new()),
+                text if text.is_text() => texts.push(text),
+                other => rest.push(other),
+            }
+        }
+        if !texts.is_empty() {
+            self.send_texts(texts).await;
+        }
+        for item in rest {
+            match item {
+                Outgoing::Busy(busy) => {
+                    *typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
+                    match (busy, self.progress.take()) {
+                        (true, _) => self.progress = Some(Progress::new()),
                         // The turn ended without an answer: say how it went.
                         (false, Some(done)) if done.message_id.is_some() => {
-                            finish(&member, &done, false).await;
+                            self.finish(&done, false);
                         }
                         (false, _) => {}
                     }
                 }
-                Some(Outgoing::Tool { name, argument }) => {
-                    let p = progress.get_or_insert_with(Progress::new);
+                Outgoing::Tool { name, argument } => {
+                    let mut p = self.progress.take().unwrap_or_else(Progress::new);
                     p.tools += 1;
                     p.current = if argument.is_empty() {
                         name
@@ -198,23 +288,242 @@ async fn run(
                     };
                     p.stale = true;
                     if p.message_id.is_none() {
-                        show(&member, p).await;
+                        self.show(&mut p).await;
                     }
+                    self.progress = Some(p);
                 }
-            },
-            () = sleep_until(edit_due), if edit_due.is_some() => {
-                if let Some(p) = progress.as_mut() {
-                    show(&member, p).await;
-                }
+                text => unreachable!("texts were sent first: {text:?}"),
             }
-            _ = async { typing.as_mut().expect("guarded").tick().await }, if typing.is_some() => {
-                if target(&member).is_some()
-                    && let Err(e) = member.topic(TopicOp::Typing).await
-                {
-                    tracing::debug!("typing indicator failed: {e}");
+        }
+    }
+
+    async fn send_texts(&mut self, texts: Vec<Outgoing>) {
+        let count = texts.len();
+        let cut = texts
+            .iter()
+            .any(|t| matches!(t, Outgoing::Answer { cut: true, .. }));
+        let chunks = match texts.as_slice() {
+            // One plain text goes as it is (no markup to refuse).
+            [Outgoing::Plain(text)] => plain_chunks(text)
+                .into_iter()
+                .map(|c| (c, TextFormat::Plain))
+                .collect::<Vec<_>>(),
+            _ => {
+                let html: Vec<String> = texts.into_iter().map(Outgoing::html).collect();
+                render::split(&html.join(MERGED), render::MESSAGE_LIMIT)
+                    .into_iter()
+                    .map(|c| (c, TextFormat::Html))
+                    .collect()
+            }
+        };
+        if count > 1 {
+            tracing::debug!(
+                texts = count,
+                messages = chunks.len(),
+                "merged what queued up while the chat was paced"
+            );
+        }
+        for (chunk, format) in chunks {
+            self.send(&chunk, format).await;
+        }
+        self.finish_turn(cut);
+    }
+
+    /// The answer went first; the turn's summary follows on its own.
+    fn finish_turn(&mut self, cut: bool) {
+        if let Some(done) = self.progress.take() {
+            self.finish(&done, cut);
+            self.progress = Some(Progress {
+                message_id: None,
+                ..done
+            });
+        }
+    }
+
+    /// The agent's own message: sent in order, counted; the first chunk
+    /// that fails ends it, and the agent hears why (nothing is held for the
+    /// topic to offer again: the agent decides).
+    async fn reply(&self, markdown: &str) -> Result<u32, String> {
+        let mut sent = 0;
+        for chunk in render::split(&render::render(markdown), render::MESSAGE_LIMIT) {
+            match self.try_send(&chunk, TextFormat::Html).await {
+                Ok(_) => sent += 1,
+                Err(e) => {
+                    return Err(match sent {
+                        0 => format!("Telegram did not take it: {e}"),
+                        n => {
+                            format!("{n} message(s) sent, then Telegram did not take the rest: {e}")
+                        }
+                    });
                 }
             }
         }
+        if let Some(session) = self.session.upgrade() {
+            session.topic_reachable();
+        }
+        Ok(sent)
+    }
+
+    /// Sends an answer as its prose, then its long code block as a file; a
+    /// file Telegram does not take goes as messages after all.
+    async fn send_block(&self, block: &render::LongBlock, cut: bool) {
+        if !block.prose.is_empty() {
+            for chunk in render::split(&render::render(&block.prose), render::MESSAGE_LIMIT) {
+                self.send(&chunk, TextFormat::Html).await;
+            }
+        }
+        let lines = block.code.lines().count();
+        let what = if block.file_name.ends_with(".diff") {
+            "diff"
+        } else {
+            "code"
+        };
+        let mut caption = format!("📄 The answer's {what}, {lines} lines, as a file.");
+        if cut {
+            caption.push_str(" ⏹ Stopped: this answer is cut off.");
+        }
+        let op = TopicOp::SendFile(SendFile {
+            source: FileSource::Text {
+                name: block.file_name.clone(),
+                text: block.code.clone(),
+            },
+            caption: Some(caption),
+            send_as: Some(SendAs::Document),
+        });
+        if let Err(e) = self
+            .member
+            .topic_within(op, crate::bus::UPLOAD_TIMEOUT)
+            .await
+        {
+            tracing::warn!("cannot send the answer's code as a file ({e}); sending messages");
+            let fenced = format!("```\n{}\n```", block.code.trim_end());
+            for chunk in render::split(&render::render(&fenced), render::MESSAGE_LIMIT) {
+                self.send(&chunk, TextFormat::Html).await;
+            }
+        }
+    }
+
+    /// Posts or edits the progress message with its current state. A
+    /// background request: when the chat's budget is spent it is not sent,
+    /// and the next state is tried after the usual interval.
+    async fn show(&self, p: &mut Progress) {
+        let text = render::escape(&p.text());
+        p.last_shown = Some(Instant::now());
+        p.stale = false;
+        let op = match p.message_id {
+            None => TopicOp::SendText(SendText {
+                text,
+                format: TextFormat::Html,
+                buttons: None,
+                reply_to: None,
+            }),
+            Some(message_id) => TopicOp::EditText(EditText {
+                message_id,
+                text,
+                format: TextFormat::Html,
+                buttons: None,
+            }),
+        };
+        match self.member.topic_background(op).await {
+            Ok(done) => {
+                if p.message_id.is_none() {
+                    p.message_id = done.message_id;
+                }
+            }
+            Err(e) => {
+                if e.code() == Some(BusErrorCode::Paced) {
+                    // Kept for the next round.
+                    p.stale = true;
+                }
+                tracing::debug!("progress not shown: {e}");
+            }
+        }
+    }
+
+    /// Turns the progress message into the turn's summary, on its own: an
+    /// edit waits behind the answers for the chat's budget.
+    fn finish(&self, p: &Progress, cut: bool) {
+        let Some(message_id) = p.message_id else {
+            return;
+        };
+        let edit = TopicOp::EditText(EditText {
+            message_id,
+            text: render::escape(&p.summary(cut)),
+            format: TextFormat::Html,
+            buttons: None,
+        });
+        let member = self.member.clone();
+        tokio::spawn(async move {
+            if let Err(e) = member.topic(edit).await {
+                tracing::debug!("cannot finish the progress message: {e}");
+            }
+        });
+    }
+
+    /// Sends one chunk into the session's topic. The leader paces it, falls
+    /// back to plain text and retries what can be retried; a topic that is
+    /// gone makes the session register once for a new one. What still
+    /// fails goes to the session, which offers it again in the topic.
+    async fn send(&self, text: &str, format: TextFormat) {
+        let result = self.try_send(text, format).await;
+        let Some(session) = self.session.upgrade() else {
+            return;
+        };
+        match result {
+            Ok(_) => session.topic_reachable(),
+            // No topic to offer it in either; the status line says why.
+            Err(e) if e.code() == Some(BusErrorCode::NoTopic) => {
+                tracing::info!("not sent: this session has no topic ({e})");
+            }
+            Err(e) => {
+                // Ambiguous failures are not replayed: a duplicate answer is
+                // worse than a gap the user is told of and can fill.
+                tracing::warn!("cannot send into the topic: {e}");
+                let html = match format {
+                    TextFormat::Html => text.to_string(),
+                    TextFormat::Plain => render::escape(text),
+                };
+                session.hold_unsent(Unsent {
+                    html,
+                    maybe_sent: e.code() == Some(BusErrorCode::CommitUnknown),
+                    why: e.to_string(),
+                });
+            }
+        }
+    }
+
+    /// One chunk into the topic, registering once for a new topic when the
+    /// old one is gone; the posted message's id.
+    async fn try_send(&self, text: &str, format: TextFormat) -> Result<Option<i64>, MemberError> {
+        let op = || {
+            TopicOp::SendText(SendText {
+                text: text.to_string(),
+                format,
+                buttons: None,
+                reply_to: None,
+            })
+        };
+        let mut result = self.member.topic(op()).await;
+        if result.as_ref().err().and_then(MemberError::code) == Some(BusErrorCode::TopicGone) {
+            tracing::info!("the topic is gone; asking for a new one");
+            let old = target(&self.member);
+            if let Err(e) = self.member.reregister().await {
+                tracing::warn!("cannot register again: {e}");
+            }
+            let mut states = self.member.watch();
+            let fresh = states.wait_for(|s| {
+                s.role.is_connected()
+                    && s.route
+                        .as_ref()
+                        .and_then(|r| r.target)
+                        .is_some_and(|t| Some(t) != old)
+            });
+            if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
+                tracing::warn!("no new topic appeared");
+            }
+            result = self.member.topic(op()).await;
+        }
+        result.map(|done| done.message_id)
     }
 }
 
@@ -233,43 +542,6 @@ fn edit_every(member: &Member) -> Duration {
     }
 }
 
-/// Posts or edits the progress message with its current state.
-async fn show(member: &Member, p: &mut Progress) {
-    let text = render::escape(&p.text());
-    p.last_shown = Some(Instant::now());
-    p.stale = false;
-    match p.message_id {
-        None => p.message_id = send(member, &text, TextFormat::Html).await,
-        Some(message_id) => {
-            let edit = TopicOp::EditText(EditText {
-                message_id,
-                text,
-                format: TextFormat::Html,
-                buttons: None,
-            });
-            if let Err(e) = member.topic(edit).await {
-                tracing::debug!("cannot update the progress message: {e}");
-            }
-        }
-    }
-}
-
-/// Turns the progress message into the turn's summary.
-async fn finish(member: &Member, p: &Progress, cut: bool) {
-    let Some(message_id) = p.message_id else {
-        return;
-    };
-    let edit = TopicOp::EditText(EditText {
-        message_id,
-        text: render::escape(&p.summary(cut)),
-        format: TextFormat::Html,
-        buttons: None,
-    });
-    if let Err(e) = member.topic(edit).await {
-        tracing::debug!("cannot finish the progress message: {e}");
-    }
-}
-
 fn target(member: &Member) -> Option<Target> {
     member
         .watch()
@@ -279,46 +551,6 @@ fn target(member: &Member) -> Option<Target> {
         .and_then(|r| r.target)
 }
 
-/// Sends an answer as its prose, then its long code block as a file. False
-/// when the block is too big to travel inline (nothing was sent then); a
-/// file Telegram does not take goes as messages after all.
-async fn send_block(member: &Member, block: &render::LongBlock, cut: bool) -> bool {
-    if block.code.len() > MAX_INLINE_FILE {
-        return false;
-    }
-    if !block.prose.is_empty() {
-        for chunk in render::split(&render::render(&block.prose), render::MESSAGE_LIMIT) {
-            send(member, &chunk, TextFormat::Html).await;
-        }
-    }
-    let lines = block.code.lines().count();
-    let what = if block.file_name.ends_with(".diff") {
-        "diff"
-    } else {
-        "code"
-    };
-    let mut caption = format!("📄 The answer's {what}, {lines} lines, as a file.");
-    if cut {
-        caption.push_str(" ⏹ Stopped: this answer is cut off.");
-    }
-    let op = TopicOp::SendFile(SendFile {
-        source: FileSource::Text {
-            name: block.file_name.clone(),
-            text: block.code.clone(),
-        },
-        caption: Some(caption),
-        send_as: Some(SendAs::Document),
-    });
-    if let Err(e) = member.topic_within(op, crate::bus::UPLOAD_TIMEOUT).await {
-        tracing::warn!("cannot send the answer's code as a file ({e}); sending messages");
-        let fenced = format!("```\n{}\n```", block.code.trim_end());
-        for chunk in render::split(&render::render(&fenced), render::MESSAGE_LIMIT) {
-            send(member, &chunk, TextFormat::Html).await;
-        }
-    }
-    true
-}
-
 /// Plain text split the same way as HTML (escaping first keeps the splitter
 /// honest about what Telegram will count).
 fn plain_chunks(text: &str) -> Vec<String> {
@@ -326,52 +558,6 @@ fn plain_chunks(text: &str) -> Vec<String> {
         .iter()
         .map(|chunk| render::to_plain(chunk))
         .collect()
-}
-
-/// Sends one chunk into the session's topic; the message's id when it was
-/// posted. The leader paces it, falls back to plain text and retries what
-/// can be retried; what is left to the session is a topic that is gone: it
-/// registers again once for a new one.
-async fn send(member: &Member, text: &str, format: TextFormat) -> Option<i64> {
-    let op = || {
-        TopicOp::SendText(SendText {
-            text: text.to_string(),
-            format,
-            buttons: None,
-            reply_to: None,
-        })
-    };
-    let mut result = member.topic(op()).await;
-    if result.as_ref().err().and_then(MemberError::code) == Some(BusErrorCode::TopicGone) {
-        tracing::info!("the topic is gone; asking for a new one");
-        let old = target(member);
-        if let Err(e) = member.reregister().await {
-            tracing::warn!("cannot register again: {e}");
-            return None;
-        }
-        let mut states = member.watch();
-        let fresh = states.wait_for(|s| {
-            s.role.is_connected()
-                && s.route
-                    .as_ref()
-                    .and_then(|r| r.target)
-                    .is_some_and(|t| Some(t) != old)
-        });
-        if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
-            tracing::warn!("no new topic appeared; dropping the message");
-            return None;
-        }
-        result = member.topic(op()).await;
-    }
-    match result {
-        Ok(done) => done.message_id,
-        Err(e) => {
-            // Ambiguous failures are not replayed: a duplicate answer is
-            // worse than a missing one the user can ask for again.
-            tracing::warn!("cannot send into the topic: {e}");
-            None
-        }
-    }
 }
 
 #[cfg(test)]
@@ -391,5 +577,20 @@ mod tests {
             joined.split_whitespace().collect::<Vec<_>>(),
             text.split_whitespace().collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_stopped_answer_says_it_is_cut_off_and_plain_text_is_escaped() {
+        let cut = Outgoing::Answer {
+            markdown: "half an".into(),
+            cut: true,
+        }
+        .html();
+        assert!(cut.starts_with("half an"), "{cut}");
+        assert!(
+            cut.contains("⏹ <i>Stopped: this answer is cut off.</i>"),
+            "{cut}"
+        );
+        assert_eq!(Outgoing::Plain("a < b".into()).html(), "a &lt; b");
     }
 }

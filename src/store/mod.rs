@@ -173,6 +173,9 @@ pub struct Binding {
     pub status: BindingStatus,
     /// The "connected" notice was already posted in the topic.
     pub announced: bool,
+    /// The relay closed the topic: its host switched to another session.
+    /// It is reopened when this session comes back.
+    pub closed: bool,
     /// Stamped by the store on first insert; ignored on upsert.
     pub created_ms: u64,
     /// Stamped by the store on every write; ignored on upsert.
@@ -449,8 +452,9 @@ impl Store {
             let now = now_ms();
             tx.prepare_cached(
                 "INSERT INTO bindings (profile_key, instance_id, session_name, cwd, chat_id, \
-                     thread_id, slot, topic_name, status, announced, created_ms, updated_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
+                     thread_id, slot, topic_name, status, announced, closed, created_ms, \
+                     updated_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?12, ?11, ?11) \
                  ON CONFLICT (profile_key) DO UPDATE SET \
                      instance_id = excluded.instance_id, \
                      session_name = excluded.session_name, \
@@ -461,6 +465,7 @@ impl Store {
                      topic_name = excluded.topic_name, \
                      status = excluded.status, \
                      announced = excluded.announced, \
+                     closed = excluded.closed, \
                      updated_ms = excluded.updated_ms",
             )?
             .execute(params![
@@ -475,6 +480,7 @@ impl Store {
                 b.status,
                 b.announced,
                 now,
+                b.closed,
             ])?;
             Ok(())
         })
@@ -490,6 +496,20 @@ impl Store {
                      WHERE profile_key = ?1 AND status <> ?2",
                 )?
                 .execute(params![profile_key, status, now_ms()])?;
+            Ok(changed > 0)
+        })
+    }
+
+    /// Marks a binding's topic closed (or open again). Returns whether it
+    /// changed.
+    pub fn set_topic_closed(&mut self, profile_key: &str, closed: bool) -> Result<bool> {
+        self.write(|tx| {
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE bindings SET closed = ?2, updated_ms = ?3 \
+                     WHERE profile_key = ?1 AND closed <> ?2",
+                )?
+                .execute(params![profile_key, closed, now_ms()])?;
             Ok(changed > 0)
         })
     }
@@ -1103,7 +1123,8 @@ fn get_u64(row: &Row<'_>, index: usize) -> rusqlite::Result<u64> {
 }
 
 const BINDING_COLUMNS: &str = "profile_key, instance_id, session_name, cwd, chat_id, thread_id, \
-                               slot, topic_name, status, announced, created_ms, updated_ms";
+                               slot, topic_name, status, announced, created_ms, updated_ms, \
+                               closed";
 
 fn binding_from_row(row: &Row<'_>) -> rusqlite::Result<Binding> {
     let slot: String = row.get(6)?;
@@ -1123,6 +1144,7 @@ fn binding_from_row(row: &Row<'_>) -> rusqlite::Result<Binding> {
         announced: row.get(9)?,
         created_ms: get_u64(row, 10)?,
         updated_ms: get_u64(row, 11)?,
+        closed: row.get(12)?,
     })
 }
 

@@ -105,6 +105,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ) STRICT, WITHOUT ROWID;
     CREATE INDEX sent_by_age ON sent (sent_ms);
     ",
+    // 3: a topic the relay closed because its session's host switched to
+    // another session (pi's /new, /resume); it is reopened when the session
+    // is resumed.
+    r"
+    ALTER TABLE bindings ADD COLUMN closed INTEGER NOT NULL DEFAULT 0
+        CHECK (closed IN (0, 1));
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

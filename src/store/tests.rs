@@ -26,6 +26,7 @@ fn binding(profile_key: &str, slot_letter: char, thread_id: Option<i64>) -> Bind
         topic_name: format!("{slot_letter} · {profile_key}"),
         status: BindingStatus::Active,
         announced: false,
+        closed: false,
         created_ms: 0,
         updated_ms: 0,
     }

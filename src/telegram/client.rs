@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::error::{TelegramError, is_idempotent};
 use super::types::{
     BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic, Message,
-    ParseMode, SendMessage, TelegramFile,
+    ParseMode, SendMessage, TelegramFile, WebhookInfo,
 };
 use crate::config::BotToken;
 use crate::redact::redact;
@@ -138,18 +138,21 @@ impl BotApi {
         // before the first client exists. Losing the race to another
         // installer is fine: any provider will do.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("agent-relay/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|error| SetupError::Http {
-                message: redact(&error.without_url().to_string()).into_owned(),
-            })?;
         Ok(Self {
-            http,
+            http: http_client()?,
             endpoint: format!("{base}/bot{}/", token.expose()),
             files: format!("{base}/file/bot{}/", token.expose()),
             base,
             timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// The same bot over fresh connections: a poll that hears nothing may
+    /// hang on a connection that a proxy on the way broke.
+    pub fn reconnected(&self) -> Result<Self, SetupError> {
+        Ok(Self {
+            http: http_client()?,
+            ..self.clone()
         })
     }
 
@@ -310,6 +313,16 @@ impl BotApi {
         self.call_as("createForumTopic", &params).await
     }
 
+    /// How many updates wait at Telegram, unconfirmed.
+    pub async fn get_webhook_info(&self) -> Result<WebhookInfo, TelegramError> {
+        self.call_as("getWebhookInfo", &json!({})).await
+    }
+
+    pub async fn close_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
+        let params = json!({"chat_id": chat, "message_thread_id": thread});
+        self.call("closeForumTopic", &params).await.map(drop)
+    }
+
     pub async fn reopen_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
         let params = json!({"chat_id": chat, "message_thread_id": thread});
         self.call("reopenForumTopic", &params).await.map(drop)
@@ -463,6 +476,15 @@ impl BotApi {
         )
         .await
     }
+}
+
+fn http_client() -> Result<reqwest::Client, SetupError> {
+    reqwest::Client::builder()
+        .user_agent(concat!("agent-relay/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|error| SetupError::Http {
+            message: redact(&error.without_url().to_string()).into_owned(),
+        })
 }
 
 /// Refusals that must hold for every call, including the ones followers

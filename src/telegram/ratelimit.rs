@@ -9,6 +9,12 @@
 //! chat (or every call at all) until it expires, because Telegram asks the
 //! bot to back off, not to switch to another method.
 //!
+//! When several calls wait for one chat's budget, [`Priority`] decides who
+//! goes first: what a person waits for (an answer, a question) before
+//! edits, and a background call (a typing indicator, a progress edit that a
+//! later one supersedes) never waits at all. What was paced is counted per
+//! chat ([`RateLimiter::snapshot`]) for `/relay status`.
+//!
 //! Time is `tokio::time`, so tests run on a paused clock.
 
 use std::collections::{HashMap, VecDeque};
@@ -27,10 +33,42 @@ const GLOBAL_PERIOD: Duration = Duration::from_secs(1);
 /// Above this many tracked chats, idle ones are forgotten on the next call.
 const IDLE_SWEEP_THRESHOLD: usize = 64;
 
+/// How soon a call that let a more urgent one take a free slot looks again.
+const OUTRANKED_RECHECK: Duration = Duration::from_millis(5);
+
 pub struct RateLimiter {
     /// False for benchmarks: no windows, but penalties still hold.
     paced: bool,
     state: Mutex<Pacing>,
+}
+
+/// Who goes first when calls wait for the same chat's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Superseded by a later call (typing, a progress edit): never waits;
+    /// refused when the budget is spent or others wait.
+    Background,
+    /// Edits: after what people wait for.
+    Normal,
+    /// Answers, questions, notices: first.
+    High,
+}
+
+/// One chat's budget as `/relay status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatBudget {
+    pub chat: i64,
+    pub used: usize,
+    pub capacity: usize,
+    pub period: Duration,
+    /// Calls waiting for it now.
+    pub waiting: usize,
+    /// When the next call may go, from now (a penalty included).
+    pub next_free: Duration,
+    /// The longest wait for this chat since the limiter began.
+    pub longest_wait: Duration,
+    /// Calls that had to wait at all.
+    pub paced: u64,
 }
 
 impl Default for RateLimiter {
@@ -62,33 +100,96 @@ impl RateLimiter {
     #[cfg(test)]
     pub async fn acquire(&self, chat: Option<i64>, method: &str) {
         let far = Instant::now() + Duration::from_secs(365 * 86_400);
-        let _ = self.acquire_until(chat, method, far).await;
+        let _ = self
+            .acquire_until(chat, method, far, Priority::High, |_| {})
+            .await;
     }
 
-    /// Like [`RateLimiter::acquire`], but gives up at once, booking nothing,
-    /// when the call could not go before `deadline`; the error is how long
-    /// it would have waited.
+    /// Like [`RateLimiter::acquire`], with a `priority` among the calls
+    /// waiting for the same chat; gives up at once, booking nothing, when
+    /// the call could not go before `deadline` (a background call: when it
+    /// could not go now). The error is how long it would have waited.
+    /// `waiting` hears how long the call will wait, whenever that estimate
+    /// grows.
     pub async fn acquire_until(
         &self,
         chat: Option<i64>,
         method: &str,
         deadline: Instant,
+        priority: Priority,
+        mut waiting: impl FnMut(Duration),
     ) -> Result<(), Duration> {
         let counted = self.paced && produces_message(method);
+        let started = Instant::now();
+        let mut told = None;
+        let mut queued = Queued::new(self, chat, priority);
         loop {
             let ready_at = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 let now = Instant::now();
-                match state.grant(now, chat, counted) {
-                    None => return Ok(()),
-                    Some(at) if at > deadline => return Err(at - now),
-                    Some(at) => at,
+                match state.grant(now, chat, counted, priority) {
+                    None => {
+                        if told.is_some() {
+                            state.waited(chat, now - started);
+                        }
+                        return Ok(());
+                    }
+                    Some(at) if at > deadline || priority == Priority::Background => {
+                        return Err(at - now);
+                    }
+                    Some(at) => {
+                        queued.enter(&mut state);
+                        at
+                    }
                 }
             };
+            if told.is_none_or(|t| ready_at > t) {
+                told = Some(ready_at);
+                waiting(ready_at - Instant::now());
+            }
             // Another caller may take the slot first; then this loops and
             // waits again, which is the fairness a rate limit needs.
             sleep_until(ready_at).await;
         }
+    }
+
+    /// Every chat whose budget is in use or was waited for.
+    pub fn snapshot(&self) -> Vec<ChatBudget> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let state = &mut *state;
+        let mut chats: Vec<i64> = state.chats.keys().copied().collect();
+        chats.extend(state.waited.keys().filter(|c| !state.chats.contains_key(c)));
+        chats.sort_unstable();
+        chats
+            .into_iter()
+            .map(|chat| {
+                let window = state
+                    .chats
+                    .entry(chat)
+                    .or_insert_with(|| Window::for_chat(chat));
+                let mut next = window.next_free(now);
+                if let Some(until) = state.chat_penalties.get(&chat) {
+                    next = next.max(*until);
+                }
+                let waited = state.waited.get(&chat).copied().unwrap_or_default();
+                ChatBudget {
+                    chat,
+                    used: window.grants.len(),
+                    capacity: window.capacity,
+                    period: window.period,
+                    waiting: state
+                        .queued
+                        .iter()
+                        .filter(|((c, _), _)| *c == Some(chat))
+                        .map(|(_, n)| *n)
+                        .sum(),
+                    next_free: next - now,
+                    longest_wait: waited.longest,
+                    paced: waited.count,
+                }
+            })
+            .collect()
     }
 
     /// Records a 429's `retry_after`: for `chat`, or for every call when
@@ -119,11 +220,85 @@ struct Pacing {
     chats: HashMap<i64, Window>,
     global_penalty: Option<Instant>,
     chat_penalties: HashMap<i64, Instant>,
+    /// Calls waiting now, by chat and priority.
+    queued: HashMap<(Option<i64>, Priority), usize>,
+    /// What waiting there was, by chat.
+    waited: HashMap<i64, Waited>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Waited {
+    longest: Duration,
+    count: u64,
+}
+
+/// A call counted among the waiting while it waits (and not after, however
+/// its future ends).
+struct Queued<'a> {
+    limiter: &'a RateLimiter,
+    key: (Option<i64>, Priority),
+    entered: bool,
+}
+
+impl<'a> Queued<'a> {
+    fn new(limiter: &'a RateLimiter, chat: Option<i64>, priority: Priority) -> Self {
+        Self {
+            limiter,
+            key: (chat, priority),
+            entered: false,
+        }
+    }
+
+    fn enter(&mut self, state: &mut Pacing) {
+        if !self.entered {
+            self.entered = true;
+            *state.queued.entry(self.key).or_default() += 1;
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.entered {
+            let mut state = self
+                .limiter
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(n) = state.queued.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    state.queued.remove(&self.key);
+                }
+            }
+        }
+    }
 }
 
 impl Pacing {
+    fn waited(&mut self, chat: Option<i64>, wait: Duration) {
+        if let Some(chat) = chat {
+            let waited = self.waited.entry(chat).or_default();
+            waited.longest = waited.longest.max(wait);
+            waited.count += 1;
+        }
+    }
+
+    /// Whether a call of `priority` for `chat` must let others go first.
+    fn outranked(&self, chat: Option<i64>, priority: Priority) -> bool {
+        self.queued
+            .iter()
+            .any(|((c, p), n)| *c == chat && *p > priority && *n > 0)
+    }
+
     /// Books the call and returns `None`, or returns when to ask again.
-    fn grant(&mut self, now: Instant, chat: Option<i64>, counted: bool) -> Option<Instant> {
+    fn grant(
+        &mut self,
+        now: Instant,
+        chat: Option<i64>,
+        counted: bool,
+        priority: Priority,
+    ) -> Option<Instant> {
         if self.chats.len().max(self.chat_penalties.len()) > IDLE_SWEEP_THRESHOLD {
             self.forget_idle(now);
         }
@@ -143,6 +318,11 @@ impl Pacing {
                     .or_insert_with(|| Window::for_chat(chat));
                 ready_at = ready_at.max(window.next_free(now));
             }
+            if ready_at == now && self.outranked(chat, priority) {
+                // A free slot with more urgent calls waiting for it: theirs.
+                // They wake at once; look again a moment later.
+                ready_at = now + OUTRANKED_RECHECK;
+            }
         }
         if ready_at > now {
             return Some(ready_at);
@@ -161,6 +341,10 @@ impl Pacing {
             window.expire(now);
             !window.grants.is_empty()
         });
+        if self.waited.len() > IDLE_SWEEP_THRESHOLD {
+            let chats = &self.chats;
+            self.waited.retain(|chat, _| chats.contains_key(chat));
+        }
         self.chat_penalties.retain(|_, until| *until > now);
         if self.global_penalty.is_some_and(|until| until <= now) {
             self.global_penalty = None;
@@ -228,7 +412,7 @@ impl Window {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use super::*;
 
@@ -355,14 +539,16 @@ mod tests {
         let soon = Instant::now() + Duration::from_secs(10);
         assert_eq!(
             limiter
-                .acquire_until(Some(ALICE), "sendMessage", soon)
+                .acquire_until(Some(ALICE), "sendMessage", soon, Priority::High, |_| {})
                 .await,
             Err(Duration::from_secs(30))
         );
         limiter.acquire(Some(BOB), "sendMessage").await;
         let later = Instant::now() + Duration::from_secs(2);
         assert_eq!(
-            limiter.acquire_until(Some(BOB), "sendMessage", later).await,
+            limiter
+                .acquire_until(Some(BOB), "sendMessage", later, Priority::High, |_| {})
+                .await,
             Ok(())
         );
         assert_eq!(
@@ -395,6 +581,133 @@ mod tests {
             [0, 1, 2].map(Duration::from_secs).to_vec(),
             "one grant per second"
         );
+    }
+
+    /// Fills the group's window: the next counted call waits a minute.
+    async fn spend_the_group_budget(limiter: &RateLimiter) {
+        for _ in 0..GROUP_CAPACITY {
+            limiter.acquire(Some(GROUP), "sendMessage").await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_go_before_edits_that_waited_longer() {
+        let limiter = Arc::new(RateLimiter::new());
+        spend_the_group_budget(&limiter).await;
+        let far = Instant::now() + Duration::from_secs(600);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let call = |method: &'static str, priority: Priority| {
+            let limiter = Arc::clone(&limiter);
+            let order = Arc::clone(&order);
+            tokio::spawn(async move {
+                limiter
+                    .acquire_until(Some(GROUP), method, far, priority, |_| {})
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(method);
+            })
+        };
+        let edit = call("editMessageText", Priority::Normal);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answer = call("sendMessage", Priority::High);
+        edit.await.unwrap();
+        answer.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), ["sendMessage", "editMessageText"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_background_call_never_waits_and_books_nothing() {
+        let limiter = RateLimiter::new();
+        let now = Instant::now() + Duration::from_secs(600);
+        assert_eq!(
+            limiter
+                .acquire_until(
+                    Some(GROUP),
+                    "editMessageText",
+                    now,
+                    Priority::Background,
+                    |_| {}
+                )
+                .await,
+            Ok(()),
+            "a free budget lets it go"
+        );
+        for _ in 1..GROUP_CAPACITY {
+            limiter.acquire(Some(GROUP), "sendMessage").await;
+        }
+        let start = Instant::now();
+        let refused = limiter
+            .acquire_until(
+                Some(GROUP),
+                "editMessageText",
+                now,
+                Priority::Background,
+                |_| {},
+            )
+            .await;
+        assert_eq!(refused, Err(Duration::from_secs(60)));
+        assert_eq!(start.elapsed(), Duration::ZERO, "it did not wait");
+        // Typing is no message: it goes while the budget is spent…
+        assert_eq!(
+            limiter
+                .acquire_until(
+                    Some(GROUP),
+                    "sendChatAction",
+                    now,
+                    Priority::Background,
+                    |_| {}
+                )
+                .await,
+            Ok(())
+        );
+        // …but not through a 429's penalty.
+        limiter.penalize(Some(GROUP), Duration::from_secs(5));
+        assert_eq!(
+            limiter
+                .acquire_until(
+                    Some(GROUP),
+                    "sendChatAction",
+                    now,
+                    Priority::Background,
+                    |_| {}
+                )
+                .await,
+            Err(Duration::from_secs(5))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_is_told_and_counted_per_chat() {
+        let limiter = Arc::new(RateLimiter::new());
+        spend_the_group_budget(&limiter).await;
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            let told = Arc::clone(&told);
+            tokio::spawn(async move {
+                let far = Instant::now() + Duration::from_secs(600);
+                limiter
+                    .acquire_until(Some(GROUP), "sendMessage", far, Priority::High, |wait| {
+                        told.lock().unwrap().push(wait)
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let budget = limiter.snapshot();
+        assert_eq!(budget.len(), 1);
+        assert_eq!(
+            (budget[0].chat, budget[0].used, budget[0].capacity),
+            (GROUP, 20, 20)
+        );
+        assert_eq!(budget[0].waiting, 1);
+        assert_eq!(budget[0].next_free, Duration::from_secs(40));
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+        assert_eq!(*told.lock().unwrap(), [Duration::from_secs(60)]);
+        let budget = limiter.snapshot();
+        assert_eq!(budget[0].waiting, 0);
+        assert_eq!(budget[0].longest_wait, Duration::from_secs(60));
+        assert_eq!(budget[0].paced, 1);
     }
 
     #[tokio::test(start_paused = true)]

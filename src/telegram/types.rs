@@ -278,6 +278,16 @@ pub struct ForumTopic {
     pub icon_color: u32,
 }
 
+/// The answer of `getWebhookInfo`: what matters to a poller.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct WebhookInfo {
+    #[serde(default)]
+    pub url: String,
+    /// Updates Telegram holds that nobody confirmed yet.
+    #[serde(default)]
+    pub pending_update_count: u32,
+}
+
 /// The answer of `getMe`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct BotInfo {

@@ -496,5 +496,6 @@ pub fn raw_register(
         carried: None,
         protocol_version: agent_relay::protocol::bus::BUS_PROTOCOL_VERSION,
         retry_provisioning: false,
+        left: None,
     }
 }

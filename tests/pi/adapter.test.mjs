@@ -8,7 +8,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { World, eventually, stripAnsi } from "./harness.mjs";
+import { EXTENSION, World, eventually } from "./harness.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const SCRIPTED = join(here, "fixtures", "scripted-sidecar.mjs");
@@ -39,9 +39,10 @@ test("the adapter speaks the host protocol from inside pi", { timeout: 120_000 }
 	await pi.waitFor((e) => e.type === "agent_end", { ms: 30_000, what: "the end of the turn" });
 	assert.deepEqual(world.model.prompts, [text]);
 
-	// ui/setStatus → pi's status line, coloured but with the sidecar's text.
+	// ui/setStatus → pi's status line with the sidecar's text; over RPC (no terminal)
+	// without colour codes.
 	const status = await pi.uiRequest("setStatus", (e) => e.statusKey === "relay");
-	assert.equal(stripAnsi(status.statusText), "TG scripted");
+	assert.equal(status.statusText, "TG scripted");
 
 	// Commands are the sidecar's: registered from its `initialize` answer.
 	const { data } = await pi.request({ type: "get_commands" });
@@ -90,4 +91,25 @@ test("the adapter speaks the host protocol from inside pi", { timeout: 120_000 }
 		["session/shutdown", "shutdown", "eof"],
 	);
 	assert.deepEqual(tail[0].params, { reason: "quit" });
+});
+
+test("a complete argument gets no completion list, so one Enter runs /relay status", async (t) => {
+	// pi's own loader, as pi runs it: the extension registers its commands at load.
+	const { discoverAndLoadExtensions } = await import("@mariozechner/pi-coding-agent");
+	const world = await World.create(t);
+	const { extensions, errors } = await discoverAndLoadExtensions([EXTENSION], world.root, world.agentDir);
+	assert.deepEqual(errors, []);
+	const relay = extensions.flatMap((e) => [...e.commands.values()]).find((c) => c.name === "relay");
+	assert.ok(relay?.getArgumentCompletions, "/relay completes its argument");
+	const complete = (prefix) => relay.getArgumentCompletions(prefix);
+	assert.deepEqual(complete("sta"), [{ value: "status", label: "status" }]);
+	assert.deepEqual(
+		complete("").map((i) => i.value),
+		["status", "restart"],
+	);
+	// While pi's TUI shows a list, Enter applies the selection instead of submitting.
+	assert.equal(complete("status"), null);
+	assert.equal(complete("restart"), null);
+	assert.equal(complete("status "), null);
+	assert.equal(complete("reboot"), null);
 });

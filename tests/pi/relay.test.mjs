@@ -29,6 +29,9 @@ test("pi lists the sidecar's commands and /telegram-status runs with the relay s
 
 	const status = await pi.bound();
 	assert.equal(status.statusKey, "relay");
+	// An RPC client has no terminal: the status text comes without ANSI colours.
+	assert.equal(status.statusText, stripAnsi(status.statusText));
+	assert.match(status.statusText, /^TG [A-Z]·alpha ● leader/);
 
 	const from = pi.mark();
 	const response = await pi.prompt("/telegram-status");
@@ -79,7 +82,10 @@ test("/telegram-disconnect asks pi to confirm: no keeps the topic, yes deletes i
 	assert.match(ask.message, /alpha/);
 	pi.send({ type: "extension_ui_response", id: ask.id, confirmed: false });
 	assert.equal((await declined).success, true);
-	await notified(pi, (m) => m.includes("nothing changed"), { from });
+	// A "no" is the user's choice: told as information, not as an error in red.
+	const cancelled = await notified(pi, (m) => m.includes("nothing changed"), { from });
+	assert.equal(cancelled.notifyType, "info");
+	assert.equal(cancelled.message, "Disconnect cancelled; nothing changed.");
 	assert.equal((await topicOf(world, "alpha")).deleted, false);
 	assert.ok(!(await world.bot.calls()).some((c) => c.method === "deleteForumTopic"), "no deletion was tried");
 

@@ -1,6 +1,11 @@
 //! Failover: SIGKILL the leader; the figure ends when a new leader both
 //! accepts a registration (a raw probe client) and polls Telegram (a new
 //! `getUpdates` in the fake's call record), whichever comes last.
+//!
+//! The same trials measure how far every survivor's status line lags the
+//! truth: from the new leader's first poll to the host reading a connected
+//! status line (`● leader` / `● follower`, nothing after it). A line that
+//! was back before the poll counts as no lag.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,12 +17,20 @@ use crate::world::{Probe, World};
 /// One failover may take this long before the trial counts as failed.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `trials` failovers of a bus of `sessions` sessions; one sample each.
-pub async fn measure(
-    relay: &Path,
-    sessions: usize,
-    trials: usize,
-) -> anyhow::Result<Vec<Duration>> {
+/// What the failover trials measured.
+pub struct Failover {
+    /// One sample per trial: the bus working again.
+    pub takeover: Vec<Duration>,
+    /// One sample per survivor and trial: its status line after the poll.
+    pub status_lag: Vec<Duration>,
+}
+
+fn connected(status: &str) -> bool {
+    status.ends_with("● leader") || status.ends_with("● follower")
+}
+
+/// `trials` failovers of a bus of `sessions` sessions.
+pub async fn measure(relay: &Path, sessions: usize, trials: usize) -> anyhow::Result<Failover> {
     let mut world = World::start(relay, sessions).await?;
     let mut probe = Probe::new();
     // Once beforehand, so the probe has a topic to carry into every trial.
@@ -26,6 +39,7 @@ pub async fn measure(
         .await
         .context("first probe registration")?;
     let mut samples = Vec::with_capacity(trials);
+    let mut lags = Vec::with_capacity(trials * sessions.saturating_sub(1));
     for trial in 0..trials {
         let status = world.settle(sessions).await?;
         let leader = world
@@ -45,10 +59,24 @@ pub async fn measure(
             },
             TRIAL_TIMEOUT,
         );
-        let (registered, polled) = tokio::join!(probe.register_until(&world, deadline), polled);
+        let survivors = world
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .map(|(_, host)| host.status_since(killed, TRIAL_TIMEOUT, connected));
+        let (registered, polled, back) = tokio::join!(
+            probe.register_until(&world, deadline),
+            polled,
+            futures::future::join_all(survivors)
+        );
         let registered = registered.with_context(|| format!("trial {trial}"))?;
         let polled = polled.map_err(|e| anyhow!("trial {trial}: no new getUpdates: {e}"))?;
         samples.push(registered.max(polled).saturating_duration_since(killed));
+        for at in back {
+            let at = at.with_context(|| format!("trial {trial}: a survivor's status line"))?;
+            lags.push(at.saturating_duration_since(polled));
+        }
 
         // Bring the killed session back, as its host would restart it.
         world.hosts[leader].reap().await;
@@ -60,5 +88,8 @@ pub async fn measure(
         replacement.handshake().await?;
         world.hosts[leader] = replacement;
     }
-    Ok(samples)
+    Ok(Failover {
+        takeover: samples,
+        status_lag: lags,
+    })
 }

@@ -14,6 +14,13 @@ use tokio::sync::{mpsc, watch};
 /// How long a request to the sidecar may take before the bench gives up.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A status line the sidecar set, and when the host read it.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub text: String,
+    pub at: Instant,
+}
+
 /// A prompt the relay handed to this host.
 #[derive(Debug, Clone)]
 pub struct Prompt {
@@ -27,7 +34,7 @@ pub struct Host {
     sidecar: Sidecar,
     pid: u32,
     link: Link,
-    status: watch::Receiver<Option<String>>,
+    status: watch::Receiver<Option<Status>>,
     prompts: mpsc::UnboundedReceiver<Prompt>,
     /// The session's identity, so a replacement can take over its topic.
     pub cwd: String,
@@ -123,16 +130,43 @@ impl Host {
         // Owned before matching: the borrow of the watch ends here.
         let outcome = tokio::time::timeout(
             timeout,
-            self.status.wait_for(|s| s.as_deref().is_some_and(&pred)),
+            self.status
+                .wait_for(|s| s.as_ref().is_some_and(|s| pred(&s.text))),
         )
         .await
-        .map(|matched| matched.map(|text| text.clone().unwrap_or_default()));
+        .map(|matched| matched.map(|s| s.as_ref().map(|s| s.text.clone()).unwrap_or_default()));
         match outcome {
             Ok(Ok(text)) => Ok(text),
             Ok(Err(_)) => bail!("sidecar {pid} exited"),
             Err(_) => bail!(
                 "status of sidecar {pid} stayed {:?} for {timeout:?}",
-                self.status.borrow().clone()
+                self.status.borrow().as_ref().map(|s| s.text.clone())
+            ),
+        }
+    }
+
+    /// When the status line, set after `after`, first satisfied `pred`.
+    /// Shared, so several hosts can be watched while the world is in use.
+    pub async fn status_since(
+        &self,
+        after: Instant,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<Instant> {
+        let pid = self.pid;
+        let mut status = self.status.clone();
+        let outcome = tokio::time::timeout(
+            timeout,
+            status.wait_for(|s| s.as_ref().is_some_and(|s| s.at > after && pred(&s.text))),
+        )
+        .await
+        .map(|matched| matched.map(|s| s.as_ref().map_or(after, |s| s.at)));
+        match outcome {
+            Ok(Ok(at)) => Ok(at),
+            Ok(Err(_)) => bail!("sidecar {pid} exited"),
+            Err(_) => bail!(
+                "status of sidecar {pid} stayed {:?} for {timeout:?}",
+                self.status.borrow().as_ref().map(|s| s.text.clone())
             ),
         }
     }
@@ -196,7 +230,7 @@ impl Host {
 async fn play(
     mut incoming: mpsc::UnboundedReceiver<Incoming>,
     link: Link,
-    status: watch::Sender<Option<String>>,
+    status: watch::Sender<Option<Status>>,
     prompts: mpsc::UnboundedSender<Prompt>,
 ) {
     while let Some(Incoming { message, at }) = incoming.recv().await {
@@ -216,7 +250,10 @@ async fn play(
                 };
             }
             FromSidecar::Notification { method, params } if method == "ui/setStatus" => {
-                status.send_replace(params["text"].as_str().map(String::from));
+                status.send_replace(params["text"].as_str().map(|text| Status {
+                    text: text.to_string(),
+                    at,
+                }));
             }
             FromSidecar::Notification { .. }
             | FromSidecar::Response(_)

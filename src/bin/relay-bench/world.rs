@@ -254,6 +254,7 @@ impl Probe {
             carried: self.carried.clone(),
             protocol_version: BUS_PROTOCOL_VERSION,
             retry_provisioning: false,
+            left: None,
         });
         writer.send(&register).await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;

@@ -50,7 +50,7 @@ use crate::telegram::SetupError;
 use access::Access;
 use inbox::Inbox;
 use outbox::Outbox;
-use poller::{PollHealth, Poller};
+use poller::{PollFacts, PollHealth, Poller};
 use registry::{ConnId, Registry};
 use router::Router;
 
@@ -85,6 +85,7 @@ pub(super) struct Leader {
     /// `[files]`: the folders files may be sent from besides a session's own.
     files: FilesPolicy,
     health: watch::Sender<PollHealth>,
+    poll: Arc<Mutex<PollFacts>>,
     /// The restart this leader is stepping down for, once one was asked:
     /// a second request joins it.
     restarting: OnceLock<Restarting>,
@@ -135,6 +136,19 @@ impl Leader {
             PollHealth::Offline(reason) => Health::Offline {
                 reason: reason.clone(),
             },
+            PollHealth::Unauthorized => Health::Unauthorized,
+            PollHealth::Deaf(pending) => Health::Deaf { pending: *pending },
+        }
+    }
+
+    /// The poll for `/relay status`.
+    fn poll_report(&self) -> PollReport {
+        let facts = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
+        PollReport {
+            health: self.wire_health(),
+            last_ok_age_ms: facts.last_ok.map(|at| at.elapsed().as_millis() as u64),
+            pending_updates: facts.pending,
+            restarts: facts.restarts,
         }
     }
 }
@@ -206,6 +220,7 @@ pub(crate) async fn start(
         inbox: Inbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
         files: config.files.clone(),
         health,
+        poll: Arc::default(),
         restarting: OnceLock::new(),
         cleanup: Arc::default(),
         stop: CancellationToken::new(),
@@ -351,6 +366,7 @@ async fn run(
         triage: triage::Journaling::new(leader.store.clone(), leader.access.clone()),
         batches: batches_tx,
         health: leader.health.clone(),
+        facts: leader.poll.clone(),
         stop: leader.stop.clone(),
     };
     let mut poller = tokio::spawn(poller.run());

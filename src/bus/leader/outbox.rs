@@ -16,12 +16,18 @@
 //! | a send that may or may not have happened | never replays it | `CommitUnknown` |
 //! | a photo Telegram cannot process, sent as chosen by the relay | sends it again as a document | the result |
 //! | a file over Telegram's limits | nothing | `FileTooBig` |
+//! | the chat's budget is spent, for a background request | nothing | `Paced` |
 //! | anything else | nothing | `Telegram` with the reason |
 //!
 //! Files go through here too: downloads (`getFile`, then the file streamed
 //! to disk) and uploads (a multipart `sendPhoto`/`sendDocument` streamed
 //! from disk), paced and retried like every other call, as tasks of their
 //! own so no other session waits for them.
+//!
+//! Pacing puts what people wait for first ([`Priority`]): answers and
+//! questions before edits; a background request (typing, a progress edit a
+//! later one supersedes) never waits. Whoever asked hears how long a request
+//! waits (`waiting`), so the session can show it.
 //!
 //! It never touches the store: the leader records what it needs from the
 //! results (a stale topic, who posted which message).
@@ -43,7 +49,8 @@ use crate::telegram::types::{
     ReplyParameters, SendMessage,
 };
 use crate::telegram::{
-    BotApi, BotInfo, DownloadError, RateLimiter, SendFile, SetupError, TelegramError, UploadSource,
+    BotApi, BotInfo, ChatBudget, DownloadError, Priority, RateLimiter, SendFile, SetupError,
+    TelegramError, UploadSource,
 };
 
 /// How long a session's request may wait for pacing and retries before
@@ -86,6 +93,29 @@ pub(super) struct Upload {
     pub chosen: bool,
 }
 
+/// Shorter waits for the budget are not worth telling anybody.
+const TELL_WAIT: Duration = Duration::from_secs(1);
+
+/// How a call is paced: its chat, its rank, and who hears about a wait.
+struct Pace<'a> {
+    chat: Option<i64>,
+    priority: Priority,
+    waiting: &'a (dyn Fn(Duration) + Sync),
+}
+
+impl Pace<'static> {
+    /// The leader's own calls: nobody to tell, and first in line.
+    fn high(chat: Option<i64>) -> Self {
+        Pace {
+            chat,
+            priority: Priority::High,
+            waiting: &nobody,
+        }
+    }
+}
+
+fn nobody(_: Duration) {}
+
 pub(super) struct Outbox {
     api: BotApi,
     limiter: RateLimiter,
@@ -115,6 +145,11 @@ impl Outbox {
         &self.api
     }
 
+    /// The chats' message budgets, for `/relay status`.
+    pub fn budgets(&self) -> Vec<ChatBudget> {
+        self.limiter.snapshot()
+    }
+
     /// `getMe`, asked once per leader — and each time again while the bot
     /// has no topics in private chats: the user may switch them on in
     /// @BotFather while sessions wait, and nobody should need a restart.
@@ -133,12 +168,24 @@ impl Outbox {
     }
 
     /// Runs a session's request in `target`, with pacing, retries and the
-    /// fallbacks of the table above.
-    pub async fn perform(&self, target: Target, op: &TopicOp) -> Result<TopicDone, BusError> {
+    /// fallbacks of the table above. `waiting` hears how long it waits for
+    /// the chat's budget, when it has to.
+    pub async fn perform(
+        &self,
+        target: Target,
+        op: &TopicOp,
+        priority: Priority,
+        waiting: impl Fn(Duration) + Sync,
+    ) -> Result<TopicDone, BusError> {
         check_buttons(op)?;
+        let pace = Pace {
+            chat: Some(target.chat_id),
+            priority,
+            waiting: &waiting,
+        };
         let deadline = Instant::now() + TOPIC_DEADLINE;
-        self.with_fallbacks(target, is_html(op), |plain| {
-            self.attempt(target, op, plain, deadline)
+        self.with_fallbacks(target, is_html(op), priority, |plain| {
+            self.attempt(target, op, plain, &pace, deadline)
         })
         .await
     }
@@ -148,12 +195,13 @@ impl Outbox {
         target: Target,
         op: &TopicOp,
         plain: bool,
+        pace: &Pace<'_>,
         deadline: Instant,
     ) -> Result<TopicDone, TelegramError> {
         match op {
             TopicOp::SendText(send) => {
                 let params = send_message(target, send, plain);
-                self.paced("sendMessage", Some(target.chat_id), deadline, || {
+                self.paced("sendMessage", pace, deadline, || {
                     self.api.send_message(&params)
                 })
                 .await
@@ -172,7 +220,7 @@ impl Outbox {
                     reply_markup: edit.buttons.as_ref().map(markup),
                     link_preview_options: Some(Default::default()),
                 };
-                self.paced("editMessageText", Some(target.chat_id), deadline, || {
+                self.paced("editMessageText", pace, deadline, || {
                     self.api.edit_message_text(&params)
                 })
                 .await
@@ -184,17 +232,14 @@ impl Outbox {
                     message_id: edit.message_id,
                     reply_markup: edit.buttons.as_ref().map(markup),
                 };
-                self.paced(
-                    "editMessageReplyMarkup",
-                    Some(target.chat_id),
-                    deadline,
-                    || self.api.edit_message_reply_markup(&params),
-                )
+                self.paced("editMessageReplyMarkup", pace, deadline, || {
+                    self.api.edit_message_reply_markup(&params)
+                })
                 .await
                 .map(|()| TopicDone::default())
             }
             TopicOp::Typing => self
-                .paced("sendChatAction", Some(target.chat_id), deadline, || {
+                .paced("sendChatAction", pace, deadline, || {
                     self.api
                         .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
                 })
@@ -215,6 +260,8 @@ impl Outbox {
     /// message, with the fallbacks of the table above.
     pub async fn send_file(&self, target: Target, upload: &Upload) -> Result<TopicDone, BusError> {
         let deadline = Instant::now() + UPLOAD_DEADLINE;
+        // A file is something somebody waits for, like an answer.
+        let pace = &Pace::high(Some(target.chat_id));
         let timeout = transfer_timeout(upload.source.size());
         let params = |send_as: SendAs| SendFile {
             chat_id: target.chat_id,
@@ -232,7 +279,7 @@ impl Outbox {
                 "sendDocument"
             };
             async move {
-                self.paced(method, Some(target.chat_id), deadline, || {
+                self.paced(method, pace, deadline, || {
                     self.api.send_file(&params, &upload.source, timeout)
                 })
                 .await
@@ -244,7 +291,7 @@ impl Outbox {
                 })
             }
         };
-        self.with_fallbacks(target, false, |_| async {
+        self.with_fallbacks(target, false, Priority::High, |_| async {
             match send(upload.send_as).await {
                 Err(TelegramError::BadRequest { description })
                     if upload.chosen
@@ -268,7 +315,9 @@ impl Outbox {
     pub async fn download(&self, file_id: &str, dir: &Path, name: &str) -> Result<u64, BusError> {
         let deadline = Instant::now() + FETCH_DEADLINE;
         let file = self
-            .paced("getFile", None, deadline, || self.api.get_file(file_id))
+            .paced("getFile", &Pace::high(None), deadline, || {
+                self.api.get_file(file_id)
+            })
             .await
             .map_err(decide)?;
         let too_big = |size: u64| {
@@ -292,7 +341,7 @@ impl Outbox {
         };
         let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
         let downloaded = self
-            .paced("getFile", None, deadline, || async {
+            .paced("getFile", &Pace::high(None), deadline, || async {
                 let (part, opened) = match Inbox::part_file(dir, name) {
                     Ok(opened) => opened,
                     Err(e) => return Ok(Err(e)),
@@ -339,6 +388,7 @@ impl Outbox {
         &self,
         target: Target,
         html: bool,
+        priority: Priority,
         attempt: F,
     ) -> Result<TopicDone, BusError>
     where
@@ -351,6 +401,17 @@ impl Outbox {
             match attempt(plain).await {
                 Ok(done) => return Ok(done),
                 Err(TelegramError::NotModified { .. }) => return Ok(TopicDone::default()),
+                Err(TelegramError::RateLimited { retry_after })
+                    if priority == Priority::Background =>
+                {
+                    return Err(BusError::new(
+                        BusErrorCode::Paced,
+                        format!(
+                            "not sent: the chat's message budget is spent for {} s",
+                            retry_after.as_secs_f64().ceil()
+                        ),
+                    ));
+                }
                 Err(TelegramError::ParseEntities { description }) if !plain && html => {
                     tracing::info!(
                         "Telegram refused the markup ({description}); sending plain text"
@@ -390,7 +451,7 @@ impl Outbox {
             link_preview_options: Some(Default::default()),
         };
         let deadline = Instant::now() + TOPIC_DEADLINE;
-        self.paced("sendMessage", Some(chat), deadline, || {
+        self.paced("sendMessage", &Pace::high(Some(chat)), deadline, || {
             self.api.send_message(&params)
         })
         .await
@@ -406,7 +467,7 @@ impl Outbox {
         // Not paced per chat: an answer is no message, and a spinner that
         // waits behind a long answer helps nobody.
         let deadline = Instant::now() + Duration::from_secs(10);
-        self.paced("answerCallbackQuery", None, deadline, || {
+        self.paced("answerCallbackQuery", &Pace::high(None), deadline, || {
             self.api.answer_callback_query(callback_id, text, alert)
         })
         .await
@@ -415,9 +476,12 @@ impl Outbox {
     pub async fn create_topic(&self, chat: i64, name: &str) -> Result<Target, TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         let topic = self
-            .paced("createForumTopic", Some(chat), deadline, || {
-                self.api.create_forum_topic(chat, name, None)
-            })
+            .paced(
+                "createForumTopic",
+                &Pace::high(Some(chat)),
+                deadline,
+                || self.api.create_forum_topic(chat, name, None),
+            )
             .await?;
         Ok(Target {
             chat_id: chat,
@@ -429,10 +493,15 @@ impl Outbox {
     pub async fn delete_topic(&self, target: Target) -> Result<(), TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("deleteForumTopic", Some(target.chat_id), deadline, || {
-                self.api
-                    .delete_forum_topic(target.chat_id, target.thread_id)
-            })
+            .paced(
+                "deleteForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .delete_forum_topic(target.chat_id, target.thread_id)
+                },
+            )
             .await
         {
             Ok(()) | Err(TelegramError::ThreadGone { .. }) => Ok(()),
@@ -440,13 +509,36 @@ impl Outbox {
         }
     }
 
-    async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
+    /// Closes a topic; one closed already counts as closed.
+    pub async fn close_topic(&self, target: Target) -> Result<(), TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("reopenForumTopic", Some(target.chat_id), deadline, || {
-                self.api
-                    .reopen_forum_topic(target.chat_id, target.thread_id)
-            })
+            .paced(
+                "closeForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || self.api.close_forum_topic(target.chat_id, target.thread_id),
+            )
+            .await
+        {
+            Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reopens a topic; one open already counts as open.
+    pub async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
+        let deadline = Instant::now() + MANAGE_DEADLINE;
+        match self
+            .paced(
+                "reopenForumTopic",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .reopen_forum_topic(target.chat_id, target.thread_id)
+                },
+            )
             .await
         {
             Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
@@ -459,10 +551,15 @@ impl Outbox {
     pub async fn probe(&self, target: Target) -> Result<bool, TelegramError> {
         let deadline = Instant::now() + MANAGE_DEADLINE;
         match self
-            .paced("sendChatAction", Some(target.chat_id), deadline, || {
-                self.api
-                    .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
-            })
+            .paced(
+                "sendChatAction",
+                &Pace::high(Some(target.chat_id)),
+                deadline,
+                || {
+                    self.api
+                        .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
+                },
+            )
             .await
         {
             Ok(()) => Ok(true),
@@ -477,7 +574,7 @@ impl Outbox {
     async fn paced<T, F, Fut>(
         &self,
         method: &'static str,
-        chat: Option<i64>,
+        pace: &Pace<'_>,
         deadline: Instant,
         call: F,
     ) -> Result<T, TelegramError>
@@ -485,9 +582,18 @@ impl Outbox {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, TelegramError>>,
     {
+        let chat = pace.chat;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
-            if let Err(wait) = self.limiter.acquire_until(chat, method, deadline).await {
+            let acquired = self
+                .limiter
+                .acquire_until(chat, method, deadline, pace.priority, |wait| {
+                    if wait >= TELL_WAIT {
+                        (pace.waiting)(wait);
+                    }
+                })
+                .await;
+            if let Err(wait) = acquired {
                 return Err(TelegramError::RateLimited { retry_after: wait });
             }
             let error = match call().await {
@@ -497,6 +603,9 @@ impl Outbox {
             let wait = match error.retry_after() {
                 Some(wait) => {
                     self.limiter.penalize(chat, wait);
+                    if pace.priority == Priority::Background {
+                        return Err(error);
+                    }
                     wait
                 }
                 None if error.is_retryable() => backoff.step(),

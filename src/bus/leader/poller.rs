@@ -7,9 +7,18 @@
 //! decoded one by one; an unknown or broken one is skipped and the offset
 //! still moves past it. The poller never gives up: a 409 (another poller),
 //! 5xx or network failure backs off and tries again.
+//!
+//! It also watches that it hears what Telegram holds: after a poll that
+//! came back empty it asks `getWebhookInfo`; updates pending twice in a row
+//! behind empty polls mean the poll is alive but deaf (a proxy that broke
+//! the connection, a stuck long poll). That shows as [`PollHealth::Deaf`],
+//! and the poll restarts: a fresh HTTP client, `deleteWebhook` again, a new
+//! poll. A long poll that times out gets fresh connections as well.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
@@ -29,6 +38,14 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(2);
 /// How long a stepping-down leader waits for its long poll to end.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// Telegram holds an empty long poll until its timeout; an empty answer
+/// much sooner is not a normal one.
+const EARLY: Duration = Duration::from_secs(POLL_TIMEOUT_S as u64 / 2);
+
+/// Checks in a row that found updates pending behind empty polls before
+/// the poll counts as deaf (one alone may be an update that just arrived).
+const DEAF_AFTER: u32 = 2;
+
 /// How the poll is doing, for the status line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PollHealth {
@@ -39,6 +56,21 @@ pub(super) enum PollHealth {
     Conflict,
     /// Telegram cannot be reached or answers with errors.
     Offline(String),
+    /// Telegram rejected the token (401).
+    Unauthorized,
+    /// Polls come back empty while this many updates wait at Telegram.
+    Deaf(u32),
+}
+
+/// What `/relay status` shows about the poll besides its health.
+#[derive(Debug, Default)]
+pub(super) struct PollFacts {
+    /// When `getUpdates` last answered.
+    pub last_ok: Option<Instant>,
+    /// What `getWebhookInfo` last said was waiting.
+    pub pending: Option<u32>,
+    /// Restarts because the poll heard nothing.
+    pub restarts: u32,
 }
 
 /// One journaled batch, handed to the router after the transaction.
@@ -59,6 +91,7 @@ pub(super) struct Poller {
     pub triage: Journaling,
     pub batches: mpsc::Sender<Batch>,
     pub health: watch::Sender<PollHealth>,
+    pub facts: Arc<Mutex<PollFacts>>,
     pub stop: CancellationToken,
 }
 
@@ -71,16 +104,25 @@ impl Poller {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn facts(&self) -> std::sync::MutexGuard<'_, PollFacts> {
+        self.facts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Polls until `stop` is cancelled. Returns only then, or when the store
     /// fails (the leader must not go on without its journal).
     pub async fn run(mut self) -> Result<(), StoreError> {
         let mut conflict = Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
         let mut failure = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
+        let mut early = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+        let mut deafness = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        let mut deaf_checks = 0;
+        let mut restart_at = Instant::now();
         self.delete_webhook(&mut failure).await;
         while !self.stop.is_cancelled() {
             let offset = self.store().offset()?;
             // A handle of its own, so the poll does not borrow `self`.
             let api = self.api.clone();
+            let asked = Instant::now();
             let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
             tokio::pin!(poll);
             // A long poll that Telegram keeps open is itself the proof that
@@ -91,7 +133,13 @@ impl Poller {
                 tokio::select! {
                     polled = &mut poll => break polled,
                     () = &mut healthy_after, if *self.health.borrow() != PollHealth::Ok => {
-                        self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
+                        // An open poll proves nothing about deafness; that
+                        // nothing waits at Telegram does.
+                        let deaf = matches!(*self.health.borrow(), PollHealth::Deaf(_));
+                        if !deaf || self.pending().await == Some(0) {
+                            deaf_checks = 0;
+                            self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
+                        }
                     }
                     () = self.stop.cancelled() => {
                         self.end_long_poll(poll, offset).await;
@@ -100,9 +148,52 @@ impl Poller {
                 }
             };
             let wait = match polled {
+                Ok(raw) if raw.is_empty() => {
+                    conflict.reset();
+                    failure.reset();
+                    self.facts().last_ok = Some(Instant::now());
+                    match self.pending().await {
+                        Some(pending) if pending > 0 => deaf_checks += 1,
+                        _ => deaf_checks = 0,
+                    }
+                    let pending = self.facts().pending.unwrap_or(0);
+                    if deaf_checks >= DEAF_AFTER {
+                        self.health
+                            .send_if_modified(|h| replace(h, PollHealth::Deaf(pending)));
+                        // Restarted at once, then less and less often while
+                        // it stays deaf; polling itself goes on meanwhile.
+                        if Instant::now() >= restart_at {
+                            tracing::warn!(
+                                pending,
+                                "getUpdates hears nothing while updates wait; restarting the poll"
+                            );
+                            self.restart(&mut failure).await;
+                            restart_at = Instant::now() + deafness.step();
+                        }
+                    } else if deaf_checks == 0 {
+                        deafness.reset();
+                        restart_at = Instant::now();
+                        self.health.send_if_modified(|h| {
+                            matches!(h, PollHealth::Deaf(_)) && replace(h, PollHealth::Ok)
+                        });
+                    }
+                    // An empty answer long before the poll's timeout is no
+                    // long poll: do not spin on it.
+                    if asked.elapsed() < EARLY {
+                        early.step()
+                    } else {
+                        early.reset();
+                        continue;
+                    }
+                }
                 Ok(raw) => {
                     conflict.reset();
                     failure.reset();
+                    early.reset();
+                    deafness.reset();
+                    deaf_checks = 0;
+                    restart_at = Instant::now();
+                    self.facts().last_ok = Some(Instant::now());
                     self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
                     self.journal(raw).await?;
                     continue;
@@ -114,6 +205,23 @@ impl Poller {
                     conflict.step()
                 }
                 Err(TelegramError::RateLimited { retry_after }) => retry_after,
+                Err(TelegramError::Unauthorized) => {
+                    tracing::error!("Telegram rejected the bot token");
+                    self.health
+                        .send_if_modified(|h| replace(h, PollHealth::Unauthorized));
+                    failure.step()
+                }
+                Err(e @ TelegramError::Timeout { .. }) => {
+                    // Telegram answers a long poll at its timeout: one that
+                    // did not answer at all hangs on a broken connection.
+                    tracing::warn!(
+                        "getUpdates got no answer ({e}); polling over fresh connections"
+                    );
+                    self.health
+                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
+                    self.reconnect();
+                    failure.step()
+                }
                 Err(e) => {
                     tracing::warn!("getUpdates failed: {e}");
                     self.health
@@ -146,6 +254,41 @@ impl Poller {
         {
             tracing::warn!("the long poll did not end within {STOP_GRACE:?}; leaving anyway");
         }
+    }
+
+    /// How many updates wait at Telegram, remembered for `/relay status`;
+    /// `None` when it cannot be asked.
+    async fn pending(&self) -> Option<u32> {
+        let asked = tokio::select! {
+            () = self.stop.cancelled() => return None,
+            info = self.api.get_webhook_info() => info,
+        };
+        match asked {
+            Ok(info) => {
+                self.facts().pending = Some(info.pending_update_count);
+                Some(info.pending_update_count)
+            }
+            Err(e) => {
+                tracing::debug!("getWebhookInfo failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Polls over fresh connections.
+    fn reconnect(&mut self) {
+        match self.api.reconnected() {
+            Ok(api) => self.api = api,
+            Err(e) => tracing::warn!("cannot make a fresh HTTP client: {e}"),
+        }
+    }
+
+    /// Restarts a poll that hears nothing: fresh connections, the webhook
+    /// deleted again (another program may have set one), then a new poll.
+    async fn restart(&mut self, backoff: &mut Backoff) {
+        self.facts().restarts += 1;
+        self.reconnect();
+        self.delete_webhook(backoff).await;
     }
 
     /// Long polling and a webhook exclude each other; pending updates are kept.

@@ -27,6 +27,14 @@ use crate::telegram::{CallbackQuery, ChatKind, Message, Update, UpdateKind};
 /// What the topic is told when its session is away.
 const AWAY_NOTICE: &str =
     "⏸ This session is offline. Your message is kept and will be delivered when it comes back.";
+/// …and when its host switched to another session and closed the topic.
+const SWITCHED_NOTICE: &str = "⏸ This session is not the one running now (its topic is closed). Your message is kept and reaches it when the session is resumed.";
+
+/// Deliveries of one message that were never acknowledged before the
+/// relay gives it up (a message the host keeps failing on).
+pub(super) const MAX_ATTEMPTS: u32 = 10;
+/// How much of a message a notice about it quotes.
+const QUOTE: usize = 60;
 
 pub(super) struct Router {
     /// Profiles whose topic was told that the session is away, so it is told
@@ -152,7 +160,7 @@ impl Leader {
     /// Both happen under the registry lock, so an update arriving meanwhile
     /// can come twice (the session drops the repeat) but never ahead of
     /// older ones.
-    pub(super) fn go_live(&self, conn: ConnId, generation: Generation) {
+    pub(super) fn go_live(self: &Arc<Self>, conn: ConnId, generation: Generation) {
         let queued = {
             let mut conns = self.registry.lock();
             let Ok(session) = conns.session(conn, generation) else {
@@ -166,6 +174,14 @@ impl Leader {
                     return;
                 }
             };
+            let (spent, pending): (Vec<_>, Vec<_>) = pending
+                .into_iter()
+                .partition(|e| e.attempts >= MAX_ATTEMPTS);
+            self.give_up(
+                spent.into_iter().map(|e| e.update).collect(),
+                &format!("it was handed to its session {MAX_ATTEMPTS} times and never taken"),
+                true,
+            );
             let updates: Vec<NewUpdate> = pending.into_iter().map(|e| e.update).collect();
             let queued = self.router.push(&conns, conn, &updates);
             if queued.len() < updates.len() {
@@ -192,11 +208,54 @@ impl Leader {
             .told_away
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(owner);
+            .insert(owner.clone());
         if first {
+            let switched = self
+                .store()
+                .binding(&owner)
+                .ok()
+                .flatten()
+                .is_some_and(|b| b.closed);
+            let notice = if switched {
+                SWITCHED_NOTICE
+            } else {
+                AWAY_NOTICE
+            };
             self.router
                 .replies
-                .say(self, update.chat_id, update.thread_id, AWAY_NOTICE.into());
+                .say(self, update.chat_id, update.thread_id, notice.into());
+        }
+    }
+
+    /// Gives up `entries`, which can never be delivered: each is dropped
+    /// with `why`, and whoever wrote them is told, in their topic
+    /// (`in_topic`) or, when that is gone, in the chat outside the topics.
+    /// Nothing the user wrote disappears without a word.
+    pub(super) fn give_up(self: &Arc<Self>, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
+        // Where to tell, in the order the messages were written.
+        type Place = (i64, Option<i64>);
+        let mut places: Vec<(Place, Vec<NewUpdate>)> = Vec::new();
+        for entry in entries {
+            if let Err(e) = self.store().mark_dropped(entry.update_id, why) {
+                tracing::error!("cannot drop update {}: {e}", entry.update_id);
+                continue;
+            }
+            tracing::warn!(update_id = entry.update_id, "a message is given up: {why}");
+            let place = (entry.chat_id, entry.thread_id.filter(|_| in_topic));
+            match places.iter_mut().find(|(p, _)| *p == place) {
+                Some((_, list)) => list.push(entry),
+                None => places.push((place, vec![entry])),
+            }
+        }
+        for ((chat, thread), list) in places {
+            let first = crate::policy::clip(list[0].text.trim(), QUOTE);
+            let text = match list.len() {
+                1 => format!("⚠️ Your message “{first}” reached no agent: {why}."),
+                n => {
+                    format!("⚠️ {n} of your messages reached no agent, the first “{first}”: {why}.")
+                }
+            };
+            self.router.replies.say(self, chat, thread, text);
         }
     }
 
@@ -376,14 +435,20 @@ impl Leader {
                 greeting = "You are already paired with this bot.\n";
             }
         }
-        if !allowed || text.is_empty() {
+        // Service messages (a topic made, a member joined) have neither.
+        if !allowed || (text.is_empty() && message.media().is_none()) {
             return;
         }
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
         let ours = private || Some(message.chat.id) == self.chat_id;
         if ours {
-            let reply = format!("{greeting}{}", self.sessions_overview());
+            let mut reply = format!("{greeting}{}", self.sessions_overview());
+            if message.topic().is_some() {
+                reply = format!(
+                    "This topic belongs to no session, so your message reached no agent.\n{reply}"
+                );
+            }
             self.router
                 .replies
                 .say(self, message.chat.id, message.topic(), reply);

@@ -10,7 +10,7 @@ use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::render;
 use crate::store::{Binding, BindingStatus, NewCleanup};
-use crate::telegram::{TOPICS_SWITCH, TelegramError};
+use crate::telegram::{Priority, TOPICS_SWITCH, TelegramError};
 use crate::topics;
 
 /// The most routes one instance may claim in a reconcile.
@@ -32,6 +32,10 @@ enum Provisioned {
     Topic { target: Target, created: bool },
     /// No topic can be had now; the session still joins the bus.
     Without(String),
+    /// No topic until the user fixes something; nothing is retried by
+    /// itself, so a dead topic or a refused right is not asked again and
+    /// again.
+    Blocked(Blocker, String),
     /// Creating may have happened or not: never create again blindly.
     CreateUnknown(TelegramError),
 }
@@ -65,6 +69,14 @@ impl Leader {
 
         let provisioned = self.provision(&req, &claimed, binding).await;
         let result = self.finish(conn, &req, claimed, binding, provisioned);
+        if let (Ok(registered), Some(left)) = (&result, &req.left)
+            && left.profile_key != registered.route.profile_key
+        {
+            let leader = self.clone();
+            let (left, instance) = (left.clone(), req.instance_id.clone());
+            let now = registered.route.topic_name.clone();
+            tokio::spawn(async move { leader.close_left(&left, &instance, &now).await });
+        }
         if result.is_err() {
             // Give the slot and key back: the session is not on the bus.
             if let Some(c) = self.registry.lock().map.get_mut(&conn)
@@ -186,7 +198,8 @@ impl Leader {
         drop(self.cleanup.lock().await);
         let chat = match self.topic_chat().await {
             Ok(chat) => chat,
-            Err(why) => return Ok(Provisioned::Without(why)),
+            Err(Ok(blocked)) => return Ok(blocked),
+            Err(Err(why)) => return Ok(Provisioned::Without(why)),
         };
         if binding.is_some_and(|b| b.status == BindingStatus::CreateUnknown)
             && !req.retry_provisioning
@@ -195,7 +208,32 @@ impl Leader {
                 "creating this session's topic may or may not have succeeded; run /telegram-connect to try again".into(),
             ));
         }
-        if let Some(target) = claim.hint.filter(|t| t.chat_id == chat) {
+        // A topic Telegram said is gone is not asked about again.
+        let known_gone = |t: &Target| {
+            binding.is_some_and(|b| b.status == BindingStatus::Stale && b.target() == Some(*t))
+        };
+        if let Some(target) = claim.hint.filter(|t| t.chat_id == chat && !known_gone(t)) {
+            // Its host switched back to it (`/resume`): open it again.
+            if binding.is_some_and(|b| b.closed && b.target() == Some(target)) {
+                match self.outbox.reopen_topic(target).await {
+                    Ok(()) => {
+                        return Ok(Provisioned::Topic {
+                            target,
+                            created: false,
+                        });
+                    }
+                    Err(TelegramError::ThreadGone { .. }) => self.mark_stale(&claim.profile_key),
+                    Err(e) => {
+                        if let Some(blocked) = blocked(&e, chat) {
+                            return Ok(blocked);
+                        }
+                        return Err(BusError::new(
+                            BusErrorCode::Telegram,
+                            format!("cannot reopen topic {}: {e}; will retry", claim.slot),
+                        ));
+                    }
+                }
+            }
             // The same process coming back (a failover) keeps its topic as it
             // is; a new process probes it first.
             let same_process = binding.is_some_and(|b| b.instance_id == req.instance_id)
@@ -224,6 +262,9 @@ impl Leader {
                     self.mark_stale(&claim.profile_key);
                 }
                 Err(e) => {
+                    if let Some(blocked) = blocked(&e, chat) {
+                        return Ok(blocked);
+                    }
                     return Err(BusError::new(
                         BusErrorCode::Telegram,
                         format!(
@@ -241,28 +282,39 @@ impl Leader {
                 created: true,
             }),
             Err(e) if e.commit_unknown() => Ok(Provisioned::CreateUnknown(e)),
-            Err(e) => Err(BusError::new(
-                BusErrorCode::Telegram,
-                format!("cannot create topic {name:?} in chat {chat}: {e}"),
-            )),
+            Err(e) => match blocked(&e, chat) {
+                Some(blocked) => Ok(blocked),
+                None => Err(BusError::new(
+                    BusErrorCode::Telegram,
+                    format!("cannot create topic {name:?} in chat {chat}: {e}"),
+                )),
+            },
         }
     }
 
     /// The chat that holds the topics: the configured one, else the private
     /// chat with the paired user when the bot has topics enabled there.
-    async fn topic_chat(&self) -> Result<i64, String> {
+    /// The error is what to provision instead: blocked, or without a topic
+    /// for now.
+    async fn topic_chat(&self) -> Result<i64, Result<Provisioned, String>> {
         if let Some(chat) = self.chat_id {
             return Ok(chat);
         }
         let Some(user) = self.access.owner() else {
-            return Err("no chat configured and nobody paired: set chat_id or run /telegram-connect to pair".into());
+            return Err(Err("no chat configured and nobody paired: set chat_id or run /telegram-connect to pair".into()));
         };
         match self.outbox.bot().await {
             Ok(bot) if bot.has_topics_enabled => Ok(user),
-            Ok(_) => Err(format!(
-                "no chat_id configured, and the bot has no topics in private chats: {TOPICS_SWITCH}, or set chat_id to a forum supergroup"
-            )),
-            Err(e) => Err(format!("cannot ask Telegram about the bot: {e}")),
+            Ok(_) => Err(Ok(Provisioned::Blocked(
+                Blocker::NotAForum,
+                format!(
+                    "no chat_id configured, and the bot has no topics in private chats: {TOPICS_SWITCH}, or set chat_id to a forum supergroup"
+                ),
+            ))),
+            Err(e) => {
+                Err(blocked(&e, user)
+                    .ok_or_else(|| format!("cannot ask Telegram about the bot: {e}")))
+            }
         }
     }
 
@@ -275,6 +327,7 @@ impl Leader {
         binding: Option<&Binding>,
         provisioned: Result<Provisioned, BusError>,
     ) -> Result<Registered, BusError> {
+        let mut blocker = None;
         let (target, status, problem, created) = match provisioned? {
             Provisioned::Topic { target, created } => {
                 (Some(target), BindingStatus::Active, None, created)
@@ -285,6 +338,16 @@ impl Leader {
                 Some(why),
                 false,
             ),
+            Provisioned::Blocked(why, text) => {
+                tracing::warn!(profile = %claim.profile_key, "no topic until the user acts: {text}");
+                blocker = Some(why);
+                (
+                    None,
+                    binding.map_or(BindingStatus::Active, |b| b.status),
+                    Some(text),
+                    false,
+                )
+            }
             Provisioned::CreateUnknown(e) => (
                 None,
                 BindingStatus::CreateUnknown,
@@ -312,16 +375,37 @@ impl Leader {
             topic_name: route.topic_name.clone(),
             status,
             announced: !created && binding.is_some_and(|b| b.announced),
+            // Registered again: open (reopened above if it was closed).
+            closed: target.is_none() && binding.is_some_and(|b| b.closed),
             created_ms: binding.map_or(now, |b| b.created_ms),
             updated_ms: now,
         };
+        let mut orphaned = None;
         {
             let mut store = self.store();
             if let Some(holder) = &claim.reclaimed_from {
                 tracing::info!(slot = %claim.slot, %holder, "reclaiming a slot from a session that is away");
+                let left_behind = store.pending_for(holder).map_err(store_error)?;
+                let had_topic = store
+                    .binding(holder)
+                    .map_err(store_error)?
+                    .and_then(|b| b.target())
+                    .is_some();
                 store.remove_binding(holder).map_err(store_error)?;
+                orphaned = Some((left_behind, had_topic));
             }
             store.upsert_binding(&record).map_err(store_error)?;
+        }
+        if let Some((left_behind, had_topic)) = orphaned {
+            // Its messages have nobody to go to any more.
+            self.give_up(
+                left_behind.into_iter().map(|e| e.update).collect(),
+                &format!(
+                    "its session was away so long that its slot went to {}",
+                    record.topic_name
+                ),
+                had_topic,
+            );
         }
         // Deliveries start once the session has its answer (`go_live`).
         self.registry
@@ -346,7 +430,51 @@ impl Leader {
             route,
             problem,
             needs_pairing: self.access.needs_pairing(),
+            blocker,
         })
+    }
+
+    /// Closes the topic of the session an instance switched away from (its
+    /// host's `/new` or `/resume`), saying where it went: the session is
+    /// not gone, and its topic opens again when it is resumed. Only the
+    /// instance that held the topic may close it, and only while nobody
+    /// else has taken the session up.
+    async fn close_left(&self, left: &Route, instance: &str, now: &str) {
+        let Some(target) = left.target else { return };
+        let binding = match self.store().binding(&left.profile_key) {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("cannot read the binding to close: {e}");
+                return;
+            }
+        };
+        let ours = binding.instance_id == instance
+            && binding.target() == Some(target)
+            && binding.status == BindingStatus::Active
+            && !binding.closed;
+        if !ours || self.registry.lock().owner_of(&left.profile_key).is_some() {
+            return;
+        }
+        let text = format!(
+            "⏸ Switched to another session: {now}. This topic is closed until this session is resumed; what you write here waits for it."
+        );
+        if let Err(e) = self
+            .outbox
+            .say(target.chat_id, Some(target.thread_id), &text)
+            .await
+        {
+            tracing::warn!("cannot say where the session went: {e}");
+        }
+        match self.outbox.close_topic(target).await {
+            Ok(()) => {
+                if let Err(e) = self.store().set_topic_closed(&left.profile_key, true) {
+                    tracing::warn!("cannot remember the topic is closed: {e}");
+                }
+                tracing::info!(profile = %left.profile_key, "closed the topic of a session its host left");
+            }
+            Err(e) => tracing::warn!("cannot close the topic of a session its host left: {e}"),
+        }
     }
 
     /// Posts the "connected" notice in a topic that was just bound.
@@ -514,7 +642,26 @@ impl Leader {
                 };
             }
         }
-        let done = self.outbox.perform(target, &req.op).await;
+        // What a person waits for goes first; an edit after; what a later
+        // request supersedes never waits.
+        let priority = match &req.op {
+            _ if req.background => Priority::Background,
+            TopicOp::SendText(_) => Priority::High,
+            _ => Priority::Normal,
+        };
+        let waiting = |wait: std::time::Duration| {
+            self.registry.send(
+                conn,
+                FromLeader::Paced(Paced {
+                    id: req.id,
+                    wait_ms: wait.as_millis() as u64,
+                }),
+            );
+        };
+        let done = self
+            .outbox
+            .perform(target, &req.op, priority, waiting)
+            .await;
         self.after_send(profile, target, &done);
         done
     }
@@ -564,7 +711,10 @@ impl Leader {
             buttons: Some(buttons),
             reply_to: None,
         });
-        let done = self.outbox.perform(target, &send).await;
+        let done = self
+            .outbox
+            .perform(target, &send, Priority::High, |_| {})
+            .await;
         if let Err(e) = &done
             && e.code == BusErrorCode::TopicGone
         {
@@ -606,7 +756,11 @@ impl Leader {
             format: TextFormat::Html,
             buttons: None,
         });
-        if let Err(e) = self.outbox.perform(target, &edit).await {
+        if let Err(e) = self
+            .outbox
+            .perform(target, &edit, Priority::Normal, |_| {})
+            .await
+        {
             tracing::warn!(message_id, "cannot show how a question ended: {e}");
         }
     }
@@ -628,7 +782,7 @@ impl Leader {
     /// leadership over whatever Telegram says, and its successor finishes a
     /// deletion this attempt could not confirm.
     pub(super) async fn disconnect(
-        &self,
+        self: &Arc<Self>,
         conn: ConnId,
         generation: Generation,
     ) -> Result<Disconnected, BusError> {
@@ -681,6 +835,17 @@ impl Leader {
         }
         self.set_offline(conn, &session)?;
         tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
+        // What it had not taken yet has nobody to go to any more; its
+        // topic is gone, so the chat is told outside the topics.
+        let pending = self.store().pending_for(&session.route.profile_key);
+        match pending {
+            Ok(pending) => self.give_up(
+                pending.into_iter().map(|e| e.update).collect(),
+                &format!("{} was disconnected", session.route.topic_name),
+                deleted.is_none() && !cleanup_pending,
+            ),
+            Err(e) => tracing::error!("cannot read what the session left behind: {e}"),
+        }
         Ok(Disconnected {
             deleted,
             cleanup_pending,
@@ -780,12 +945,60 @@ impl Leader {
             }
         }
         sessions.sort_by_key(|s| (s.slot, !s.live));
+        let pacing = self
+            .outbox
+            .budgets()
+            .into_iter()
+            .map(|b| ChatPacing {
+                chat_id: b.chat,
+                used: b.used as u32,
+                capacity: b.capacity as u32,
+                window_ms: b.period.as_millis() as u64,
+                waiting: b.waiting as u32,
+                next_free_ms: b.next_free.as_millis() as u64,
+                longest_wait_ms: b.longest_wait.as_millis() as u64,
+                paced: b.paced,
+            })
+            .collect();
         Ok(BusStatus {
             epoch: self.epoch,
             leader_pid: std::process::id(),
             leader_instance: self.instance_id.clone(),
             leader_since_ms: self.since_ms,
             sessions,
+            poll: Some(self.poll_report()),
+            pacing,
         })
     }
+}
+
+/// What keeps a session from having a topic in `chat` until the user fixes
+/// it, if `e` says so: then asking again cannot help.
+fn blocked(e: &TelegramError, chat: i64) -> Option<Provisioned> {
+    let (blocker, text) = match e {
+        TelegramError::Unauthorized => (
+            Blocker::TokenRejected,
+            "Telegram rejected the bot token (401 Unauthorized): put a valid token from @BotFather in bot_token, then run /telegram-connect; `agent-relay doctor` checks it".to_string(),
+        ),
+        TelegramError::NotEnoughRights { description } => (
+            Blocker::NoTopicRights,
+            format!(
+                "the bot may not manage topics in chat {chat} ({description}): make it an administrator with \"Manage topics\" (and \"Delete messages\" for /telegram-disconnect), then run /telegram-connect; `agent-relay doctor` checks it"
+            ),
+        ),
+        TelegramError::NotAForum { description } => (
+            Blocker::NotAForum,
+            format!(
+                "chat {chat} has no topics ({description}): enable Topics in the group's settings, then run /telegram-connect"
+            ),
+        ),
+        TelegramError::ChatNotFound { description } | TelegramError::Forbidden { description } => (
+            Blocker::ChatNotFound,
+            format!(
+                "the bot cannot reach chat {chat} ({description}): check chat_id and add the bot to the group, then run /telegram-connect"
+            ),
+        ),
+        _ => return None,
+    };
+    Some(Provisioned::Blocked(blocker, text))
 }

@@ -1,0 +1,751 @@
+//! Never silent (issue 17): whatever happens between the agent and the
+//! phone, the user is told, in the right place. Pacing shown and spent
+//! well, answers of unknown fate offered again, a deaf poll noticed and
+//! restarted, undeliverable messages answered, missing rights and a
+//! rejected token said as such, and a topic closed when its session is
+//! switched away and opened again when it is resumed. Real sidecars against
+//! the fake Bot API; every wait has a deadline.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_relay::fake_bot_api::{
+    BotRights, CallbackInject, Fault, MediaInject, MediaKind, SentMessage, UserMessage,
+};
+use common::{
+    CHAT, FakeServer, Options, Sidecar, USER, WAIT, connected, inject, session, topic, wait_prompt,
+    wait_topic_text,
+};
+use serde_json::{Value, json};
+
+fn answer(s: &Sidecar, text: &str) {
+    s.notify(
+        "turn/ended",
+        json!({"assistantText": text, "toolCalls": []}),
+    );
+}
+
+/// The bot's messages in `thread`, as displayed.
+fn texts(fake: &FakeServer, thread: i64) -> Vec<String> {
+    fake.api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .map(|m| m.plain_text)
+        .collect()
+}
+
+/// The first message of `thread` with a button whose text contains `needle`.
+async fn with_button(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no message with buttons and {needle:?}: {:?}",
+                texts(fake, thread)
+            )
+        })
+}
+
+fn tap_first_button(fake: &FakeServer, message: &SentMessage, thread: i64) {
+    let data =
+        message.reply_markup.as_ref().expect("buttons")["inline_keyboard"][0][0]["callback_data"]
+            .as_str()
+            .expect("callback data")
+            .to_string();
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: Some(thread),
+        user_id: USER,
+        message_id: message.message_id,
+        data,
+    });
+}
+
+/// Waits until `count` messages of `thread` satisfy `pred`.
+async fn wait_count(fake: &FakeServer, thread: i64, count: usize, pred: impl Fn(&str) -> bool) {
+    fake.api()
+        .wait_until(
+            |api| {
+                let n = api
+                    .messages(CHAT, Some(thread))
+                    .iter()
+                    .filter(|m| pred(&m.plain_text))
+                    .count();
+                (n >= count).then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("never {count} such messages: {:?}", texts(fake, thread)));
+}
+
+/// A `ui/notify` whose message contains `needle`.
+async fn notified(s: &Sidecar, needle: &str) -> Value {
+    s.wait_for(&format!("a notice with {needle:?}"), |m| {
+        m["method"] == "ui/notify"
+            && m["params"]["message"]
+                .as_str()
+                .is_some_and(|t| t.contains(needle))
+    })
+    .await
+}
+
+// ------------------------------------------------------------------ pacing
+
+/// Item 1: a wait for the chat's budget shows in the status line and in
+/// both status commands, answers that queue meanwhile go out as one
+/// message, and a progress update never waits for the budget.
+#[tokio::test]
+async fn a_paced_chat_shows_the_wait_and_merges_what_queues_meanwhile() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    wait_topic_text(&fake, thread, "connected").await;
+
+    // Telegram says: slow down, for 4 s, in this chat.
+    fake.api()
+        .inject_fault("sendMessage", Fault::TooManyRequests { retry_after: 4 }, 1);
+    answer(&s, "first answer");
+    let status = s.wait_status(|t| t.contains("⏳ paced")).await;
+    assert!(
+        status.starts_with("TG A·api ● leader ⏳ paced "),
+        "{status}"
+    );
+
+    // While it waits: two more answers and a tool call.
+    s.notify("agent/started", json!({}));
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c1", "args": {"command": "ls"}}),
+    );
+    answer(&s, "second answer");
+    answer(&s, "third answer");
+    let (_, report) = s.command("telegram-status", "").await;
+    assert!(
+        report.contains("outbox: paced — Telegram allows about 20 messages a minute in a group, shared by every topic; the next message goes in"),
+        "{report}"
+    );
+    let (_, relay) = s.command("relay", "status").await;
+    assert!(
+        relay.contains(&format!("pacing: chat {CHAT}: ")) && relay.contains("1 waiting"),
+        "{relay}"
+    );
+
+    wait_topic_text(&fake, thread, "third answer").await;
+    s.wait_status(connected).await;
+    let all = texts(&fake, thread);
+    let answers: Vec<&String> = all.iter().filter(|t| t.contains("answer")).collect();
+    assert_eq!(
+        answers,
+        ["first answer", "second answer\n\nthird answer"],
+        "what queued while the chat was paced went out as one message: {all:?}"
+    );
+    // The progress message is a background request: during the penalty it
+    // was not sent (nor did it wait); the answers went first.
+    let calls = fake.api().calls();
+    let first_answer = calls
+        .iter()
+        .position(|c| {
+            c.method == "sendMessage" && c.params["text"] == "first answer" && c.status == Some(200)
+        })
+        .expect("the first answer was sent");
+    assert!(
+        !calls[..first_answer].iter().any(|c| c.params["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Working"))),
+        "no progress message went before the waiting answer"
+    );
+    let (_, relay) = s.command("relay", "status").await;
+    assert!(relay.contains("1 paced, longest wait"), "{relay}");
+}
+
+// ------------------------------------------------------- unknown fates
+
+/// Item 2: a send answered 429, 429 and then 500 is not replayed (Telegram
+/// may have posted it), and the topic is told, with a button that sends it
+/// again; `/resend` does the same.
+#[tokio::test]
+async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    wait_topic_text(&fake, thread, "connected").await;
+
+    for fault in [
+        Fault::TooManyRequests { retry_after: 1 },
+        Fault::TooManyRequests { retry_after: 1 },
+        Fault::ServerError { code: 500 },
+    ] {
+        fake.api().inject_fault("sendMessage", fault, 1);
+    }
+    answer(&s, "the plan is ready");
+    let notice = with_button(&fake, thread, "An answer may be missing").await;
+    assert!(
+        notice.plain_text.contains("server error 500")
+            && notice.plain_text.contains("“the plan is ready”")
+            && notice.plain_text.contains("/resend"),
+        "{}",
+        notice.plain_text
+    );
+    let tried = |fake: &FakeServer| {
+        fake.api()
+            .calls()
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.params["text"] == "the plan is ready")
+            .count()
+    };
+    assert_eq!(
+        tried(&fake),
+        3,
+        "429, 429, then 500: never a fourth try by itself"
+    );
+
+    tap_first_button(&fake, &notice, thread);
+    wait_count(&fake, thread, 1, |t| t == "the plan is ready").await;
+    let settled = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.message(CHAT, notice.message_id)
+                    .filter(|m| m.reply_markup.is_none())
+            },
+            WAIT,
+        )
+        .await
+        .expect("the notice loses its button");
+    assert!(
+        settled.plain_text.contains("↻ Send it again —"),
+        "{}",
+        settled.plain_text
+    );
+
+    // The same through /resend.
+    fake.api()
+        .inject_fault("sendMessage", Fault::ServerError { code: 502 }, 1);
+    answer(&s, "the tests pass");
+    let notice = with_button(&fake, thread, "“the tests pass”").await;
+    inject(&fake, Some(thread), USER, "/resend");
+    wait_count(&fake, thread, 1, |t| t == "the tests pass").await;
+    fake.api()
+        .wait_until(
+            |api| {
+                api.message(CHAT, notice.message_id)
+                    .filter(|m| m.reply_markup.is_none() && m.plain_text.contains("↻ Sent again"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the notice says it was sent again");
+}
+
+/// Item 2, continued: when not even the notice reaches the topic, the host
+/// is told and the status line counts the answer; the notice follows once
+/// the topic can be reached again.
+#[tokio::test]
+async fn an_answer_the_topic_cannot_take_is_told_to_the_host_and_the_status_line() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    wait_topic_text(&fake, thread, "connected").await;
+
+    fake.api().inject_fault_until_cleared(
+        "sendMessage",
+        Fault::BadRequest {
+            description: "Bad Request: CHAT_WRITE_FORBIDDEN".into(),
+        },
+    );
+    answer(&s, "nobody hears this yet");
+    let notice = notified(&s, "nor a notice about it").await;
+    assert_eq!(notice["params"]["level"], "warning");
+    s.wait_status(|t| t == "TG A·api ● leader ⚠ 1 answer not delivered")
+        .await;
+
+    fake.api().clear_faults();
+    answer(&s, "now it works");
+    let offer = with_button(&fake, thread, "“nobody hears this yet”").await;
+    assert!(
+        offer.plain_text.contains("An answer could not be sent"),
+        "{}",
+        offer.plain_text
+    );
+    s.wait_status(connected).await;
+}
+
+// ------------------------------------------------------------ deafness
+
+/// Item 3: a poll that is alive but hears nothing while updates wait is
+/// noticed, shown and restarted; `/relay status` shows the last poll's age
+/// and what waits; once Telegram answers again, the message arrives.
+#[tokio::test]
+async fn a_deaf_poll_is_noticed_shown_and_restarted() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let webhook_deletions = |fake: &FakeServer| {
+        fake.api()
+            .calls()
+            .iter()
+            .filter(|c| c.method == "deleteWebhook")
+            .count()
+    };
+    let before = webhook_deletions(&fake);
+
+    fake.api()
+        .inject_fault_until_cleared("getUpdates", Fault::Deaf { immediately: true });
+    // The poll open now still hears this one; the polls after it are deaf.
+    inject(&fake, Some(thread), USER, "still heard");
+    wait_prompt(&s, "still heard").await;
+    inject(&fake, Some(thread), USER, "are you there?");
+    let status = s.wait_status(|t| t.contains("not receiving")).await;
+    assert!(status.starts_with("TG A·api ⚠ not receiving ("), "{status}");
+    let (_, relay) = s.command("relay", "status").await;
+    assert!(
+        relay.contains("poll: ⚠ not receiving")
+            && relay.contains("· last answer ")
+            && relay.contains(" waiting at Telegram")
+            && relay.contains("· restarted "),
+        "{relay}"
+    );
+    let (_, report) = s.command("telegram-status", "").await;
+    assert!(report.contains("transport: not receiving: "), "{report}");
+    // Restarted: fresh connections and the webhook deleted again.
+    assert!(webhook_deletions(&fake) > before, "the poll was restarted");
+
+    fake.api().clear_faults();
+    wait_prompt(&s, "are you there?").await;
+    s.wait_status(connected).await;
+}
+
+// ------------------------------------------------------- undeliverable
+
+/// Item 4: what can never reach an agent is answered where it was written:
+/// messages a session had not taken when it was disconnected, a photo, a
+/// message in a topic that belongs to no session.
+#[tokio::test]
+async fn what_can_never_be_delivered_is_answered() {
+    let home = common::home();
+    let fake = common::fake().await;
+    // A host that takes no prompt (it never answers), and says yes to dialogs.
+    let auto = Arc::new(|method: &str, _: &Value| match method {
+        "ui/confirm" => Some(json!({"confirmed": true})),
+        _ => None,
+    });
+    let mut s = Sidecar::spawn(Options::new(home.path()).configured(&fake).answer(auto));
+    s.handshake("/tmp/api", "api").await;
+    s.wait_status(connected).await;
+    let thread = topic(&fake, "api").thread_id;
+
+    fake.api()
+        .inject_user_message(UserMessage {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            text: String::new(),
+            media: Some(MediaInject {
+                kind: MediaKind::Photo,
+                bytes: bytes::Bytes::from_static(b"\x89PNG\r\n\x1a\nnot much"),
+                ..MediaInject::default()
+            }),
+            ..UserMessage::default()
+        })
+        .expect("a photo");
+    wait_topic_text(&fake, thread, "Only text reaches the agent of A · api").await;
+
+    // A topic of its own the user opened: nobody's.
+    let (other, _) = fake
+        .api()
+        .inject_topic(CHAT, USER, "notes")
+        .expect("a user's topic");
+    inject(&fake, Some(other), USER, "to nobody");
+    wait_topic_text(
+        &fake,
+        other,
+        "This topic belongs to no session, so your message reached no agent.",
+    )
+    .await;
+
+    inject(&fake, Some(thread), USER, "hello? anyone?");
+    s.wait_for("the prompt handed to the host", |m| {
+        m["method"] == "agent/sendUserMessage" && m["params"]["text"] == "hello? anyone?"
+    })
+    .await;
+    let (ok, text) = s.command("telegram-disconnect", "").await;
+    assert!(ok, "{text}");
+    let general = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, None)
+                    .into_iter()
+                    .find(|m| m.plain_text.contains("“hello? anyone?”"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the chat is told outside the deleted topic");
+    assert_eq!(
+        general.plain_text,
+        "⚠️ Your message “hello? anyone?” reached no agent: A · api was disconnected."
+    );
+}
+
+// ----------------------------------------------------------- the user fixes
+
+/// Item 5: a bot that may not manage topics says so in the status line
+/// (not "reconnecting") and tells the host the fix once; it does not try
+/// again every backoff step, and `/telegram-connect` tries again once the
+/// right is there.
+#[tokio::test]
+async fn missing_topic_rights_are_said_as_such_and_not_retried_in_a_loop() {
+    let home = common::home();
+    let fake = common::fake().await;
+    fake.api()
+        .set_bot_rights(
+            CHAT,
+            BotRights {
+                can_manage_topics: false,
+                can_delete_messages: true,
+            },
+        )
+        .unwrap();
+    let mut s = Sidecar::spawn(common::accepting(
+        Options::new(home.path()).configured(&fake),
+    ));
+    s.handshake("/tmp/api", "api").await;
+    s.wait_status(|t| t == "TG ✕ no right to manage topics")
+        .await;
+    let notice = notified(&s, "Manage topics").await;
+    assert_eq!(notice["params"]["level"], "error");
+    let (_, report) = s.command("telegram-status", "").await;
+    assert!(
+        report.contains(
+            "binding: no topic: no right to manage topics — the bot may not manage topics in chat"
+        ) && report.contains("then run /telegram-connect"),
+        "{report}"
+    );
+    let creations = |fake: &FakeServer| {
+        fake.api()
+            .calls()
+            .iter()
+            .filter(|c| c.method == "createForumTopic")
+            .count()
+    };
+    // Long enough for three of the old backoff's retries (1 s, 2 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(creations(&fake), 1, "no retry in a loop");
+    assert_eq!(s.latest_status().unwrap(), "TG ✕ no right to manage topics");
+
+    fake.api().set_bot_rights(CHAT, BotRights::FULL).unwrap();
+    let (ok, text) = s.command("telegram-connect", "").await;
+    assert!(ok, "{text}");
+    s.wait_status(connected).await;
+    topic(&fake, "api");
+}
+
+/// Item 5, continued: a topic that vanished while the bot lost its rights
+/// is not probed again at every attempt.
+#[tokio::test]
+async fn a_dead_topic_is_not_probed_again_and_again() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    wait_topic_text(&fake, thread, "connected").await;
+    fake.api().delete_topic_externally(CHAT, thread).unwrap();
+    fake.api()
+        .set_bot_rights(
+            CHAT,
+            BotRights {
+                can_manage_topics: false,
+                can_delete_messages: true,
+            },
+        )
+        .unwrap();
+    answer(&s, "into the void");
+    s.wait_status(|t| t == "TG ✕ no right to manage topics")
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let probes = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "sendChatAction" && c.params["message_thread_id"] == thread)
+        .count();
+    assert_eq!(probes, 0, "the topic Telegram said is gone is not probed");
+}
+
+/// Item 7: a token Telegram rejects is said in the status line and in a
+/// notice that points to `agent-relay doctor`.
+#[tokio::test]
+async fn a_rejected_token_is_said_in_the_status_line_and_a_notice() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = Sidecar::spawn(common::accepting(
+        Options::new(home.path()).configured(&fake).env(
+            "TELEGRAM_BOT_TOKEN",
+            "123456789:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        ),
+    ));
+    s.handshake("/tmp/api", "api").await;
+    s.wait_status(|t| t == "TG ✕ token rejected").await;
+    let notice = notified(&s, "rejected the bot token").await;
+    assert!(
+        notice["params"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agent-relay doctor"),
+        "{notice}"
+    );
+    let (_, report) = s.command("telegram-status", "").await;
+    assert!(report.contains("401"), "{report}");
+}
+
+// ------------------------------------------------------------- /new, /resume
+
+/// Item 11: when the host switches to another session, the old topic says
+/// where it went and is closed (not left saying "offline" while the same
+/// process runs); what is written there waits; resuming the session opens
+/// its topic again, with no new topic, and hands over what waited.
+#[tokio::test]
+async fn a_switched_away_session_closes_its_topic_and_resuming_reopens_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = Sidecar::spawn(common::accepting(
+        Options::new(home.path()).configured(&fake),
+    ));
+    s.call(
+        "initialize",
+        json!({"protocolVersion": 1, "host": {"name": "pi", "version": "0"},
+               "cwd": "/tmp/api", "hasUI": false,
+               "session": {"id": "one", "file": "/tmp/api/one.jsonl", "name": "api"}}),
+    )
+    .await;
+    s.notify("initialized", json!({}));
+    s.wait_status(connected).await;
+    let first = topic(&fake, "api");
+    wait_topic_text(&fake, first.thread_id, "connected").await;
+
+    s.notify(
+        "session/started",
+        json!({"reason": "new",
+               "session": {"id": "two", "file": "/tmp/api/two.jsonl", "name": "api-2"}}),
+    );
+    s.wait_status(|t| t.starts_with("TG B·api-2 ")).await;
+    wait_topic_text(
+        &fake,
+        first.thread_id,
+        "⏸ Switched to another session: B · api-2.",
+    )
+    .await;
+    fake.api()
+        .wait_until(
+            |api| {
+                api.topics(CHAT)
+                    .into_iter()
+                    .find(|t| t.thread_id == first.thread_id && t.closed)
+            },
+            WAIT,
+        )
+        .await
+        .expect("the old topic is closed");
+
+    inject(&fake, Some(first.thread_id), USER, "for the first session");
+    wait_topic_text(
+        &fake,
+        first.thread_id,
+        "reaches it when the session is resumed",
+    )
+    .await;
+
+    let topics_before = fake.api().topics(CHAT).len();
+    s.notify(
+        "session/started",
+        json!({"reason": "resume",
+               "session": {"id": "one", "file": "/tmp/api/one.jsonl", "name": "api"}}),
+    );
+    wait_prompt(&s, "for the first session").await;
+    s.wait_status(|t| t.starts_with("TG A·api ")).await;
+    let reopened = topic(&fake, "api");
+    assert_eq!(reopened.thread_id, first.thread_id);
+    assert!(!reopened.closed, "resuming reopens the topic");
+    fake.api()
+        .wait_until(
+            |api| {
+                api.topics(CHAT)
+                    .into_iter()
+                    .find(|t| t.name == "B · api-2" && t.closed)
+            },
+            WAIT,
+        )
+        .await
+        .expect("and closes the one it left");
+    assert_eq!(fake.api().topics(CHAT).len(), topics_before, "no new topic");
+}
+
+// ------------------------------------------------------------ failover
+
+/// The status lines a sidecar sent after the first `skip` messages.
+fn statuses_after(s: &Sidecar, skip: usize) -> Vec<String> {
+    s.messages()[skip..]
+        .iter()
+        .filter(|m| m["method"] == "ui/setStatus")
+        .filter_map(|m| m["params"]["text"].as_str().map(String::from))
+        .collect()
+}
+
+/// Item 6: after the leader is SIGKILLed, every survivor's status line
+/// follows the bus as it happens: it says `◌ reconnecting` only while it is
+/// away, and by the time a message written after the kill reaches it (the
+/// new leader polled and routed), its line already names its new role. No
+/// timer brings it back, so there is no window of "reconnecting" while
+/// messages flow. Nothing here measures time; `scripts/bench` does ("status
+/// line after failover").
+#[tokio::test]
+async fn after_a_failover_the_status_line_follows_the_bus_not_a_timer() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut all = Vec::new();
+    for name in ["one", "two", "three"] {
+        all.push(session(home.path(), &fake, &format!("/tmp/{name}"), name).await);
+    }
+    for s in &all {
+        s.wait_status(connected).await;
+    }
+    let leader = all
+        .iter()
+        .position(|s| s.latest_status().unwrap().contains("● leader"))
+        .expect("one of them leads");
+    let seen: Vec<usize> = all.iter().map(|s| s.messages().len()).collect();
+    all[leader].kill9().await;
+    let survivors: Vec<usize> = (0..all.len()).filter(|i| *i != leader).collect();
+    for &i in &survivors {
+        let name = ["one", "two", "three"][i];
+        let thread = topic(&fake, name).thread_id;
+        inject(
+            &fake,
+            Some(thread),
+            USER,
+            &format!("after the kill, {name}"),
+        );
+        let prompt = wait_prompt(&all[i], &format!("after the kill, {name}")).await;
+        // The status line as the host had it when the message arrived.
+        let messages = all[i].messages();
+        let at = messages
+            .iter()
+            .position(|m| *m == prompt)
+            .expect("the prompt is in the inbox");
+        let before: Vec<String> = messages[seen[i]..at]
+            .iter()
+            .filter(|m| m["method"] == "ui/setStatus")
+            .filter_map(|m| m["params"]["text"].as_str().map(String::from))
+            .collect();
+        let shown = before.last().cloned().unwrap_or_default();
+        assert!(
+            before.iter().any(|l| l.contains("◌ reconnecting")),
+            "survivor {name} never said it was away: {before:?}"
+        );
+        assert!(
+            shown.contains("● leader") || shown.contains("● follower"),
+            "survivor {name} got a message while its line said {shown:?}; lines since the kill: {before:?}"
+        );
+    }
+    // Every survivor ends connected, exactly one leads, and none of them
+    // went back to "reconnecting" after it was back.
+    for &i in &survivors {
+        all[i].wait_status(connected).await;
+        let lines = statuses_after(&all[i], seen[i]);
+        let back = lines
+            .iter()
+            .position(|l| l.contains("● leader") || l.contains("● follower"))
+            .expect("back");
+        assert!(
+            lines[back..].iter().all(|l| !l.contains("reconnecting")),
+            "{lines:?}"
+        );
+    }
+    let leaders = survivors
+        .iter()
+        .filter(|&&i| all[i].latest_status().unwrap().ends_with("● leader"))
+        .count();
+    assert_eq!(leaders, 1);
+}
+
+// ------------------------------------------------------------------ /stop
+
+/// Item 10: `/stop` from the topic stops the run, and the answer the run
+/// still sends is marked as cut off, even from a host that does not say the
+/// turn was aborted; the next run's answer is whole again.
+#[tokio::test]
+async fn an_answer_cut_off_by_stop_says_so() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/stop", "stop").await;
+    let thread = topic(&fake, "stop").thread_id;
+    inject(&fake, Some(thread), USER, "explain the build");
+    wait_prompt(&s, "explain the build").await;
+    s.notify("agent/started", json!({}));
+    // Busy as far as the relay knows: it shows the typing indicator.
+    fake.api()
+        .wait_until(
+            |api| {
+                api.calls()
+                    .iter()
+                    .any(|c| c.method == "sendChatAction")
+                    .then_some(())
+            },
+            WAIT,
+        )
+        .await
+        .expect("typing while the agent works");
+    inject(&fake, Some(thread), USER, "/stop");
+    s.wait_for("agent/abort", |m| m["method"] == "agent/abort")
+        .await;
+    wait_topic_text(&fake, thread, "⏹ Stopped.").await;
+    // The host ends the run without saying it was aborted.
+    answer(&s, "The build runs in three st");
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "The build runs in three st"}),
+    );
+    let texts = wait_topic_text(&fake, thread, "The build runs in three st").await;
+    let cut = texts
+        .iter()
+        .find(|t| t.contains("The build runs in three st"))
+        .unwrap();
+    assert!(
+        cut.contains("⏹ Stopped: this answer is cut off."),
+        "{cut:?}"
+    );
+    assert_eq!(
+        texts.iter().filter(|t| t.contains("three st")).count(),
+        1,
+        "the answer once: {texts:?}"
+    );
+
+    // The next run is not cut off.
+    inject(&fake, Some(thread), USER, "and now?");
+    wait_prompt(&s, "and now?").await;
+    s.notify("agent/started", json!({}));
+    answer(&s, "All three stages passed.");
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "All three stages passed."}),
+    );
+    let texts = wait_topic_text(&fake, thread, "All three stages passed.").await;
+    let whole = texts.iter().find(|t| t.contains("stages passed")).unwrap();
+    assert!(!whole.contains("cut off"), "{whole:?}");
+}
