@@ -206,7 +206,14 @@ async fn the_mcp_handshake_tools_and_errors() {
         .collect();
     assert_eq!(
         names,
-        ["reply", "ask", "status", "telegram_inbox", "permission"]
+        [
+            "reply",
+            "send_file",
+            "ask",
+            "status",
+            "telegram_inbox",
+            "permission"
+        ]
     );
     let unknown = s
         .call_raw("tools/call", json!({"name": "nope", "arguments": {}}))
