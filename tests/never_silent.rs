@@ -333,8 +333,9 @@ async fn a_deaf_poll_is_noticed_shown_and_restarted() {
 // ------------------------------------------------------- undeliverable
 
 /// Item 4: what can never reach an agent is answered where it was written:
-/// messages a session had not taken when it was disconnected, a photo, a
-/// message in a topic that belongs to no session.
+/// messages a session had not taken when it was disconnected, a sticker
+/// (files reach the agent: tests/files.rs), a message in a topic that
+/// belongs to no session.
 #[tokio::test]
 async fn what_can_never_be_delivered_is_answered() {
     let home = common::home();
@@ -356,14 +357,14 @@ async fn what_can_never_be_delivered_is_answered() {
             user_id: USER,
             text: String::new(),
             media: Some(MediaInject {
-                kind: MediaKind::Photo,
-                bytes: bytes::Bytes::from_static(b"\x89PNG\r\n\x1a\nnot much"),
+                kind: MediaKind::Sticker,
+                bytes: bytes::Bytes::from_static(b"RIFF\0\0\0\0WEBP"),
                 ..MediaInject::default()
             }),
             ..UserMessage::default()
         })
-        .expect("a photo");
-    wait_topic_text(&fake, thread, "Only text reaches the agent of A · api").await;
+        .expect("a sticker");
+    wait_topic_text(&fake, thread, "Stickers are not passed to the agent.").await;
 
     // A topic of its own the user opened: nobody's.
     let (other, _) = fake

@@ -281,7 +281,7 @@ async fn topics_switched_on_in_botfather_are_noticed_without_a_restart() {
     let mut a = Sidecar::spawn(accepting(Options::new(home.path()).private_chat(&fake)));
     a.handshake("/tmp/a", "api").await;
     // The session says what to switch on, not just that it is stuck.
-    let status = a.wait_status(|s| s.contains("⚠")).await;
+    let status = a.wait_status(|s| s.contains("✕ chat has no topics")).await;
     let (_, text) = a.command("telegram-status", "").await;
     assert!(text.contains("turn on Threaded Mode"), "{status}\n{text}");
     // The user switches topics on; the same leader notices.
