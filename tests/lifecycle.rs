@@ -522,3 +522,33 @@ async fn a_second_restart_while_one_converges_joins_it() {
     );
     all[stopped].signal(libc::SIGCONT);
 }
+
+/// A host that exits right after its last answer (`claude -p`, `pi -p`)
+/// does not lose it: closing sends what is queued for the topic first.
+#[tokio::test]
+async fn the_last_answer_reaches_the_topic_when_the_host_exits_right_after_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    // A follower, so the answer takes a bus hop before Telegram.
+    let _leader = common::session(home.path(), &fake, "/tmp/lead", "lead").await;
+    let mut s = common::session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = common::topic(&fake, "api").thread_id;
+    let paragraph = "The build passed and every test is green. ".repeat(60);
+    let last = format!("{paragraph}\n\n{paragraph}\n\n{paragraph}\n\nthe very last words");
+    s.notify(
+        "turn/ended",
+        serde_json::json!({"assistantText": last, "toolCalls": []}),
+    );
+    s.close_stdin();
+    assert!(s.wait_exit().await.is_some(), "the sidecar exits on EOF");
+    let said: Vec<String> = fake
+        .api()
+        .messages(common::CHAT, Some(thread))
+        .into_iter()
+        .map(|m| m.plain_text)
+        .collect();
+    assert!(
+        said.iter().any(|t| t.contains("the very last words")),
+        "the answer was lost when the host exited: {said:?}"
+    );
+}

@@ -33,6 +33,9 @@ pub use facts::{BindingFact, Facts, OutboxFact, SyncFact, TransportFact};
 use facts::{describe_binding, describe_outbox, describe_sync, describe_transport};
 use outbound::Outgoing;
 
+/// How long closing waits for the messages queued for the topic.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
 /// How long `/telegram-connect` waits for the registration.
 const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
@@ -94,6 +97,8 @@ struct State {
     member: Option<Arc<Member>>,
     /// What the session sends into its topic, in order.
     outbound: Option<tokio::sync::mpsc::UnboundedSender<Outgoing>>,
+    /// The task behind `outbound`, waited for when the session closes.
+    outbound_task: Option<tokio::task::JoinHandle<()>>,
     /// The last answer sent, so `agent/ended` does not repeat `turn/ended`.
     last_answer: Option<String>,
     /// Cancels the tasks of the current membership.
@@ -149,6 +154,7 @@ impl Session {
                 disconnected: false,
                 member: None,
                 outbound: None,
+                outbound_task: None,
                 last_answer: None,
                 membership: CancellationToken::new(),
             }),
@@ -296,12 +302,14 @@ impl Session {
         let membership = self.stop.child_token();
         state.member = Some(member.clone());
         state.disconnected = false;
-        state.outbound = Some(outbound::spawn(
+        let (outbound, task) = outbound::spawn(
             Arc::downgrade(self),
             member.clone(),
             membership.clone(),
             long_answers_as_file,
-        ));
+        );
+        state.outbound = Some(outbound);
+        state.outbound_task = Some(task);
         state.membership = membership.clone();
         drop(state);
         if self.is_busy() {
@@ -931,8 +939,21 @@ impl Session {
         self.this.upgrade()
     }
 
-    /// Leaves the bus and stops background tasks. Idempotent.
+    /// Leaves the bus and stops background tasks, after what was queued
+    /// for the topic went out (a host that exits right after its last
+    /// answer, as `claude -p` and `pi -p` do, must not lose it), for at most
+    /// [`FLUSH_WAIT`]. Idempotent.
     pub async fn close(&self) {
+        let task = {
+            let mut state = self.state();
+            state.outbound = None;
+            state.outbound_task.take()
+        };
+        if let Some(task) = task
+            && tokio::time::timeout(FLUSH_WAIT, task).await.is_err()
+        {
+            tracing::warn!("the last messages for the topic were not sent in time");
+        }
         let member = {
             let mut state = self.state();
             state.membership.cancel();

@@ -163,7 +163,7 @@ pub fn spawn(
     member: Arc<Member>,
     stop: CancellationToken,
     long_answers_as_file: bool,
-) -> mpsc::UnboundedSender<Outgoing> {
+) -> (mpsc::UnboundedSender<Outgoing>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let outbound = Outbound {
         session,
@@ -171,8 +171,8 @@ pub fn spawn(
         progress: None,
         long_answers_as_file,
     };
-    tokio::spawn(outbound.run(rx, stop));
-    tx
+    // Dropping `tx` lets the task send what is queued, then end.
+    (tx, tokio::spawn(outbound.run(rx, stop)))
 }
 
 struct Outbound {
