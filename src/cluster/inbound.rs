@@ -148,7 +148,7 @@ impl Inbound {
     /// This node's durable consumer, created if missing. It survives the
     /// node's absence: what was published meanwhile waits for it.
     pub async fn consumer(&self, node: &NodeName) -> Result<NodeConsumer, ClusterError> {
-        let durable = format!("node-{node}");
+        let durable = self.cluster.names.consumer(node);
         let config = consumer::pull::Config {
             durable_name: Some(durable.clone()),
             description: Some(format!("agent-relay: updates for node {node}")),
