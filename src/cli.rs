@@ -115,6 +115,59 @@ pub fn status() -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `agent-relay cluster forget <machine>`: a machine that is gone for good
+/// (retired, or reinstalled with a new node id) gives up its name, its
+/// slots and topics, and the updates that were waiting for it.
+pub fn cluster_forget(name: &str) -> anyhow::Result<ExitCode> {
+    use crate::cluster::nodes::Question;
+    use crate::cluster::{Cluster, NodeName};
+    let Setup { config, .. } = Setup::from_env(Missing::Leave)?;
+    let config = config?;
+    let bot = config
+        .bot_id()
+        .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
+    let cluster = config.cluster.clone().context(
+        "no [cluster] section in config.toml (or AGENT_RELAY_NATS_URL): this relay runs on one machine",
+    )?;
+    let name = NodeName::parse(name).map_err(anyhow::Error::msg)?;
+    runtime()?.block_on(async {
+        let nats = Cluster::connect_unclaimed(&cluster, bot, "agent-relay-cli").await?;
+        let known = nats.claims().nodes().await?;
+        if !known.contains(&name) {
+            let known: Vec<String> = known.iter().map(ToString::to_string).collect();
+            anyhow::bail!(
+                "no machine named {name} joined this relay (machines: {})",
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            );
+        }
+        let answered: Vec<(NodeName, serde_json::Value)> = nats
+            .ask_nodes(Question::Status, &(), std::slice::from_ref(&name))
+            .await?;
+        if answered.iter().any(|(n, _)| *n == name) {
+            anyhow::bail!(
+                "machine {name} is running: `forget` is for a machine that is gone for good; stop its sessions first"
+            );
+        }
+        let forgotten = nats.forget(&name).await?;
+        println!(
+            "forgot machine {name}: {} claim(s) removed{}",
+            forgotten.claims,
+            if forgotten.had_consumer {
+                ", its consumer deleted"
+            } else {
+                ""
+            }
+        );
+        if forgotten.dropped_updates > 0 {
+            println!(
+                "{} message(s) that were waiting for {name} were dropped: the sessions they were for lived on that machine",
+                forgotten.dropped_updates
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn demo() -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find this program's own path")?;
     runtime()?

@@ -361,7 +361,7 @@ impl Actor {
                             break Ended::Reregister;
                         }
                         Call::Pair => ToLeader::Pair(Pair { id, generation }),
-                        Call::Status => ToLeader::Status(StatusQuery { id }),
+                        Call::Status { cluster } => ToLeader::Status(StatusQuery { id, cluster }),
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
                         Call::Restart => ToLeader::Restart(Restart { id, generation }),
                         Call::Topic(op) => ToLeader::Topic(TopicRequest { id, generation, op }),
@@ -467,6 +467,26 @@ impl Actor {
                 });
             }
             FromLeader::Health(health) => self.set(|s| s.telegram = health),
+            FromLeader::Cluster(link) => {
+                let back = link.state == ClusterLinkState::Up
+                    && self
+                        .state
+                        .borrow()
+                        .cluster
+                        .as_ref()
+                        .is_some_and(|l| l.state != ClusterLinkState::Up);
+                self.set(|s| s.cluster = Some(link));
+                // Joined without a topic while the cluster was away: try again.
+                let topicless = self
+                    .state
+                    .borrow()
+                    .route
+                    .as_ref()
+                    .is_some_and(|r| r.target.is_none());
+                if back && topicless {
+                    return Next::Reregister;
+                }
+            }
             FromLeader::Paired(_) => {
                 self.set(|s| s.needs_pairing = false);
                 // Paired while this session had no topic: register again so

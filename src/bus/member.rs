@@ -80,6 +80,8 @@ pub struct MemberState {
     pub restarting: Option<(Restarting, Instant)>,
     /// Why the member cannot do its job right now, if it cannot.
     pub problem: Option<String>,
+    /// This machine's link to the others, when the relay spans machines.
+    pub cluster: Option<ClusterLink>,
 }
 
 impl MemberState {
@@ -94,6 +96,7 @@ impl MemberState {
             synced: false,
             restarting: None,
             problem: None,
+            cluster: None,
         }
     }
 }
@@ -131,7 +134,10 @@ pub(super) enum Call {
         profile_key: String,
         session_name: String,
     },
-    Status,
+    Status {
+        /// With every other machine's sessions.
+        cluster: bool,
+    },
     Disconnect,
     Restart,
     Pair,
@@ -247,7 +253,15 @@ impl Member {
     }
 
     pub async fn status(&self) -> Result<BusStatus, MemberError> {
-        self.call(Call::Status, REQUEST_TIMEOUT).await
+        self.call(Call::Status { cluster: false }, REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// The status with every machine's sessions when the relay spans
+    /// machines (the leader asks them, up to 2 s); else [`Member::status`].
+    pub async fn cluster_status(&self) -> Result<BusStatus, MemberError> {
+        self.call(Call::Status { cluster: true }, REQUEST_TIMEOUT)
+            .await
     }
 
     /// Deletes this session's topic through the leader (generation-fenced).

@@ -2,7 +2,7 @@
 //! read in the status line and in `/telegram-status`. Never conflated: each
 //! changes on its own and each is shown on its own.
 
-use crate::protocol::bus::{Epoch, Slot};
+use crate::protocol::bus::{ClusterLink, ClusterLinkState, Epoch, Slot};
 use crate::protocol::host::Tone;
 
 /// Whether and how this session is bound to a topic.
@@ -38,6 +38,10 @@ pub enum TransportFact {
     Conflict,
     /// Telegram cannot be reached.
     Offline,
+    /// This machine is cut off from the others of the relay: it sends its
+    /// sessions' text itself and receives nothing until the link is back
+    /// (docs/CLUSTER.md, *When the cluster connection is down*).
+    ClusterDown,
 }
 
 /// Whether this session's routes agree with the leader's.
@@ -79,6 +83,7 @@ impl Facts {
             TransportFact::Follower => ("● follower", Tone::Success),
             TransportFact::Conflict => ("⚠ 409 conflict", Tone::Warning),
             TransportFact::Offline => ("○ offline", Tone::Error),
+            TransportFact::ClusterDown => ("◐ cluster down — sending only", Tone::Warning),
         };
         let transport = if self.binding == BindingFact::Connecting
             && self.transport != TransportFact::Conflict
@@ -155,7 +160,26 @@ pub fn describe_transport(t: &TransportFact) -> &'static str {
         TransportFact::Reconnecting => "reconnecting",
         TransportFact::Conflict => "conflict (409: another process polls this bot)",
         TransportFact::Offline => "offline (Telegram unreachable)",
+        TransportFact::ClusterDown => {
+            "cluster down (sending this machine's answers straight to Telegram; your messages wait until the link is back)"
+        }
     }
+}
+
+/// This machine's place in a relay that spans machines.
+pub fn describe_cluster(link: &ClusterLink) -> String {
+    let state = match (link.state, &link.reason) {
+        (ClusterLinkState::Connecting, _) => "connecting".to_string(),
+        (ClusterLinkState::Up, _) => "connected".to_string(),
+        (ClusterLinkState::Down, Some(reason)) => format!("down ({reason})"),
+        (ClusterLinkState::Down, None) => "down".to_string(),
+    };
+    let polled = match &link.polled_by {
+        Some(node) if *node == link.node => " · this machine polls Telegram".to_string(),
+        Some(node) => format!(" · machine {node} polls Telegram"),
+        None => String::new(),
+    };
+    format!("machine {} · {state}{polled}", link.node)
 }
 
 pub fn describe_sync(s: &SyncFact) -> String {
@@ -224,6 +248,17 @@ mod tests {
                 SyncFact::Stale("x".into())
             ),
             ("TG B·web ● follower ⚠ stale".into(), Tone::Warning)
+        );
+        assert_eq!(
+            facts(
+                bound(0, "laptop·api"),
+                TransportFact::ClusterDown,
+                SyncFact::Synced(2)
+            ),
+            (
+                "TG A·laptop·api ◐ cluster down — sending only".into(),
+                Tone::Warning
+            )
         );
         assert_eq!(
             facts(

@@ -16,7 +16,7 @@ use crate::commands::{relay_status_text, restart_text};
 use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
 use crate::paths::Paths;
-use crate::protocol::bus::Health;
+use crate::protocol::bus::{ClusterLinkState, Health};
 use crate::protocol::host::*;
 use crate::topics;
 
@@ -27,7 +27,7 @@ mod inbound;
 mod outbound;
 
 pub use facts::{BindingFact, Facts, SyncFact, TransportFact};
-use facts::{describe_binding, describe_sync, describe_transport};
+use facts::{describe_binding, describe_cluster, describe_sync, describe_transport};
 use outbound::Outgoing;
 
 /// How long `/telegram-connect` waits for the registration.
@@ -292,15 +292,23 @@ impl Session {
         self.facts.send_modify(|f| {
             f.binding = match &member.route {
                 Some(_) if member.needs_pairing => BindingFact::Unpaired,
+                // `laptop·api` when the relay spans machines.
                 Some(route) => BindingFact::Bound {
                     slot: route.slot,
-                    name: topics::session_part(&route.topic_name).to_string(),
+                    name: topics::session_part(&route.topic_name).replace(" · ", "·"),
                 },
                 None => BindingFact::Connecting,
             };
             f.transport = match (member.role, &member.telegram) {
                 (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
                     TransportFact::Reconnecting
+                }
+                _ if member
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| c.state == ClusterLinkState::Down) =>
+                {
+                    TransportFact::ClusterDown
                 }
                 (_, Health::Conflict) => TransportFact::Conflict,
                 (_, Health::Offline { .. }) => TransportFact::Offline,
@@ -323,7 +331,7 @@ impl Session {
             Command::Connect => self.connect_command().await,
             Command::Disconnect => self.disconnect().await,
             Command::RelayStatus => match self.member() {
-                Some(member) => match member.status().await {
+                Some(member) => match member.cluster_status().await {
                     Ok(status) => (true, relay_status_text(&status)),
                     Err(e) => (false, format!("Relay status unavailable: {e}")),
                 },
@@ -526,6 +534,9 @@ impl Session {
         }
         if let Some(member) = self.member() {
             let state = member.watch().borrow().clone();
+            if let Some(link) = &state.cluster {
+                out.push_str(&format!("cluster: {}\n", describe_cluster(link)));
+            }
             if let Some(pid) = state.leader_pid {
                 out.push_str(&format!("leader: pid {pid}"));
                 if let Some(epoch) = state.epoch {

@@ -187,7 +187,7 @@ pub struct ForumTopic {
 }
 
 /// The answer of `getMe`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BotInfo {
     pub id: i64,
     pub first_name: String,

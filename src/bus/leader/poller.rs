@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::{ClusterPoll, Step};
 use super::triage::Journaling;
 use crate::backoff::Backoff;
 use crate::store::{NewUpdate, Store, StoreError};
@@ -57,9 +58,12 @@ pub(super) struct Poller {
     pub batches: mpsc::Sender<Batch>,
     pub health: watch::Sender<PollHealth>,
     pub stop: CancellationToken,
+    /// When the relay spans machines: the journal step under the lease
+    /// term (docs/CLUSTER.md, *Inbound*) instead of the local journal.
+    pub cluster: Option<ClusterPoll>,
 }
 
-fn update_id_of(value: &Value) -> Option<i64> {
+pub(super) fn update_id_of(value: &Value) -> Option<i64> {
     value.get("update_id").and_then(Value::as_i64)
 }
 
@@ -75,7 +79,10 @@ impl Poller {
         let mut failure = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
         self.delete_webhook(&mut failure).await;
         while !self.stop.is_cancelled() {
-            let offset = self.store().offset()?;
+            let offset = match &self.cluster {
+                Some(cluster) => cluster.offset(),
+                None => self.store().offset()?,
+            };
             // A handle of its own, so the poll does not borrow `self`.
             let api = self.api.clone();
             let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
@@ -171,6 +178,20 @@ impl Poller {
     /// Decodes, journals and advances the offset in one transaction, then
     /// hands what was new to the router.
     async fn journal(&mut self, raw: Vec<Value>) -> Result<(), StoreError> {
+        if let Some(cluster) = self.cluster.as_mut() {
+            match cluster.journal(&raw).await {
+                Step::Done(others) => {
+                    let batch = Batch {
+                        journaled: Vec::new(),
+                        others,
+                    };
+                    let _ = self.batches.send(batch).await;
+                }
+                Step::Again => {}
+                Step::Fenced => self.stop.cancel(),
+            }
+            return Ok(());
+        }
         let Some(last) = raw.iter().filter_map(update_id_of).max() else {
             if !raw.is_empty() {
                 tracing::warn!("a batch of {} updates without readable ids", raw.len());

@@ -376,7 +376,15 @@ impl Leader {
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
         let ours = private || Some(message.chat.id) == self.chat_id;
-        if ours {
+        if ours && self.cluster.is_some() {
+            let (chat, thread) = (message.chat.id, message.topic());
+            self.router.replies.spawn(self, move |leader| async move {
+                let reply = leader.overview_everywhere().await;
+                if let Err(e) = leader.outbox.say(chat, thread, &reply).await {
+                    tracing::warn!(chat, "cannot answer: {e}");
+                }
+            });
+        } else if ours {
             let reply = self.sessions_overview();
             self.router
                 .replies
@@ -506,7 +514,7 @@ impl Replies {
         });
     }
 
-    fn spawn<F, Fut>(&self, leader: &Arc<Leader>, answer: F)
+    pub fn spawn<F, Fut>(&self, leader: &Arc<Leader>, answer: F)
     where
         F: FnOnce(Arc<Leader>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,
