@@ -736,3 +736,74 @@ async fn a_local_failover_on_a_receiving_machine_holds_nothing_back() {
         );
     }
 }
+
+/// Runs `agent-relay cluster forget <node>` from `machine`'s home.
+fn forget(machine: &Machine, fake: &FakeServer, urls: &[String], node: &str) -> (bool, String) {
+    let out = std::process::Command::new(common::binary())
+        .args(["cluster", "forget", node])
+        .env_clear()
+        .env("AGENT_RELAY_HOME", machine.home.path())
+        .env("TELEGRAM_BOT_TOKEN", fake.api().token())
+        .env("AGENT_RELAY_API_URL", fake.url())
+        .env("AGENT_RELAY_NATS_URL", urls.join(","))
+        .env("AGENT_RELAY_NODE_NAME", machine.name)
+        .output()
+        .expect("run agent-relay cluster forget");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinstalled_machine_takes_its_name_back_after_cluster_forget() {
+    nats_server!(dir, server);
+    let urls = [server.url()];
+    let fake = common::fake().await;
+    let (laptop, old_box) = (Machine::new("laptop"), Machine::new("box"));
+    let mut stays = laptop.session(&fake, &urls, "stays").await;
+    let mut gone = old_box.session(&fake, &urls, "gone").await;
+    let thread = topic(&fake, "gone").thread_id;
+    // A running machine is not forgotten.
+    let (ok, said) = forget(&laptop, &fake, &urls, "box");
+    assert!(!ok && said.contains("machine box is running"), "{said}");
+    // The box dies for good, with a message waiting for it.
+    gone.kill9().await;
+    inject(&fake, Some(thread), USER, "for the old box");
+    relay_status(&mut stays, &["laptop"]).await;
+    // Reinstalled (a new home, so a new node id), it cannot take its name…
+    let new_box = Machine {
+        name: "box",
+        home: common::home(),
+    };
+    let mut s = Sidecar::spawn(common::accepting(new_box.options(&fake, &urls)));
+    s.handshake(&cwd("box", "new"), "new").await;
+    s.wait_status(|t| t.contains("cluster down")).await;
+    // …until the old one is forgotten.
+    let (ok, said) = forget(&laptop, &fake, &urls, "box");
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("forgot machine box: 3 claim(s) removed"),
+        "{said}"
+    );
+    assert!(
+        said.contains("1 update(s) that were waiting for box were dropped (1 message(s) in 1 topic(s); 1 topic(s) told in Telegram)"),
+        "{said}"
+    );
+    // …and the person hears of the message the old box never got, in its topic.
+    let told = wait_topic_text(&fake, thread, "This message was not delivered").await;
+    assert!(
+        told.iter()
+            .any(|t| t.contains("ran on machine box")
+                && t.contains("agent-relay cluster forget box")),
+        "{told:?}"
+    );
+    s.wait_status(connected).await;
+    let status = relay_status(&mut stays, &["laptop", "box"]).await;
+    assert!(status.contains("· box · new"), "{status}");
+    let (ok, said) = forget(&laptop, &fake, &urls, "nobody");
+    assert!(!ok && said.contains("no machine named nobody"), "{said}");
+    assert_eq!(foreign_overlaps(&fake), 0);
+}

@@ -116,9 +116,14 @@ impl Cluster {
     }
 
     /// Forgets a machine for good: its name (so that a reinstalled machine
-    /// can take it again), its slot and topic claims, its durable consumer
-    /// and the updates still waiting for it, which nobody could deliver:
-    /// the sessions they were for lived in that machine's store.
+    /// can take it again), its slot and topic claims and its durable
+    /// consumer. The updates still waiting for it, which nobody can deliver
+    /// any more (the sessions they were for lived in that machine's store),
+    /// come back in [`Forgotten::waiting`]: the caller tells their topics,
+    /// then drops them with [`Cluster::drop_waiting`].
+    ///
+    /// The claims go first, so that no leader routes anything new to the
+    /// machine while its backlog is read.
     pub async fn forget(&self, name: &NodeName) -> Result<Forgotten, ClusterError> {
         let claims = self.claims();
         let mut removed = 0;
@@ -144,31 +149,77 @@ impl Cluster {
             Ok::<_, ClusterError>(self.inbound.delete_consumer(&consumer).await.is_ok())
         })
         .await?;
+        Ok(Forgotten {
+            claims: removed,
+            had_consumer,
+            waiting: self.waiting_for(name).await?,
+        })
+    }
+
+    /// Every update on `name`'s subject, in stream order.
+    async fn waiting_for(&self, name: &NodeName) -> Result<Vec<Waiting>, ClusterError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let subject = self.names.inbound_subject(name);
+        let mut out = Vec::new();
+        let mut from = 1;
+        loop {
+            let got = timed(async {
+                match self
+                    .inbound
+                    .get_first_raw_message_by_subject(&subject, from)
+                    .await
+                {
+                    Ok(message) => Ok(Some(message)),
+                    Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+                    Err(e) => Err(ClusterError::unreachable(e)),
+                }
+            })
+            .await?;
+            let Some(message) = got else { break };
+            from = message.sequence + 1;
+            out.push(Waiting {
+                sequence: message.sequence,
+                payload: message.payload,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Drops the updates on `name`'s subject up to and including stream
+    /// sequence `through` (what [`Cluster::forget`] returned, once told):
+    /// anything published after it stays. Returns how many were dropped.
+    pub async fn drop_waiting(&self, name: &NodeName, through: u64) -> Result<u64, ClusterError> {
         let purged = timed(async {
             self.inbound
                 .purge()
                 .filter(self.names.inbound_subject(name))
+                .sequence(through + 1)
                 .await
                 .map_err(ClusterError::refused)
         })
         .await?;
-        Ok(Forgotten {
-            claims: removed,
-            had_consumer,
-            dropped_updates: purged.purged,
-        })
+        Ok(purged.purged)
     }
 }
 
-/// What [`Cluster::forget`] removed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What [`Cluster::forget`] removed, and what it found waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forgotten {
     /// The name, slot and topic claims removed.
     pub claims: usize,
     /// Whether the machine had a durable consumer.
     pub had_consumer: bool,
-    /// Updates that were waiting for the machine.
-    pub dropped_updates: u64,
+    /// The updates that were waiting for the machine, oldest first.
+    pub waiting: Vec<Waiting>,
+}
+
+/// One update that was waiting for a forgotten machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// Its sequence in the inbound stream.
+    pub sequence: u64,
+    /// The update as the leader published it (Telegram's JSON).
+    pub payload: Bytes,
 }
 
 /// Questions to this machine, in the order they arrive.
