@@ -181,7 +181,7 @@ fn session_table(out: &mut String, sessions: &[SessionStatus]) {
         };
         out.push_str(&format!(
             "{:<5} {:<25} {:<13} {}\n",
-            s.slot,
+            s.slot.to_string(),
             truncate(&s.topic_name, 25),
             health,
             s.cwd

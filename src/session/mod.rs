@@ -502,10 +502,15 @@ impl Session {
         out.push_str(&config_line);
         out.push('\n');
         out.push_str(&format!("binding: {}\n", describe_binding(&facts.binding)));
-        out.push_str(&format!(
-            "transport: {}\n",
-            describe_transport(&facts.transport)
-        ));
+        let clustered = self
+            .member()
+            .is_some_and(|m| m.watch().borrow().cluster.is_some());
+        let transport = match facts.transport {
+            // Across machines, the machine that polls is on the cluster line.
+            TransportFact::Leader if clustered => "leader of this machine's sessions",
+            ref other => describe_transport(other),
+        };
+        out.push_str(&format!("transport: {transport}\n"));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
         if let Ok(config) = &self.config {
             let policy = &config.approvals;

@@ -218,7 +218,7 @@ async fn connect(leader: &Arc<Leader>, node: &ClusterNode) -> Option<Cluster> {
             return None;
         }
     };
-    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
     loop {
         let attempt = tokio::select! {
             () = leader.stop.cancelled() => return None,
@@ -894,7 +894,8 @@ impl Leader {
                 }
             }
         }
-        machines.sort_by(|a, b| a.node.cmp(&b.node));
+        // This machine first, then the others by name.
+        machines[1..].sort_by(|a, b| a.node.cmp(&b.node));
         status.cluster = Some(ClusterStatus {
             node: me.to_string(),
             link: link.state,
