@@ -8,9 +8,12 @@
 //!
 //! Modules, one per figure family: `failover`, `restart`, `inbound`
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
-//! leader), `footprint` (cold start, idle RSS); `reference` holds the
-//! same-run floors; `world`, `host`, `stats` and `report` are the harness.
+//! leader), `footprint` (cold start, idle RSS), `cluster` (one bot across
+//! machines over NATS); `reference` holds the same-run floors; `world`,
+//! `host`, `stats` and `report` are the harness.
 
+#[path = "relay-bench/cluster.rs"]
+mod cluster;
 #[path = "relay-bench/failover.rs"]
 mod failover;
 #[path = "relay-bench/footprint.rs"]
@@ -49,6 +52,7 @@ enum Figure {
     Proxied,
     Idle,
     Cold,
+    Cluster,
 }
 
 /// Benchmarks agent-relay against the fake Bot API and prints a table.
@@ -81,6 +85,8 @@ struct Plan {
     idle: Duration,
     cold_runs: usize,
     echo_round_trips: usize,
+    cluster_trials: usize,
+    cluster_messages: usize,
 }
 
 impl Plan {
@@ -98,6 +104,8 @@ impl Plan {
                 idle: Duration::from_secs(2),
                 cold_runs: 5,
                 echo_round_trips: 1000,
+                cluster_trials: 1,
+                cluster_messages: 10,
             }
         } else {
             Plan {
@@ -112,6 +120,8 @@ impl Plan {
                 idle: Duration::from_secs(10),
                 cold_runs: 20,
                 echo_round_trips: 10_000,
+                cluster_trials: 5,
+                cluster_messages: 100,
             }
         }
     }
@@ -302,6 +312,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
+    if wanted(Figure::Cluster) {
+        cluster_rows(&relay, &plan, &mut rows, &step).await;
+    }
+
     let report = Report {
         relay_version: env!("CARGO_PKG_VERSION"),
         started_unix_ms,
@@ -389,5 +403,69 @@ async fn proxied_rows(
         "follower sendMessage throughput, 10 followers",
         "turn/ended at once at every follower → every text stored by the fake; relay limiter off",
         value,
+    ));
+}
+
+/// One bot across two machines over NATS, each figure beside the same
+/// figure of one machine, measured in the same run.
+async fn cluster_rows(
+    relay: &std::path::Path,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    const RATE: f64 = 10.0;
+    step("one machine, for the cluster's references");
+    let one_failover = Measure::from_result(
+        failover::measure(relay, 2, plan.cluster_trials.max(3))
+            .await
+            .map(|s| Measure::latency(&s, "no trial")),
+    );
+    let one_inbound = match world::World::start(relay, 2).await {
+        Ok(mut world) => {
+            Measure::from_result(inbound::latency(&mut world, RATE, plan.cluster_messages).await)
+        }
+        Err(e) => Measure::na(format!("{e:#}")),
+    };
+    step(&format!(
+        "cluster: 2 machines over nats-server, {} failovers",
+        plan.cluster_trials
+    ));
+    let (failover, polling, other, traffic) =
+        match cluster::measure(relay, plan.cluster_trials, plan.cluster_messages, RATE).await {
+            Ok(f) => (f.failover, f.inbound_polling, f.inbound_other, f.traffic),
+            Err(e) => {
+                let why = Measure::na(format!("{e:#}"));
+                (why.clone(), why.clone(), why.clone(), why)
+            }
+        };
+    rows.push(
+        Row::new(
+            "failover across machines",
+            "SIGKILL every sidecar of the machine that polls → a message typed then reaches the other machine's session (lease 6 s)",
+            failover,
+        )
+        .reference("one machine", one_failover),
+    );
+    rows.push(
+        Row::new(
+            format!("inbound via JetStream, polling machine, {RATE}/s"),
+            "message injected → the poller publishes it, its own machine's consumer journals it → host reads it",
+            polling,
+        )
+        .reference("one machine", one_inbound.clone()),
+    );
+    rows.push(
+        Row::new(
+            format!("inbound via JetStream, other machine, {RATE}/s"),
+            "message injected → published by the polling machine → the other machine's consumer → host reads it",
+            other,
+        )
+        .reference("one machine", one_inbound),
+    );
+    rows.push(Row::new(
+        "NATS traffic per inbound update",
+        "messages and bytes in and out of nats-server (/varz) during both inbound runs, minus an idle window as long, per update",
+        traffic,
     ));
 }
