@@ -193,6 +193,177 @@ pub fn status() -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `agent-relay cluster forget <machine>`: a machine that is gone for good
+/// (retired, or reinstalled with a new node id) gives up its name, its
+/// slots and topics, and the updates that were waiting for it.
+pub fn cluster_forget(name: &str) -> anyhow::Result<ExitCode> {
+    use crate::cluster::nodes::Question;
+    use crate::cluster::{Cluster, NodeName};
+    let Setup { config, .. } = Setup::from_env(Missing::Leave)?;
+    let config = config?;
+    let bot = config
+        .bot_id()
+        .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
+    let cluster = config.cluster.clone().context(
+        "no [cluster] section in config.toml (or AGENT_RELAY_NATS_URL): this relay runs on one machine",
+    )?;
+    let name = NodeName::parse(name).map_err(anyhow::Error::msg)?;
+    runtime()?.block_on(async {
+        let nats = Cluster::connect_unclaimed(&cluster, bot, "agent-relay-cli").await?;
+        let known = nats.claims().nodes().await?;
+        if !known.contains(&name) {
+            let known: Vec<String> = known.iter().map(ToString::to_string).collect();
+            anyhow::bail!(
+                "no machine named {name} joined this relay (machines: {})",
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            );
+        }
+        let answered: Vec<(NodeName, serde_json::Value)> = nats
+            .ask_nodes(Question::Status, &(), std::slice::from_ref(&name))
+            .await?;
+        if answered.iter().any(|(n, _)| *n == name) {
+            anyhow::bail!(
+                "machine {name} is running: `forget` is for a machine that is gone for good; stop its sessions first"
+            );
+        }
+        let forgotten = nats.forget(&name).await?;
+        println!(
+            "forgot machine {name}: {} claim(s) removed{}",
+            forgotten.claims,
+            if forgotten.had_consumer {
+                ", its consumer deleted"
+            } else {
+                ""
+            }
+        );
+        let Some(last) = forgotten.waiting.last().map(|w| w.sequence) else {
+            return Ok(ExitCode::SUCCESS);
+        };
+        // Nothing the person wrote disappears without a word: each topic
+        // with messages waiting is told they were not delivered, and what
+        // cannot be told there is printed here, before anything is dropped.
+        let undelivered = undelivered_by_topic(&forgotten.waiting);
+        let token = config
+            .token
+            .as_ref()
+            .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
+        let api = crate::telegram::BotApi::new(&config.api_url, token)?
+            .with_timeout(std::time::Duration::from_secs(30));
+        let messages: usize = undelivered.iter().map(|t| t.texts.len()).sum();
+        let mut told = 0;
+        for topic in &undelivered {
+            match tell_undelivered(&api, &name, topic).await {
+                Ok(()) => told += 1,
+                Err(e) => {
+                    println!(
+                        "could not tell topic {} of chat {} ({e}); its undelivered message(s):",
+                        topic.thread, topic.chat
+                    );
+                    for text in &topic.texts {
+                        println!("  > {text}");
+                    }
+                }
+            }
+        }
+        let dropped = nats.drop_waiting(&name, last).await?;
+        println!(
+            "{dropped} update(s) that were waiting for {name} were dropped ({messages} message(s) in {} topic(s); {told} topic(s) told in Telegram): the sessions they were for lived on that machine",
+            undelivered.len()
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The messages in one topic that a forgotten machine never received.
+#[derive(Debug, PartialEq, Eq)]
+struct Undelivered {
+    chat: i64,
+    thread: i64,
+    /// The first of them, which the notice replies to.
+    first: i64,
+    /// Their texts, oldest first ("(no text)" for a photo and the like).
+    texts: Vec<String>,
+}
+
+/// The person's messages among `waiting`, grouped by topic in the order
+/// the topics first appear. Taps and bots' messages are left out: a tap
+/// on a gone session's button has nothing to deliver.
+fn undelivered_by_topic(waiting: &[crate::cluster::nodes::Waiting]) -> Vec<Undelivered> {
+    use crate::telegram::{Update, UpdateKind};
+    let mut out: Vec<Undelivered> = Vec::new();
+    for w in waiting {
+        let Ok(update) = serde_json::from_slice(&w.payload)
+            .map_err(|e| e.to_string())
+            .and_then(|v| Update::decode(&v).map_err(|e| e.to_string()))
+        else {
+            continue;
+        };
+        let (UpdateKind::Message(m) | UpdateKind::EditedMessage(m)) = update.kind else {
+            continue;
+        };
+        let (Some(thread), false) = (m.topic(), m.from.as_ref().is_none_or(|u| u.is_bot)) else {
+            continue;
+        };
+        let text = m.text.clone().unwrap_or_else(|| "(no text)".into());
+        match out
+            .iter_mut()
+            .find(|t| t.chat == m.chat.id && t.thread == thread)
+        {
+            Some(topic) => topic.texts.push(text),
+            None => out.push(Undelivered {
+                chat: m.chat.id,
+                thread,
+                first: m.message_id,
+                texts: vec![text],
+            }),
+        }
+    }
+    out
+}
+
+/// The notice in a topic whose messages were not delivered.
+fn undelivered_notice(machine: &crate::cluster::NodeName, topic: &Undelivered) -> String {
+    let n = topic.texts.len();
+    let what = if n == 1 {
+        "This message was".to_string()
+    } else {
+        format!("{n} messages here, from this one on, were")
+    };
+    format!(
+        "⚠️ {what} not delivered: this topic's session ran on machine {machine}, which was removed from the relay (`agent-relay cluster forget {machine}`). Send it again in another session's topic."
+    )
+}
+
+/// Says [`undelivered_notice`] in `topic`, as a reply to its first
+/// undelivered message; once more after a `retry_after`.
+async fn tell_undelivered(
+    api: &crate::telegram::BotApi,
+    machine: &crate::cluster::NodeName,
+    topic: &Undelivered,
+) -> Result<(), crate::telegram::TelegramError> {
+    use crate::telegram::TelegramError;
+    use crate::telegram::types::{ReplyParameters, SendMessage};
+    let params = SendMessage {
+        chat_id: topic.chat,
+        message_thread_id: Some(topic.thread),
+        text: undelivered_notice(machine, topic),
+        parse_mode: None,
+        reply_markup: None,
+        reply_parameters: Some(ReplyParameters {
+            message_id: topic.first,
+            allow_sending_without_reply: true,
+        }),
+        link_preview_options: None,
+    };
+    match api.send_message(&params).await {
+        Err(TelegramError::RateLimited { retry_after }) => {
+            tokio::time::sleep(retry_after).await;
+            api.send_message(&params).await.map(drop)
+        }
+        sent => sent.map(drop),
+    }
+}
+
 pub fn demo() -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find this program's own path")?;
     runtime()?
@@ -239,4 +410,71 @@ pub fn schema(out: &std::path::Path) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot write {}", out.display()))?;
     println!("wrote {} schemas under {}", written.len(), out.display());
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::nodes::Waiting;
+    use serde_json::json;
+
+    fn waiting(sequence: u64, update: serde_json::Value) -> Waiting {
+        Waiting {
+            sequence,
+            payload: serde_json::to_vec(&update).unwrap().into(),
+        }
+    }
+
+    fn message(update_id: i64, thread: i64, message_id: i64, is_bot: bool, text: &str) -> Waiting {
+        waiting(
+            update_id as u64,
+            json!({"update_id": update_id, "message": {
+                "message_id": message_id, "date": 1,
+                "chat": {"id": -100, "type": "supergroup", "is_forum": true},
+                "from": {"id": 7, "is_bot": is_bot, "first_name": "P"},
+                "message_thread_id": thread, "is_topic_message": true,
+                "text": text,
+            }}),
+        )
+    }
+
+    #[test]
+    fn the_undelivered_messages_are_grouped_by_topic_leaving_taps_and_bots_out() {
+        let tap = waiting(
+            4,
+            json!({"update_id": 4, "callback_query": {
+                "id": "q", "from": {"id": 7, "is_bot": false, "first_name": "P"},
+                "data": "x",
+            }}),
+        );
+        let all = [
+            message(1, 10, 100, false, "first in 10"),
+            message(2, 20, 200, false, "first in 20"),
+            message(3, 10, 101, true, "a bot's"),
+            tap,
+            message(5, 10, 102, false, "second in 10"),
+            waiting(6, json!("not an update")),
+        ];
+        let got = undelivered_by_topic(&all);
+        assert_eq!(
+            got,
+            [
+                Undelivered {
+                    chat: -100,
+                    thread: 10,
+                    first: 100,
+                    texts: vec!["first in 10".into(), "second in 10".into()],
+                },
+                Undelivered {
+                    chat: -100,
+                    thread: 20,
+                    first: 200,
+                    texts: vec!["first in 20".into()],
+                },
+            ]
+        );
+        let machine = crate::cluster::NodeName::parse("box").unwrap();
+        assert!(undelivered_notice(&machine, &got[0]).starts_with("⚠️ 2 messages here"));
+        assert!(undelivered_notice(&machine, &got[1]).starts_with("⚠️ This message was"));
+    }
 }

@@ -2,7 +2,9 @@
 //! and how their reports read. Executing them is the session's job; this
 //! module knows no sockets and no host framing.
 
-use crate::protocol::bus::{BusStatus, ChatPacing, Health, PollReport, RestartOutcome};
+use crate::protocol::bus::{
+    BusStatus, ChatPacing, ClusterLinkState, Health, PollReport, RestartOutcome, SessionStatus,
+};
 use crate::protocol::host::CommandSpec;
 
 /// A parsed command.
@@ -114,22 +116,68 @@ pub fn parse(name: &str, args: &str) -> Result<Command, UsageError> {
     }
 }
 
-/// The `/relay status` table.
+/// The `/relay status` table: this machine's sessions, or every machine's
+/// when the relay spans machines.
 pub fn relay_status_text(status: &BusStatus) -> String {
+    let Some(cluster) = &status.cluster else {
+        let mut out = format!(
+            "relay: leader pid {} · epoch {} · {} session(s)\n",
+            status.leader_pid,
+            status.epoch,
+            status.sessions.iter().filter(|s| s.live).count()
+        );
+        leader_lines(&mut out, status);
+        session_table(&mut out, &status.sessions);
+        out.truncate(out.trim_end().len());
+        return out;
+    };
+    let live: usize = cluster
+        .machines
+        .iter()
+        .flat_map(|m| &m.sessions)
+        .filter(|s| s.live)
+        .count();
+    let polled = match (&cluster.polled_by, cluster.term) {
+        (Some(node), Some(term)) => format!("{node} polls Telegram (term {term})"),
+        (Some(node), None) => format!("{node} polls Telegram"),
+        _ => "no machine polls Telegram now".to_string(),
+    };
     let mut out = format!(
-        "relay: leader pid {} · epoch {} · {} session(s)\n",
-        status.leader_pid,
-        status.epoch,
-        status.sessions.iter().filter(|s| s.live).count()
+        "relay: {} machine(s) · {polled} · {live} session(s)\n",
+        cluster.machines.len()
     );
-    if let Some(poll) = &status.poll {
-        out.push_str(&format!("poll: {}\n", poll_text(poll)));
+    leader_lines(&mut out, status);
+    if cluster.link == ClusterLinkState::Down {
+        out.push_str(&format!(
+            "⚠ machine {} is cut off from the cluster: only its own sessions are shown\n",
+            cluster.node
+        ));
     }
-    for chat in &status.pacing {
-        out.push_str(&format!("pacing: {}\n", pacing_text(chat)));
+    for m in &cluster.machines {
+        let this = if m.node == cluster.node {
+            format!(" (this one) · leader pid {}", status.leader_pid)
+        } else {
+            String::new()
+        };
+        match m.epoch {
+            Some(epoch) if m.answered => {
+                out.push_str(&format!("machine {}{this} · epoch {epoch}\n", m.node));
+                session_table(&mut out, &m.sessions);
+            }
+            _ => out.push_str(&format!("machine {} · not answering\n", m.node)),
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+fn session_table(out: &mut String, sessions: &[SessionStatus]) {
+    if sessions.is_empty() {
+        out.push_str("  no sessions\n");
+        return;
     }
     out.push_str("slot  topic                     health        cwd\n");
-    for s in &status.sessions {
+    for s in sessions {
         let health = if s.live {
             format!("live {:.1}s", s.heartbeat_age_ms as f64 / 1000.0)
         } else {
@@ -137,14 +185,22 @@ pub fn relay_status_text(status: &BusStatus) -> String {
         };
         out.push_str(&format!(
             "{:<5} {:<25} {:<13} {}\n",
-            s.slot,
+            s.slot.to_string(),
             truncate(&s.topic_name, 25),
             health,
             s.cwd
         ));
     }
-    out.truncate(out.trim_end().len());
-    out
+}
+
+/// This machine's leader: its poll of Telegram and the chats' budgets.
+fn leader_lines(out: &mut String, status: &BusStatus) {
+    if let Some(poll) = &status.poll {
+        out.push_str(&format!("poll: {}\n", poll_text(poll)));
+    }
+    for chat in &status.pacing {
+        out.push_str(&format!("pacing: {}\n", pacing_text(chat)));
+    }
 }
 
 /// How the leader's poll is doing: its health, when it last answered and

@@ -50,6 +50,11 @@ enum Cmd {
     Doctor,
     /// Set the relay up interactively: the token, pairing your Telegram account, where the topics go.
     Setup,
+    /// Look after a relay that spans machines (docs/CLUSTER.md).
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
     /// Write the JSON Schemas of every wire type.
     Schema {
         /// Folder to write into.
@@ -68,6 +73,16 @@ enum InstallHost {
     },
 }
 
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Forget a machine that is gone for good (retired, or reinstalled):
+    /// its name, its slots and topics, and the messages waiting for it.
+    Forget {
+        /// The machine's node name.
+        node: String,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Cmd::Stdio { log_stderr: false });
@@ -79,6 +94,7 @@ fn main() -> ExitCode {
             | Cmd::Status
             | Cmd::Doctor
             | Cmd::Setup
+            | Cmd::Cluster { .. }
     ) {
         cli::private_umask();
     }
@@ -93,6 +109,9 @@ fn main() -> ExitCode {
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),
         Cmd::Setup => cli::setup(),
+        Cmd::Cluster {
+            command: ClusterCmd::Forget { node },
+        } => cli::cluster_forget(&node),
         Cmd::Schema { out } => cli::schema(&out),
     };
     result.unwrap_or_else(|e| {

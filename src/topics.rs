@@ -6,8 +6,9 @@ use crate::ids::Slot;
 /// Telegram's limit on a topic name, in characters.
 const MAX_TOPIC_NAME: usize = 128;
 
-/// The topic's name: slot letter and session, e.g. `A · api-server`.
-pub fn topic_name(slot: Slot, session_name: &str) -> String {
+/// The topic's name: slot letter and session, e.g. `A · api-server`; with
+/// the machine's name when the relay spans machines, `A · laptop · api-server`.
+pub fn topic_name(slot: Slot, node: Option<&str>, session_name: &str) -> String {
     let session: String = session_name
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -18,7 +19,10 @@ pub fn topic_name(slot: Slot, session_name: &str) -> String {
     } else {
         session
     };
-    let name = format!("{slot} · {session}");
+    let name = match node {
+        Some(node) => format!("{slot} · {node} · {session}"),
+        None => format!("{slot} · {session}"),
+    };
     name.chars().take(MAX_TOPIC_NAME).collect()
 }
 
@@ -110,9 +114,18 @@ mod tests {
 
     #[test]
     fn names_show_slot_and_session() {
-        assert_eq!(topic_name(slot('A'), "api-server"), "A · api-server");
-        assert_eq!(topic_name(slot('B'), "  \n "), "B · session");
-        assert_eq!(topic_name(slot('C'), &"x".repeat(300)).chars().count(), 128);
+        assert_eq!(topic_name(slot('A'), None, "api-server"), "A · api-server");
+        assert_eq!(topic_name(slot('B'), None, "  \n "), "B · session");
+        assert_eq!(
+            topic_name(slot('C'), None, &"x".repeat(300))
+                .chars()
+                .count(),
+            128
+        );
+        assert_eq!(
+            topic_name(slot('D'), Some("laptop"), "api"),
+            "D · laptop · api"
+        );
         assert_eq!(session_part("A · web · 2"), "web · 2");
     }
 

@@ -240,7 +240,7 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
         }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(id, generation)| ToLeader::Restart(Restart { id, generation })),
-        any::<u64>().prop_map(|id| ToLeader::Status(StatusQuery { id })),
+        any::<u64>().prop_map(|id| ToLeader::Status(StatusQuery { id, cluster: false })),
         (any::<u64>(), any::<u64>())
             .prop_map(|(id, generation)| ToLeader::Pair(Pair { id, generation })),
         (any::<u64>(), any::<u64>(), any::<i64>()).prop_map(|(id, generation, update_id)| {
@@ -462,12 +462,27 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
                 expected_instances,
                 expected_routes,
                 expected,
+                machines: Vec::new(),
             })
         });
     let paired = any::<i64>().prop_map(|user_id| FromLeader::Paired(Paired { user_id }));
     let paced = (any::<u64>(), any::<u64>())
         .prop_map(|(id, wait_ms)| FromLeader::Paced(Paced { id, wait_ms }));
-    prop_oneof![ack, deliver, health, restarting, paired, paced]
+    let cluster = (".{0,12}", any::<bool>(), prop::option::of(".{0,12}")).prop_map(
+        |(node, up, polled_by)| {
+            FromLeader::Cluster(ClusterLink {
+                node,
+                state: if up {
+                    ClusterLinkState::Up
+                } else {
+                    ClusterLinkState::Down
+                },
+                reason: (!up).then(|| "unreachable".to_string()),
+                polled_by,
+            })
+        },
+    );
+    prop_oneof![ack, deliver, health, restarting, paired, paced, cluster]
 }
 
 /// One way to damage an envelope's JSON.

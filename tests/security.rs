@@ -632,7 +632,7 @@ async fn a_generation_jump_cannot_take_over_another_session() {
     let thread = topic(&fake, "victim").thread_id;
     let mut raw = RawFollower::register(home.path()).await;
     let status: BusStatus = raw
-        .request(|id, _| ToLeader::Status(StatusQuery { id }))
+        .request(|id, _| ToLeader::Status(StatusQuery { id, cluster: false }))
         .await
         .decode()
         .expect("status");

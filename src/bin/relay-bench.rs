@@ -9,9 +9,12 @@
 //! Modules, one per figure family: `failover`, `restart`, `inbound`
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
 //! leader), `files` (a photo in, a file out), `footprint` (cold start, idle
-//! RSS); `reference` holds the same-run floors; `world`, `host`, `stats`
-//! and `report` are the harness.
+//! RSS), `cluster` (one bot across machines over NATS); `reference` holds
+//! the same-run floors; `world`, `host`, `stats` and `report` are the
+//! harness.
 
+#[path = "relay-bench/cluster.rs"]
+mod cluster;
 #[path = "relay-bench/failover.rs"]
 mod failover;
 #[path = "relay-bench/files.rs"]
@@ -53,6 +56,7 @@ enum Figure {
     Files,
     Idle,
     Cold,
+    Cluster,
 }
 
 /// Benchmarks agent-relay against the fake Bot API and prints a table.
@@ -88,6 +92,8 @@ struct Plan {
     file_trials: usize,
     photo_bytes: usize,
     upload_bytes: usize,
+    cluster_trials: usize,
+    cluster_messages: usize,
 }
 
 impl Plan {
@@ -108,6 +114,8 @@ impl Plan {
                 file_trials: 3,
                 photo_bytes: 1024 * 1024,
                 upload_bytes: 5 * 1024 * 1024,
+                cluster_trials: 1,
+                cluster_messages: 10,
             }
         } else {
             Plan {
@@ -125,6 +133,8 @@ impl Plan {
                 file_trials: 20,
                 photo_bytes: 1024 * 1024,
                 upload_bytes: 20 * 1024 * 1024,
+                cluster_trials: 5,
+                cluster_messages: 100,
             }
         }
     }
@@ -339,6 +349,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
+    if wanted(Figure::Cluster) {
+        cluster_rows(&relay, &plan, &mut rows, &step).await;
+    }
+
     let report = Report {
         relay_version: env!("CARGO_PKG_VERSION"),
         started_unix_ms,
@@ -462,5 +476,69 @@ async fn proxied_rows(
         "follower sendMessage throughput, 10 followers",
         "turn/ended at once at every follower → every text stored by the fake; relay limiter off",
         value,
+    ));
+}
+
+/// One bot across two machines over NATS, each figure beside the same
+/// figure of one machine, measured in the same run.
+async fn cluster_rows(
+    relay: &std::path::Path,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    const RATE: f64 = 10.0;
+    step("one machine, for the cluster's references");
+    let one_failover = Measure::from_result(
+        failover::measure(relay, 2, plan.cluster_trials.max(3))
+            .await
+            .map(|f| Measure::latency(&f.takeover, "no trial")),
+    );
+    let one_inbound = match world::World::start(relay, 2).await {
+        Ok(mut world) => {
+            Measure::from_result(inbound::latency(&mut world, RATE, plan.cluster_messages).await)
+        }
+        Err(e) => Measure::na(format!("{e:#}")),
+    };
+    step(&format!(
+        "cluster: 2 machines over nats-server, {} failovers",
+        plan.cluster_trials
+    ));
+    let (failover, polling, other, traffic) =
+        match cluster::measure(relay, plan.cluster_trials, plan.cluster_messages, RATE).await {
+            Ok(f) => (f.failover, f.inbound_polling, f.inbound_other, f.traffic),
+            Err(e) => {
+                let why = Measure::na(format!("{e:#}"));
+                (why.clone(), why.clone(), why.clone(), why)
+            }
+        };
+    rows.push(
+        Row::new(
+            "failover across machines",
+            "SIGKILL every sidecar of the machine that polls → a message typed then reaches the other machine's session (lease 6 s)",
+            failover,
+        )
+        .reference("one machine", one_failover),
+    );
+    rows.push(
+        Row::new(
+            format!("inbound via JetStream, polling machine, {RATE}/s"),
+            "message injected → the poller publishes it, its own machine's consumer journals it → host reads it",
+            polling,
+        )
+        .reference("one machine", one_inbound.clone()),
+    );
+    rows.push(
+        Row::new(
+            format!("inbound via JetStream, other machine, {RATE}/s"),
+            "message injected → published by the polling machine → the other machine's consumer → host reads it",
+            other,
+        )
+        .reference("one machine", one_inbound),
+    );
+    rows.push(Row::new(
+        "NATS traffic per inbound update",
+        "messages and bytes in and out of nats-server (/varz) during both inbound runs, minus an idle window as long, per update",
+        traffic,
     ));
 }

@@ -372,7 +372,7 @@ impl Actor {
                             break Ended::Reregister;
                         }
                         Call::Pair => ToLeader::Pair(Pair { id, generation }),
-                        Call::Status => ToLeader::Status(StatusQuery { id }),
+                        Call::Status { cluster } => ToLeader::Status(StatusQuery { id, cluster }),
                         Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
                         Call::Restart => ToLeader::Restart(Restart { id, generation }),
                         Call::Topic { op, background } => {
@@ -493,6 +493,26 @@ impl Actor {
                     let until = Instant::now() + Duration::from_millis(paced.wait_ms);
                     self.paced.insert(paced.id, until);
                     self.show_pacing();
+                }
+            }
+            FromLeader::Cluster(link) => {
+                let back = link.state == ClusterLinkState::Up
+                    && self
+                        .state
+                        .borrow()
+                        .cluster
+                        .as_ref()
+                        .is_some_and(|l| l.state != ClusterLinkState::Up);
+                self.set(|s| s.cluster = Some(link));
+                // Joined without a topic while the cluster was away: try again.
+                let topicless = self
+                    .state
+                    .borrow()
+                    .route
+                    .as_ref()
+                    .is_some_and(|r| r.target.is_none());
+                if back && topicless {
+                    return Next::Reregister;
                 }
             }
             FromLeader::Paired(_) => {

@@ -90,6 +90,8 @@ pub struct MemberState {
     /// A request of this session waits for its chat's message budget until
     /// then (the latest of the waiting ones).
     pub paced_until: Option<Instant>,
+    /// This machine's link to the others, when the relay spans machines.
+    pub cluster: Option<ClusterLink>,
 }
 
 impl MemberState {
@@ -106,6 +108,7 @@ impl MemberState {
             problem: None,
             blocker: None,
             paced_until: None,
+            cluster: None,
         }
     }
 }
@@ -143,7 +146,10 @@ pub(super) enum Call {
         profile_key: String,
         session_name: String,
     },
-    Status,
+    Status {
+        /// With every other machine's sessions.
+        cluster: bool,
+    },
     Disconnect,
     Restart,
     Pair,
@@ -263,7 +269,15 @@ impl Member {
     }
 
     pub async fn status(&self) -> Result<BusStatus, MemberError> {
-        self.call(Call::Status, REQUEST_TIMEOUT).await
+        self.call(Call::Status { cluster: false }, REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// The status with every machine's sessions when the relay spans
+    /// machines (the leader asks them, up to 2 s); else [`Member::status`].
+    pub async fn cluster_status(&self) -> Result<BusStatus, MemberError> {
+        self.call(Call::Status { cluster: true }, REQUEST_TIMEOUT)
+            .await
     }
 
     /// Deletes this session's topic through the leader (generation-fenced).

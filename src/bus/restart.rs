@@ -1,6 +1,8 @@
 //! `/relay restart` as its caller sees it: ask the leader (or join a
 //! restart already under way), then watch the bus until every route the
-//! plan expects is back at a newer epoch, and report how it ended.
+//! plan expects is back at a newer epoch, and report how it ended. When
+//! the relay spans machines the plan names every machine's routes, and the
+//! caller watches every machine's status (docs/CLUSTER.md).
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +13,8 @@ use crate::protocol::bus::*;
 pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
 /// How often the restart's caller looks at the bus while it converges.
 const RESTART_POLL: Duration = Duration::from_millis(20);
+/// How often it asks every machine, when the relay spans machines.
+const CLUSTER_POLL: Duration = Duration::from_millis(200);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Member {
@@ -53,9 +57,19 @@ impl Member {
         if heard.elapsed() >= RESTART_WINDOW {
             return None;
         }
-        match self.status().await {
+        match self.status_for(&plan).await {
             Ok(status) if converged(&plan, &status) => None,
             _ => Some(plan),
+        }
+    }
+
+    /// The status a plan's convergence is judged on: this machine's, or
+    /// every machine's.
+    async fn status_for(&self, plan: &RestartPlan) -> Result<BusStatus, MemberError> {
+        if plan.machines.is_empty() {
+            self.status().await
+        } else {
+            self.cluster_status().await
         }
     }
 
@@ -65,8 +79,8 @@ impl Member {
         let mut last: Option<BusStatus> = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if let Ok(Ok(status)) = tokio::time::timeout(left, self.status()).await
-                && status.epoch > plan.epoch
+            if let Ok(Ok(status)) = tokio::time::timeout(left, self.status_for(plan)).await
+                && (status.epoch > plan.epoch || !plan.machines.is_empty())
             {
                 if converged(plan, &status) {
                     return RestartOutcome::Complete {
@@ -79,16 +93,16 @@ impl Member {
             if Instant::now() >= deadline {
                 break;
             }
-            tokio::time::sleep(RESTART_POLL).await;
+            tokio::time::sleep(if plan.machines.is_empty() {
+                RESTART_POLL
+            } else {
+                CLUSTER_POLL
+            })
+            .await;
         }
         match last {
             Some(status) => {
-                let missing: Vec<String> = plan
-                    .expected
-                    .iter()
-                    .filter(|key| !is_back(key, &status))
-                    .cloned()
-                    .collect();
+                let missing = missing(plan, &status);
                 RestartOutcome::PartialTimeout {
                     back: plan.expected_routes.saturating_sub(missing.len() as u32),
                     expected: plan.expected_routes,
@@ -107,15 +121,54 @@ impl Member {
     }
 }
 
-fn is_back(key: &str, status: &BusStatus) -> bool {
-    status
-        .sessions
+fn is_back(key: &str, sessions: &[SessionStatus]) -> bool {
+    sessions
         .iter()
         .any(|s| s.profile_key == key && s.live && s.reconciled)
 }
 
+/// The expected routes that are not back, named with their machine when
+/// the relay spans machines (`key on laptop`).
+fn missing(plan: &RestartPlan, status: &BusStatus) -> Vec<String> {
+    if plan.machines.is_empty() {
+        return plan
+            .expected
+            .iter()
+            .filter(|key| !is_back(key, &status.sessions))
+            .cloned()
+            .collect();
+    }
+    let mut missing = Vec::new();
+    for part in &plan.machines {
+        let now = machine(status, &part.node).filter(|m| m.epoch > Some(part.epoch));
+        for key in &part.expected {
+            if !now.is_some_and(|m| is_back(key, &m.sessions)) {
+                missing.push(format!("{key} on {}", part.node));
+            }
+        }
+    }
+    missing
+}
+
+fn machine<'a>(status: &'a BusStatus, node: &str) -> Option<&'a MachineStatus> {
+    status
+        .cluster
+        .as_ref()
+        .and_then(|c| c.machines.iter().find(|m| m.answered && m.node == node))
+}
+
 /// Whether every route a restart expects is back, live and reconciled at a
-/// newer epoch.
+/// newer epoch (of its own machine, when the relay spans machines).
 fn converged(plan: &RestartPlan, status: &BusStatus) -> bool {
-    status.epoch > plan.epoch && plan.expected.iter().all(|key| is_back(key, status))
+    if plan.machines.is_empty() {
+        return status.epoch > plan.epoch
+            && plan
+                .expected
+                .iter()
+                .all(|key| is_back(key, &status.sessions));
+    }
+    plan.machines
+        .iter()
+        .all(|part| machine(status, &part.node).is_some_and(|m| m.epoch > Some(part.epoch)))
+        && missing(plan, status).is_empty()
 }

@@ -44,7 +44,10 @@ pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>
     };
     let (mut reader, mut writer) = wire::split(stream);
     writer
-        .send(&ToLeader::Status(StatusQuery { id: 1 }))
+        .send(&ToLeader::Status(StatusQuery {
+            id: 1,
+            cluster: true,
+        }))
         .await
         .map_err(|_| MemberError::NotConnected)?;
     let ack = tokio::time::timeout(ANSWER_TIMEOUT, async {

@@ -5,6 +5,7 @@
 //! a fenced write of the lease holder that never moves backwards.
 
 use async_nats::jetstream::kv;
+use futures::TryStreamExt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +46,14 @@ pub struct Claimed<T> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct NodeClaim {
     node_id: String,
+}
+
+/// What a slot or topic claim holds: the machine whose session holds it,
+/// and the session (its profile key on that machine).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionClaim {
+    pub node: NodeName,
+    pub profile_key: String,
 }
 
 /// The key of the bot-wide `getUpdates` offset.
@@ -131,6 +140,68 @@ impl Claims {
                 })
         })
         .await
+    }
+
+    /// Every slot claimed in `chat`: the 26 keys read at once.
+    pub async fn slots(
+        &self,
+        chat: i64,
+    ) -> Result<Vec<(Slot, Claimed<SessionClaim>)>, ClusterError> {
+        let reads = (0..Slot::ALL)
+            .filter_map(Slot::from_index)
+            .map(|slot| async move {
+                let claim = self
+                    .get::<SessionClaim>(&ClaimKey::Slot { chat, slot })
+                    .await?;
+                Ok::<_, ClusterError>(claim.map(|c| (slot, c)))
+            });
+        let read = futures::future::try_join_all(reads).await?;
+        Ok(read.into_iter().flatten().collect())
+    }
+
+    /// Every key in the bucket (a few per session and machine).
+    pub async fn keys(&self) -> Result<Vec<String>, ClusterError> {
+        timed(async {
+            let keys = self.kv().keys().await.map_err(ClusterError::unreachable)?;
+            keys.try_collect::<Vec<String>>()
+                .await
+                .map_err(ClusterError::unreachable)
+        })
+        .await
+    }
+
+    /// The machines that joined: every node claim's name.
+    pub async fn nodes(&self) -> Result<Vec<NodeName>, ClusterError> {
+        let mut nodes: Vec<NodeName> = self
+            .keys()
+            .await?
+            .iter()
+            .filter_map(|k| k.strip_prefix("node."))
+            .filter_map(|name| NodeName::parse(name).ok())
+            .collect();
+        nodes.sort();
+        Ok(nodes)
+    }
+
+    /// Removes a key whatever its revision (`cluster forget` only).
+    pub(super) async fn remove(&self, key: &str) -> Result<(), ClusterError> {
+        timed(async {
+            self.kv()
+                .delete(key)
+                .await
+                .map_err(ClusterError::unreachable)
+        })
+        .await
+    }
+
+    /// Reads a key as JSON of any shape (`cluster forget` only).
+    pub(super) async fn read_raw(
+        &self,
+        key: &str,
+    ) -> Result<Option<serde_json::Value>, ClusterError> {
+        Ok(read::<serde_json::Value>(self.kv(), key)
+            .await?
+            .map(|c| c.value))
     }
 
     /// Claims this machine's name, or finds it already ours.

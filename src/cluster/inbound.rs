@@ -23,8 +23,10 @@ const TERM_HEADER: &str = "Relay-Term";
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(600);
 
 /// How long a delivered message may stay unacknowledged before JetStream
-/// hands it out again.
-pub const ACK_WAIT: Duration = Duration::from_secs(30);
+/// hands it out again: short, since a delivery lost on its way (a
+/// connection that dropped while it travelled) waits this long, and a node
+/// journals a batch in milliseconds. A repeat is dropped by the journal.
+pub const ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// The stream's limits: far beyond what a person types. If ever reached, a
 /// publish is refused, the leader does not confirm and the poll pauses
@@ -145,10 +147,32 @@ impl Inbound {
         Ok(published)
     }
 
+    /// This node's durable consumer made afresh, for a new process of the
+    /// node (a local failover): what its dead predecessor fetched but did
+    /// not acknowledge would otherwise wait [`ACK_WAIT`] at the server, or
+    /// longer when the server handed it to a pull request of the dead
+    /// process. On a work-queue stream an acknowledged update is gone, so
+    /// the new consumer starts with exactly the unacknowledged ones, in
+    /// stream order. Only one process of a node reads at a time (the
+    /// machine's bus lock, and the node claim across machines).
+    pub async fn fresh_consumer(&self, node: &NodeName) -> Result<NodeConsumer, ClusterError> {
+        let durable = self.cluster.names.consumer(node);
+        let stream = &self.cluster.inbound;
+        // Missing already is fine; unreachable fails the create below too.
+        let _ = timed(async {
+            stream
+                .delete_consumer(&durable)
+                .await
+                .map_err(ClusterError::unreachable)
+        })
+        .await;
+        self.consumer(node).await
+    }
+
     /// This node's durable consumer, created if missing. It survives the
     /// node's absence: what was published meanwhile waits for it.
     pub async fn consumer(&self, node: &NodeName) -> Result<NodeConsumer, ClusterError> {
-        let durable = format!("node-{node}");
+        let durable = self.cluster.names.consumer(node);
         let config = consumer::pull::Config {
             durable_name: Some(durable.clone()),
             description: Some(format!("agent-relay: updates for node {node}")),

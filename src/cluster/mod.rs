@@ -15,17 +15,19 @@
 //!   compare-and-set; the offset fenced by the lease term.
 //! * [`calls`] — Bot API calls from any node to the leader of a term, by
 //!   request/reply.
+//! * [`nodes`] — questions to every machine at once (`/relay status`,
+//!   `/relay restart`), and forgetting a machine for good.
 //!
-//! **Phase 1.** The leader does not use this yet: wiring it in at the seams
-//! docs/CLUSTER.md names (*Where it plugs in*) is phase 2. Until then the
-//! module is public so that its tests (`tests/cluster.rs`, against a real
-//! `nats-server -js`) use it as the leader will, and the compiler's
-//! dead-code lint stays meaningful for the rest of the crate.
+//! The leader uses it at the seams docs/CLUSTER.md names (*Where it plugs
+//! in*; `bus/leader/cluster.rs` and `bus/leader/remote.rs`). The module is
+//! public so that its own tests (`tests/cluster.rs`, against a real
+//! `nats-server -js`) use it as the leader does.
 
 pub mod calls;
 pub mod claims;
 pub mod inbound;
 pub mod lease;
+pub mod nodes;
 
 use std::time::Duration;
 
@@ -131,6 +133,12 @@ impl Names {
     fn call_subject(&self, term: lease::Term) -> String {
         format!("relay.{}.call.{}", self.bot, term.0)
     }
+    fn question_subject(&self, question: nodes::Question) -> String {
+        format!("relay.{}.{}", self.bot, question.word())
+    }
+    fn consumer(&self, node: &NodeName) -> String {
+        format!("node-{node}")
+    }
 }
 
 /// A connection to the cluster for one bot and one node. Cheap to clone.
@@ -151,6 +159,19 @@ impl Cluster {
     /// (three replicas when the NATS deployment is a cluster that can hold
     /// them, else one), and claims this node's name.
     pub async fn connect(
+        config: &ClusterConfig,
+        bot: BotId,
+        node_id: &str,
+    ) -> Result<Self, ClusterError> {
+        let cluster = Self::connect_unclaimed(config, bot, node_id).await?;
+        cluster.claims().claim_node(&cluster.node).await?;
+        Ok(cluster)
+    }
+
+    /// [`Cluster::connect`] without claiming the node's name: for looking
+    /// after the cluster from a terminal (`agent-relay cluster`), never for
+    /// a relay.
+    pub async fn connect_unclaimed(
         config: &ClusterConfig,
         bot: BotId,
         node_id: &str,
@@ -261,7 +282,6 @@ impl Cluster {
             inbound,
             link,
         };
-        cluster.claims().claim_node(&cluster.node).await?;
         Ok(cluster)
     }
 

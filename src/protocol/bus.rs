@@ -447,6 +447,10 @@ pub struct PairingLink {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusQuery {
     pub id: u64,
+    /// Also every other machine's sessions, when the relay spans machines
+    /// (docs/CLUSTER.md): the leader asks them and waits up to 2 s.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cluster: bool,
 }
 
 // ---------------------------------------------------------------- leader → follower
@@ -461,6 +465,34 @@ pub enum FromLeader {
     Health(Health),
     Paired(Paired),
     Paced(Paced),
+    Cluster(ClusterLink),
+}
+
+/// This machine's link to the other machines of the relay (docs/CLUSTER.md);
+/// pushed on every change, and only when a cluster is configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterLink {
+    /// This machine's node name.
+    pub node: String,
+    pub state: ClusterLinkState,
+    /// Why the link is down, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The machine that polls Telegram for the whole bot, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polled_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ClusterLinkState {
+    /// Not connected yet since the leader started.
+    Connecting,
+    Up,
+    /// Cut off: this machine sends its sessions' text straight to
+    /// Telegram and receives nothing until the link is back.
+    Down,
 }
 
 /// A request of this session waits for its chat's message budget (Telegram
@@ -704,6 +736,21 @@ pub struct Restarting {
     pub expected_routes: u32,
     /// The profile keys whose routes must come back.
     pub expected: Vec<String>,
+    /// When the relay spans machines: every machine's part of the plan
+    /// (this one's included). Empty for a single machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<MachinePlan>,
+}
+
+/// What a restart expects of one machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePlan {
+    pub node: String,
+    /// The machine's local epoch that ends.
+    pub epoch: Epoch,
+    /// The profile keys on that machine whose routes must come back.
+    pub expected: Vec<String>,
 }
 
 /// The bus as the leader sees it (`status` result).
@@ -722,6 +769,10 @@ pub struct BusStatus {
     /// Every chat whose message budget was used lately.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pacing: Vec<ChatPacing>,
+    /// Every machine of the relay, when it spans machines and the query
+    /// asked for them (`StatusQuery::cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
 }
 
 /// The leader's poll, for `/relay status`.
@@ -759,6 +810,37 @@ pub struct ChatPacing {
     pub longest_wait_ms: u64,
     /// Requests that had to wait at all.
     pub paced: u64,
+}
+
+/// The machines of a relay that spans machines, as one of them sees them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The machine that answered.
+    pub node: String,
+    /// Its link to the others.
+    pub link: ClusterLinkState,
+    /// The machine that polls Telegram for the whole bot, and its lease term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polled_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
+    /// Every machine that ever joined, this one included, by name.
+    pub machines: Vec<MachineStatus>,
+}
+
+/// One machine and its sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    pub node: String,
+    /// Whether it answered in time; a silent machine shows no sessions.
+    pub answered: bool,
+    /// Its local leader's epoch and sessions, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<SessionStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

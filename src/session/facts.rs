@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::protocol::bus::{Blocker, Epoch, Slot};
+use crate::protocol::bus::{Blocker, ClusterLink, ClusterLinkState, Epoch, Slot};
 use crate::protocol::host::Tone;
 
 /// Whether and how this session is bound to a topic.
@@ -52,6 +52,10 @@ pub enum TransportFact {
     Deaf {
         pending: u32,
     },
+    /// This machine is cut off from the others of the relay: it sends its
+    /// sessions' text itself and receives nothing until the link is back
+    /// (docs/CLUSTER.md, *When the cluster connection is down*).
+    ClusterDown,
 }
 
 /// Whether this session's routes agree with the leader's.
@@ -130,6 +134,7 @@ impl Facts {
                 deaf = format!("⚠ not receiving ({pending} waiting)");
                 (deaf.as_str(), Tone::Warning)
             }
+            TransportFact::ClusterDown => ("◐ cluster down — sending only", Tone::Warning),
         };
         let transport = if self.binding == BindingFact::Connecting
             && self.transport != TransportFact::Conflict
@@ -248,6 +253,9 @@ pub fn describe_transport(t: &TransportFact) -> String {
         TransportFact::Deaf { pending } => format!(
             "not receiving: {pending} update(s) wait at Telegram while its polls come back empty; the leader restarts its poll (see /relay status)"
         ),
+        TransportFact::ClusterDown => {
+            "cluster down (sending this machine's answers straight to Telegram; your messages wait until the link is back)".into()
+        }
     }
 }
 
@@ -273,6 +281,22 @@ pub fn describe_outbox(o: &OutboxFact, private: bool, now: Instant) -> String {
         ));
     }
     out
+}
+
+/// This machine's place in a relay that spans machines.
+pub fn describe_cluster(link: &ClusterLink) -> String {
+    let state = match (link.state, &link.reason) {
+        (ClusterLinkState::Connecting, _) => "connecting".to_string(),
+        (ClusterLinkState::Up, _) => "connected".to_string(),
+        (ClusterLinkState::Down, Some(reason)) => format!("down ({reason})"),
+        (ClusterLinkState::Down, None) => "down".to_string(),
+    };
+    let polled = match &link.polled_by {
+        Some(node) if *node == link.node => " · this machine polls Telegram".to_string(),
+        Some(node) => format!(" · machine {node} polls Telegram"),
+        None => String::new(),
+    };
+    format!("machine {} · {state}{polled}", link.node)
 }
 
 pub fn describe_sync(s: &SyncFact) -> String {
@@ -342,6 +366,17 @@ mod tests {
                 SyncFact::Stale("x".into())
             ),
             ("TG B·web ● follower ⚠ stale".into(), Tone::Warning)
+        );
+        assert_eq!(
+            facts(
+                bound(0, "laptop·api"),
+                TransportFact::ClusterDown,
+                SyncFact::Synced(2)
+            ),
+            (
+                "TG A·laptop·api ◐ cluster down — sending only".into(),
+                Tone::Warning
+            )
         );
         assert_eq!(
             facts(

@@ -16,7 +16,7 @@ use crate::commands::{relay_status_text, restart_text};
 use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
 use crate::paths::Paths;
-use crate::protocol::bus::{BusErrorCode, FileSource, Health, SendFile, TopicOp};
+use crate::protocol::bus::{BusErrorCode, ClusterLinkState, FileSource, Health, SendFile, TopicOp};
 use crate::protocol::host::*;
 use crate::topics;
 
@@ -30,7 +30,9 @@ mod transcribe;
 mod unsent;
 
 pub use facts::{BindingFact, Facts, OutboxFact, SyncFact, TransportFact};
-use facts::{describe_binding, describe_outbox, describe_sync, describe_transport};
+use facts::{
+    describe_binding, describe_cluster, describe_outbox, describe_sync, describe_transport,
+};
 use outbound::Outgoing;
 
 /// How long closing waits for the messages queued for the topic.
@@ -364,9 +366,10 @@ impl Session {
                     blocker,
                     problem: member.problem.clone().unwrap_or_default(),
                 },
+                // `laptop·api` when the relay spans machines.
                 (Some(route), None) => BindingFact::Bound {
                     slot: route.slot,
-                    name: topics::session_part(&route.topic_name).to_string(),
+                    name: topics::session_part(&route.topic_name).replace(" · ", "·"),
                 },
                 (None, _) => BindingFact::Connecting,
             };
@@ -375,6 +378,13 @@ impl Session {
                     TransportFact::Reconnecting
                 }
                 (_, Health::Unauthorized) => TransportFact::Unauthorized,
+                _ if member
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| c.state == ClusterLinkState::Down) =>
+                {
+                    TransportFact::ClusterDown
+                }
                 (_, Health::Conflict) => TransportFact::Conflict,
                 (_, Health::Offline { .. }) => TransportFact::Offline,
                 (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
@@ -400,7 +410,7 @@ impl Session {
             Command::Connect => self.connect_command().await,
             Command::Disconnect => return self.disconnect().await,
             Command::RelayStatus => match self.member() {
-                Some(member) => match member.status().await {
+                Some(member) => match member.cluster_status().await {
                     Ok(status) => (true, relay_status_text(&status)),
                     Err(e) => (false, format!("Relay status unavailable: {e}")),
                 },
@@ -587,10 +597,15 @@ impl Session {
         out.push_str(&config_line);
         out.push('\n');
         out.push_str(&format!("binding: {}\n", describe_binding(&facts.binding)));
-        out.push_str(&format!(
-            "transport: {}\n",
-            describe_transport(&facts.transport)
-        ));
+        let clustered = self
+            .member()
+            .is_some_and(|m| m.watch().borrow().cluster.is_some());
+        let transport = match facts.transport {
+            // Across machines, the machine that polls is on the cluster line.
+            TransportFact::Leader if clustered => "leader of this machine's sessions".to_string(),
+            ref other => describe_transport(other),
+        };
+        out.push_str(&format!("transport: {transport}\n"));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
         let private = self.member().is_some_and(|m| {
             m.watch()
@@ -631,6 +646,9 @@ impl Session {
         }
         if let Some(member) = self.member() {
             let state = member.watch().borrow().clone();
+            if let Some(link) = &state.cluster {
+                out.push_str(&format!("cluster: {}\n", describe_cluster(link)));
+            }
             if let Some(pid) = state.leader_pid {
                 out.push_str(&format!("leader: pid {pid}"));
                 if let Some(epoch) = state.epoch {

@@ -556,6 +556,24 @@ impl Store {
         updates: &[NewUpdate],
         next_offset: i64,
     ) -> Result<(Vec<i64>, Unflushed)> {
+        self.journal_unflushed(updates, Some(next_offset))
+    }
+
+    /// Journals updates another machine polled (docs/CLUSTER.md,
+    /// *Inbound*): like [`Store::journal_batch_unflushed`], but the offset
+    /// is the cluster's, so the local one stays as it is.
+    pub fn journal_received_unflushed(
+        &mut self,
+        updates: &[NewUpdate],
+    ) -> Result<(Vec<i64>, Unflushed)> {
+        self.journal_unflushed(updates, None)
+    }
+
+    fn journal_unflushed(
+        &mut self,
+        updates: &[NewUpdate],
+        next_offset: Option<i64>,
+    ) -> Result<(Vec<i64>, Unflushed)> {
         let inserted = self.write_unflushed(|tx| {
             let now = now_ms();
             let mut insert = tx.prepare_cached(
@@ -581,10 +599,12 @@ impl Store {
                     inserted.push(u.update_id);
                 }
             }
-            tx.prepare_cached(
-                "UPDATE meta SET next_offset = max(coalesce(next_offset, ?1), ?1) WHERE id = 1",
-            )?
-            .execute([next_offset])?;
+            if let Some(next_offset) = next_offset {
+                tx.prepare_cached(
+                    "UPDATE meta SET next_offset = max(coalesce(next_offset, ?1), ?1) WHERE id = 1",
+                )?
+                .execute([next_offset])?;
+            }
             Ok(inserted)
         })?;
         Ok((

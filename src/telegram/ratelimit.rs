@@ -43,7 +43,10 @@ pub struct RateLimiter {
 }
 
 /// Who goes first when calls wait for the same chat's budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "camelCase")]
 pub enum Priority {
     /// Superseded by a later call (typing, a progress edit): never waits;
     /// refused when the budget is spent or others wait.

@@ -289,7 +289,7 @@ pub struct WebhookInfo {
 }
 
 /// The answer of `getMe`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BotInfo {
     pub id: i64,
     pub first_name: String,

@@ -2,6 +2,10 @@
 //! on a free port, with its store in a temporary directory, killed when
 //! dropped. Without the binary the tests skip with a printed reason, except
 //! under CI (`CI` set), where `.ci/run` installs it and a missing one fails.
+//! Shared by `tests/cluster.rs` and `tests/cluster_relay.rs`, which use
+//! different parts.
+
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

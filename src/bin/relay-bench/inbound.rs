@@ -8,9 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use agent_relay::fake_bot_api::{DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, Inject};
+use agent_relay::fake_bot_api::{DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, FakeBotApi, Inject};
 use anyhow::{Context as _, bail};
 
+use crate::host::Host;
 use crate::report::Measure;
 use crate::world::World;
 
@@ -20,7 +21,11 @@ const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 const BURST_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn inject(world: &World, thread: i64, text: String) {
-    world.api().inject_message(Inject {
+    inject_into(&world.api(), thread, text);
+}
+
+fn inject_into(api: &FakeBotApi, thread: i64, text: String) {
+    api.inject_message(Inject {
         chat_id: DEFAULT_FORUM_CHAT_ID,
         thread_id: Some(thread),
         user_id: DEFAULT_USER_ID,
@@ -36,7 +41,20 @@ pub async fn latency(world: &mut World, rate: f64, count: usize) -> anyhow::Resu
         .first()
         .context("no follower on the bus")?;
     let thread = world.thread_of(&status, follower)?;
-    world.hosts[follower].drain_prompts();
+    let api = world.api();
+    latency_at(&api, &mut world.hosts[follower], thread, rate, count).await
+}
+
+/// `count` messages into `thread`, whose session is `host`'s, paced at
+/// `rate` per second: from the injection to the host reading the prompt.
+pub async fn latency_at(
+    api: &FakeBotApi,
+    host: &mut Host,
+    thread: i64,
+    rate: f64,
+    count: usize,
+) -> anyhow::Result<Measure> {
+    host.drain_prompts();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let start = tokio::time::Instant::now();
     let mut samples = Vec::with_capacity(count);
@@ -47,8 +65,8 @@ pub async fn latency(world: &mut World, rate: f64, count: usize) -> anyhow::Resu
         // The full stop keeps "#1." from matching "#10.".
         let text = format!("bench inbound {rate}/s #{i}.");
         let sent = Instant::now();
-        inject(world, thread, text.clone());
-        match world.hosts[follower].prompt(&text, MESSAGE_TIMEOUT).await {
+        inject_into(api, thread, text.clone());
+        match host.prompt(&text, MESSAGE_TIMEOUT).await {
             Some(prompt) if i > 0 => samples.push(prompt.at.saturating_duration_since(sent)),
             Some(_) => {}
             None if i == 0 => {

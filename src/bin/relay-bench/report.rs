@@ -22,6 +22,11 @@ pub enum Measure {
     Memory {
         kib: u64,
     },
+    /// Network traffic per unit of work (e.g. per inbound update).
+    Traffic {
+        messages: f64,
+        bytes: f64,
+    },
     NotAvailable {
         why: String,
     },
@@ -65,6 +70,9 @@ impl Measure {
             ),
             Measure::Rate { per_s, count, .. } => format!("{} ({count} msgs)", fmt_rate(*per_s)),
             Measure::Memory { kib } => fmt_kib(*kib),
+            Measure::Traffic { messages, bytes } => {
+                format!("{messages:.1} messages · {bytes:.0} bytes")
+            }
             Measure::NotAvailable { why } => format!("n/a: {why}"),
             Measure::None => "—".into(),
         }

@@ -150,7 +150,10 @@ impl World {
     pub async fn status(&self) -> anyhow::Result<BusStatus> {
         let (mut reader, mut writer) = wire::split(self.connect().await?);
         writer
-            .send(&ToLeader::Status(StatusQuery { id: 1 }))
+            .send(&ToLeader::Status(StatusQuery {
+                id: 1,
+                cluster: false,
+            }))
             .await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
         ack.decode().map_err(|e| anyhow!("status refused: {e}"))

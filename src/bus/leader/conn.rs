@@ -108,6 +108,14 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
                     .map(|()| serde_json::Value::Null),
             );
         }
+        ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
+            // Every machine is asked: up to 2 s, off the reader.
+            let leader = leader.clone();
+            requests.spawn(async move {
+                let status = leader.cluster_status().await;
+                leader.registry.send(conn, leader.ack(Some(q.id), status));
+            });
+        }
         ToLeader::Status(q) => {
             leader
                 .registry
@@ -143,6 +151,9 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
                     leader
                         .registry
                         .send(conn, FromLeader::Health(leader.wire_health()));
+                    if let Some(frame) = leader.wire_cluster() {
+                        leader.registry.send(conn, frame);
+                    }
                     leader.go_live(conn, generation);
                 }
             });

@@ -18,15 +18,23 @@
 //! status table) live in [`sessions`]; one connection's reader and writer in
 //! [`conn`]. The lock order is written where the locks are
 //! ([`registry::Registry`]).
+//!
+//! When the relay spans machines (`[cluster]`, docs/CLUSTER.md), the
+//! leader is also one machine of the cluster ([`cluster`]): it polls only
+//! while it holds the bot-wide lease, reads its own updates from the
+//! cluster's stream, and makes its Bot API calls through the machine that
+//! polls ([`remote`]).
 
 mod access;
 mod asks;
+mod cluster;
 mod conn;
 mod files;
 mod inbox;
 mod outbox;
 mod poller;
 mod registry;
+mod remote;
 mod router;
 mod sessions;
 mod triage;
@@ -48,9 +56,10 @@ use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 use crate::telegram::SetupError;
 use access::Access;
+use cluster::{ClusterNode, ClusterPoll};
 use inbox::Inbox;
 use outbox::Outbox;
-use poller::{PollFacts, PollHealth, Poller};
+use poller::{Batch, PollFacts, PollHealth, Poller};
 use registry::{ConnId, Registry};
 use router::Router;
 
@@ -77,7 +86,9 @@ pub(super) struct Leader {
     store: Arc<Mutex<Store>>,
     registry: Registry,
     router: Router,
-    outbox: Outbox,
+    /// Every Bot API call: the local outbox, or through the machine that
+    /// polls when the relay spans machines.
+    outbox: remote::Outbound,
     access: Arc<Access>,
     asks: asks::Asks,
     /// Where the files users send are saved, one folder per session.
@@ -92,6 +103,8 @@ pub(super) struct Leader {
     /// Held while the cleanup intents a predecessor left are worked off:
     /// nothing is provisioned before.
     cleanup: Arc<tokio::sync::Mutex<()>>,
+    /// This machine in the cluster; `None` for a single machine.
+    cluster: Option<Arc<ClusterNode>>,
     stop: CancellationToken,
 }
 
@@ -125,6 +138,32 @@ impl Leader {
             }
             Err(e) => tracing::warn!("cannot read the bindings to prune the inboxes: {e}"),
         }
+    }
+
+    /// A poller of this leader: its own (single machine), or one per lease
+    /// term with the cluster's journal step.
+    fn poller(
+        &self,
+        batches: mpsc::Sender<Batch>,
+        stop: CancellationToken,
+        cluster: Option<ClusterPoll>,
+    ) -> Poller {
+        Poller {
+            api: self.outbox.api().clone(),
+            store: self.store.clone(),
+            triage: triage::Journaling::new(self.store.clone(), self.access.clone()),
+            batches,
+            health: self.health.clone(),
+            facts: self.poll.clone(),
+            stop,
+            cluster,
+        }
+    }
+
+    /// This machine's cluster link as the bus wire states it, when it has one.
+    fn wire_cluster(&self) -> Option<FromLeader> {
+        let node = self.cluster.as_ref()?;
+        Some(FromLeader::Cluster(node.link().borrow().clone()))
     }
 
     /// The poll health as the bus wire states it.
@@ -179,11 +218,16 @@ pub(crate) async fn start(
     instance_id: String,
     config: &Config,
 ) -> Result<LeaderHandle, LeaderError> {
-    let outbox = Outbox::new(config)?;
+    let local = Outbox::new(config)?;
     let bot = config.bot_id().ok_or(SetupError::Http {
         message: "no bot token".into(),
     })?;
     let store_path: PathBuf = paths.store_file(bot);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(|cluster| Arc::new(ClusterNode::new(cluster.clone(), bot, &store_path)));
+    let outbox = remote::Outbound::new(local, cluster.clone());
     let configured = config.allowed_users.clone();
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
@@ -223,6 +267,7 @@ pub(crate) async fn start(
         poll: Arc::default(),
         restarting: OnceLock::new(),
         cleanup: Arc::default(),
+        cluster,
         stop: CancellationToken::new(),
     });
     let task = tokio::spawn(run(leader.clone(), listener, acks));
@@ -250,12 +295,22 @@ impl LeaderHandle {
 
 /// `/relay restart`: answers with the plan, tells every session, and steps
 /// down. The member that owns this leader then releases the lock, and the
-/// bus elects a leader again; sessions come back on their own.
-fn restart(leader: &Leader, conn: ConnId, req: &Restart) {
+/// bus elects a leader again; sessions come back on their own. When the
+/// relay spans machines, every machine does so (`cluster.rs`).
+fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
     if let Err(e) = leader.registry.session(conn, req.generation) {
         leader
             .registry
             .send(conn, leader.ack::<()>(Some(req.id), Err(e)));
+        return;
+    }
+    if leader.cluster.is_some() {
+        let leader = leader.clone();
+        let id = req.id;
+        tokio::spawn(async move {
+            let plan = leader.restart_cluster().await;
+            leader.registry.send(conn, leader.ack(Some(id), plan));
+        });
         return;
     }
     let mut first = false;
@@ -275,6 +330,7 @@ fn restart(leader: &Leader, conn: ConnId, req: &Restart) {
             expected_instances: count,
             expected_routes: count,
             expected,
+            machines: Vec::new(),
         }
     });
     leader
@@ -285,10 +341,7 @@ fn restart(leader: &Leader, conn: ConnId, req: &Restart) {
             routes = plan.expected_routes,
             "restarting the relay on request"
         );
-        leader
-            .registry
-            .broadcast(&FromLeader::Restarting(plan.clone()));
-        leader.stop.cancel();
+        leader.step_down_for(plan);
     }
 }
 
@@ -360,16 +413,21 @@ async fn run(
         Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
     }
     let (batches_tx, mut batches) = mpsc::channel(64);
-    let poller = Poller {
-        api: leader.outbox.api().clone(),
-        store: leader.store.clone(),
-        triage: triage::Journaling::new(leader.store.clone(), leader.access.clone()),
-        batches: batches_tx,
-        health: leader.health.clone(),
-        facts: leader.poll.clone(),
-        stop: leader.stop.clone(),
+    // One machine polls by itself; a machine of a cluster polls only while
+    // it holds the bot-wide lease, and reads its own updates from the
+    // cluster's stream.
+    let mut poller = match leader.cluster.clone() {
+        None => tokio::spawn(leader.poller(batches_tx, leader.stop.clone(), None).run()),
+        Some(node) => tokio::spawn(cluster::run(leader.clone(), node, batches_tx)),
     };
-    let mut poller = tokio::spawn(poller.run());
+    // A single machine's link never changes (its sender lives as long).
+    let (_single, single) = watch::channel(ClusterLink {
+        node: String::new(),
+        state: ClusterLinkState::Up,
+        reason: None,
+        polled_by: None,
+    });
+    let mut link = leader.cluster.as_ref().map_or(single, |node| node.link());
     let mut health = leader.health.subscribe();
     let mut conns = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
@@ -405,6 +463,11 @@ async fn run(
             Ok(()) = health.changed() => {
                 leader.registry.broadcast(&FromLeader::Health(leader.wire_health()));
             }
+            Ok(()) = link.changed() => {
+                if let Some(frame) = leader.wire_cluster() {
+                    leader.registry.broadcast(&frame);
+                }
+            }
             _ = sweep.tick() => {
                 leader.registry.sweep(silent_limit);
                 leader.expire_asks();
@@ -412,9 +475,12 @@ async fn run(
             _ = prune.tick() => leader.prune(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
-                // The poller only returns on a store failure: without its
-                // journal the leader must not go on.
-                tracing::error!("the poller stopped: {polled:?}; stepping down");
+                // The poller (and a cluster's side) only returns on a store
+                // failure, or when stopping: without its journal the
+                // leader must not go on.
+                if !leader.stop.is_cancelled() {
+                    tracing::error!("the poller stopped: {polled:?}; stepping down");
+                }
                 break;
             }
         }

@@ -59,7 +59,7 @@ pub(crate) const TOPIC_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Topic management (create, delete, reopen, probe) gives up sooner: a
 /// person waits for it at the terminal.
-const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
+pub(super) const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Longest `callback_data` Telegram accepts, in bytes.
 const MAX_BUTTON_DATA: usize = 64;

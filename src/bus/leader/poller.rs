@@ -24,6 +24,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::{ClusterPoll, Step};
 use super::triage::{Journaling, Notice, Triaged};
 use crate::backoff::Backoff;
 use crate::store::{NewUpdate, Store, StoreError};
@@ -93,9 +94,12 @@ pub(super) struct Poller {
     pub health: watch::Sender<PollHealth>,
     pub facts: Arc<Mutex<PollFacts>>,
     pub stop: CancellationToken,
+    /// When the relay spans machines: the journal step under the lease
+    /// term (docs/CLUSTER.md, *Inbound*) instead of the local journal.
+    pub cluster: Option<ClusterPoll>,
 }
 
-fn update_id_of(value: &Value) -> Option<i64> {
+pub(super) fn update_id_of(value: &Value) -> Option<i64> {
     value.get("update_id").and_then(Value::as_i64)
 }
 
@@ -119,7 +123,10 @@ impl Poller {
         let mut restart_at = Instant::now();
         self.delete_webhook(&mut failure).await;
         while !self.stop.is_cancelled() {
-            let offset = self.store().offset()?;
+            let offset = match &self.cluster {
+                Some(cluster) => cluster.offset(),
+                None => self.store().offset()?,
+            };
             // A handle of its own, so the poll does not borrow `self`.
             let api = self.api.clone();
             let asked = Instant::now();
@@ -317,6 +324,21 @@ impl Poller {
     /// Decodes, journals and advances the offset in one transaction, then
     /// hands what was new to the router.
     async fn journal(&mut self, raw: Vec<Value>) -> Result<(), StoreError> {
+        if let Some(cluster) = self.cluster.as_mut() {
+            match cluster.journal(&raw).await {
+                Step::Done(others) => {
+                    let batch = Batch {
+                        journaled: Vec::new(),
+                        notices: Vec::new(),
+                        others,
+                    };
+                    let _ = self.batches.send(batch).await;
+                }
+                Step::Again => {}
+                Step::Fenced => self.stop.cancel(),
+            }
+            return Ok(());
+        }
         let Some(last) = raw.iter().filter_map(update_id_of).max() else {
             if !raw.is_empty() {
                 tracing::warn!("a batch of {} updates without readable ids", raw.len());

@@ -442,13 +442,21 @@ impl Leader {
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
         let ours = private || Some(message.chat.id) == self.chat_id;
-        if ours {
-            let mut reply = format!("{greeting}{}", self.sessions_overview());
-            if message.topic().is_some() {
-                reply = format!(
-                    "This topic belongs to no session, so your message reached no agent.\n{reply}"
-                );
-            }
+        let mut prefix = greeting.to_string();
+        if message.topic().is_some() {
+            prefix
+                .push_str("This topic belongs to no session, so your message reached no agent.\n");
+        }
+        if ours && self.cluster.is_some() {
+            let (chat, thread) = (message.chat.id, message.topic());
+            self.router.replies.spawn(self, move |leader| async move {
+                let reply = format!("{prefix}{}", leader.overview_everywhere().await);
+                if let Err(e) = leader.outbox.say(chat, thread, &reply).await {
+                    tracing::warn!(chat, "cannot answer: {e}");
+                }
+            });
+        } else if ours {
+            let reply = format!("{prefix}{}", self.sessions_overview());
             self.router
                 .replies
                 .say(self, message.chat.id, message.topic(), reply);
@@ -577,7 +585,7 @@ impl Replies {
         });
     }
 
-    fn spawn<F, Fut>(&self, leader: &Arc<Leader>, answer: F)
+    pub fn spawn<F, Fut>(&self, leader: &Arc<Leader>, answer: F)
     where
         F: FnOnce(Arc<Leader>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,

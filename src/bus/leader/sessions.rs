@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::cluster::SlotClaim;
 use super::registry::{ConnId, Registration};
 use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
@@ -23,7 +24,7 @@ struct Claim {
     /// The topic the session had, if it is still to be trusted as a hint.
     hint: Option<Target>,
     /// Another stored binding held the slot; it loses it on success.
-    reclaimed_from: Option<String>,
+    reclaimed_from: Option<Binding>,
 }
 
 /// The outcome of provisioning a session's topic.
@@ -64,10 +65,34 @@ impl Leader {
         let _serialized = lock.lock().await;
 
         let stored = self.store().bindings().map_err(store_error)?;
-        let claimed = self.claim(conn, &req, &stored)?;
+        // Across machines, a slot is claimed bot-wide once it is reserved
+        // here; one another machine took meanwhile is picked again.
+        let mut foreign = self.foreign_slots().await;
+        let (claimed, cut_off) = loop {
+            let claimed = self.claim(conn, &req, &stored, &foreign)?;
+            match self.claim_slot(claimed.slot, &claimed.profile_key).await {
+                SlotClaim::Held => break (claimed, None),
+                // Never picked again: at most 26 rounds, then `noFreeSlot`.
+                SlotClaim::Taken => {
+                    self.unclaim(conn, req.registration_generation);
+                    foreign.push(claimed.slot);
+                }
+                SlotClaim::Unreachable(why) => break (claimed, Some(why)),
+            }
+        };
         let binding = stored.iter().find(|b| b.profile_key == claimed.profile_key);
 
-        let provisioned = self.provision(&req, &claimed, binding).await;
+        let provisioned = match cut_off {
+            // Without the cluster only a session that keeps its slot and
+            // topic gets one: nothing new may be claimed.
+            Some(why) if claimed.hint.is_none() => Ok(Provisioned::Without(format!(
+                "{why}; this session joins without a topic until the cluster is back"
+            ))),
+            _ => self.provision(&req, &claimed, binding).await,
+        };
+        if let Ok(Provisioned::Topic { target, .. }) = &provisioned {
+            self.claim_topic(*target, &claimed.profile_key).await;
+        }
         let result = self.finish(conn, &req, claimed, binding, provisioned);
         if let (Ok(registered), Some(left)) = (&result, &req.left)
             && left.profile_key != registered.route.profile_key
@@ -79,18 +104,31 @@ impl Leader {
         }
         if result.is_err() {
             // Give the slot and key back: the session is not on the bus.
-            if let Some(c) = self.registry.lock().map.get_mut(&conn)
-                && c.session
-                    .as_ref()
-                    .is_some_and(|s| s.generation == req.registration_generation)
-            {
-                c.session = None;
-            }
+            self.unclaim(conn, req.registration_generation);
         }
         result
     }
 
-    fn claim(&self, conn: ConnId, req: &Register, stored: &[Binding]) -> Result<Claim, BusError> {
+    /// Gives back what [`Leader::claim`] reserved for this registration.
+    fn unclaim(&self, conn: ConnId, generation: Generation) {
+        if let Some(c) = self.registry.lock().map.get_mut(&conn)
+            && c.session
+                .as_ref()
+                .is_some_and(|s| s.generation == generation)
+        {
+            c.session = None;
+        }
+    }
+
+    /// Reserves a key and a slot for a registration. `foreign` are the
+    /// slots other machines hold: never picked.
+    fn claim(
+        &self,
+        conn: ConnId,
+        req: &Register,
+        stored: &[Binding],
+        foreign: &[Slot],
+    ) -> Result<Claim, BusError> {
         let mut conns = self.registry.lock();
         if !conns.map.contains_key(&conn) {
             return Err(BusError::new(
@@ -135,7 +173,11 @@ impl Leader {
             .as_ref()
             .filter(|r| r.profile_key == profile_key);
         let preferred = carried.map(|r| r.slot).or(binding.map(|b| b.slot));
-        let live_slots: Vec<Slot> = conns.live().map(|(_, s)| s.route.slot).collect();
+        let live_slots: Vec<Slot> = conns
+            .live()
+            .map(|(_, s)| s.route.slot)
+            .chain(foreign.iter().copied())
+            .collect();
         let held: Vec<topics::HeldSlot> = stored
             .iter()
             .filter(|b| b.profile_key != profile_key)
@@ -159,7 +201,7 @@ impl Leader {
         let reclaimed_from = stored
             .iter()
             .find(|b| b.slot == slot && b.profile_key != profile_key)
-            .map(|b| b.profile_key.clone());
+            .cloned();
         let c = conns
             .map
             .get_mut(&conn)
@@ -175,7 +217,7 @@ impl Leader {
                 profile_key: profile_key.clone(),
                 slot,
                 target: None,
-                topic_name: topics::topic_name(slot, &req.session_name),
+                topic_name: self.topic_name(slot, &req.session_name),
             },
             ready: false,
             reconciled: false,
@@ -212,7 +254,9 @@ impl Leader {
         let known_gone = |t: &Target| {
             binding.is_some_and(|b| b.status == BindingStatus::Stale && b.target() == Some(*t))
         };
-        if let Some(target) = claim.hint.filter(|t| t.chat_id == chat && !known_gone(t)) {
+        if let Some(target) = claim.hint.filter(|t| t.chat_id == chat && !known_gone(t))
+            && self.topic_is_ours(target).await
+        {
             // Its host switched back to it (`/resume`): open it again.
             if binding.is_some_and(|b| b.closed && b.target() == Some(target)) {
                 match self.outbox.reopen_topic(target).await {
@@ -275,7 +319,7 @@ impl Leader {
                 }
             }
         }
-        let name = topics::topic_name(claim.slot, &req.session_name);
+        let name = self.topic_name(claim.slot, &req.session_name);
         match self.outbox.create_topic(chat, &name).await {
             Ok(target) => Ok(Provisioned::Topic {
                 target,
@@ -361,7 +405,7 @@ impl Leader {
             profile_key: claim.profile_key.clone(),
             slot: claim.slot,
             target,
-            topic_name: topics::topic_name(claim.slot, &req.session_name),
+            topic_name: self.topic_name(claim.slot, &req.session_name),
         };
         let now = now_ms();
         let record = Binding {
@@ -384,14 +428,18 @@ impl Leader {
         {
             let mut store = self.store();
             if let Some(holder) = &claim.reclaimed_from {
-                tracing::info!(slot = %claim.slot, %holder, "reclaiming a slot from a session that is away");
-                let left_behind = store.pending_for(holder).map_err(store_error)?;
+                tracing::info!(slot = %claim.slot, holder = %holder.profile_key, "reclaiming a slot from a session that is away");
+                let left_behind = store
+                    .pending_for(&holder.profile_key)
+                    .map_err(store_error)?;
                 let had_topic = store
-                    .binding(holder)
+                    .binding(&holder.profile_key)
                     .map_err(store_error)?
                     .and_then(|b| b.target())
                     .is_some();
-                store.remove_binding(holder).map_err(store_error)?;
+                store
+                    .remove_binding(&holder.profile_key)
+                    .map_err(store_error)?;
                 orphaned = Some((left_behind, had_topic));
             }
             store.upsert_binding(&record).map_err(store_error)?;
@@ -418,6 +466,10 @@ impl Leader {
                 )
             })?
             .route = route.clone();
+        if let Some(holder) = &claim.reclaimed_from {
+            // Its slot is this session's now; its topic nobody's.
+            self.release_claims(&holder.profile_key, None, holder.target());
+        }
         self.router.back(&claim.profile_key);
         if let Some(target) = target
             && !record.announced
@@ -834,6 +886,11 @@ impl Leader {
             }
         }
         self.set_offline(conn, &session)?;
+        self.release_claims(
+            &session.route.profile_key,
+            Some(session.route.slot),
+            session.route.target,
+        );
         tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
         // What it had not taken yet has nobody to go to any more; its
         // topic is gone, so the chat is told outside the topics.
@@ -884,6 +941,15 @@ impl Leader {
         generation: Generation,
     ) -> Result<PairingLink, BusError> {
         self.registry.session(conn, generation)?;
+        if self.cluster.is_some() {
+            // The machine that polls would get the link's code, and each
+            // machine keeps its own users: a pairing made here would reach
+            // one machine at most.
+            return Err(BusError::new(
+                BusErrorCode::Forbidden,
+                "this relay spans machines: put your Telegram user id in allowed_users in config.toml on every machine (agent-relay setup writes it)",
+            ));
+        }
         if !self.access.needs_pairing() {
             return Err(BusError::new(
                 BusErrorCode::Forbidden,
@@ -968,6 +1034,7 @@ impl Leader {
             sessions,
             poll: Some(self.poll_report()),
             pacing,
+            cluster: None,
         })
     }
 }
