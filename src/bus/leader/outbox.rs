@@ -116,11 +116,37 @@ impl Pace<'static> {
 
 fn nobody(_: Duration) {}
 
+/// `getMe`'s answer, kept while it says the bot has topics in private
+/// chats (until then it is asked again: the user may switch them on in
+/// @BotFather while sessions wait, and nobody should need a restart).
+#[derive(Default)]
+pub(super) struct BotCache(Mutex<Option<BotInfo>>);
+
+impl BotCache {
+    pub async fn get<F, Fut>(&self, ask: F) -> Result<BotInfo, TelegramError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<BotInfo, TelegramError>>,
+    {
+        let cached = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
+            return Ok(bot);
+        }
+        let bot = ask().await?;
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
+        Ok(bot)
+    }
+}
+
 pub(super) struct Outbox {
     api: BotApi,
     limiter: RateLimiter,
     /// `getMe`'s answer.
-    bot: Mutex<Option<BotInfo>>,
+    bot: BotCache,
 }
 
 impl Outbox {
@@ -137,7 +163,7 @@ impl Outbox {
         Ok(Self {
             api: BotApi::new(&config.api_url, token)?,
             limiter,
-            bot: Mutex::new(None),
+            bot: BotCache::default(),
         })
     }
 
@@ -154,17 +180,7 @@ impl Outbox {
     /// has no topics in private chats: the user may switch them on in
     /// @BotFather while sessions wait, and nobody should need a restart.
     pub async fn bot(&self) -> Result<BotInfo, TelegramError> {
-        let cached = self
-            .bot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
-            return Ok(bot);
-        }
-        let bot = self.api.get_me().await?;
-        *self.bot.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
-        Ok(bot)
+        self.bot.get(|| self.api.get_me()).await
     }
 
     /// Runs a session's request in `target`, with pacing, retries and the

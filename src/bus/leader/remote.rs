@@ -19,7 +19,7 @@
 //! session hears no `paced` frame for it: the wait is not shown.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Leader;
 use super::cluster::ClusterNode;
-use super::outbox::{MANAGE_DEADLINE, Outbox, TOPIC_DEADLINE, Upload};
+use super::outbox::{BotCache, MANAGE_DEADLINE, Outbox, TOPIC_DEADLINE, Upload};
 use crate::backoff::Backoff;
 use crate::cluster::Cluster;
 use crate::cluster::calls::CallError;
@@ -194,9 +194,8 @@ enum Outcome {
 pub(super) struct Outbound {
     local: Outbox,
     node: Option<Arc<ClusterNode>>,
-    /// `getMe`, as the local outbox keeps it: asked again while the bot has
-    /// no topics in private chats.
-    bot: Mutex<Option<BotInfo>>,
+    /// `getMe`, kept as the local outbox keeps it.
+    bot: BotCache,
 }
 
 impl Outbound {
@@ -204,7 +203,7 @@ impl Outbound {
         Self {
             local,
             node,
-            bot: Mutex::default(),
+            bot: BotCache::default(),
         }
     }
 
@@ -303,20 +302,14 @@ impl Outbound {
     /// `getMe`, asked once per leader — and again while the bot has no
     /// topics in private chats (the user may switch them on meanwhile).
     pub async fn bot(&self) -> Result<BotInfo, TelegramError> {
-        let cached = self
-            .bot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
-            return Ok(bot);
-        }
-        let bot: BotInfo = match self.through_cluster(&Call::Bot).await {
-            Outcome::Local => self.local.bot().await?,
-            other => decode(telegram(other)?)?,
-        };
-        *self.bot.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
-        Ok(bot)
+        self.bot
+            .get(|| async {
+                match self.through_cluster(&Call::Bot).await {
+                    Outcome::Local => self.local.bot().await,
+                    other => decode(telegram(other)?),
+                }
+            })
+            .await
     }
 
     /// Sends a file from this machine (see the module docs).
