@@ -749,3 +749,181 @@ async fn an_answer_cut_off_by_stop_says_so() {
     let whole = texts.iter().find(|t| t.contains("stages passed")).unwrap();
     assert!(!whole.contains("cut off"), "{whole:?}");
 }
+
+// ------------------------------------------------------------- a burst
+
+/// Item 1, the figures: five sessions in one group answer a burst (six
+/// answers each, a tool call before every one) against the fake with
+/// Telegram's limits on (20 messages a minute in a group, shared by every
+/// topic). Prints what was asked for, sent and merged, and the longest
+/// wait; asserts that nothing is lost or doubled, that Telegram never had to
+/// say 429, that no 60 s window carried more than 20 messages, and that
+/// once the burst was written nothing of the progress went out while an
+/// answer still waited. Real time: it takes about a minute, as the budget
+/// does.
+#[tokio::test]
+async fn a_burst_from_five_sessions_loses_nothing_and_spends_the_budget_on_answers() {
+    const SESSIONS: usize = 5;
+    const ANSWERS: usize = 6;
+    let home = common::home();
+    let fake = common::fake_with(agent_relay::fake_bot_api::FakeConfig {
+        rate_limits: true,
+        ..Default::default()
+    })
+    .await;
+    let names: Vec<String> = (0..SESSIONS).map(|i| format!("burst{i}")).collect();
+    let mut all = Vec::new();
+    for name in &names {
+        all.push(session(home.path(), &fake, &format!("/tmp/{name}"), name).await);
+    }
+    let threads: Vec<i64> = names.iter().map(|n| topic(&fake, n).thread_id).collect();
+    for &thread in &threads {
+        wait_topic_text(&fake, thread, "connected").await;
+    }
+    let marker = |i: usize, j: usize| format!("«s{i} a{j}»");
+
+    // The burst: round after round, every session runs a tool and answers.
+    let calls_before = fake.api().calls().len();
+    let mut asked = Vec::new();
+    for s in &all {
+        s.notify("agent/started", json!({}));
+    }
+    for j in 0..ANSWERS {
+        for (i, s) in all.iter().enumerate() {
+            s.notify(
+                "tool/started",
+                json!({"toolName": "bash", "toolCallId": format!("c{j}"), "args": {"command": "make"}}),
+            );
+            s.notify(
+                "tool/ended",
+                json!({"toolName": "bash", "toolCallId": format!("c{j}"), "isError": false}),
+            );
+            answer(
+                s,
+                &format!("Step {j} of session {i} is done {}", marker(i, j)),
+            );
+            asked.push((i, j, std::time::Instant::now()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (i, s) in all.iter().enumerate() {
+        let last = format!(
+            "Step {} of session {i} is done {}",
+            ANSWERS - 1,
+            marker(i, ANSWERS - 1)
+        );
+        s.notify("agent/ended", json!({"lastAssistantText": last}));
+    }
+    let written = fake.api().calls().len();
+
+    // Watch every answer arrive; the budget allows it within two minutes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(150);
+    let mut arrived: std::collections::HashMap<(usize, usize), std::time::Instant> =
+        std::collections::HashMap::new();
+    while arrived.len() < asked.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "answers missing after 150 s: {:?}",
+            asked
+                .iter()
+                .filter(|(i, j, _)| !arrived.contains_key(&(*i, *j)))
+                .map(|(i, j, _)| marker(*i, *j))
+                .collect::<Vec<_>>()
+        );
+        for (i, &thread) in threads.iter().enumerate() {
+            let here = texts(&fake, thread);
+            for j in 0..ANSWERS {
+                if !arrived.contains_key(&(i, j)) && here.iter().any(|t| t.contains(&marker(i, j)))
+                {
+                    arrived.insert((i, j), std::time::Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Nothing lost, nothing twice, each in its own topic.
+    for (i, &thread) in threads.iter().enumerate() {
+        let here = texts(&fake, thread);
+        for j in 0..ANSWERS {
+            let n = here.iter().filter(|t| t.contains(&marker(i, j))).count();
+            assert_eq!(n, 1, "{} in its topic: {here:?}", marker(i, j));
+        }
+        for (k, &other) in threads.iter().enumerate() {
+            if k != i {
+                assert!(
+                    texts(&fake, other)
+                        .iter()
+                        .all(|t| !t.contains(&format!("«s{i} "))),
+                    "session {i}'s answer in topic {k}"
+                );
+            }
+        }
+        assert!(
+            here.iter().all(|t| !t.contains("may be missing")),
+            "no answer's fate was left open: {here:?}"
+        );
+    }
+
+    let calls = fake.api().calls();
+    let burst = &calls[calls_before..];
+    let spends = |c: &&agent_relay::fake_bot_api::CallRecord| {
+        matches!(c.method.as_str(), "sendMessage" | "editMessageText") && c.status == Some(200)
+    };
+    let is_answer = |c: &agent_relay::fake_bot_api::CallRecord| {
+        c.params["text"].as_str().is_some_and(|t| t.contains('«'))
+    };
+    let refused: Vec<(&str, u64, &Value)> = burst
+        .iter()
+        .filter(|c| c.status == Some(429))
+        .map(|c| (c.method.as_str(), c.started_ms, &c.params))
+        .collect();
+    // Telegram's window, as the fake counts it: the fullest minute.
+    let times: Vec<u64> = calls.iter().filter(spends).map(|c| c.started_ms).collect();
+    let fullest = times
+        .iter()
+        .map(|&t| times.iter().filter(|&&u| u >= t && u < t + 60_000).count())
+        .max()
+        .unwrap_or(0);
+    let sent = burst.iter().filter(|c| spends(c) && is_answer(c)).count();
+    let progress = burst.iter().filter(|c| spends(c) && !is_answer(c)).count();
+    let longest = asked
+        .iter()
+        .map(|(i, j, at)| arrived[&(*i, *j)].saturating_duration_since(*at))
+        .max()
+        .unwrap_or_default();
+    let (_, relay) = all[0].command("relay", "status").await;
+    let pacing: Vec<&str> = relay.lines().filter(|l| l.contains("pacing")).collect();
+    eprintln!(
+        "burst from {SESSIONS} sessions: {} answers asked for, {sent} messages sent with them \
+         ({} merged into another), longest wait from answer to topic {:.1} s; \
+         {progress} progress messages and edits; {} calls refused with 429; \
+         fullest minute {fullest} messages; relay status: {pacing:?}",
+        asked.len(),
+        asked.len() - sent,
+        longest.as_secs_f64(),
+        refused.len(),
+    );
+
+    assert!(
+        refused.is_empty(),
+        "the relay paced itself, yet Telegram said 429 to {refused:?}"
+    );
+    assert!(fullest <= 20, "{fullest} messages in one minute");
+    // Answers before progress: once the burst was written, no progress
+    // message or edit went out while an answer still waited.
+    let last_answer = burst
+        .iter()
+        .rposition(|c| spends(&c) && is_answer(c))
+        .expect("answers were sent");
+    let progress_ahead: Vec<&str> = calls[written..calls_before + last_answer]
+        .iter()
+        .filter(|c| spends(c) && !is_answer(c))
+        .filter_map(|c| c.params["text"].as_str())
+        .collect();
+    assert!(
+        progress_ahead.is_empty(),
+        "progress went out while answers waited: {progress_ahead:?}"
+    );
+    assert!(sent < asked.len(), "what queued was merged");
+}

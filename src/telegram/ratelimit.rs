@@ -111,14 +111,30 @@ impl RateLimiter {
     /// could not go now). The error is how long it would have waited.
     /// `waiting` hears how long the call will wait, whenever that estimate
     /// grows.
+    #[cfg(test)]
     pub async fn acquire_until(
         &self,
         chat: Option<i64>,
         method: &str,
         deadline: Instant,
         priority: Priority,
-        mut waiting: impl FnMut(Duration),
+        waiting: impl FnMut(Duration),
     ) -> Result<(), Duration> {
+        self.book_until(chat, method, deadline, priority, waiting)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`RateLimiter::acquire_until`], answering when the call was booked,
+    /// for [`RateLimiter::answered`].
+    pub async fn book_until(
+        &self,
+        chat: Option<i64>,
+        method: &str,
+        deadline: Instant,
+        priority: Priority,
+        mut waiting: impl FnMut(Duration),
+    ) -> Result<Instant, Duration> {
         let counted = self.paced && produces_message(method);
         let started = Instant::now();
         let mut told = None;
@@ -132,7 +148,7 @@ impl RateLimiter {
                         if told.is_some() {
                             state.waited(chat, now - started);
                         }
-                        return Ok(());
+                        return Ok(now);
                     }
                     Some(at) if at > deadline || priority == Priority::Background => {
                         return Err(at - now);
@@ -150,6 +166,22 @@ impl RateLimiter {
             // Another caller may take the slot first; then this loops and
             // waits again, which is the fairness a rate limit needs.
             sleep_until(ready_at).await;
+        }
+    }
+
+    /// The call booked at `booked` has been answered: it counts from now.
+    /// Telegram counts a message when it arrives, which is after we booked
+    /// it by however long the request took; counting from the answer keeps
+    /// our window from ending before Telegram's (a 429 at the edge).
+    pub fn answered(&self, chat: Option<i64>, method: &str, booked: Instant) {
+        if !(self.paced && produces_message(method)) {
+            return;
+        }
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.global.restamp(booked, now);
+        if let Some(window) = chat.and_then(|chat| state.chats.get_mut(&chat)) {
+            window.restamp(booked, now);
         }
     }
 
@@ -407,6 +439,15 @@ impl Window {
 
     fn book(&mut self, now: Instant) {
         self.grants.push_back(now);
+    }
+
+    /// Moves the grant booked at `booked` to `now` (the latest of all, so
+    /// the grants stay in order); nothing if it has expired.
+    fn restamp(&mut self, booked: Instant, now: Instant) {
+        if let Some(at) = self.grants.iter().position(|g| *g == booked) {
+            self.grants.remove(at);
+            self.grants.push_back(now);
+        }
     }
 }
 
@@ -673,6 +714,29 @@ mod tests {
                 )
                 .await,
             Err(Duration::from_secs(5))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_counts_from_its_answer_not_from_its_booking() {
+        let limiter = RateLimiter::new();
+        let far = Instant::now() + Duration::from_secs(600);
+        let first = limiter
+            .book_until(Some(GROUP), "sendMessage", far, Priority::High, |_| {})
+            .await
+            .unwrap();
+        // The request took 3 s to come back (Telegram counted it meanwhile).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        limiter.answered(Some(GROUP), "sendMessage", first);
+        for _ in 1..GROUP_CAPACITY {
+            limiter.acquire(Some(GROUP), "sendMessage").await;
+        }
+        let start = Instant::now();
+        limiter.acquire(Some(GROUP), "sendMessage").await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(60),
+            "the window ends 60 s after the first send was answered, not booked"
         );
     }
 
