@@ -351,17 +351,7 @@ impl Session {
                 },
                 (None, _) => BindingFact::Connecting,
             };
-            f.transport = match (member.role, &member.telegram) {
-                (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
-                    TransportFact::Reconnecting
-                }
-                (_, Health::Unauthorized) => TransportFact::Unauthorized,
-                (_, Health::Conflict) => TransportFact::Conflict,
-                (_, Health::Offline { .. }) => TransportFact::Offline,
-                (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
-                (Role::Leader, _) => TransportFact::Leader,
-                (Role::Follower, _) => TransportFact::Follower,
-            };
+            f.transport = transport_fact(member.role, &member.telegram);
             f.outbox.paced_until = member.paced_until;
             // A blocked binding's problem is the binding's to show.
             let problem = member.problem.as_ref().filter(|_| blocked.is_none());
@@ -829,5 +819,46 @@ impl Session {
             member.leave().await;
         }
         self.stop.cancel();
+    }
+}
+
+/// How this session reaches Telegram, from its place on the bus and the
+/// leader's poll. Registered is connected: a new leader's poll that has not
+/// answered yet (`Starting`) does not make the line say "reconnecting", so
+/// after a failover the line follows the registration, not a timer.
+fn transport_fact(role: Role, telegram: &Health) -> TransportFact {
+    match (role, telegram) {
+        (Role::Joining | Role::Reconnecting | Role::Stopped, _) => TransportFact::Reconnecting,
+        (_, Health::Unauthorized) => TransportFact::Unauthorized,
+        (_, Health::Conflict) => TransportFact::Conflict,
+        (_, Health::Offline { .. }) => TransportFact::Offline,
+        (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
+        (Role::Leader, _) => TransportFact::Leader,
+        (Role::Follower, _) => TransportFact::Follower,
+    }
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[test]
+    fn registered_with_a_new_leader_is_connected_before_its_poll_answers() {
+        assert_eq!(
+            transport_fact(Role::Follower, &Health::Starting),
+            TransportFact::Follower
+        );
+        assert_eq!(
+            transport_fact(Role::Leader, &Health::Starting),
+            TransportFact::Leader
+        );
+        assert_eq!(
+            transport_fact(Role::Reconnecting, &Health::Ok),
+            TransportFact::Reconnecting
+        );
+        assert_eq!(
+            transport_fact(Role::Follower, &Health::Deaf { pending: 3 }),
+            TransportFact::Deaf { pending: 3 }
+        );
     }
 }
