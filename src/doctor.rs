@@ -308,6 +308,7 @@ async fn check_private_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, us
                 subject,
                 format!("private chat with {name} (the first of allowed_users); the bot has topics enabled"),
             );
+            report.note("pacing", pacing_note(true));
         }
         Ok(_) => report.fail(
             subject,
@@ -378,6 +379,7 @@ async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: i
         ChatKind::Supergroup if chat.is_forum => {
             report.pass(subject, format!("forum supergroup “{title}”"));
             check_rights(report, api, bot, chat_id).await;
+            report.note("pacing", pacing_note(false));
         }
         ChatKind::Supergroup => report.fail(
             subject,
@@ -391,6 +393,7 @@ async fn check_chat(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id: i
         ),
         ChatKind::Private if bot.has_topics_enabled => {
             report.pass(subject, "private chat; the bot has topics enabled");
+            report.note("pacing", pacing_note(true));
         }
         ChatKind::Private => report.fail(
             subject,
@@ -445,6 +448,16 @@ async fn check_rights(report: &mut Report, api: &BotApi, bot: &BotInfo, chat_id:
             "rights",
             format!("the bot is {status} and may manage topics"),
         );
+    }
+}
+
+/// Telegram's message limit for the chat the topics live in: what a user
+/// with several busy sessions will meet, and the other mode's limit.
+fn pacing_note(private: bool) -> String {
+    if private {
+        "Telegram lets a bot send about one message a second into a private chat, shared by all its topics (about 60 a minute; a forum group allows only about 20); answers that have to wait show as ⏳ paced in the status line and go out merged".into()
+    } else {
+        "Telegram lets a bot send about 20 messages a minute into one group, shared by every topic, so several busy sessions will wait (⏳ paced in the status line; answers that pile up go out merged); a private chat with topics allows about one a second (60 a minute) — leave chat_id unset to use it".into()
     }
 }
 
@@ -503,6 +516,34 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn the_pacing_note_names_the_group_limit_and_the_higher_private_one() {
+        let group = pacing_note(false);
+        assert!(
+            group.contains("about 20 messages a minute into one group"),
+            "{group}"
+        );
+        assert!(
+            group.contains("private chat with topics allows about one a second"),
+            "{group}"
+        );
+        assert!(group.contains("⏳ paced"), "{group}");
+        let private = pacing_note(true);
+        assert!(private.contains("about one message a second"), "{private}");
+        assert!(
+            private.contains("a forum group allows only about 20"),
+            "{private}"
+        );
+        let mut report = Report::default();
+        report.note("pacing", group);
+        assert!(report.passed(), "a note is no failure");
+        assert!(
+            report
+                .to_string()
+                .starts_with("· pacing: Telegram lets a bot send")
+        );
+    }
 
     #[test]
     fn the_report_reads_as_one_line_per_check_and_never_shows_a_token() {

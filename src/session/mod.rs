@@ -373,24 +373,11 @@ impl Session {
                 },
                 (None, _) => BindingFact::Connecting,
             };
-            f.transport = match (member.role, &member.telegram) {
-                (Role::Joining | Role::Reconnecting | Role::Stopped, _) => {
-                    TransportFact::Reconnecting
-                }
-                (_, Health::Unauthorized) => TransportFact::Unauthorized,
-                _ if member
-                    .cluster
-                    .as_ref()
-                    .is_some_and(|c| c.state == ClusterLinkState::Down) =>
-                {
-                    TransportFact::ClusterDown
-                }
-                (_, Health::Conflict) => TransportFact::Conflict,
-                (_, Health::Offline { .. }) => TransportFact::Offline,
-                (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
-                (Role::Leader, _) => TransportFact::Leader,
-                (Role::Follower, _) => TransportFact::Follower,
-            };
+            let cluster_down = member
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.state == ClusterLinkState::Down);
+            f.transport = transport_fact(member.role, &member.telegram, cluster_down);
             f.outbox.paced_until = member.paced_until;
             // A blocked binding's problem is the binding's to show.
             let problem = member.problem.as_ref().filter(|_| blocked.is_none());
@@ -982,5 +969,47 @@ impl Session {
             member.leave().await;
         }
         self.stop.cancel();
+    }
+}
+
+/// How this session reaches Telegram, from its place on the bus and the
+/// leader's poll. Registered is connected: a new leader's poll that has not
+/// answered yet (`Starting`) does not make the line say "reconnecting", so
+/// after a failover the line follows the registration, not a timer.
+fn transport_fact(role: Role, telegram: &Health, cluster_down: bool) -> TransportFact {
+    match (role, telegram) {
+        (Role::Joining | Role::Reconnecting | Role::Stopped, _) => TransportFact::Reconnecting,
+        (_, Health::Unauthorized) => TransportFact::Unauthorized,
+        _ if cluster_down => TransportFact::ClusterDown,
+        (_, Health::Conflict) => TransportFact::Conflict,
+        (_, Health::Offline { .. }) => TransportFact::Offline,
+        (_, Health::Deaf { pending }) => TransportFact::Deaf { pending: *pending },
+        (Role::Leader, _) => TransportFact::Leader,
+        (Role::Follower, _) => TransportFact::Follower,
+    }
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[test]
+    fn registered_with_a_new_leader_is_connected_before_its_poll_answers() {
+        assert_eq!(
+            transport_fact(Role::Follower, &Health::Starting, false),
+            TransportFact::Follower
+        );
+        assert_eq!(
+            transport_fact(Role::Leader, &Health::Starting, false),
+            TransportFact::Leader
+        );
+        assert_eq!(
+            transport_fact(Role::Reconnecting, &Health::Ok, false),
+            TransportFact::Reconnecting
+        );
+        assert_eq!(
+            transport_fact(Role::Follower, &Health::Deaf { pending: 3 }, false),
+            TransportFact::Deaf { pending: 3 }
+        );
     }
 }

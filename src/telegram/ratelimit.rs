@@ -12,8 +12,10 @@
 //! When several calls wait for one chat's budget, [`Priority`] decides who
 //! goes first: what a person waits for (an answer, a question) before
 //! edits, and a background call (a typing indicator, a progress edit that a
-//! later one supersedes) never waits at all. What was paced is counted per
-//! chat ([`RateLimiter::snapshot`]) for `/relay status`.
+//! later one supersedes) never waits at all, nor takes the last quarter of
+//! a group's window. A send counts from when Telegram answered it
+//! ([`RateLimiter::answered`]). What was paced is counted per chat
+//! ([`RateLimiter::snapshot`]) for `/relay status`.
 //!
 //! Time is `tokio::time`, so tests run on a paused clock.
 
@@ -29,6 +31,11 @@ const GROUP_CAPACITY: usize = 20;
 const GROUP_PERIOD: Duration = Duration::from_secs(60);
 const GLOBAL_CAPACITY: usize = 30;
 const GLOBAL_PERIOD: Duration = Duration::from_secs(1);
+
+/// Background calls leave this fraction (1/n) of a chat's window to the
+/// others: 5 of a group's 20 a minute; a private chat's one a second is
+/// not split.
+const BACKGROUND_RESERVE_DIVISOR: usize = 4;
 
 /// Above this many tracked chats, idle ones are forgotten on the next call.
 const IDLE_SWEEP_THRESHOLD: usize = 64;
@@ -114,14 +121,30 @@ impl RateLimiter {
     /// could not go now). The error is how long it would have waited.
     /// `waiting` hears how long the call will wait, whenever that estimate
     /// grows.
+    #[cfg(test)]
     pub async fn acquire_until(
         &self,
         chat: Option<i64>,
         method: &str,
         deadline: Instant,
         priority: Priority,
-        mut waiting: impl FnMut(Duration),
+        waiting: impl FnMut(Duration),
     ) -> Result<(), Duration> {
+        self.book_until(chat, method, deadline, priority, waiting)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`RateLimiter::acquire_until`], answering when the call was booked,
+    /// for [`RateLimiter::answered`].
+    pub async fn book_until(
+        &self,
+        chat: Option<i64>,
+        method: &str,
+        deadline: Instant,
+        priority: Priority,
+        mut waiting: impl FnMut(Duration),
+    ) -> Result<Instant, Duration> {
         let counted = self.paced && produces_message(method);
         let started = Instant::now();
         let mut told = None;
@@ -135,7 +158,7 @@ impl RateLimiter {
                         if told.is_some() {
                             state.waited(chat, now - started);
                         }
-                        return Ok(());
+                        return Ok(now);
                     }
                     Some(at) if at > deadline || priority == Priority::Background => {
                         return Err(at - now);
@@ -153,6 +176,22 @@ impl RateLimiter {
             // Another caller may take the slot first; then this loops and
             // waits again, which is the fairness a rate limit needs.
             sleep_until(ready_at).await;
+        }
+    }
+
+    /// The call booked at `booked` has been answered: it counts from now.
+    /// Telegram counts a message when it arrives, which is after we booked
+    /// it by however long the request took; counting from the answer keeps
+    /// our window from ending before Telegram's (a 429 at the edge).
+    pub fn answered(&self, chat: Option<i64>, method: &str, booked: Instant) {
+        if !(self.paced && produces_message(method)) {
+            return;
+        }
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.global.restamp(booked, now);
+        if let Some(window) = chat.and_then(|chat| state.chats.get_mut(&chat)) {
+            window.restamp(booked, now);
         }
     }
 
@@ -321,6 +360,14 @@ impl Pacing {
                     .or_insert_with(|| Window::for_chat(chat));
                 ready_at = ready_at.max(window.next_free(now));
             }
+            if ready_at == now
+                && priority == Priority::Background
+                && let Some(window) = chat.and_then(|chat| self.chats.get_mut(&chat))
+                && !window.spare_for_background(now)
+            {
+                // The last of the budget is kept for what people wait for.
+                ready_at = window.grants.front().map_or(now, |g| *g + window.period);
+            }
             if ready_at == now && self.outranked(chat, priority) {
                 // A free slot with more urgent calls waiting for it: theirs.
                 // They wake at once; look again a moment later.
@@ -408,8 +455,26 @@ impl Window {
         }
     }
 
+    /// Whether a call that a later one supersedes (typing, progress) may
+    /// take a slot: not the last quarter of the window, which is kept for
+    /// answers and questions, so a burst of progress cannot make them wait
+    /// a whole window.
+    fn spare_for_background(&mut self, now: Instant) -> bool {
+        self.expire(now);
+        self.grants.len() + self.capacity / BACKGROUND_RESERVE_DIVISOR < self.capacity
+    }
+
     fn book(&mut self, now: Instant) {
         self.grants.push_back(now);
+    }
+
+    /// Moves the grant booked at `booked` to `now` (the latest of all, so
+    /// the grants stay in order); nothing if it has expired.
+    fn restamp(&mut self, booked: Instant, now: Instant) {
+        if let Some(at) = self.grants.iter().position(|g| *g == booked) {
+            self.grants.remove(at);
+            self.grants.push_back(now);
+        }
     }
 }
 
@@ -676,6 +741,74 @@ mod tests {
                 )
                 .await,
             Err(Duration::from_secs(5))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_calls_leave_the_last_quarter_of_a_group_to_answers() {
+        let limiter = RateLimiter::new();
+        let far = Instant::now() + Duration::from_secs(600);
+        let background = || {
+            limiter.acquire_until(
+                Some(GROUP),
+                "editMessageText",
+                far,
+                Priority::Background,
+                |_| {},
+            )
+        };
+        for _ in 0..GROUP_CAPACITY - GROUP_CAPACITY / BACKGROUND_RESERVE_DIVISOR {
+            assert_eq!(background().await, Ok(()));
+        }
+        assert_eq!(
+            background().await,
+            Err(Duration::from_secs(60)),
+            "the last five are kept"
+        );
+        for _ in 0..GROUP_CAPACITY / BACKGROUND_RESERVE_DIVISOR {
+            let start = Instant::now();
+            limiter.acquire(Some(GROUP), "sendMessage").await;
+            assert_eq!(
+                start.elapsed(),
+                Duration::ZERO,
+                "an answer takes one at once"
+            );
+        }
+        // A private chat's single slot is not split.
+        assert_eq!(
+            limiter
+                .acquire_until(
+                    Some(ALICE),
+                    "editMessageText",
+                    far,
+                    Priority::Background,
+                    |_| {}
+                )
+                .await,
+            Ok(())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_counts_from_its_answer_not_from_its_booking() {
+        let limiter = RateLimiter::new();
+        let far = Instant::now() + Duration::from_secs(600);
+        let first = limiter
+            .book_until(Some(GROUP), "sendMessage", far, Priority::High, |_| {})
+            .await
+            .unwrap();
+        // The request took 3 s to come back (Telegram counted it meanwhile).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        limiter.answered(Some(GROUP), "sendMessage", first);
+        for _ in 1..GROUP_CAPACITY {
+            limiter.acquire(Some(GROUP), "sendMessage").await;
+        }
+        let start = Instant::now();
+        limiter.acquire(Some(GROUP), "sendMessage").await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(60),
+            "the window ends 60 s after the first send was answered, not booked"
         );
     }
 

@@ -601,18 +601,21 @@ impl Outbox {
         let chat = pace.chat;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
-            let acquired = self
+            let booked = match self
                 .limiter
-                .acquire_until(chat, method, deadline, pace.priority, |wait| {
+                .book_until(chat, method, deadline, pace.priority, |wait| {
                     if wait >= TELL_WAIT {
                         (pace.waiting)(wait);
                     }
                 })
-                .await;
-            if let Err(wait) = acquired {
-                return Err(TelegramError::RateLimited { retry_after: wait });
-            }
-            let error = match call().await {
+                .await
+            {
+                Ok(booked) => booked,
+                Err(wait) => return Err(TelegramError::RateLimited { retry_after: wait }),
+            };
+            let answered = call().await;
+            self.limiter.answered(chat, method, booked);
+            let error = match answered {
                 Ok(value) => return Ok(value),
                 Err(e) => e,
             };

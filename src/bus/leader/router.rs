@@ -232,7 +232,31 @@ impl Leader {
     /// (`in_topic`) or, when that is gone, in the chat outside the topics.
     /// Nothing the user wrote disappears without a word.
     pub(super) fn give_up(self: &Arc<Self>, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
-        // Where to tell, in the order the messages were written.
+        for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
+            self.router.replies.say(self, chat, thread, text);
+        }
+    }
+
+    /// [`Leader::give_up`], telling before it returns: for a flow after
+    /// which this leader may step down (a disconnect of its own session),
+    /// when a reply still on its way would be cancelled with the leader and
+    /// the messages, already dropped, would go without a word.
+    pub(super) async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
+        for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
+            if let Err(e) = self.outbox.say(chat, thread, &text).await {
+                tracing::warn!(chat, "cannot tell that messages were given up: {e}");
+            }
+        }
+    }
+
+    /// Drops `entries` with `why`; answers what to say where, one line per
+    /// place, in the order the messages were written.
+    fn drop_entries(
+        &self,
+        entries: Vec<NewUpdate>,
+        why: &str,
+        in_topic: bool,
+    ) -> Vec<(i64, Option<i64>, String)> {
         type Place = (i64, Option<i64>);
         let mut places: Vec<(Place, Vec<NewUpdate>)> = Vec::new();
         for entry in entries {
@@ -247,16 +271,19 @@ impl Leader {
                 None => places.push((place, vec![entry])),
             }
         }
-        for ((chat, thread), list) in places {
-            let first = crate::policy::clip(list[0].text.trim(), QUOTE);
-            let text = match list.len() {
-                1 => format!("⚠️ Your message “{first}” reached no agent: {why}."),
-                n => {
-                    format!("⚠️ {n} of your messages reached no agent, the first “{first}”: {why}.")
-                }
-            };
-            self.router.replies.say(self, chat, thread, text);
-        }
+        places
+            .into_iter()
+            .map(|((chat, thread), list)| {
+                let first = crate::policy::clip(list[0].text.trim(), QUOTE);
+                let text = match list.len() {
+                    1 => format!("⚠️ Your message “{first}” reached no agent: {why}."),
+                    n => format!(
+                        "⚠️ {n} of your messages reached no agent, the first “{first}”: {why}."
+                    ),
+                };
+                (chat, thread, text)
+            })
+            .collect()
     }
 
     /// Whether `update` is a reply that answers an open free-text ask; the

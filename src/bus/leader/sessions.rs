@@ -893,14 +893,19 @@ impl Leader {
         );
         tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
         // What it had not taken yet has nobody to go to any more; its
-        // topic is gone, so the chat is told outside the topics.
+        // topic is gone, so the chat is told outside the topics — before
+        // answering, since a leader whose own session this was steps down
+        // next, and a reply still on its way would go with it.
         let pending = self.store().pending_for(&session.route.profile_key);
         match pending {
-            Ok(pending) => self.give_up(
-                pending.into_iter().map(|e| e.update).collect(),
-                &format!("{} was disconnected", session.route.topic_name),
-                deleted.is_none() && !cleanup_pending,
-            ),
+            Ok(pending) => {
+                self.give_up_now(
+                    pending.into_iter().map(|e| e.update).collect(),
+                    &format!("{} was disconnected", session.route.topic_name),
+                    deleted.is_none() && !cleanup_pending,
+                )
+                .await;
+            }
             Err(e) => tracing::error!("cannot read what the session left behind: {e}"),
         }
         Ok(Disconnected {
