@@ -318,6 +318,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     .reference("idle node", idle.node.clone())
                     .goal(Goal::MemoryAtMost { kib: 8 * 1024 }),
                 );
+                rows.push(Row::new(
+                    "idle private memory, follower",
+                    "Private_Clean + Private_Dirty (smaps_rollup): what one more session adds; its code pages are shared with every sidecar",
+                    idle.follower_private,
+                ));
                 rows.push(
                     Row::new(
                         "idle RSS, leader",
@@ -473,8 +478,8 @@ async fn proxied_rows(
         Measure::na("follower sendMessage does not work (see above)")
     };
     rows.push(Row::new(
-        "follower sendMessage throughput, 10 followers",
-        "turn/ended at once at every follower → every text stored by the fake; relay limiter off",
+        "follower answer throughput, 10 followers",
+        "turn/ended at once at every follower → every answer stored by the fake (answers that queue behind a send are merged into fewer messages); relay limiter off",
         value,
     ));
 }

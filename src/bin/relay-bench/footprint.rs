@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use agent_relay::fake_bot_api::FakeConfig;
 
-use crate::host::{Host, rss_kib};
+use crate::host::{Host, private_kib, rss_kib};
 use crate::reference::IdleNode;
 use crate::report::Measure;
 use crate::world::{TempHome, World};
@@ -41,6 +41,8 @@ pub async fn cold_start(relay: &Path, runs: usize) -> anyhow::Result<Vec<Duratio
 pub struct IdleRss {
     pub leader: Measure,
     pub follower: Measure,
+    /// The follower's private memory (its code pages are shared).
+    pub follower_private: Measure,
     pub node: Measure,
 }
 
@@ -56,7 +58,7 @@ pub async fn idle_rss(relay: &Path, idle: Duration) -> anyhow::Result<IdleRss> {
         .follower_indices(&status)
         .first()
         .map(|&i| world.hosts[i].pid());
-    let rss = |pid: Option<u32>| match pid.map(rss_kib) {
+    let memory = |pid: Option<u32>, read: fn(u32) -> anyhow::Result<u64>| match pid.map(read) {
         Some(Ok(kib)) => Measure::Memory { kib },
         Some(Err(e)) => Measure::na(format!("{e:#}")),
         None => Measure::na("no such sidecar"),
@@ -66,8 +68,9 @@ pub async fn idle_rss(relay: &Path, idle: Duration) -> anyhow::Result<IdleRss> {
         Err(e) => Measure::na(format!("{e:#}")),
     };
     Ok(IdleRss {
-        leader: rss(leader),
-        follower: rss(follower),
+        leader: memory(leader, rss_kib),
+        follower: memory(follower, rss_kib),
+        follower_private: memory(follower, private_kib),
         node,
     })
 }

@@ -263,6 +263,21 @@ async fn play(
 }
 
 /// Resident memory of a process, from `/proc/<pid>/status`.
+/// The memory only `pid` holds (`Private_Clean` + `Private_Dirty` in
+/// `smaps_rollup`): what one more sidecar adds, its code pages being shared
+/// with every other sidecar.
+pub fn private_kib(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/smaps_rollup");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("no {name} in {path}"))
+    };
+    Ok(field("Private_Clean:")? + field("Private_Dirty:")?)
+}
+
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
