@@ -39,10 +39,7 @@ impl Handler for Answering {
     }
 
     async fn execute(&self, params: ExecuteParams) -> ExecuteResult {
-        ExecuteResult {
-            ok: true,
-            message: params.name,
-        }
+        ExecuteResult::new(true, params.name)
     }
 
     fn notify(&self, _: HostEvent) {}
