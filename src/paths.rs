@@ -1,4 +1,4 @@
-//! Where agent-relay keeps its files (DESIGN §4, §8), and whether they can be
+//! Where agent-relay keeps its files (docs/DESIGN.md, *The bus* and *Trust*), and whether they can be
 //! trusted.
 //!
 //! `AGENT_RELAY_HOME` puts everything under one folder, which is how tests stay

@@ -13,17 +13,19 @@ use regex::Regex;
 /// token the relay accepts is one this masks.
 pub const MIN_SECRET_CHARS: usize = 30;
 
-/// `<bot id digits>:<secret>` (DESIGN §5).
+/// `<bot id digits>:<secret>` (docs/DESIGN.md, *Telegram*). ASCII only, as
+/// tokens are (`\d` would also take digits of other scripts).
 static TOKEN: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(&format!(r"\d+:[A-Za-z0-9_-]{{{MIN_SECRET_CHARS},}}"))
+    Regex::new(&format!(r"[0-9]+:[A-Za-z0-9_-]{{{MIN_SECRET_CHARS},}}"))
         .expect("token pattern is valid")
 });
 
 /// An nkey seed (docs/CLUSTER.md, *Configuration*): `S`, a key type
 /// letter, 56 base32 characters. A NATS library error quoting one must not
 /// leak it either.
-static NKEY_SEED: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\bS[A-Z][A-Z2-7]{56}\b").expect("seed pattern is valid"));
+static NKEY_SEED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?-u:\b)S[A-Z][A-Z2-7]{56}(?-u:\b)").expect("seed pattern is valid")
+});
 
 /// What a token is replaced with. The bot id stays visible: it is public and
 /// useful when reading logs of several bots.

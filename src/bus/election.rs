@@ -1,4 +1,4 @@
-//! Leader election through a kernel file lock (DESIGN §4).
+//! Leader election through a kernel file lock (docs/DESIGN.md, *The bus*: Election).
 //!
 //! Whoever holds `bus.lock` is the leader. The kernel releases the lock when
 //! the holder dies, even on SIGKILL, so failover needs no lease and no timer:

@@ -1,4 +1,4 @@
-//! The host side: JSON-RPC 2.0 over NDJSON on stdio (DESIGN §3).
+//! The host side: JSON-RPC 2.0 over NDJSON on stdio (docs/DESIGN.md, *The host protocol*).
 //!
 //! Transport apart from meaning: a reader loop turns lines into messages, a
 //! writer loop turns messages into lines, and a demultiplexer sends requests
