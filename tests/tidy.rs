@@ -284,3 +284,46 @@ fn the_path_parser_sees_groups_and_inline_paths() {
         ]
     );
 }
+
+/// The design the code cites is the repository's own: a reference names a
+/// file that exists (`docs/DESIGN.md`), never a section number of a plan
+/// that is not in the clone.
+#[test]
+fn design_references_point_into_the_repository() {
+    let mut stale = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("DESIGN §") {
+                stale.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+        // In comments only: tests and fixtures may name made-up files.
+        let comments = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for cited in comments
+            .match_indices("docs/")
+            .map(|(at, _)| &comments[at..])
+        {
+            let path: String = cited
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "/._-".contains(*c))
+                .collect();
+            let path = path.trim_end_matches('.');
+            if path.ends_with(".md") && !root().join(path).exists() {
+                stale.push(format!(
+                    "{}: cites {path}, which is not in the repository",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "stale design references:\n{}",
+        stale.join("\n")
+    );
+}
