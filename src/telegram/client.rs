@@ -178,10 +178,20 @@ impl BotApi {
         timeout: Duration,
     ) -> Result<Value, TelegramError> {
         check(method, params)?;
-        let response = self
-            .http
-            .post(format!("{}{method}", self.endpoint))
-            .json(params)
+        self.post(method, |request| request.json(params), timeout)
+            .await
+    }
+
+    /// POSTs `method` with the body `body` puts on the request, and
+    /// classifies what came back: the one path of every call.
+    async fn post(
+        &self,
+        method: &str,
+        body: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Value, TelegramError> {
+        let request = self.http.post(format!("{}{method}", self.endpoint));
+        let response = body(request)
             .timeout(timeout)
             .send()
             .await
@@ -444,20 +454,9 @@ impl BotApi {
             }
         };
         let form = form.part(field, part.file_name(params.file_name.clone()));
-        let response = self
-            .http
-            .post(format!("{}{method}", self.endpoint))
-            .multipart(form)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|error| TelegramError::classify_transport(method, error))?;
-        let status = response.status().as_u16();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|error| TelegramError::classify_transport(method, error))?;
-        let result = TelegramError::classify_response(method, status, &body)?;
+        let result = self
+            .post(method, |request| request.multipart(form), timeout)
+            .await?;
         decode(method, result)
     }
 
