@@ -269,8 +269,11 @@ impl NkeySeed {
     /// Checks the seed's shape: `S`, a key type letter, 56 base32 characters.
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
+        // The shape `redact` masks (`NKEY_SEED`): a seed it would not
+        // recognise must not be accepted.
         let shaped = text.len() == 58
             && text.starts_with('S')
+            && text.as_bytes()[1].is_ascii_uppercase()
             && text
                 .bytes()
                 .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b));

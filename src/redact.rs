@@ -52,6 +52,21 @@ mod tests {
     const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
 
     #[test]
+    fn every_seed_the_config_accepts_is_masked() {
+        let body = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567".repeat(2)[..56].to_string();
+        for second in ['U', 'A', '2', '7'] {
+            let seed = format!("S{second}{body}");
+            let accepted = crate::config::NkeySeed::parse(&seed).is_ok();
+            let masked = !redact(&format!("nats: bad seed {seed}")).contains(&seed);
+            assert_eq!(
+                accepted, masked,
+                "{seed}: accepted {accepted}, masked {masked}"
+            );
+            assert_eq!(accepted, second.is_ascii_uppercase(), "{seed}");
+        }
+    }
+
+    #[test]
     fn masks_tokens_in_urls_and_text() {
         let url = format!(
             "error sending request for url (https://api.telegram.org/bot{TOKEN}/getUpdates)"

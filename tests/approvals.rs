@@ -468,8 +468,11 @@ async fn the_agents_question_is_answered_by_a_button_or_by_a_reply() {
         .expect("a reply");
     let result = answered(written).await;
     assert_eq!(result["answer"], "Quiet Fox", "{result}");
-    // The reply answered the question; it is no prompt for the agent.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The reply answered the question; it is no prompt for the agent. A
+    // message after it in the same topic is a barrier: prompts keep the
+    // topic's order, so once it arrived, "Quiet Fox" would have too.
+    common::inject(&fake, Some(thread), USER, "after the answer");
+    common::wait_prompt(&s, "after the answer").await;
     assert!(
         common::prompts(&s)
             .iter()

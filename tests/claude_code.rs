@@ -9,7 +9,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
 use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
 use common::{CHAT, Options, Sidecar, USER, WAIT, connected, inject, topic, wait_topic_text};
@@ -432,8 +431,9 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
     let tapping = async {
         let asked = question(&fake, thread, "touch x").await;
         tap(&fake, &asked, thread, "✅ Allow");
+        asked.message_id
     };
-    let ((out, _), ()) = tokio::join!(waiting, tapping);
+    let ((out, _), first) = tokio::join!(waiting, tapping);
     let decision: Value = serde_json::from_str(&out).expect("a decision on stdout");
     assert_eq!(
         decision,
@@ -442,19 +442,21 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
     // Deny answers with the reason Claude Code hands the model.
     let waiting = run_hook(&home_path, fake_ref, "7", "PermissionRequest", &permission);
     let tapping = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The second question, not the first one (already answered).
         let asked = fake
             .api()
             .wait_until(
                 |api| {
-                    api.messages(CHAT, Some(thread))
-                        .into_iter()
-                        .rfind(|m| m.reply_markup.is_some())
+                    api.messages(CHAT, Some(thread)).into_iter().find(|m| {
+                        m.reply_markup.is_some()
+                            && m.message_id != first
+                            && m.plain_text.contains("touch x")
+                    })
                 },
                 WAIT,
             )
             .await
-            .unwrap();
+            .expect("the second permission question");
         tap(&fake, &asked, thread, "Deny");
     };
     let ((out, _), ()) = tokio::join!(waiting, tapping);

@@ -294,14 +294,7 @@ impl Member {
     /// chat's pace (and any `retry_after`); a failure carries the leader's
     /// decision ([`MemberError::code`]).
     pub async fn topic(&self, op: TopicOp) -> Result<TopicDone, MemberError> {
-        self.call(
-            Call::Topic {
-                op,
-                background: false,
-            },
-            TOPIC_TIMEOUT,
-        )
-        .await
+        self.topic_within(op, TOPIC_TIMEOUT).await
     }
 
     /// Like [`Member::topic`], for a request a later one supersedes (typing,

@@ -769,13 +769,16 @@ impl Handler for Session {
                 if input.source != "extension" && !input.text.trim().is_empty() {
                     self.send_out(Outgoing::Plain(format!(
                         "🧑‍💻 {}",
-                        clip(&input.text, MIRROR_LIMIT)
+                        crate::policy::clip(input.text.trim(), MIRROR_LIMIT)
                     )));
                 }
             }
             HostEvent::Notice(notice) => {
                 if !notice.text.trim().is_empty() {
-                    self.send_out(Outgoing::Plain(clip(&notice.text, MIRROR_LIMIT)));
+                    self.send_out(Outgoing::Plain(crate::policy::clip(
+                        notice.text.trim(),
+                        MIRROR_LIMIT,
+                    )));
                 }
             }
             HostEvent::SessionStarted(started) => {
@@ -856,17 +859,6 @@ async fn tick(countdown: Option<std::time::Instant>) {
 
 /// How often the pacing countdown in the status line moves.
 const COUNTDOWN_STEP: Duration = Duration::from_secs(5);
-
-/// At most `max` characters of `text`, marked when cut.
-fn clip(text: &str, max: usize) -> String {
-    let text = text.trim();
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let mut out: String = text.chars().take(max).collect();
-    out.push('…');
-    out
-}
 
 impl Session {
     /// The host switched to another agent session (`/new`, `/resume`, …):

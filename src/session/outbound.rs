@@ -130,30 +130,30 @@ impl Progress {
     }
 
     fn text(&self) -> String {
-        let tools = match self.tools {
-            1 => "1 tool".to_string(),
-            n => format!("{n} tools"),
-        };
         format!(
-            "⚙️ Working · {tools} · {}\n▸ {}",
+            "⚙️ Working · {} · {}\n▸ {}",
+            self.tool_count(),
             elapsed(self.started),
             self.current
         )
     }
 
     fn summary(&self, cut: bool) -> String {
-        let tools = match self.tools {
+        let how = if cut { "⏹ Stopped" } else { "✓" };
+        format!("{how} · {} · {}", self.tool_count(), elapsed(self.started))
+    }
+
+    fn tool_count(&self) -> String {
+        match self.tools {
             1 => "1 tool".to_string(),
             n => format!("{n} tools"),
-        };
-        let how = if cut { "⏹ Stopped" } else { "✓" };
-        format!("{how} · {tools} · {}", elapsed(self.started))
+        }
     }
 }
 
 fn elapsed(since: Instant) -> String {
-    let secs = since.elapsed().as_secs();
-    format!("{}:{:02}", secs / 60, secs % 60)
+    let secs = u32::try_from(since.elapsed().as_secs()).unwrap_or(u32::MAX);
+    crate::files::describe_duration(secs)
 }
 
 /// `long_answers_as_file`: an answer that is mostly one long code block

@@ -172,19 +172,27 @@ mod tests {
     #[tokio::test]
     async fn a_slow_command_and_its_children_are_killed_at_the_timeout() {
         let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("child-still-ran");
+        let pidfile = dir.path().join("child.pid");
         // The child of the program outlives it unless the group is killed.
-        let script = format!("(sleep 2; touch '{}') & sleep 30", marker.display());
-        let started = Instant::now();
+        let script = format!("sleep 30 & echo $! > '{}'; wait", pidfile.display());
         let error = transcribe(&shell(&script, Duration::from_millis(300)), Path::new("/x"))
             .await
             .unwrap_err();
         assert_eq!(error, TranscribeError::TimedOut(0));
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert!(
-            !marker.exists(),
-            "a child of the command survived the timeout"
-        );
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        let stat = format!("/proc/{}/stat", pid.trim());
+        // Gone, or a zombie nobody reaped yet: either way it no longer runs.
+        let running = || {
+            std::fs::read_to_string(&stat).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!running(), "a child of the command survived the timeout");
     }
 }

@@ -238,7 +238,7 @@ impl Asks {
         }
         let label = match (choice, text) {
             (Some(i), _) => entry.ask.options[i as usize].clone(),
-            (None, Some(text)) => format!("“{}”", clip(&text, 200)),
+            (None, Some(text)) => format!("“{}”", crate::policy::clip(&text, 200)),
             (None, None) => String::new(),
         };
         Taken::Answered {
@@ -326,15 +326,6 @@ fn closed(why: &str) -> BusError {
         BusErrorCode::AskClosed,
         format!("the question is closed: {why}"),
     )
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let mut out: String = text.chars().take(max).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

@@ -159,11 +159,12 @@ impl Poller {
                     conflict.reset();
                     failure.reset();
                     self.facts().last_ok = Some(Instant::now());
-                    match self.pending().await {
-                        Some(pending) if pending > 0 => deaf_checks += 1,
-                        _ => deaf_checks = 0,
+                    let pending = self.pending().await.unwrap_or(0);
+                    if pending > 0 {
+                        deaf_checks += 1;
+                    } else {
+                        deaf_checks = 0;
                     }
-                    let pending = self.facts().pending.unwrap_or(0);
                     if deaf_checks >= DEAF_AFTER {
                         self.health
                             .send_if_modified(|h| replace(h, PollHealth::Deaf(pending)));

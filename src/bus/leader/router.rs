@@ -289,14 +289,15 @@ impl Leader {
     /// Whether `update` is a reply that answers an open free-text ask; the
     /// answer is shown on the question then.
     fn answers_ask(self: &Arc<Self>, update: &NewUpdate) -> bool {
-        let Some(message_id) = MessageDetail::of(update).reply_to else {
+        let detail = MessageDetail::of(update);
+        let Some(message_id) = detail.reply_to else {
             return false;
         };
         let key = Key::Reply {
             message_id,
             text: &update.text,
         };
-        let name = MessageDetail::of(update)
+        let name = detail
             .from
             .unwrap_or_else(|| format!("user {}", update.user_id));
         match self

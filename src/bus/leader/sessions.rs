@@ -432,11 +432,7 @@ impl Leader {
                 let left_behind = store
                     .pending_for(&holder.profile_key)
                     .map_err(store_error)?;
-                let had_topic = store
-                    .binding(&holder.profile_key)
-                    .map_err(store_error)?
-                    .and_then(|b| b.target())
-                    .is_some();
+                let had_topic = holder.target().is_some();
                 store
                     .remove_binding(&holder.profile_key)
                     .map_err(store_error)?;
