@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::poller::{Batch, PollHealth};
+use super::poller::{Batch, PollHealth, route_then_flush};
 use super::triage::{Journaling, Triaged};
 use super::{Leader, Restarting, remote};
 use crate::backoff::Backoff;
@@ -608,24 +608,11 @@ async fn consume(
                 ),
             }
         }
-        let (inserted, unflushed) = leader.store().journal_received_unflushed(&journal)?;
-        let journaled = journal
-            .into_iter()
-            .filter(|u| inserted.contains(&u.update_id))
-            .collect();
-        let _ = batches
-            .send(Batch {
-                journaled,
-                notices,
-                others,
-            })
-            .await;
-        let flushed = tokio::task::spawn_blocking(move || unflushed.flush()).await;
-        match flushed {
-            Ok(flushed) => flushed?,
-            // Only a runtime shutting down: nothing is acknowledged, so
-            // JetStream hands the batch out again.
-            Err(_) => break,
+        let written = leader.store().journal_received_unflushed(&journal)?;
+        // A runtime shutting down: nothing is acknowledged, so JetStream
+        // hands the batch out again.
+        if !route_then_flush(&batches, journal, written, notices, others).await? {
+            break;
         }
         // On disk: JetStream may forget them (docs/CLUSTER.md, *Inbound*).
         let acks = deliveries.iter().map(|d| d.ack());

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::{ClusterPoll, Step};
 use super::triage::{Journaling, Notice, Triaged};
 use crate::backoff::Backoff;
-use crate::store::{NewUpdate, Store, StoreError};
+use crate::store::{NewUpdate, Store, StoreError, Unflushed};
 use crate::telegram::{BotApi, TelegramError, Update};
 
 /// Seconds Telegram may hold one long poll open.
@@ -360,31 +360,49 @@ impl Poller {
                 Err(e) => tracing::warn!("skipping an update: {e}"),
             }
         }
-        // Committed at once, flushed below: routing does not wait for the disk.
-        let (inserted, unflushed) = self.store().journal_batch_unflushed(&journal, last + 1)?;
-        let journaled = journal
-            .into_iter()
-            .filter(|u| inserted.contains(&u.update_id))
-            .collect();
-        let batch = Batch {
+        // Committed at once, flushed after routing: routing does not wait
+        // for the disk. The next getUpdates confirms this batch to Telegram,
+        // which then forgets it: it must be on disk first. A flush the
+        // runtime cancelled (shutting down) leaves the batch unconfirmed,
+        // and Telegram keeps it.
+        let written = self.store().journal_batch_unflushed(&journal, last + 1)?;
+        route_then_flush(&self.batches, journal, written, notices, others)
+            .await
+            .map(drop)
+    }
+}
+
+/// Hands what `journal` newly wrote (`inserted`) to the router with the
+/// notices and the updates the leader answers itself, then syncs the
+/// journal on a blocking thread while the leader routes. `Ok(false)` when
+/// the runtime is shutting down and cancelled the sync: nothing may be
+/// confirmed then. A panic in the sync is raised again.
+pub(super) async fn route_then_flush(
+    batches: &mpsc::Sender<Batch>,
+    journal: Vec<NewUpdate>,
+    (inserted, unflushed): (Vec<i64>, Unflushed),
+    notices: Vec<Notice>,
+    others: Vec<Update>,
+) -> Result<bool, StoreError> {
+    let journaled = journal
+        .into_iter()
+        .filter(|u| inserted.contains(&u.update_id))
+        .collect();
+    // The router may be gone when the leader is stopping; the journal
+    // already holds everything, so nothing is lost.
+    let _ = batches
+        .send(Batch {
             journaled,
             notices,
             others,
-        };
-        // The router may be gone when the leader is stopping; the journal
-        // already holds everything, so nothing is lost.
-        let _ = self.batches.send(batch).await;
-        // The next getUpdates confirms this batch to Telegram, which then
-        // forgets it: it must be on disk first. The fsync runs on a blocking
-        // thread while the leader routes.
-        tokio::task::spawn_blocking(move || unflushed.flush())
-            .await
-            .unwrap_or_else(|e| match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                // Only a runtime shutting down cancels it; the journal
-                // simply stays unconfirmed, and Telegram keeps the batch.
-                Err(_) => Ok(()),
-            })
+        })
+        .await;
+    match tokio::task::spawn_blocking(move || unflushed.flush()).await {
+        Ok(flushed) => flushed.map(|()| true),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Ok(false),
+        },
     }
 }
 
