@@ -175,8 +175,17 @@ test("one progress message follows a turn with tools, edited within the pacing",
 	await world.bot.said(topic.thread_id, (plain) => plain.includes("all three steps done"), { what: "the answer" });
 	const progress = (await world.bot.messages(topic.thread_id)).filter((m) => m.plain_text.includes("3 tools"));
 	assert.equal(progress.length, 1, "one progress message, not one per tool");
-	const full = await world.bot.message(progress[0].message_id);
-	assert.match(full.plain_text, /^✓ · 3 tools · \d+:\d\d$/, full.plain_text);
+	// The summary edit follows the answer on its own (it waits behind answers for
+	// the chat's budget), so it is awaited, not read at once.
+	const summary = /^✓ · 3 tools · \d+:\d\d$/;
+	const full = await eventually(
+		async () => {
+			const message = await world.bot.message(progress[0].message_id);
+			return summary.test(message.plain_text) && message;
+		},
+		15_000,
+		"the progress message turned into the turn's summary",
+	);
 	const edits = full.history.map((v) => v.at_ms);
 	for (let i = 2; i < edits.length; i++) {
 		// Between two progress updates at least the group's 10 s (the final summary
