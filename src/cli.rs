@@ -10,7 +10,7 @@ use anyhow::Context;
 use crate::config::{ConfigError, Setup};
 use crate::paths::Missing;
 use crate::session::Session;
-use crate::{bus, commands, host, logging};
+use crate::{commands, host, logging, member};
 
 /// Whatever the relay or a library it uses creates (log files, SQLite's
 /// -wal and -shm) is for the user alone, whatever umask the host passed
@@ -177,7 +177,7 @@ pub fn status() -> anyhow::Result<ExitCode> {
     let bot = config
         .bot_id()
         .context("no bot token configured (config.toml bot_token or TELEGRAM_BOT_TOKEN)")?;
-    let status = runtime()?.block_on(bus::query_status(&paths, bot))?;
+    let status = runtime()?.block_on(member::query_status(&paths, bot))?;
     match status {
         Some(status) => {
             println!("{}", commands::relay_status_text(&status));

@@ -10,8 +10,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bus::{LeaderReport, leader_report};
 use crate::config::{Config, ConfigError};
+use crate::member::{LeaderReport, leader_report};
 use crate::paths::Paths;
 use crate::redact::redact;
 use crate::telegram::{BotApi, BotInfo, ChatKind, ChatMemberStatus, TOPICS_SWITCH, TelegramError};

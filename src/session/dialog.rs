@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::bus::{Member, MemberError};
+use crate::member::{Member, MemberError};
 use crate::protocol::bus::*;
 use crate::protocol::host::{
     ConfirmParams, ConfirmResult, DecidedBy, SelectParams, SelectResult, method,

@@ -37,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 use super::Session;
 use super::media::{self, ALBUM_WAIT, Prepared};
 use super::outbound::Outgoing;
-use crate::bus::Member;
 use crate::host::OutboundError;
+use crate::member::Member;
 use crate::protocol::bus::Deliver;
 use crate::protocol::host::{
     Attachment, DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,

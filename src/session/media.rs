@@ -12,8 +12,8 @@ use std::time::Duration;
 use super::Session;
 use super::outbound::Outgoing;
 use super::transcribe::transcribe;
-use crate::bus::{Member, MemberError};
 use crate::files::{describe_duration, describe_size};
+use crate::member::{Member, MemberError};
 use crate::protocol::bus::{BusErrorCode, Deliver, Fetched, FetchedFile};
 use crate::protocol::host::{Attachment, AttachmentKind};
 

@@ -10,11 +10,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{JoinRequest, Member, MemberState, Role};
 use crate::commands::{self, Command};
 use crate::commands::{relay_status_text, restart_text};
 use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
+use crate::member::{JoinRequest, Member, MemberState, Role};
 use crate::paths::Paths;
 use crate::protocol::bus::{BusErrorCode, ClusterLinkState, FileSource, Health, SendFile, TopicOp};
 use crate::protocol::host::*;
@@ -913,7 +913,7 @@ impl Session {
             caption: params.caption.filter(|c| !c.trim().is_empty()),
             send_as: params.send_as,
         });
-        match member.topic_within(op, crate::bus::UPLOAD_TIMEOUT).await {
+        match member.topic_within(op, crate::member::UPLOAD_TIMEOUT).await {
             Ok(done) => Ok(SendFileResult {
                 message_id: done.message_id.unwrap_or_default(),
                 sent_as: done.sent_as.unwrap_or(SendAs::Document),

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use super::unsent::Unsent;
-use crate::bus::{Member, MemberError};
+use crate::member::{Member, MemberError};
 use crate::protocol::bus::{
     BusErrorCode, EditText, FileSource, MAX_INLINE_FILE, SendAs, SendFile, SendText, Target,
     TextFormat, TopicOp,
@@ -392,7 +392,7 @@ impl Outbound {
         });
         if let Err(e) = self
             .member
-            .topic_within(op, crate::bus::UPLOAD_TIMEOUT)
+            .topic_within(op, crate::member::UPLOAD_TIMEOUT)
             .await
         {
             tracing::warn!("cannot send the answer's code as a file ({e}); sending messages");

@@ -49,7 +49,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::election::{LeaderInfo, LeaderLock};
+use crate::bus::election::{LeaderInfo, LeaderLock};
 use crate::config::{Config, FilesPolicy};
 use crate::paths::Paths;
 use crate::protocol::bus::*;

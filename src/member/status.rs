@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::election::BusDir;
-use super::member::MemberError;
-use super::wire::{self, Incoming};
+use super::handle::MemberError;
+use crate::bus::election::BusDir;
+use crate::bus::wire::{self, Incoming};
 use crate::config::BotId;
 use crate::paths::Paths;
 use crate::protocol::bus::*;

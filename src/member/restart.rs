@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::member::{Call, Member, MemberError};
+use super::handle::{Call, Member, MemberError};
 use crate::protocol::bus::*;
 
 /// How long a restart may take to converge before it is reported partial.

@@ -11,12 +11,12 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::election::BusDir;
-use super::leader::{self, LeaderHandle};
-use super::member::{Call, JoinRequest, MemberError, MemberState, Pending, Role};
-use super::wire::{self, Incoming, WireReader, WireWriter};
+use super::handle::{Call, JoinRequest, MemberError, MemberState, Pending, Role};
 use crate::backoff::Backoff;
+use crate::bus::election::BusDir;
+use crate::bus::wire::{self, Incoming, WireReader, WireWriter};
 use crate::config::BotId;
+use crate::leader::{self, LeaderHandle};
 use crate::protocol::bus::*;
 
 /// Reconnecting after a lost connection: fast, the leader may be gone and

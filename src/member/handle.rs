@@ -19,12 +19,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a topic request may take, pacing included: a little longer
 /// than the leader's own deadline, so the leader's answer (sent, or why
 /// not) is what the session hears, not a timeout.
-const TOPIC_TIMEOUT: Duration = Duration::from_secs(super::leader::TOPIC_DEADLINE.as_secs() + 30);
+const TOPIC_TIMEOUT: Duration = Duration::from_secs(crate::leader::TOPIC_DEADLINE.as_secs() + 30);
 /// The same for fetching a message's files…
-const FETCH_TIMEOUT: Duration = Duration::from_secs(super::leader::FETCH_DEADLINE.as_secs() + 30);
+const FETCH_TIMEOUT: Duration = Duration::from_secs(crate::leader::FETCH_DEADLINE.as_secs() + 30);
 /// …and for sending a file.
 pub const UPLOAD_TIMEOUT: Duration =
-    Duration::from_secs(super::leader::UPLOAD_DEADLINE.as_secs() + 30);
+    Duration::from_secs(crate::leader::UPLOAD_DEADLINE.as_secs() + 30);
 
 /// What a session needs to join its bot's bus.
 #[derive(Debug, Clone)]
