@@ -355,10 +355,10 @@ async fn tell_undelivered(
         }),
         link_preview_options: None,
     };
-    match api.send_message(&params).await {
+    match api.send_message(params.clone()).await {
         Err(TelegramError::RateLimited { retry_after }) => {
             tokio::time::sleep(retry_after).await;
-            api.send_message(&params).await.map(drop)
+            api.send_message(params).await.map(drop)
         }
         sent => sent.map(drop),
     }

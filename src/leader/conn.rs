@@ -132,7 +132,7 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
                 .registry
                 .send(conn, leader.ack(Some(req.id), leader.reconcile(conn, &req)));
         }
-        ToLeader::Restart(req) => super::restart(leader, conn, &req),
+        ToLeader::Restart(req) => super::restart::restart(leader, conn, &req),
         ToLeader::Pair(req) => {
             let leader = leader.clone();
             requests.spawn(async move {

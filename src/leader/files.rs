@@ -15,10 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::inbox::Inbox;
+use super::inbox::FileInbox;
 use super::outbox::Upload;
 use super::registry::ConnId;
-use super::triage::MessageDetail;
+use super::triage::Entry;
 use super::{Leader, store_error};
 use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_size, is_picture, safe_name};
 use crate::paths::open_sendable;
@@ -45,7 +45,7 @@ impl Leader {
                     ),
                 )
             })?;
-        let detail = MessageDetail::of(&entry.update);
+        let detail = Entry::stored(entry.update).detail;
         if detail.files.is_empty() {
             return Ok(Fetched::default());
         }
@@ -54,12 +54,12 @@ impl Leader {
             .files
             .iter()
             .enumerate()
-            .map(|(index, file)| Inbox::file_name(req.update_id, index, file))
+            .map(|(index, file)| FileInbox::file_name(req.update_id, index, file))
             .collect();
         let keep: Vec<PathBuf> = names.iter().map(|name| dir.join(name)).collect();
         let mut files = Vec::with_capacity(names.len());
         for ((file, name), path) in detail.files.iter().zip(&names).zip(&keep) {
-            let size = match Inbox::saved(path, file.size) {
+            let size = match FileInbox::saved(path, file.size) {
                 Some(size) => size,
                 None => {
                     self.inbox
@@ -88,6 +88,7 @@ impl Leader {
     /// Posts a file into the session's topic.
     pub(super) async fn send_file(
         &self,
+        profile: &str,
         cwd: &str,
         target: Target,
         send: &SendFile,
@@ -114,7 +115,19 @@ impl Leader {
                 }
             }
         };
-        self.outbox.send_file(target, &upload).await
+        let done = self.outbox.send_file(target, &upload).await;
+        self.record(
+            profile,
+            target,
+            done.as_ref().map(|(performed, _)| performed),
+        );
+        let (performed, sent_as) = done?;
+        Ok(TopicDone {
+            message_id: performed.reply.message_id(),
+            sent_as: Some(sent_as),
+            size: Some(upload.source.size()),
+            ..TopicDone::default()
+        })
     }
 
     /// Checks and opens a file the session wants to send (see the module

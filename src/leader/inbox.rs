@@ -29,7 +29,7 @@ use crate::protocol::bus::{AttachmentKind, BusError, BusErrorCode};
 /// change, so a session that is just registering never loses its files.
 const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
 
-pub(super) struct Inbox {
+pub(super) struct FileInbox {
     /// `<state>/inbox/<bot>`.
     root: PathBuf,
     paths: Paths,
@@ -37,7 +37,7 @@ pub(super) struct Inbox {
     cap: u64,
 }
 
-impl Inbox {
+impl FileInbox {
     pub fn new(paths: Paths, bot: BotId, cap: u64) -> Self {
         Self {
             root: paths.inbox_dir(bot),
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn saved_names_are_the_relays_whatever_the_sender_called_them() {
-        let name = |kind, given, mime| Inbox::file_name(4711, 0, &file(kind, given, mime));
+        let name = |kind, given, mime| FileInbox::file_name(4711, 0, &file(kind, given, mime));
         assert_eq!(
             name(AttachmentKind::Photo, None, Some("image/jpeg")),
             "4711-1-photo.jpg"
@@ -291,7 +291,7 @@ mod tests {
             "4711-1-file.pdf"
         );
         assert_eq!(
-            Inbox::file_name(
+            FileInbox::file_name(
                 9,
                 2,
                 &file(AttachmentKind::Document, Some("a/b/report.pdf"), None)
@@ -302,13 +302,13 @@ mod tests {
 
     #[test]
     fn folders_are_one_per_profile_and_readable() {
-        let a = Inbox::folder_name("cwd:/home/ada/api#");
-        let b = Inbox::folder_name("cwd:/home/ada/api#2");
+        let a = FileInbox::folder_name("cwd:/home/ada/api#");
+        let b = FileInbox::folder_name("cwd:/home/ada/api#2");
         assert!(a.starts_with("api-"), "{a}");
         assert_ne!(a, b);
-        assert_eq!(a, Inbox::folder_name("cwd:/home/ada/api#"));
-        assert_eq!(Inbox::folder_name("#").len(), "session-".len() + 16);
-        assert!(safe_name(&Inbox::folder_name("file:/x/../..")).is_some());
+        assert_eq!(a, FileInbox::folder_name("cwd:/home/ada/api#"));
+        assert_eq!(FileInbox::folder_name("#").len(), "session-".len() + 16);
+        assert!(safe_name(&FileInbox::folder_name("file:/x/../..")).is_some());
     }
 
     #[test]
@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn only_idle_folders_of_sessions_without_a_binding_are_pruned() {
         let root = tempfile::tempdir().unwrap();
-        let live = Inbox::folder_name("cwd:/a#");
+        let live = FileInbox::folder_name("cwd:/a#");
         for name in [
             live.as_str(),
             "gone-0000000000000000",

@@ -27,16 +27,22 @@
 
 mod access;
 mod asks;
+mod batch;
 mod cluster;
 mod conn;
+mod disconnect;
+mod failure;
 mod files;
 mod inbox;
 mod outbox;
 mod poller;
+mod register;
 mod registry;
-mod remote;
+mod replies;
+mod restart;
 mod router;
-mod sessions;
+mod status;
+mod topic;
 mod triage;
 
 use std::path::PathBuf;
@@ -56,11 +62,12 @@ use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 use crate::telegram::SetupError;
 use access::Access;
-use cluster::{ClusterNode, ClusterPoll};
-use inbox::Inbox;
+use batch::Batch;
+use cluster::ClusterNode;
+use inbox::FileInbox;
 use outbox::Outbox;
-use poller::{Batch, PollFacts, PollHealth, Poller};
-use registry::{ConnId, Registry};
+use poller::{Journal, LocalJournal, PollFacts, PollHealth, Poller};
+use registry::Registry;
 use router::Router;
 
 pub(crate) use outbox::{FETCH_DEADLINE, TOPIC_DEADLINE, UPLOAD_DEADLINE};
@@ -86,13 +93,13 @@ pub(super) struct Leader {
     store: Arc<Mutex<Store>>,
     registry: Registry,
     router: Router,
-    /// Every Bot API call: the local outbox, or through the machine that
-    /// polls when the relay spans machines.
-    outbox: remote::Outbound,
+    /// Every Bot API call: made here, or through the machine that polls
+    /// when the relay spans machines.
+    outbox: Outbox,
     access: Arc<Access>,
     asks: asks::Asks,
     /// Where the files users send are saved, one folder per session.
-    inbox: Inbox,
+    inbox: FileInbox,
     /// `[files]`: the folders files may be sent from besides a session's own.
     files: FilesPolicy,
     health: watch::Sender<PollHealth>,
@@ -140,23 +147,24 @@ impl Leader {
         }
     }
 
-    /// A poller of this leader: its own (single machine), or one per lease
-    /// term with the cluster's journal step.
-    fn poller(
-        &self,
-        batches: mpsc::Sender<Batch>,
-        stop: CancellationToken,
-        cluster: Option<ClusterPoll>,
-    ) -> Poller {
+    /// A poller of this leader into `journal`: its own (a single machine),
+    /// or the cluster's stream (one per lease term).
+    fn poller<J: Journal>(&self, journal: J, stop: CancellationToken) -> Poller<J> {
         Poller {
             api: self.outbox.api().clone(),
-            store: self.store.clone(),
-            triage: triage::Journaling::new(self.store.clone(), self.access.clone()),
-            batches,
+            journal,
             health: self.health.clone(),
             facts: self.poll.clone(),
             stop,
-            cluster,
+        }
+    }
+
+    /// This machine's own journal, for a single machine's poller.
+    fn local_journal(&self, batches: mpsc::Sender<Batch>) -> LocalJournal {
+        LocalJournal {
+            store: self.store.clone(),
+            triage: triage::Triage::new(self.store.clone(), self.access.clone()),
+            batches,
         }
     }
 
@@ -164,31 +172,6 @@ impl Leader {
     fn wire_cluster(&self) -> Option<FromLeader> {
         let node = self.cluster.as_ref()?;
         Some(FromLeader::Cluster(node.link().borrow().clone()))
-    }
-
-    /// The poll health as the bus wire states it.
-    fn wire_health(&self) -> Health {
-        match &*self.health.borrow() {
-            PollHealth::Starting => Health::Starting,
-            PollHealth::Ok => Health::Ok,
-            PollHealth::Conflict => Health::Conflict,
-            PollHealth::Offline(reason) => Health::Offline {
-                reason: reason.clone(),
-            },
-            PollHealth::Unauthorized => Health::Unauthorized,
-            PollHealth::Deaf(pending) => Health::Deaf { pending: *pending },
-        }
-    }
-
-    /// The poll for `/relay status`.
-    fn poll_report(&self) -> PollReport {
-        let facts = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
-        PollReport {
-            health: self.wire_health(),
-            last_ok_age_ms: facts.last_ok.map(|at| at.elapsed().as_millis() as u64),
-            pending_updates: facts.pending,
-            restarts: facts.restarts,
-        }
     }
 }
 
@@ -218,7 +201,6 @@ pub(crate) async fn start(
     instance_id: String,
     config: &Config,
 ) -> Result<LeaderHandle, LeaderError> {
-    let local = Outbox::new(config)?;
     let bot = config.bot_id().ok_or(SetupError::Http {
         message: "no bot token".into(),
     })?;
@@ -227,7 +209,7 @@ pub(crate) async fn start(
         .cluster
         .as_ref()
         .map(|cluster| Arc::new(ClusterNode::new(cluster.clone(), bot, &store_path)));
-    let outbox = remote::Outbound::new(local, cluster.clone());
+    let outbox = Outbox::new(config, cluster.clone())?;
     let configured = config.allowed_users.clone();
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
@@ -261,7 +243,7 @@ pub(crate) async fn start(
         outbox,
         access: Arc::new(access),
         asks: asks::Asks::default(),
-        inbox: Inbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
+        inbox: FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
         files: config.files.clone(),
         health,
         poll: Arc::default(),
@@ -293,100 +275,6 @@ impl LeaderHandle {
     }
 }
 
-/// `/relay restart`: answers with the plan, tells every session, and steps
-/// down. The member that owns this leader then releases the lock, and the
-/// bus elects a leader again; sessions come back on their own. When the
-/// relay spans machines, every machine does so (`cluster.rs`).
-fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
-    if let Err(e) = leader.registry.session(conn, req.generation) {
-        leader
-            .registry
-            .send(conn, leader.ack::<()>(Some(req.id), Err(e)));
-        return;
-    }
-    if leader.cluster.is_some() {
-        let leader = leader.clone();
-        let id = req.id;
-        tokio::spawn(async move {
-            let plan = leader.restart_cluster().await;
-            leader.registry.send(conn, leader.ack(Some(id), plan));
-        });
-        return;
-    }
-    let mut first = false;
-    let plan = leader.restarting.get_or_init(|| {
-        first = true;
-        let mut expected: Vec<String> = leader
-            .registry
-            .lock()
-            .live()
-            .filter(|(_, s)| s.ready)
-            .map(|(_, s)| s.route.profile_key.clone())
-            .collect();
-        expected.sort();
-        let count = expected.len() as u32;
-        Restarting {
-            epoch: leader.epoch,
-            expected_instances: count,
-            expected_routes: count,
-            expected,
-            machines: Vec::new(),
-        }
-    });
-    leader
-        .registry
-        .send(conn, leader.ack(Some(req.id), Ok(plan)));
-    if first {
-        tracing::info!(
-            routes = plan.expected_routes,
-            "restarting the relay on request"
-        );
-        leader.step_down_for(plan);
-    }
-}
-
-/// Finishes the topic deletions a previous leader promised but could not
-/// confirm, before anything is provisioned.
-async fn finish_cleanups(leader: &Leader) {
-    let intents = match leader.store().pending_cleanups() {
-        Ok(intents) => intents,
-        Err(e) => {
-            tracing::error!("cannot read cleanup intents: {e}");
-            return;
-        }
-    };
-    for intent in intents {
-        let target = Target {
-            chat_id: intent.chat_id,
-            thread_id: intent.thread_id,
-        };
-        let result = tokio::select! {
-            () = leader.stop.cancelled() => return,
-            r = leader.outbox.delete_topic(target) => r,
-        };
-        let mut store = leader.store();
-        let recorded = match result {
-            Ok(()) => {
-                tracing::info!(
-                    thread = intent.thread_id,
-                    "finished a predecessor's topic deletion"
-                );
-                store.finish_cleanup(intent.id)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    thread = intent.thread_id,
-                    "a pending topic deletion failed again: {e}"
-                );
-                store.record_cleanup_attempt(intent.id)
-            }
-        };
-        if let Err(e) = recorded {
-            tracing::error!("cannot update a cleanup intent: {e}");
-        }
-    }
-}
-
 /// Most acknowledgements written in one transaction.
 const SETTLE_BATCH: usize = 1024;
 
@@ -406,7 +294,7 @@ async fn run(
         Ok(guard) => {
             let leader = leader.clone();
             tokio::spawn(async move {
-                finish_cleanups(&leader).await;
+                disconnect::finish_cleanups(&leader).await;
                 drop(guard);
             });
         }
@@ -417,7 +305,10 @@ async fn run(
     // it holds the bot-wide lease, and reads its own updates from the
     // cluster's stream.
     let mut poller = match leader.cluster.clone() {
-        None => tokio::spawn(leader.poller(batches_tx, leader.stop.clone(), None).run()),
+        None => {
+            let journal = leader.local_journal(batches_tx);
+            tokio::spawn(leader.poller(journal, leader.stop.clone()).run())
+        }
         Some(node) => tokio::spawn(cluster::run(leader.clone(), node, batches_tx)),
     };
     // A single machine's link never changes (its sender lives as long).

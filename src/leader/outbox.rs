@@ -1,68 +1,68 @@
-//! The leader's Telegram side: every Bot API call it makes goes through
-//! here, typed, paced by one [`RateLimiter`], and every failure is decided
-//! here, once.
+//! The leader's Telegram side: every Bot API call it makes, for a session
+//! or for itself, is a [`BotCall`] made by [`Outbox::call`]: paced by one
+//! [`RateLimiter`], retried, and every failure decided here, once
+//! ([`super::failure::decide`]).
 //!
-//! [`Outbox::perform`] runs a session's [`TopicOp`] in its topic and turns
-//! what Telegram answered into what the session should do:
-//!
-//! | Telegram said | the outbox does | the session gets |
+//! | Telegram said | the outbox does | the caller gets |
 //! |---|---|---|
-//! | 429 `retry_after` | waits (for that chat, or all) and sends again | the result, later |
-//! | a transient failure that cannot have posted anything | backs off and sends again | the result, later |
-//! | can't parse entities (HTML) | sends the text again as plain text | `TopicDone { plain: true }` |
-//! | message is not modified (an edit) | nothing | success |
-//! | the topic is closed | reopens it (the bot made it) and sends again | the result |
-//! | the topic is gone | nothing | `TopicGone`: register again for a new topic |
-//! | a send that may or may not have happened | never replays it | `CommitUnknown` |
+//! | 429 `retry_after` | waits (for that chat, or all) and calls again | the result, later |
+//! | a transient failure that cannot have taken effect | backs off and calls again | the result, later |
+//! | can't parse entities (HTML) | sends the text again as plain text | `Performed { plain: true }` |
+//! | message is not modified (an edit, a close, a reopen) | nothing | success |
+//! | the topic is gone (deleting it) | nothing | success |
+//! | the topic is closed | reopens it (the bot made it) and calls again | the result |
 //! | a photo Telegram cannot process, sent as chosen by the relay | sends it again as a document | the result |
-//! | a file over Telegram's limits | nothing | `FileTooBig` |
-//! | the chat's budget is spent, for a background request | nothing | `Paced` |
-//! | anything else | nothing | `Telegram` with the reason |
+//! | the chat's budget is spent, for a background call | nothing | `Paced` |
+//! | anything else | nothing | the [`Failure`] that decides it |
 //!
-//! Files go through here too: downloads (`getFile`, then the file streamed
-//! to disk) and uploads (a multipart `sendPhoto`/`sendDocument` streamed
-//! from disk), paced and retried like every other call, as tasks of their
-//! own so no other session waits for them.
+//! One choice decides where a call is made ([`Outbox::call`]): here, or,
+//! when the relay spans machines and another machine holds the bot-wide
+//! lease, by that machine's outbox (`cluster/calls.rs`), whose decision
+//! comes back as it was made. Files are the exception: their bytes are on
+//! this machine, so downloads and uploads are always made here.
 //!
 //! Pacing puts what people wait for first ([`Priority`]): answers and
-//! questions before edits; a background request (typing, a progress edit a
-//! later one supersedes) never waits. Whoever asked hears how long a request
-//! waits (`waiting`), so the session can show it.
+//! questions before edits; a background call (typing, a progress edit a
+//! later one supersedes) never waits. Whoever asked hears how long a call
+//! waits ([`Pace::waiting`]), so the session can show it.
 //!
 //! It never touches the store: the leader records what it needs from the
 //! results (a stale topic, who posted which message).
 
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::inbox::Inbox;
+use super::cluster::{self, ClusterNode};
+use super::failure::{Failure, FailureKind, Performed, decide};
+use super::inbox::FileInbox;
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::files::DOWNLOAD_MAX;
-use crate::protocol::bus::*;
+use crate::protocol::bus::{SendAs, Target};
 use crate::render;
-use crate::telegram::types::{
-    EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, ParseMode,
-    ReplyParameters, SendMessage,
+use crate::telegram::call::{
+    AnswerCallbackQuery, ChatAction, CreateForumTopic, InTopic, SendChatAction,
 };
+use crate::telegram::types::{LinkPreviewOptions, SendMessage};
 use crate::telegram::{
-    BotApi, BotInfo, ChatBudget, DownloadError, Priority, RateLimiter, SendFile, SetupError,
-    TelegramError, UploadSource,
+    BotApi, BotCall, BotInfo, BotReply, ChatBudget, DownloadError, Priority, RateLimiter, SendFile,
+    SetupError, TelegramError, UploadSource,
 };
 
-/// How long a session's request may wait for pacing and retries before
-/// the outbox gives up on it (the member waits a little longer).
+/// How long a session's call may wait for pacing and retries before the
+/// outbox gives up on it (the member waits a little longer).
 pub(crate) const TOPIC_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Topic management (create, delete, reopen, probe) gives up sooner: a
 /// person waits for it at the terminal.
-pub(super) const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Longest `callback_data` Telegram accepts, in bytes.
-const MAX_BUTTON_DATA: usize = 64;
+/// A tap's spinner: Telegram forgets the query soon, so it is answered
+/// within seconds or not at all.
+const TAP_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long fetching one file may take, retries included.
 pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(240);
@@ -73,6 +73,9 @@ pub(crate) const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Longest caption Telegram takes, in UTF-16 units.
 const MAX_CAPTION: usize = 1024;
+
+/// Shorter waits for the budget are not worth telling anybody.
+const TELL_WAIT: Duration = Duration::from_secs(1);
 
 /// One attempt at moving `bytes` to or from Telegram: a minute, plus a
 /// second for every 128 KiB (a slow uplink still gets 50 MB through).
@@ -93,64 +96,69 @@ pub(super) struct Upload {
     pub chosen: bool,
 }
 
-/// Shorter waits for the budget are not worth telling anybody.
-const TELL_WAIT: Duration = Duration::from_secs(1);
-
-/// How a call is paced: its chat, its rank, and who hears about a wait.
-struct Pace<'a> {
-    chat: Option<i64>,
-    priority: Priority,
-    waiting: &'a (dyn Fn(Duration) + Sync),
+/// How a call is paced: its rank, how long it may take, and who hears
+/// about a wait for the chat's budget.
+#[derive(Clone, Copy)]
+pub(super) struct Pace<'a> {
+    pub priority: Priority,
+    pub deadline: Duration,
+    pub waiting: &'a (dyn Fn(Duration) + Sync),
 }
 
+fn nobody(_: Duration) {}
+
 impl Pace<'static> {
-    /// The leader's own calls: nobody to tell, and first in line.
-    fn high(chat: Option<i64>) -> Self {
+    /// The leader's own messages: first in line, nobody to tell.
+    pub fn high() -> Self {
+        Self::of(Priority::High)
+    }
+
+    /// A call in a session's topic at `priority`.
+    pub fn of(priority: Priority) -> Self {
         Pace {
-            chat,
+            priority,
+            deadline: TOPIC_DEADLINE,
+            waiting: &nobody,
+        }
+    }
+
+    /// Topic management: first in line, and given up sooner.
+    pub fn manage() -> Self {
+        Pace {
             priority: Priority::High,
+            deadline: MANAGE_DEADLINE,
             waiting: &nobody,
         }
     }
 }
 
-fn nobody(_: Duration) {}
-
 /// `getMe`'s answer, kept while it says the bot has topics in private
 /// chats (until then it is asked again: the user may switch them on in
 /// @BotFather while sessions wait, and nobody should need a restart).
 #[derive(Default)]
-pub(super) struct BotCache(Mutex<Option<BotInfo>>);
+struct BotCache(Mutex<Option<BotInfo>>);
 
 impl BotCache {
-    pub async fn get<F, Fut>(&self, ask: F) -> Result<BotInfo, TelegramError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<BotInfo, TelegramError>>,
-    {
-        let cached = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(bot) = cached.filter(|b| b.has_topics_enabled) {
-            return Ok(bot);
-        }
-        let bot = ask().await?;
+    fn get(&self) -> Option<BotInfo> {
+        let cached = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        cached.clone().filter(|b| b.has_topics_enabled)
+    }
+
+    fn set(&self, bot: &BotInfo) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(bot.clone());
-        Ok(bot)
     }
 }
 
 pub(super) struct Outbox {
     api: BotApi,
     limiter: RateLimiter,
-    /// `getMe`'s answer.
     bot: BotCache,
+    /// This machine in the cluster, when the relay spans machines.
+    cluster: Option<Arc<ClusterNode>>,
 }
 
 impl Outbox {
-    pub fn new(config: &Config) -> Result<Self, SetupError> {
+    pub fn new(config: &Config, cluster: Option<Arc<ClusterNode>>) -> Result<Self, SetupError> {
         let token = config.token.as_ref().ok_or(SetupError::Http {
             message: "no bot token".into(),
         })?;
@@ -164,151 +172,210 @@ impl Outbox {
             api: BotApi::new(&config.api_url, token)?,
             limiter,
             bot: BotCache::default(),
+            cluster,
         })
     }
 
+    /// The client, for the poller (which runs only where the lease is).
     pub fn api(&self) -> &BotApi {
         &self.api
     }
 
-    /// The chats' message budgets, for `/relay status`.
+    /// The chats' message budgets of this machine's limiter.
     pub fn budgets(&self) -> Vec<ChatBudget> {
         self.limiter.snapshot()
     }
 
-    /// `getMe`, asked once per leader — and each time again while the bot
-    /// has no topics in private chats: the user may switch them on in
-    /// @BotFather while sessions wait, and nobody should need a restart.
-    pub async fn bot(&self) -> Result<BotInfo, TelegramError> {
-        self.bot.get(|| self.api.get_me()).await
+    /// Makes `call`: here, or through the machine that holds the bot-wide
+    /// lease when another one does. The one place that chooses.
+    pub async fn call(&self, call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
+        if let Some(node) = &self.cluster {
+            match cluster::calls::through(node, &call, pace.priority, pace.deadline).await {
+                cluster::calls::Where::Here => {}
+                cluster::calls::Where::There(answer) => return answer,
+            }
+        }
+        self.call_here(call, pace).await
     }
 
-    /// Runs a session's request in `target`, with pacing, retries and the
-    /// fallbacks of the table above. `waiting` hears how long it waits for
-    /// the chat's budget, when it has to.
-    pub async fn perform(
-        &self,
-        target: Target,
-        op: &TopicOp,
-        priority: Priority,
-        waiting: impl Fn(Duration) + Sync,
-    ) -> Result<TopicDone, BusError> {
-        check_buttons(op)?;
-        let pace = Pace {
-            chat: Some(target.chat_id),
-            priority,
-            waiting: &waiting,
-        };
-        let deadline = Instant::now() + TOPIC_DEADLINE;
-        self.with_fallbacks(target, is_html(op), priority, |plain| {
-            self.attempt(target, op, plain, &pace, deadline)
-        })
-        .await
-    }
-
-    async fn attempt(
-        &self,
-        target: Target,
-        op: &TopicOp,
-        plain: bool,
-        pace: &Pace<'_>,
-        deadline: Instant,
-    ) -> Result<TopicDone, TelegramError> {
-        match op {
-            TopicOp::SendText(send) => {
-                let params = send_message(target, send, plain);
-                self.paced("sendMessage", pace, deadline, || {
-                    self.api.send_message(&params)
+    /// Makes `call` with this machine's client and limiter, with the
+    /// retries and fallbacks of the module's table.
+    pub async fn call_here(&self, mut call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
+        let deadline = Instant::now() + pace.deadline;
+        let mut plain = false;
+        let mut reopened = false;
+        loop {
+            let error = match self
+                .paced(call.method(), call.chat(), &pace, deadline, || {
+                    self.api.perform(&call)
                 })
                 .await
-                .map(|m| TopicDone {
-                    message_id: Some(m.message_id),
-                    plain,
-                    ..TopicDone::default()
-                })
+            {
+                Ok(reply) => return Ok(Performed { reply, plain }),
+                Err(e) => e,
+            };
+            match recover(&call, &error, pace.priority) {
+                Recovery::Done => {
+                    return Ok(Performed {
+                        reply: BotReply::Done,
+                        plain,
+                    });
+                }
+                Recovery::Plain if !plain => {
+                    tracing::info!("Telegram refused the markup ({error}); sending plain text");
+                    call = as_plain(call);
+                    plain = true;
+                }
+                Recovery::Reopen(topic) if !reopened => {
+                    reopened = true;
+                    tracing::info!(
+                        thread = topic.message_thread_id,
+                        "the topic is closed; reopening it"
+                    );
+                    Box::pin(self.call_here(BotCall::ReopenForumTopic(topic), Pace::manage()))
+                        .await?;
+                }
+                Recovery::Fail(failure) => return Err(failure),
+                Recovery::Plain | Recovery::Reopen(_) => return Err(decide(&error)),
             }
-            TopicOp::EditText(edit) => {
-                let params = EditMessageText {
-                    chat_id: target.chat_id,
-                    message_id: edit.message_id,
-                    text: text_for(&edit.text, edit.format, plain),
-                    parse_mode: parse_mode(edit.format, plain),
-                    reply_markup: edit.buttons.as_ref().map(markup),
-                    link_preview_options: Some(Default::default()),
-                };
-                self.paced("editMessageText", pace, deadline, || {
-                    self.api.edit_message_text(&params)
-                })
-                .await
-                .map(|()| TopicDone::default())
-            }
-            TopicOp::EditButtons(edit) => {
-                let params = EditMessageReplyMarkup {
-                    chat_id: target.chat_id,
-                    message_id: edit.message_id,
-                    reply_markup: edit.buttons.as_ref().map(markup),
-                };
-                self.paced("editMessageReplyMarkup", pace, deadline, || {
-                    self.api.edit_message_reply_markup(&params)
-                })
-                .await
-                .map(|()| TopicDone::default())
-            }
-            TopicOp::Typing => self
-                .paced("sendChatAction", pace, deadline, || {
-                    self.api
-                        .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
-                })
-                .await
-                .map(|()| TopicDone::default()),
-            // The leader keeps asks itself (`asks.rs`) and opens files before
-            // it sends them (`files.rs`); neither gets here.
-            TopicOp::Ask(_)
-            | TopicOp::AwaitAnswer(_)
-            | TopicOp::CloseAsk(_)
-            | TopicOp::SendFile(_) => Err(TelegramError::Refused {
-                reason: "asks and files are the leader's, not one Bot API call",
-            }),
         }
     }
 
-    /// Sends a file into `target`: a multipart upload, paced like any
-    /// message, with the fallbacks of the table above.
-    pub async fn send_file(&self, target: Target, upload: &Upload) -> Result<TopicDone, BusError> {
-        let deadline = Instant::now() + UPLOAD_DEADLINE;
-        // A file is something somebody waits for, like an answer.
-        let pace = &Pace::high(Some(target.chat_id));
-        let timeout = transfer_timeout(upload.source.size());
-        let params = |send_as: SendAs| SendFile {
+    /// Plain text into a topic, or outside topics when `thread` is None:
+    /// the leader's own notices.
+    pub async fn say(&self, chat: i64, thread: Option<i64>, text: &str) -> Result<(), Failure> {
+        let call = BotCall::SendMessage(SendMessage {
+            chat_id: chat,
+            message_thread_id: thread,
+            text: text.to_string(),
+            parse_mode: None,
+            reply_markup: None,
+            reply_parameters: None,
+            link_preview_options: Some(LinkPreviewOptions::default()),
+        });
+        self.call(call, Pace::high()).await.map(drop)
+    }
+
+    /// Ends a tap's spinner, with `text` as a toast. Not paced per chat: an
+    /// answer is no message, and a spinner that waits behind a long answer
+    /// helps nobody.
+    pub async fn answer_tap(&self, callback_id: &str, text: Option<&str>) -> Result<(), Failure> {
+        let call = BotCall::AnswerCallbackQuery(AnswerCallbackQuery {
+            callback_query_id: callback_id.to_string(),
+            text: text.map(String::from),
+            show_alert: false,
+        });
+        let pace = Pace {
+            deadline: TAP_DEADLINE,
+            ..Pace::high()
+        };
+        self.call(call, pace).await.map(drop)
+    }
+
+    pub async fn create_topic(&self, chat: i64, name: &str) -> Result<Target, Failure> {
+        let call = BotCall::CreateForumTopic(CreateForumTopic {
+            chat_id: chat,
+            name: name.to_string(),
+        });
+        match self.call(call, Pace::manage()).await?.reply {
+            BotReply::Topic { message_thread_id } => Ok(Target {
+                chat_id: chat,
+                thread_id: message_thread_id,
+            }),
+            other => Err(Failure::new(
+                FailureKind::CommitUnknown,
+                format!("createForumTopic answered {other:?}"),
+            )),
+        }
+    }
+
+    /// Deletes a topic; one that is gone already counts as deleted.
+    pub async fn delete_topic(&self, target: Target) -> Result<(), Failure> {
+        let call = BotCall::DeleteForumTopic(in_topic(target));
+        self.call(call, Pace::manage()).await.map(drop)
+    }
+
+    /// Closes a topic; one closed already counts as closed.
+    pub async fn close_topic(&self, target: Target) -> Result<(), Failure> {
+        let call = BotCall::CloseForumTopic(in_topic(target));
+        self.call(call, Pace::manage()).await.map(drop)
+    }
+
+    /// Reopens a topic; one open already counts as open.
+    pub async fn reopen_topic(&self, target: Target) -> Result<(), Failure> {
+        let call = BotCall::ReopenForumTopic(in_topic(target));
+        self.call(call, Pace::manage()).await.map(drop)
+    }
+
+    /// Probes a stored topic with a chat action: `Ok(true)` it exists,
+    /// `Ok(false)` it is gone, `Err` the answer was ambiguous.
+    pub async fn probe(&self, target: Target) -> Result<bool, Failure> {
+        let call = BotCall::SendChatAction(SendChatAction {
             chat_id: target.chat_id,
             message_thread_id: Some(target.thread_id),
-            caption: upload.caption.as_deref().map(clip_caption),
-            parse_mode: None,
-            as_photo: send_as == SendAs::Photo,
-            file_name: upload.file_name.clone(),
-        };
+            action: ChatAction::Typing,
+        });
+        match self.call(call, Pace::manage()).await {
+            Ok(_) => Ok(true),
+            Err(f) if f.kind == FailureKind::TopicGone => Ok(false),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// `getMe`, asked once per leader — and each time again while the bot
+    /// has no topics in private chats (see [`BotCache`]).
+    pub async fn bot(&self) -> Result<BotInfo, Failure> {
+        if let Some(bot) = self.bot.get() {
+            return Ok(bot);
+        }
+        match self.call(BotCall::GetMe, Pace::manage()).await?.reply {
+            BotReply::Bot(bot) => {
+                self.bot.set(&bot);
+                Ok(bot)
+            }
+            other => Err(Failure::new(
+                FailureKind::Unavailable,
+                format!("getMe answered {other:?}"),
+            )),
+        }
+    }
+
+    /// Sends a file into `target` from this machine: a multipart upload,
+    /// paced like any message, with the fallbacks of the module's table.
+    /// Answers how it went: as a photo, or as a document.
+    pub async fn send_file(
+        &self,
+        target: Target,
+        upload: &Upload,
+    ) -> Result<(Performed, SendAs), Failure> {
+        let deadline = Instant::now() + UPLOAD_DEADLINE;
+        // A file is something somebody waits for, like an answer.
+        let pace = &Pace::high();
+        let timeout = transfer_timeout(upload.source.size());
         let send = |send_as: SendAs| {
-            let params = params(send_as);
+            let params = SendFile {
+                chat_id: target.chat_id,
+                message_thread_id: Some(target.thread_id),
+                caption: upload.caption.as_deref().map(clip_caption),
+                parse_mode: None,
+                as_photo: send_as == SendAs::Photo,
+                file_name: upload.file_name.clone(),
+            };
             let method = if params.as_photo {
                 "sendPhoto"
             } else {
                 "sendDocument"
             };
             async move {
-                self.paced(method, pace, deadline, || {
+                self.paced(method, Some(target.chat_id), pace, deadline, || {
                     self.api.send_file(&params, &upload.source, timeout)
                 })
                 .await
-                .map(|m| TopicDone {
-                    message_id: Some(m.message_id),
-                    sent_as: Some(send_as),
-                    size: Some(upload.source.size()),
-                    ..TopicDone::default()
-                })
             }
         };
-        self.with_fallbacks(target, false, Priority::High, |_| async {
-            match send(upload.send_as).await {
+        let mut reopened = false;
+        loop {
+            let sent = match send(upload.send_as).await {
                 Err(TelegramError::BadRequest { description })
                     if upload.chosen
                         && upload.send_as == SendAs::Photo
@@ -317,28 +384,44 @@ impl Outbox {
                     tracing::info!(
                         "Telegram cannot show the picture ({description}); sending it as a document"
                     );
-                    send(SendAs::Document).await
+                    send(SendAs::Document).await.map(|m| (m, SendAs::Document))
                 }
-                other => other,
+                other => other.map(|m| (m, upload.send_as)),
+            };
+            match sent {
+                Ok((message, sent_as)) => {
+                    let performed = Performed {
+                        reply: BotReply::Posted {
+                            message_id: message.message_id,
+                        },
+                        plain: false,
+                    };
+                    return Ok((performed, sent_as));
+                }
+                Err(TelegramError::TopicClosed { .. }) if !reopened => {
+                    reopened = true;
+                    self.reopen_topic(target).await?;
+                }
+                Err(e) => return Err(decide(&e)),
             }
-        })
-        .await
+        }
     }
 
     /// Downloads a file users sent into `dir` as `name`: `getFile`, then the
     /// file streamed into a part file that is synced and renamed once
     /// complete. Returns its size.
-    pub async fn download(&self, file_id: &str, dir: &Path, name: &str) -> Result<u64, BusError> {
+    pub async fn download(&self, file_id: &str, dir: &Path, name: &str) -> Result<u64, Failure> {
         let deadline = Instant::now() + FETCH_DEADLINE;
+        let pace = &Pace::high();
         let file = self
-            .paced("getFile", &Pace::high(None), deadline, || {
+            .paced("getFile", None, pace, deadline, || {
                 self.api.get_file(file_id)
             })
             .await
-            .map_err(decide)?;
+            .map_err(|e| decide(&e))?;
         let too_big = |size: u64| {
-            BusError::new(
-                BusErrorCode::FileTooBig,
+            Failure::new(
+                FailureKind::FileTooBig,
                 format!(
                     "the file is {}; bots can download at most {} from Telegram",
                     crate::files::describe_size(size),
@@ -350,15 +433,15 @@ impl Outbox {
             return Err(too_big(size));
         }
         let Some(file_path) = file.file_path else {
-            return Err(BusError::new(
-                BusErrorCode::Telegram,
+            return Err(Failure::new(
+                FailureKind::Refused,
                 "Telegram gave no path to download the file from",
             ));
         };
         let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
         let downloaded = self
-            .paced("getFile", &Pace::high(None), deadline, || async {
-                let (part, opened) = match Inbox::part_file(dir, name) {
+            .paced("getFile", None, pace, deadline, || async {
+                let (part, opened) = match FileInbox::part_file(dir, name) {
                     Ok(opened) => opened,
                     Err(e) => return Ok(Err(e)),
                 };
@@ -388,199 +471,12 @@ impl Outbox {
             .await;
         match downloaded {
             Ok(Ok(written)) => Ok(written),
-            Ok(Err(e)) => Err(BusError::new(
-                BusErrorCode::Internal,
+            Ok(Err(e)) => Err(Failure::new(
+                FailureKind::Refused,
                 format!("cannot save the file in the inbox: {e}"),
             )),
             Err(TelegramError::FileTooBig { .. }) => Err(too_big(DOWNLOAD_MAX + 1)),
-            Err(e) => Err(decide(e)),
-        }
-    }
-
-    /// Runs `attempt` until it succeeds or fails for good, applying the
-    /// fallbacks of the module's table: plain text after refused HTML (for
-    /// `html` requests), a reopened topic after a closed one.
-    async fn with_fallbacks<F, Fut>(
-        &self,
-        target: Target,
-        html: bool,
-        priority: Priority,
-        attempt: F,
-    ) -> Result<TopicDone, BusError>
-    where
-        F: Fn(bool) -> Fut,
-        Fut: std::future::Future<Output = Result<TopicDone, TelegramError>>,
-    {
-        let mut reopened = false;
-        let mut plain = false;
-        loop {
-            match attempt(plain).await {
-                Ok(done) => return Ok(done),
-                Err(TelegramError::NotModified { .. }) => return Ok(TopicDone::default()),
-                Err(TelegramError::RateLimited { retry_after })
-                    if priority == Priority::Background =>
-                {
-                    return Err(BusError::new(
-                        BusErrorCode::Paced,
-                        format!(
-                            "not sent: the chat's message budget is spent for {} s",
-                            retry_after.as_secs_f64().ceil()
-                        ),
-                    ));
-                }
-                Err(TelegramError::ParseEntities { description }) if !plain && html => {
-                    tracing::info!(
-                        "Telegram refused the markup ({description}); sending plain text"
-                    );
-                    plain = true;
-                }
-                Err(TelegramError::TopicClosed { .. }) if !reopened => {
-                    reopened = true;
-                    tracing::info!(
-                        thread = target.thread_id,
-                        "the topic is closed; reopening it"
-                    );
-                    if let Err(e) = self.reopen_topic(target).await {
-                        return Err(decide(e));
-                    }
-                }
-                Err(e) => return Err(decide(e)),
-            }
-        }
-    }
-
-    /// Sends plain text into a topic, or outside topics when `thread` is None:
-    /// the leader's own notices.
-    pub async fn say(
-        &self,
-        chat: i64,
-        thread: Option<i64>,
-        text: &str,
-    ) -> Result<(), TelegramError> {
-        let params = SendMessage {
-            chat_id: chat,
-            message_thread_id: thread,
-            text: text.to_string(),
-            parse_mode: None,
-            reply_markup: None,
-            reply_parameters: None,
-            link_preview_options: Some(Default::default()),
-        };
-        let deadline = Instant::now() + TOPIC_DEADLINE;
-        self.paced("sendMessage", &Pace::high(Some(chat)), deadline, || {
-            self.api.send_message(&params)
-        })
-        .await
-        .map(drop)
-    }
-
-    pub async fn answer_callback(
-        &self,
-        callback_id: &str,
-        text: Option<&str>,
-        alert: bool,
-    ) -> Result<(), TelegramError> {
-        // Not paced per chat: an answer is no message, and a spinner that
-        // waits behind a long answer helps nobody.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        self.paced("answerCallbackQuery", &Pace::high(None), deadline, || {
-            self.api.answer_callback_query(callback_id, text, alert)
-        })
-        .await
-    }
-
-    pub async fn create_topic(&self, chat: i64, name: &str) -> Result<Target, TelegramError> {
-        let deadline = Instant::now() + MANAGE_DEADLINE;
-        let topic = self
-            .paced(
-                "createForumTopic",
-                &Pace::high(Some(chat)),
-                deadline,
-                || self.api.create_forum_topic(chat, name, None),
-            )
-            .await?;
-        Ok(Target {
-            chat_id: chat,
-            thread_id: topic.message_thread_id,
-        })
-    }
-
-    /// Deletes a topic; one that is gone already counts as deleted.
-    pub async fn delete_topic(&self, target: Target) -> Result<(), TelegramError> {
-        let deadline = Instant::now() + MANAGE_DEADLINE;
-        match self
-            .paced(
-                "deleteForumTopic",
-                &Pace::high(Some(target.chat_id)),
-                deadline,
-                || {
-                    self.api
-                        .delete_forum_topic(target.chat_id, target.thread_id)
-                },
-            )
-            .await
-        {
-            Ok(()) | Err(TelegramError::ThreadGone { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Closes a topic; one closed already counts as closed.
-    pub async fn close_topic(&self, target: Target) -> Result<(), TelegramError> {
-        let deadline = Instant::now() + MANAGE_DEADLINE;
-        match self
-            .paced(
-                "closeForumTopic",
-                &Pace::high(Some(target.chat_id)),
-                deadline,
-                || self.api.close_forum_topic(target.chat_id, target.thread_id),
-            )
-            .await
-        {
-            Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Reopens a topic; one open already counts as open.
-    pub async fn reopen_topic(&self, target: Target) -> Result<(), TelegramError> {
-        let deadline = Instant::now() + MANAGE_DEADLINE;
-        match self
-            .paced(
-                "reopenForumTopic",
-                &Pace::high(Some(target.chat_id)),
-                deadline,
-                || {
-                    self.api
-                        .reopen_forum_topic(target.chat_id, target.thread_id)
-                },
-            )
-            .await
-        {
-            Ok(()) | Err(TelegramError::NotModified { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Probes a stored topic with a chat action: `Ok(true)` it exists,
-    /// `Ok(false)` it is gone, `Err` the answer was ambiguous.
-    pub async fn probe(&self, target: Target) -> Result<bool, TelegramError> {
-        let deadline = Instant::now() + MANAGE_DEADLINE;
-        match self
-            .paced(
-                "sendChatAction",
-                &Pace::high(Some(target.chat_id)),
-                deadline,
-                || {
-                    self.api
-                        .send_chat_action(target.chat_id, Some(target.thread_id), "typing")
-                },
-            )
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(TelegramError::ThreadGone { .. }) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(decide(&e)),
         }
     }
 
@@ -590,6 +486,7 @@ impl Outbox {
     async fn paced<T, F, Fut>(
         &self,
         method: &'static str,
+        chat: Option<i64>,
         pace: &Pace<'_>,
         deadline: Instant,
         call: F,
@@ -598,7 +495,6 @@ impl Outbox {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, TelegramError>>,
     {
-        let chat = pace.chat;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
             let booked = match self
@@ -640,17 +536,83 @@ impl Outbox {
     }
 }
 
-/// The one place that decides what a failed Telegram call means for the
-/// session that asked (see the module docs).
-pub(super) fn decide(e: TelegramError) -> BusError {
-    let code = match &e {
-        TelegramError::ThreadGone { .. } => BusErrorCode::TopicGone,
-        TelegramError::FileTooBig { .. } => BusErrorCode::FileTooBig,
-        _ if e.commit_unknown() => BusErrorCode::CommitUnknown,
-        _ if e.is_transient() => BusErrorCode::Unavailable,
-        _ => BusErrorCode::Telegram,
-    };
-    BusError::new(code, e.to_string())
+/// What is left to do after `call` failed with `error`: the fallbacks of
+/// the module's table. The one place a Bot API method's own rules live.
+enum Recovery {
+    /// It counts as done.
+    Done,
+    /// Send it again as plain text.
+    Plain,
+    /// Reopen the topic and make it again.
+    Reopen(InTopic),
+    Fail(Failure),
+}
+
+fn recover(call: &BotCall, error: &TelegramError, priority: Priority) -> Recovery {
+    use BotCall as C;
+    use TelegramError as E;
+    match (call, error) {
+        (_, E::RateLimited { retry_after }) if priority == Priority::Background => {
+            Recovery::Fail(Failure::new(
+                FailureKind::Paced,
+                format!(
+                    "not sent: the chat's message budget is spent for {} s",
+                    retry_after.as_secs_f64().ceil()
+                ),
+            ))
+        }
+        (
+            C::EditMessageText(_)
+            | C::EditMessageReplyMarkup(_)
+            | C::CloseForumTopic(_)
+            | C::ReopenForumTopic(_),
+            E::NotModified { .. },
+        )
+        | (C::DeleteForumTopic(_), E::ThreadGone { .. }) => Recovery::Done,
+        (C::SendMessage(p), E::ParseEntities { .. }) if p.parse_mode.is_some() => Recovery::Plain,
+        (C::EditMessageText(p), E::ParseEntities { .. }) if p.parse_mode.is_some() => {
+            Recovery::Plain
+        }
+        (C::SendMessage(p), E::TopicClosed { .. }) => match p.message_thread_id {
+            Some(thread) => Recovery::Reopen(InTopic {
+                chat_id: p.chat_id,
+                message_thread_id: thread,
+            }),
+            None => Recovery::Fail(decide(error)),
+        },
+        (C::SendChatAction(p), E::TopicClosed { .. }) => match p.message_thread_id {
+            Some(thread) => Recovery::Reopen(InTopic {
+                chat_id: p.chat_id,
+                message_thread_id: thread,
+            }),
+            None => Recovery::Fail(decide(error)),
+        },
+        _ => Recovery::Fail(decide(error)),
+    }
+}
+
+/// The call again, its HTML turned into the text a person would read.
+fn as_plain(call: BotCall) -> BotCall {
+    match call {
+        BotCall::SendMessage(mut p) => {
+            p.text = render::to_plain(&p.text);
+            p.parse_mode = None;
+            BotCall::SendMessage(p)
+        }
+        BotCall::EditMessageText(mut p) => {
+            p.text = render::to_plain(&p.text);
+            p.parse_mode = None;
+            BotCall::EditMessageText(p)
+        }
+        other => other,
+    }
+}
+
+fn in_topic(target: Target) -> InTopic {
+    InTopic {
+        chat_id: target.chat_id,
+        message_thread_id: target.thread_id,
+    }
 }
 
 /// Telegram's refusals of a picture it cannot show as a photo (too large a
@@ -679,81 +641,4 @@ fn clip_caption(caption: &str) -> String {
     }
     out.push('…');
     out
-}
-
-fn is_html(op: &TopicOp) -> bool {
-    match op {
-        TopicOp::SendText(s) => s.format == TextFormat::Html,
-        TopicOp::EditText(e) => e.format == TextFormat::Html,
-        _ => false,
-    }
-}
-
-fn parse_mode(format: TextFormat, plain: bool) -> Option<ParseMode> {
-    (format == TextFormat::Html && !plain).then_some(ParseMode::Html)
-}
-
-fn text_for(text: &str, format: TextFormat, plain: bool) -> String {
-    if format == TextFormat::Html && plain {
-        render::to_plain(text)
-    } else {
-        text.to_string()
-    }
-}
-
-fn send_message(target: Target, send: &SendText, plain: bool) -> SendMessage {
-    SendMessage {
-        chat_id: target.chat_id,
-        message_thread_id: Some(target.thread_id),
-        text: text_for(&send.text, send.format, plain),
-        parse_mode: parse_mode(send.format, plain),
-        reply_markup: send.buttons.as_ref().map(markup),
-        reply_parameters: send.reply_to.map(|message_id| ReplyParameters {
-            message_id,
-            allow_sending_without_reply: true,
-        }),
-        // An agent's answer quoting a URL should not grow a card.
-        link_preview_options: Some(Default::default()),
-    }
-}
-
-fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
-    InlineKeyboardMarkup {
-        inline_keyboard: keyboard
-            .rows
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|b| InlineKeyboardButton {
-                        text: b.text.clone(),
-                        callback_data: b.data.clone(),
-                    })
-                    .collect()
-            })
-            .collect(),
-    }
-}
-
-/// Refuses buttons Telegram would refuse, before anything is sent.
-fn check_buttons(op: &TopicOp) -> Result<(), BusError> {
-    let keyboard = match op {
-        TopicOp::SendText(s) => s.buttons.as_ref(),
-        TopicOp::EditText(e) => e.buttons.as_ref(),
-        TopicOp::EditButtons(e) => e.buttons.as_ref(),
-        _ => None,
-    };
-    let bad = keyboard
-        .into_iter()
-        .flat_map(|k| k.rows.iter().flatten())
-        .find(|b| b.data.is_empty() || b.data.len() > MAX_BUTTON_DATA || b.text.trim().is_empty());
-    match bad {
-        Some(b) => Err(BusError::new(
-            BusErrorCode::BadFrame,
-            format!(
-                "button {:?}: a button needs text and 1-{MAX_BUTTON_DATA} bytes of data",
-                b.text
-            ),
-        )),
-        None => Ok(()),
-    }
 }

@@ -24,10 +24,10 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::{ClusterPoll, Step};
-use super::triage::{Journaling, Notice, Triaged};
+use super::batch::{Batch, route_then_flush};
+use super::triage::Triage;
 use crate::backoff::Backoff;
-use crate::store::{NewUpdate, Store, StoreError, Unflushed};
+use crate::store::{Store, StoreError};
 use crate::telegram::{BotApi, TelegramError, Update};
 
 /// Seconds Telegram may hold one long poll open.
@@ -74,40 +74,99 @@ pub(super) struct PollFacts {
     pub restarts: u32,
 }
 
-/// One journaled batch, handed to the router after the transaction.
-#[derive(Debug, Default)]
-pub(super) struct Batch {
-    /// Updates newly written to the journal, in update order.
-    pub journaled: Vec<NewUpdate>,
-    /// What topics are told instead of journaling (a file too big to
-    /// download, a sticker).
-    pub notices: Vec<Notice>,
-    /// Decoded updates the triage did not journal (pairing, General, …).
-    pub others: Vec<Update>,
+/// Where a polled batch goes before the next `getUpdates` confirms it:
+/// this machine's journal ([`LocalJournal`]), or, while this machine polls
+/// for a cluster, the cluster's stream (`cluster/poll.rs`).
+pub(super) trait Journal: Send {
+    /// The offset of the next `getUpdates`.
+    fn offset(&self) -> Result<Option<i64>, StoreError>;
+
+    /// Makes `raw` durable (and routes what is this machine's), or says why
+    /// it cannot be confirmed.
+    fn journal(
+        &mut self,
+        raw: Vec<Value>,
+    ) -> impl std::future::Future<Output = Result<Step, StoreError>> + Send;
 }
 
-pub(super) struct Poller {
-    pub api: BotApi,
+/// What the poller does after a batch.
+pub(super) enum Step {
+    /// Durable: the next poll confirms it.
+    Confirm,
+    /// Not durable (the stream failed): the next poll fetches it again.
+    Again,
+    /// Stop polling: another poller took over (a newer lease term), or the
+    /// runtime is shutting down and the batch is not on disk.
+    Stop,
+}
+
+/// A single machine's journal: the batch and the offset in one
+/// transaction, routed, then synced before the next poll.
+pub(super) struct LocalJournal {
     pub store: Arc<Mutex<Store>>,
-    pub triage: Journaling,
+    pub triage: Triage,
     pub batches: mpsc::Sender<Batch>,
+}
+
+impl Journal for LocalJournal {
+    fn offset(&self) -> Result<Option<i64>, StoreError> {
+        self.store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .offset()
+    }
+
+    async fn journal(&mut self, raw: Vec<Value>) -> Result<Step, StoreError> {
+        let Some(last) = raw.iter().filter_map(update_id_of).max() else {
+            if !raw.is_empty() {
+                tracing::warn!("a batch of {} updates without readable ids", raw.len());
+            }
+            return Ok(Step::Confirm);
+        };
+        let batch = self.triage.sort(decoded(&raw).map(|update| (update, true)));
+        // Committed at once, flushed after routing: routing does not wait
+        // for the disk. The next getUpdates confirms this batch to Telegram,
+        // which then forgets it: it must be on disk first. A flush the
+        // runtime cancelled (shutting down) leaves the batch unconfirmed,
+        // and Telegram keeps it.
+        let written = self
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .journal_batch_unflushed(batch.journaled.iter().map(|e| &e.update), last + 1)?;
+        Ok(if route_then_flush(&self.batches, batch, written).await? {
+            Step::Confirm
+        } else {
+            Step::Stop
+        })
+    }
+}
+
+/// The updates of a raw batch that decode; the others are skipped (the
+/// offset still moves past them).
+pub(super) fn decoded(raw: &[Value]) -> impl Iterator<Item = Update> + '_ {
+    raw.iter().filter_map(|value| match Update::decode(value) {
+        Ok(update) => Some(update),
+        Err(e) => {
+            tracing::warn!("skipping an update: {e}");
+            None
+        }
+    })
+}
+
+pub(super) struct Poller<J> {
+    pub api: BotApi,
+    pub journal: J,
     pub health: watch::Sender<PollHealth>,
     pub facts: Arc<Mutex<PollFacts>>,
     pub stop: CancellationToken,
-    /// When the relay spans machines: the journal step under the lease
-    /// term (docs/CLUSTER.md, *Inbound*) instead of the local journal.
-    pub cluster: Option<ClusterPoll>,
 }
 
 pub(super) fn update_id_of(value: &Value) -> Option<i64> {
     value.get("update_id").and_then(Value::as_i64)
 }
 
-impl Poller {
-    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+impl<J: Journal> Poller<J> {
     fn facts(&self) -> std::sync::MutexGuard<'_, PollFacts> {
         self.facts.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -123,10 +182,7 @@ impl Poller {
         let mut restart_at = Instant::now();
         self.delete_webhook(&mut failure).await;
         while !self.stop.is_cancelled() {
-            let offset = match &self.cluster {
-                Some(cluster) => cluster.offset(),
-                None => self.store().offset()?,
-            };
+            let offset = self.journal.offset()?;
             // A handle of its own, so the poll does not borrow `self`.
             let api = self.api.clone();
             let asked = Instant::now();
@@ -203,7 +259,10 @@ impl Poller {
                     restart_at = Instant::now();
                     self.facts().last_ok = Some(Instant::now());
                     self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
-                    self.journal(raw).await?;
+                    match self.journal.journal(raw).await? {
+                        Step::Confirm | Step::Again => {}
+                        Step::Stop => self.stop.cancel(),
+                    }
                     continue;
                 }
                 Err(TelegramError::Conflict { .. }) => {
@@ -320,89 +379,6 @@ impl Poller {
                 }
             }
         }
-    }
-
-    /// Decodes, journals and advances the offset in one transaction, then
-    /// hands what was new to the router.
-    async fn journal(&mut self, raw: Vec<Value>) -> Result<(), StoreError> {
-        if let Some(cluster) = self.cluster.as_mut() {
-            match cluster.journal(&raw).await {
-                Step::Done(others) => {
-                    let batch = Batch {
-                        journaled: Vec::new(),
-                        notices: Vec::new(),
-                        others,
-                    };
-                    let _ = self.batches.send(batch).await;
-                }
-                Step::Again => {}
-                Step::Fenced => self.stop.cancel(),
-            }
-            return Ok(());
-        }
-        let Some(last) = raw.iter().filter_map(update_id_of).max() else {
-            if !raw.is_empty() {
-                tracing::warn!("a batch of {} updates without readable ids", raw.len());
-            }
-            return Ok(());
-        };
-        let mut journal = Vec::new();
-        let mut notices = Vec::new();
-        let mut others = Vec::new();
-        self.triage.prepare();
-        for value in &raw {
-            match Update::decode(value) {
-                Ok(update) => match self.triage.journal(&update) {
-                    Triaged::Journal(entry) => journal.push(entry),
-                    Triaged::Notice(notice) => notices.push(notice),
-                    Triaged::Leader => others.push(update),
-                },
-                Err(e) => tracing::warn!("skipping an update: {e}"),
-            }
-        }
-        // Committed at once, flushed after routing: routing does not wait
-        // for the disk. The next getUpdates confirms this batch to Telegram,
-        // which then forgets it: it must be on disk first. A flush the
-        // runtime cancelled (shutting down) leaves the batch unconfirmed,
-        // and Telegram keeps it.
-        let written = self.store().journal_batch_unflushed(&journal, last + 1)?;
-        route_then_flush(&self.batches, journal, written, notices, others)
-            .await
-            .map(drop)
-    }
-}
-
-/// Hands what `journal` newly wrote (`inserted`) to the router with the
-/// notices and the updates the leader answers itself, then syncs the
-/// journal on a blocking thread while the leader routes. `Ok(false)` when
-/// the runtime is shutting down and cancelled the sync: nothing may be
-/// confirmed then. A panic in the sync is raised again.
-pub(super) async fn route_then_flush(
-    batches: &mpsc::Sender<Batch>,
-    journal: Vec<NewUpdate>,
-    (inserted, unflushed): (Vec<i64>, Unflushed),
-    notices: Vec<Notice>,
-    others: Vec<Update>,
-) -> Result<bool, StoreError> {
-    let journaled = journal
-        .into_iter()
-        .filter(|u| inserted.contains(&u.update_id))
-        .collect();
-    // The router may be gone when the leader is stopping; the journal
-    // already holds everything, so nothing is lost.
-    let _ = batches
-        .send(Batch {
-            journaled,
-            notices,
-            others,
-        })
-        .await;
-    match tokio::task::spawn_blocking(move || unflushed.flush()).await {
-        Ok(flushed) => flushed.map(|()| true),
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => Ok(false),
-        },
     }
 }
 

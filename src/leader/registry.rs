@@ -136,6 +136,39 @@ impl Conns {
     pub fn push(&self, conn: ConnId, frame: FromLeader) -> bool {
         self.map.get(&conn).is_some_and(|c| c.push(conn, frame))
     }
+
+    /// An instance that registers again replaces its previous registration
+    /// (on another connection, which is closed, or on this one), but only
+    /// with a newer generation: an old duplicate must not win.
+    pub fn replace_instance(
+        &mut self,
+        conn: ConnId,
+        instance_id: &str,
+        generation: Generation,
+    ) -> Result<(), BusError> {
+        let previous = self
+            .live()
+            .find(|(_, s)| s.instance_id == instance_id)
+            .map(|(id, s)| (id, s.generation));
+        let Some((old_conn, old_generation)) = previous else {
+            return Ok(());
+        };
+        if generation <= old_generation {
+            return Err(BusError::new(
+                BusErrorCode::StaleGeneration,
+                format!(
+                    "registration generation {generation} is not newer than the live one ({old_generation})"
+                ),
+            ));
+        }
+        if let Some(c) = self.map.get_mut(&old_conn) {
+            c.session = None;
+            if old_conn != conn {
+                c.close();
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Connections that never registered may not pile up: at most this many at

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::access::Access;
+use super::batch::Batch;
 use crate::files::{DOWNLOAD_MAX, describe_size};
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
@@ -50,14 +51,23 @@ pub(super) struct JournaledFile {
     pub duration_s: Option<u32>,
 }
 
-impl MessageDetail {
-    /// What the leader keeps about a journaled message besides its columns.
-    pub fn of(update: &NewUpdate) -> Self {
-        update
+/// A journaled message with what the leader keeps about it besides its
+/// columns, read once: made by the triage, or read back from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub update: NewUpdate,
+    pub detail: MessageDetail,
+}
+
+impl Entry {
+    /// An entry the store kept: its detail is read from its JSON column.
+    pub fn stored(update: NewUpdate) -> Self {
+        let detail = update
             .detail
             .as_deref()
             .and_then(|d| serde_json::from_str(d).ok())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        Self { update, detail }
     }
 }
 
@@ -100,16 +110,18 @@ pub(super) struct Notice {
 
 /// What the leader makes of one update.
 #[derive(Debug)]
-pub(super) enum Triaged {
+enum Triaged {
     /// A message for a session: journaled, then routed.
-    Journal(NewUpdate),
+    Journal(Entry),
     /// The topic is told why the message goes nowhere; nothing else happens.
     Notice(Notice),
     /// The leader answers it itself (pairing, a tap, a stranger…).
     Leader,
 }
 
-pub(super) struct Journaling {
+/// Decides what becomes of each update of a batch, against who may write
+/// and which session owns which topic as they were when the batch came.
+pub(super) struct Triage {
     store: Arc<Mutex<Store>>,
     access: Arc<Access>,
     /// Read once per batch: who may write.
@@ -118,7 +130,7 @@ pub(super) struct Journaling {
     owners: HashMap<(i64, i64), String>,
 }
 
-impl Journaling {
+impl Triage {
     pub fn new(store: Arc<Mutex<Store>>, access: Arc<Access>) -> Self {
         Self {
             store,
@@ -127,12 +139,27 @@ impl Journaling {
             owners: HashMap::new(),
         }
     }
-}
 
-impl Journaling {
-    /// Called once before each batch: reads what the decisions need once,
-    /// not once per update.
-    pub fn prepare(&mut self) {
+    /// Sorts a batch: each update is journaled, told in its topic, or left
+    /// to the leader. `first` says whether an update is seen for the first
+    /// time: a repeat (a stream's redelivery) journals again — the journal
+    /// drops it — but is not told or answered twice.
+    pub fn sort(&mut self, updates: impl IntoIterator<Item = (Update, bool)>) -> Batch {
+        self.prepare();
+        let mut batch = Batch::default();
+        for (update, first) in updates {
+            match self.triage(&update) {
+                Triaged::Journal(entry) => batch.journaled.push(entry),
+                Triaged::Notice(notice) if first => batch.notices.push(notice),
+                Triaged::Leader if first => batch.others.push(update),
+                Triaged::Notice(_) | Triaged::Leader => {}
+            }
+        }
+        batch
+    }
+
+    /// Reads what the decisions need once per batch, not once per update.
+    fn prepare(&mut self) {
         self.allowed = self.access.snapshot();
         self.owners.clear();
         let bindings = self
@@ -153,7 +180,7 @@ impl Journaling {
 
     /// What becomes of `update`: a journal entry, a notice in its topic, or
     /// the leader's to answer.
-    pub fn journal(&mut self, update: &Update) -> Triaged {
+    fn triage(&self, update: &Update) -> Triaged {
         let (message, edited) = match &update.kind {
             UpdateKind::Message(message) => (message, false),
             UpdateKind::EditedMessage(message) => (message, true),
@@ -210,17 +237,20 @@ impl Journaling {
             media_group_id: message.media_group_id.clone().filter(|_| !files.is_empty()),
             files,
         };
-        Triaged::Journal(NewUpdate {
-            update_id: update.update_id,
-            owner: Some(owner),
-            chat_id: message.chat.id,
-            thread_id: Some(thread),
-            user_id: user.id,
-            message_id: message.message_id,
-            text,
-            detail: (detail != MessageDetail::default())
-                .then(|| serde_json::to_string(&detail).ok())
-                .flatten(),
+        Triaged::Journal(Entry {
+            update: NewUpdate {
+                update_id: update.update_id,
+                owner: Some(owner),
+                chat_id: message.chat.id,
+                thread_id: Some(thread),
+                user_id: user.id,
+                message_id: message.message_id,
+                text,
+                detail: (detail != MessageDetail::default())
+                    .then(|| serde_json::to_string(&detail).ok())
+                    .flatten(),
+            },
+            detail,
         })
     }
 }

@@ -33,8 +33,9 @@ use crate::config::{BotToken, Config, ConfigError};
 use crate::doctor;
 use crate::paths::{Paths, UntrustedPath};
 use crate::telegram::TOPICS_SWITCH;
+use crate::telegram::call::CreateForumTopic;
 use crate::telegram::types::{LinkPreviewOptions, SendMessage};
-use crate::telegram::{BotApi, BotInfo, ChatKind, Message, TelegramError};
+use crate::telegram::{BotApi, BotCall, BotInfo, BotReply, ChatKind, Message, TelegramError};
 use file::{Chat, ConfigDocument, FileError, Managed};
 use inbox::{Inbox, InboxError};
 
@@ -531,11 +532,23 @@ impl Wizard {
     fn hello(&self, bot: &Bot, chat: i64) -> bool {
         let text = "👋 agent-relay is set up. Each agent session you start on your computer gets a topic of its own here: what you write in it goes to that agent, and its answers come back.".to_string();
         let sent = self.rt.block_on(async {
-            let topic = bot.api.create_forum_topic(chat, HELLO_TOPIC, None).await?;
+            let create = BotCall::CreateForumTopic(CreateForumTopic {
+                chat_id: chat,
+                name: HELLO_TOPIC.into(),
+            });
+            let thread = match bot.api.perform(&create).await? {
+                BotReply::Topic { message_thread_id } => message_thread_id,
+                other => {
+                    return Err(TelegramError::Malformed {
+                        message: format!("createForumTopic answered {other:?}"),
+                        commit_unknown: true,
+                    });
+                }
+            };
             bot.api
-                .send_message(&SendMessage {
+                .send_message(SendMessage {
                     chat_id: chat,
-                    message_thread_id: Some(topic.message_thread_id),
+                    message_thread_id: Some(thread),
                     text,
                     parse_mode: None,
                     reply_markup: None,

@@ -551,9 +551,9 @@ impl Store {
     /// atomic and visible at once, and [`Unflushed::flush`] makes it durable.
     /// The poller routes the batch meanwhile and flushes before its next
     /// `getUpdates`, which is what confirms the batch to Telegram.
-    pub fn journal_batch_unflushed(
+    pub fn journal_batch_unflushed<'a>(
         &mut self,
-        updates: &[NewUpdate],
+        updates: impl IntoIterator<Item = &'a NewUpdate>,
         next_offset: i64,
     ) -> Result<(Vec<i64>, Unflushed)> {
         self.journal_unflushed(updates, Some(next_offset))
@@ -562,16 +562,16 @@ impl Store {
     /// Journals updates another machine polled (docs/CLUSTER.md,
     /// *Inbound*): like [`Store::journal_batch_unflushed`], but the offset
     /// is the cluster's, so the local one stays as it is.
-    pub fn journal_received_unflushed(
+    pub fn journal_received_unflushed<'a>(
         &mut self,
-        updates: &[NewUpdate],
+        updates: impl IntoIterator<Item = &'a NewUpdate>,
     ) -> Result<(Vec<i64>, Unflushed)> {
         self.journal_unflushed(updates, None)
     }
 
-    fn journal_unflushed(
+    fn journal_unflushed<'a>(
         &mut self,
-        updates: &[NewUpdate],
+        updates: impl IntoIterator<Item = &'a NewUpdate>,
         next_offset: Option<i64>,
     ) -> Result<(Vec<i64>, Unflushed)> {
         let inserted = self.write_unflushed(|tx| {
@@ -582,7 +582,7 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                  ON CONFLICT (update_id) DO NOTHING",
             )?;
-            let mut inserted = Vec::with_capacity(updates.len());
+            let mut inserted = Vec::new();
             for u in updates {
                 let changed = insert.execute(params![
                     u.update_id,

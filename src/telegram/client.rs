@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::call::{BotCall, BotReply};
 use super::error::{TelegramError, is_idempotent};
 use super::types::{
-    BotInfo, Chat, ChatMember, EditMessageReplyMarkup, EditMessageText, ForumTopic, Message,
-    ParseMode, SendMessage, TelegramFile, WebhookInfo,
+    BotInfo, Chat, ChatMember, Message, ParseMode, SendMessage, TelegramFile, WebhookInfo,
 };
 use crate::config::BotToken;
 use crate::redact::redact;
@@ -204,21 +204,6 @@ impl BotApi {
         TelegramError::classify_response(method, status, &body)
     }
 
-    async fn call_typed<P: serde::Serialize, T: DeserializeOwned>(
-        &self,
-        method: &str,
-        params: &P,
-    ) -> Result<T, TelegramError> {
-        let params = serde_json::to_value(params).map_err(|e| TelegramError::Refused {
-            reason: if e.is_data() {
-                "parameters do not serialize"
-            } else {
-                "parameters are not JSON"
-            },
-        })?;
-        self.call_as(method, &params).await
-    }
-
     async fn call_as<T: DeserializeOwned>(
         &self,
         method: &str,
@@ -228,8 +213,30 @@ impl BotApi {
         decode(method, result)
     }
 
+    /// Makes one [`BotCall`] and reads its answer: the one way every call of
+    /// that type is made.
+    pub async fn perform(&self, call: &BotCall) -> Result<BotReply, TelegramError> {
+        let result = self.call(call.method(), &call.params()).await?;
+        call.reply(result)
+    }
+
     pub async fn get_me(&self) -> Result<BotInfo, TelegramError> {
-        self.call_as("getMe", &json!({})).await
+        match self.perform(&BotCall::GetMe).await? {
+            BotReply::Bot(bot) => Ok(bot),
+            other => Err(TelegramError::Malformed {
+                message: format!("getMe answered {other:?}"),
+                commit_unknown: false,
+            }),
+        }
+    }
+
+    /// Posts a message; answers its id.
+    pub async fn send_message(&self, params: SendMessage) -> Result<i64, TelegramError> {
+        let reply = self.perform(&BotCall::SendMessage(params)).await?;
+        reply.message_id().ok_or_else(|| TelegramError::Malformed {
+            message: "sendMessage answered no message".into(),
+            commit_unknown: true,
+        })
     }
 
     /// Polling and a webhook exclude each other; `drop_pending` is false in
@@ -266,81 +273,9 @@ impl BotApi {
         decode("getUpdates", result)
     }
 
-    pub async fn send_message(&self, params: &SendMessage) -> Result<Message, TelegramError> {
-        self.call_typed("sendMessage", params).await
-    }
-
-    /// "Message is not modified" comes back as [`TelegramError::NotModified`].
-    pub async fn edit_message_text(&self, params: &EditMessageText) -> Result<(), TelegramError> {
-        // The result is the edited message, or `true` for inline messages.
-        self.call_typed::<_, Value>("editMessageText", params)
-            .await
-            .map(drop)
-    }
-
-    pub async fn edit_message_reply_markup(
-        &self,
-        params: &EditMessageReplyMarkup,
-    ) -> Result<(), TelegramError> {
-        self.call_typed::<_, Value>("editMessageReplyMarkup", params)
-            .await
-            .map(drop)
-    }
-
-    pub async fn answer_callback_query(
-        &self,
-        callback_query_id: &str,
-        text: Option<&str>,
-        show_alert: bool,
-    ) -> Result<(), TelegramError> {
-        let mut params = json!({"callback_query_id": callback_query_id});
-        put(&mut params, "text", text);
-        if show_alert {
-            params["show_alert"] = json!(true);
-        }
-        self.call("answerCallbackQuery", &params).await.map(drop)
-    }
-
-    pub async fn send_chat_action(
-        &self,
-        chat: i64,
-        thread: Option<i64>,
-        action: &str,
-    ) -> Result<(), TelegramError> {
-        let mut params = json!({"chat_id": chat, "action": action});
-        put(&mut params, "message_thread_id", thread);
-        self.call("sendChatAction", &params).await.map(drop)
-    }
-
-    pub async fn create_forum_topic(
-        &self,
-        chat: i64,
-        name: &str,
-        icon_color: Option<u32>,
-    ) -> Result<ForumTopic, TelegramError> {
-        let mut params = json!({"chat_id": chat, "name": name});
-        put(&mut params, "icon_color", icon_color);
-        self.call_as("createForumTopic", &params).await
-    }
-
     /// How many updates wait at Telegram, unconfirmed.
     pub async fn get_webhook_info(&self) -> Result<WebhookInfo, TelegramError> {
         self.call_as("getWebhookInfo", &json!({})).await
-    }
-
-    pub async fn close_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
-        let params = json!({"chat_id": chat, "message_thread_id": thread});
-        self.call("closeForumTopic", &params).await.map(drop)
-    }
-
-    pub async fn reopen_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
-        let params = json!({"chat_id": chat, "message_thread_id": thread});
-        self.call("reopenForumTopic", &params).await.map(drop)
-    }
-
-    pub async fn delete_forum_topic(&self, chat: i64, thread: i64) -> Result<(), TelegramError> {
-        let params = json!({"chat_id": chat, "message_thread_id": thread});
-        self.call("deleteForumTopic", &params).await.map(drop)
     }
 
     /// Where a file can be downloaded from (`file_path`), for an hour.
@@ -533,13 +468,6 @@ fn too_big(limit: u64) -> TelegramError {
     }
 }
 
-/// Sets an optional parameter; Telegram wants absent rather than `null`.
-fn put<T: serde::Serialize>(params: &mut Value, key: &str, value: Option<T>) {
-    if let Some(value) = value {
-        params[key] = json!(value);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
@@ -554,6 +482,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::telegram::call::{ChatAction, CreateForumTopic, InTopic, SendChatAction};
     use crate::telegram::types::ParseMode;
 
     const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
@@ -676,15 +605,22 @@ mod tests {
         assert!(me.has_topics_enabled);
 
         let sent =
-            within(api.send_message(&message(-100, Some(9), "<b>hi</b>", Some(ParseMode::Html))))
+            within(api.send_message(message(-100, Some(9), "<b>hi</b>", Some(ParseMode::Html))))
                 .await
                 .unwrap();
-        assert_eq!((sent.message_id, sent.topic()), (5, Some(9)));
+        assert_eq!(sent, 5);
 
-        let topic = within(api.create_forum_topic(-100, "A · api", None))
-            .await
-            .unwrap();
-        assert_eq!(topic.message_thread_id, 77);
+        let create = BotCall::CreateForumTopic(CreateForumTopic {
+            chat_id: -100,
+            name: "A · api".into(),
+        });
+        let topic = within(api.perform(&create)).await.unwrap();
+        assert_eq!(
+            topic,
+            BotReply::Topic {
+                message_thread_id: 77
+            }
+        );
 
         let calls = server.calls();
         assert_eq!(calls[1].0, "sendMessage");
@@ -713,12 +649,19 @@ mod tests {
     #[tokio::test]
     async fn api_errors_are_classified() {
         let (api, _server) = start(script).await;
-        let gone = within(api.delete_forum_topic(-100, 9)).await.unwrap_err();
+        let delete = BotCall::DeleteForumTopic(InTopic {
+            chat_id: -100,
+            message_thread_id: 9,
+        });
+        let gone = within(api.perform(&delete)).await.unwrap_err();
         assert!(matches!(gone, TelegramError::ThreadGone { .. }), "{gone:?}");
 
-        let limited = within(api.send_chat_action(5, None, "typing"))
-            .await
-            .unwrap_err();
+        let typing = BotCall::SendChatAction(SendChatAction {
+            chat_id: 5,
+            message_thread_id: None,
+            action: ChatAction::Typing,
+        });
+        let limited = within(api.perform(&typing)).await.unwrap_err();
         assert_eq!(limited.retry_after(), Some(Duration::from_secs(3)));
     }
 
@@ -747,7 +690,7 @@ mod tests {
     async fn a_send_that_times_out_is_commit_unknown_and_redacted() {
         let (api, _server) = start(|_| Reply::Hang).await;
         let api = api.with_timeout(Duration::from_millis(200));
-        let error = within(api.send_message(&message(5, None, "hi", None)))
+        let error = within(api.send_message(message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert_eq!(
@@ -768,7 +711,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let error = within(api(addr).send_message(&message(5, None, "hi", None)))
+        let error = within(api(addr).send_message(message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert!(
@@ -798,7 +741,7 @@ mod tests {
             stream.write_all(br#"{"ok":true,"res"#).await.unwrap();
             stream.shutdown().await.unwrap();
         });
-        let error = within(api(addr).send_message(&message(5, None, "hi", None)))
+        let error = within(api(addr).send_message(message(5, None, "hi", None)))
             .await
             .unwrap_err();
         assert!(error.commit_unknown(), "{error:?}");
@@ -836,7 +779,7 @@ mod tests {
     #[tokio::test]
     async fn the_general_topic_and_negative_offsets_are_refused_without_a_request() {
         let (api, server) = start(script).await;
-        let general = within(api.send_message(&message(-100, Some(1), "hi", None)))
+        let general = within(api.send_message(message(-100, Some(1), "hi", None)))
             .await
             .unwrap_err();
         assert!(matches!(general, TelegramError::Refused { .. }));

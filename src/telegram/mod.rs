@@ -1,5 +1,7 @@
 //! Everything that speaks to the Telegram Bot API. Only the leader uses it.
 //!
+//! * [`call`] — [`BotCall`], every call the relay makes for sessions and
+//!   for itself as one type, and [`BotReply`], what it answered.
 //! * [`client`] — [`BotApi`], a thin reqwest client: one POST per call, no
 //!   retries of its own, client-side refusals (the General topic, negative
 //!   offsets); file downloads streamed to disk under a size limit and
@@ -13,13 +15,15 @@
 //!   windows, a global cap and `retry_after` penalties.
 //!
 //! It knows nothing of the bus, the store or the host: the leader's poller
-//! (`bus::leader::poller`) and outbox (`bus::leader::outbox`) build on it.
+//! (`leader::poller`) and outbox (`leader::outbox`) build on it.
 
+pub mod call;
 pub mod client;
 pub mod error;
 pub mod ratelimit;
 pub mod types;
 
+pub use call::{BotCall, BotReply};
 pub use client::{BotApi, DownloadError, SendFile, SetupError, UploadSource};
 pub use error::TelegramError;
 pub use ratelimit::{ChatBudget, Priority, RateLimiter};

@@ -352,14 +352,14 @@ pub struct CallbackQuery {
 }
 
 /// How Telegram should read a text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ParseMode {
     #[serde(rename = "HTML")]
     Html,
 }
 
 /// `sendMessage` parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendMessage {
     pub chat_id: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -377,7 +377,7 @@ pub struct SendMessage {
 
 /// `editMessageText` parameters. Without `reply_markup` Telegram removes
 /// the message's buttons.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EditMessageText {
     pub chat_id: i64,
     pub message_id: i64,
@@ -391,7 +391,7 @@ pub struct EditMessageText {
 }
 
 /// `editMessageReplyMarkup` parameters; no markup removes the buttons.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EditMessageReplyMarkup {
     pub chat_id: i64,
     pub message_id: i64,
@@ -411,7 +411,7 @@ pub struct InlineKeyboardButton {
     pub callback_data: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplyParameters {
     pub message_id: i64,
     /// Send anyway when the replied-to message is gone.
@@ -419,7 +419,7 @@ pub struct ReplyParameters {
 }
 
 /// Link previews; the relay turns them off.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkPreviewOptions {
     pub is_disabled: bool,
 }

@@ -1,20 +1,7 @@
-//! Questions to the phone: a message with buttons (and, when free text is
-//! allowed, a reply to it as the answer), answered once, by an allowed
-//! person, in the topic it was asked in.
-//!
-//! The leader owns them, not the session that asks: taps go to the leader
-//! anyway, every callback query must be answered within seconds, and a
-//! short-lived asker (a Claude Code hook) has no deliveries to receive a
-//! tap with. An asker posts (`ask`), waits (`awaitAnswer`) and may close
-//! (`closeAsk`) when the terminal answered first or its time is up. Each ask
-//! has a single-use token of 128 random bits, chosen by the asker; a
-//! button's callback data is `a:<token>:<option>`, so a forged, replayed
-//! or stale tap names no open ask and changes nothing. The store remembers
-//! which message asks which token, so an asker that lost its leader while
-//! posting asks again with the same token and gets the same message; a
-//! leader that takes over adopts an ask from the asker's next request, and
-//! a tap in the few milliseconds between is told the question is not open,
-//! and the person taps again.
+//! The open asks of this leader, by token: who asked, where, which
+//! message, and how each ended. Bookkeeping only, under one mutex: no
+//! Telegram, no store. The first answer wins; every later tap or reply
+//! changes nothing and is told so.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -33,12 +20,12 @@ const REMEMBER: Duration = Duration::from_secs(600);
 const MAX_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 
 /// What the button data of an ask looks like: `a:<token>:<index>`.
-pub(super) fn button_data(token: &str, index: usize) -> String {
+pub(in crate::leader) fn button_data(token: &str, index: usize) -> String {
     format!("a:{token}:{index}")
 }
 
 /// The token and option of an ask button's data.
-pub(super) fn parse_button(data: &str) -> Option<(&str, u32)> {
+pub(in crate::leader) fn parse_button(data: &str) -> Option<(&str, u32)> {
     let rest = data.strip_prefix("a:")?;
     let (token, index) = rest.split_once(':')?;
     Some((token, index.parse().ok()?))
@@ -67,7 +54,7 @@ enum State {
 }
 
 /// What a tap or a reply did to an ask.
-pub(super) enum Taken {
+pub(in crate::leader) enum Taken {
     /// The first answer: show it and answer the tap.
     Answered {
         target: Target,
@@ -86,7 +73,7 @@ pub(super) enum Taken {
 
 /// The open asks of this leader.
 #[derive(Default)]
-pub(super) struct Asks {
+pub(in crate::leader) struct Asks {
     open: Mutex<HashMap<String, Open>>,
 }
 
@@ -302,7 +289,7 @@ impl Asks {
 
 /// How a tap or a reply names its ask.
 #[derive(Clone, Copy)]
-pub(super) enum Key<'a> {
+pub(in crate::leader) enum Key<'a> {
     Tap {
         token: &'a str,
         message_id: i64,

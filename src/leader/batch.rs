@@ -1,0 +1,50 @@
+//! One batch of updates on its way from where it was read to the router:
+//! the poller's `getUpdates` on a single machine, or this machine's
+//! consumer of the cluster's stream. Both journal it the same way
+//! (docs/DESIGN.md, "Inbound"): written to the journal in one transaction,
+//! handed to the router, then synced to disk while the router works — and
+//! only once it is on disk may anything confirm it (the next `getUpdates`,
+//! or a JetStream acknowledgement).
+
+use tokio::sync::mpsc;
+
+use super::triage::{Entry, Notice};
+use crate::store::{StoreError, Unflushed};
+use crate::telegram::Update;
+
+/// One journaled batch, handed to the router after the transaction.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Entries newly written to the journal, in update order.
+    pub journaled: Vec<Entry>,
+    /// What topics are told instead of journaling (a file too big to
+    /// download, a sticker).
+    pub notices: Vec<Notice>,
+    /// Decoded updates the triage did not journal (pairing, General, …).
+    pub others: Vec<Update>,
+}
+
+/// Hands what the journal newly wrote (`inserted`) to the router with the
+/// notices and the updates the leader answers itself, then syncs the
+/// journal on a blocking thread while the leader routes. `Ok(false)` when
+/// the runtime is shutting down and cancelled the sync: nothing may be
+/// confirmed then. A panic in the sync is raised again.
+pub(super) async fn route_then_flush(
+    batches: &mpsc::Sender<Batch>,
+    mut batch: Batch,
+    (inserted, unflushed): (Vec<i64>, Unflushed),
+) -> Result<bool, StoreError> {
+    batch
+        .journaled
+        .retain(|e| inserted.contains(&e.update.update_id));
+    // The router may be gone when the leader is stopping; the journal
+    // already holds everything, so nothing is lost.
+    let _ = batches.send(batch).await;
+    match tokio::task::spawn_blocking(move || unflushed.flush()).await {
+        Ok(flushed) => flushed.map(|()| true),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Ok(false),
+        },
+    }
+}

@@ -1,0 +1,203 @@
+//! What the machines of a cluster ask each other (docs/CLUSTER.md): every
+//! machine's sessions for `/relay status` and the session list, and
+//! `/relay restart` on every machine.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::super::Leader;
+use super::claims::cluster_down;
+use crate::cluster::Cluster;
+use crate::cluster::NodeName;
+use crate::cluster::nodes::Question;
+use crate::protocol::bus::*;
+
+impl Leader {
+    /// The local status with every other machine's sessions (asked, up to
+    /// 2 s), for `/relay status` and a restart's convergence.
+    pub(in crate::leader) async fn cluster_status(&self) -> Result<BusStatus, BusError> {
+        let mut status = self.status()?;
+        let Some(node) = &self.cluster else {
+            return Ok(status);
+        };
+        let link = node.link().borrow().clone();
+        let me = node.name().clone();
+        let mut machines = vec![MachineStatus {
+            node: me.to_string(),
+            answered: true,
+            epoch: Some(status.epoch),
+            sessions: status.sessions.clone(),
+        }];
+        if let Some(cluster) = node.cluster().filter(|_| node.is_up()) {
+            let known: Vec<NodeName> = match cluster.claims().nodes().await {
+                Ok(nodes) => nodes.into_iter().filter(|n| *n != me).collect(),
+                Err(e) => {
+                    tracing::debug!("cannot list the machines: {e}");
+                    Vec::new()
+                }
+            };
+            let answers: Vec<(NodeName, BusStatus)> = cluster
+                .ask_nodes(Question::Status, &(), &known)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::debug!("cannot ask the machines: {e}");
+                    Vec::new()
+                });
+            for (name, theirs) in answers.into_iter().filter(|(n, _)| *n != me) {
+                machines.push(MachineStatus {
+                    node: name.to_string(),
+                    answered: true,
+                    epoch: Some(theirs.epoch),
+                    sessions: theirs.sessions,
+                });
+            }
+            for name in known {
+                if !machines.iter().any(|m| m.node == name.as_str()) {
+                    machines.push(MachineStatus {
+                        node: name.to_string(),
+                        answered: false,
+                        epoch: None,
+                        sessions: Vec::new(),
+                    });
+                }
+            }
+        }
+        // This machine first, then the others by name.
+        machines[1..].sort_by(|a, b| a.node.cmp(&b.node));
+        status.cluster = Some(ClusterStatus {
+            node: me.to_string(),
+            link: link.state,
+            polled_by: link.polled_by.clone(),
+            term: node.leadership().borrow().term().map(|t| t.0),
+            machines,
+        });
+        Ok(status)
+    }
+
+    /// `/relay restart` across machines (docs/CLUSTER.md): the plan names
+    /// every machine's live sessions at its current epoch; every machine's
+    /// leader steps down as a single machine's does, and the caller
+    /// watches them all come back.
+    pub(in crate::leader) async fn restart_cluster(
+        self: &Arc<Self>,
+    ) -> Result<Restarting, BusError> {
+        if let Some(plan) = self.restarting.get() {
+            return Ok(plan.clone());
+        }
+        let node = self
+            .cluster
+            .as_ref()
+            .ok_or_else(|| BusError::new(BusErrorCode::Internal, "no cluster is configured"))?;
+        let cluster = node.cluster().filter(|_| node.is_up()).ok_or_else(|| {
+            BusError::new(
+                BusErrorCode::Unavailable,
+                format!(
+                    "{}; /relay restart restarts every machine and needs the cluster",
+                    cluster_down(node)
+                ),
+            )
+        })?;
+        let status = self.cluster_status().await?;
+        let machines: Vec<MachinePlan> = status
+            .cluster
+            .iter()
+            .flat_map(|c| &c.machines)
+            .filter(|m| m.answered)
+            .map(|m| {
+                let mut expected: Vec<String> = m
+                    .sessions
+                    .iter()
+                    .filter(|s| s.live)
+                    .map(|s| s.profile_key.clone())
+                    .collect();
+                expected.sort();
+                MachinePlan {
+                    node: m.node.clone(),
+                    epoch: m.epoch.unwrap_or_default(),
+                    expected,
+                }
+            })
+            .collect();
+        let mine = machines.iter().find(|m| m.node == node.name().as_str());
+        let expected = mine.map(|m| m.expected.clone()).unwrap_or_default();
+        let routes: usize = machines.iter().map(|m| m.expected.len()).sum();
+        let plan = Restarting {
+            epoch: self.epoch,
+            expected_instances: routes as u32,
+            expected_routes: routes as u32,
+            expected,
+            machines,
+        };
+        let plan = self.restarting.get_or_init(|| plan).clone();
+        let others: Vec<NodeName> = plan
+            .machines
+            .iter()
+            .filter(|m| m.node != node.name().as_str())
+            .filter_map(|m| NodeName::parse(&m.node).ok())
+            .collect();
+        let told: Vec<(NodeName, bool)> = cluster
+            .ask_nodes(Question::Restart, &plan, &others)
+            .await
+            .unwrap_or_default();
+        tracing::info!(
+            machines = plan.machines.len(),
+            told = told.len(),
+            routes = plan.expected_routes,
+            "restarting the relay on every machine"
+        );
+        self.step_down_for(&plan);
+        Ok(plan)
+    }
+}
+
+/// Answers the other machines' `/relay status` with this machine's sessions.
+pub(super) async fn answer_status(leader: Arc<Leader>, cluster: Cluster) {
+    let Ok(mut questions) = cluster.answer_nodes(Question::Status).await else {
+        tracing::warn!("cannot answer the other machines' status questions");
+        return;
+    };
+    loop {
+        let asked = tokio::select! {
+            () = leader.stop.cancelled() => return,
+            asked = questions.next::<Value>() => asked,
+        };
+        let Some(asked) = asked else { return };
+        match leader.status() {
+            Ok(status) => {
+                if let Err(e) = asked.answer(&status).await {
+                    tracing::debug!("cannot answer a status question: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("cannot read this machine's status: {e}"),
+        }
+    }
+}
+
+/// Restarts this machine's relay when another machine asks (its
+/// `/relay restart`).
+pub(super) async fn answer_restart(leader: Arc<Leader>, cluster: Cluster) {
+    let Ok(mut questions) = cluster.answer_nodes(Question::Restart).await else {
+        tracing::warn!("cannot answer the other machines' restarts");
+        return;
+    };
+    loop {
+        let asked = tokio::select! {
+            () = leader.stop.cancelled() => return,
+            asked = questions.next::<Restarting>() => asked,
+        };
+        let Some(asked) = asked else { return };
+        if asked.from == cluster.node().name {
+            // Our own question: the asker steps down by itself.
+            continue;
+        }
+        tracing::info!(by = %asked.from, "restarting the relay, asked by another machine");
+        let plan = leader
+            .restarting
+            .get_or_init(|| asked.request.clone())
+            .clone();
+        let _ = asked.answer(&true).await;
+        leader.step_down_for(&plan);
+        return;
+    }
+}

@@ -1,0 +1,168 @@
+//! A session leaves for good (`/telegram-disconnect`): its topic is
+//! deleted, its binding goes offline and its registration ends — in that
+//! order, and only when Telegram confirmed the deletion. The only way a
+//! topic is ever deleted.
+//!
+//! The leader's own session writes a cleanup intent first: its leader
+//! steps down whatever Telegram says, and the next leader finishes a
+//! deletion this one could not confirm ([`finish_cleanups`]) before it
+//! provisions anything.
+
+use std::sync::Arc;
+
+use super::registry::{ConnId, Registration};
+use super::{Leader, store_error};
+use crate::protocol::bus::*;
+use crate::store::{BindingStatus, NewCleanup};
+
+impl Leader {
+    /// Deletes the session's topic, marks its binding offline and ends its
+    /// registration (see the module docs).
+    pub(super) async fn disconnect(
+        self: &Arc<Self>,
+        conn: ConnId,
+        generation: Generation,
+    ) -> Result<Disconnected, BusError> {
+        let base_key = self.registry.session(conn, generation)?.base_key;
+        let lock = self.registry.profile_lock(&base_key);
+        let _serialized = lock.lock().await;
+        // Checked again under the profile lock: a re-register may have won.
+        let session = self.registry.session(conn, generation)?;
+        let (deleted, cleanup_pending) = match session.route.target {
+            Some(target) => self.delete_topic_of(&session, target).await?,
+            None => (None, false),
+        };
+        self.set_offline(conn, &session)?;
+        self.release_claims(
+            &session.route.profile_key,
+            Some(session.route.slot),
+            session.route.target,
+        );
+        tracing::info!(slot = %session.route.slot, "session disconnected; its topic is deleted");
+        // What it had not taken yet has nobody to go to any more; its
+        // topic is gone, so the chat is told outside the topics — before
+        // answering, since a leader whose own session this was steps down
+        // next, and a reply still on its way would go with it.
+        let pending = self.store().pending_for(&session.route.profile_key);
+        match pending {
+            Ok(pending) => {
+                self.give_up_now(
+                    pending.into_iter().map(|e| e.update).collect(),
+                    &format!("{} was disconnected", session.route.topic_name),
+                    deleted.is_none() && !cleanup_pending,
+                )
+                .await;
+            }
+            Err(e) => tracing::error!("cannot read what the session left behind: {e}"),
+        }
+        Ok(Disconnected {
+            deleted,
+            cleanup_pending,
+        })
+    }
+
+    /// Deletes the topic of a session that disconnects: the topic deleted,
+    /// or (for the leader's own session) whether its successor finishes it.
+    async fn delete_topic_of(
+        &self,
+        session: &Registration,
+        target: Target,
+    ) -> Result<(Option<Target>, bool), BusError> {
+        let intent = if session.instance_id == self.instance_id {
+            let intent = NewCleanup {
+                chat_id: target.chat_id,
+                thread_id: target.thread_id,
+                profile_key: session.route.profile_key.clone(),
+                reason: "the leader's session disconnected".into(),
+            };
+            Some(self.store().add_cleanup(&intent).map_err(store_error)?)
+        } else {
+            None
+        };
+        match (self.outbox.delete_topic(target).await, intent) {
+            (Ok(()), intent) => {
+                if let Some(intent) = intent {
+                    self.store().finish_cleanup(intent).map_err(store_error)?;
+                }
+                Ok((Some(target), false))
+            }
+            (Err(e), Some(intent)) => {
+                tracing::warn!("topic deletion not confirmed; the next leader finishes it: {e}");
+                self.store()
+                    .record_cleanup_attempt(intent)
+                    .map_err(store_error)?;
+                Ok((None, true))
+            }
+            (Err(e), None) => Err(BusError::new(
+                BusErrorCode::Telegram,
+                format!("topic deletion not confirmed: {e}"),
+            )),
+        }
+    }
+
+    /// The binding goes offline (its topic deleted or about to be) and the
+    /// registration ends.
+    fn set_offline(&self, conn: ConnId, session: &Registration) -> Result<(), BusError> {
+        {
+            let mut store = self.store();
+            match store
+                .binding(&session.route.profile_key)
+                .map_err(store_error)?
+            {
+                Some(mut binding) => {
+                    binding.status = BindingStatus::Offline;
+                    binding.chat_id = None;
+                    binding.thread_id = None;
+                    store.upsert_binding(&binding).map_err(store_error)?;
+                }
+                None => tracing::warn!("disconnecting a session without a stored binding"),
+            }
+        }
+        if let Some(c) = self.registry.lock().map.get_mut(&conn) {
+            c.session = None;
+        }
+        Ok(())
+    }
+}
+
+/// Finishes the topic deletions a previous leader promised but could not
+/// confirm, before anything is provisioned.
+pub(super) async fn finish_cleanups(leader: &Leader) {
+    let intents = match leader.store().pending_cleanups() {
+        Ok(intents) => intents,
+        Err(e) => {
+            tracing::error!("cannot read cleanup intents: {e}");
+            return;
+        }
+    };
+    for intent in intents {
+        let target = Target {
+            chat_id: intent.chat_id,
+            thread_id: intent.thread_id,
+        };
+        let result = tokio::select! {
+            () = leader.stop.cancelled() => return,
+            r = leader.outbox.delete_topic(target) => r,
+        };
+        let mut store = leader.store();
+        let recorded = match result {
+            Ok(()) => {
+                tracing::info!(
+                    thread = intent.thread_id,
+                    "finished a predecessor's topic deletion"
+                );
+                store.finish_cleanup(intent.id)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    thread = intent.thread_id,
+                    "a pending topic deletion failed again: {e}"
+                );
+                store.record_cleanup_attempt(intent.id)
+            }
+        };
+        if let Err(e) = recorded {
+            tracing::error!("cannot update a cleanup intent: {e}");
+        }
+    }
+}

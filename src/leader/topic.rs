@@ -1,0 +1,218 @@
+//! A session's request in its own topic ([`TopicOp`]): the one place a
+//! request becomes what the leader does for it — a Bot API call made by
+//! the outbox, a question (`asks/`), or a file (`files.rs`). The target
+//! comes from the session's registration; a message to edit or reply to
+//! must be one the session posted.
+
+use std::time::Duration;
+
+use super::failure::{Failure, FailureKind, Performed};
+use super::outbox::Pace;
+use super::registry::ConnId;
+use super::{Leader, store_error};
+use crate::protocol::bus::*;
+use crate::telegram::call::{ChatAction, SendChatAction};
+use crate::telegram::types::{
+    EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup,
+    LinkPreviewOptions, ParseMode, ReplyParameters, SendMessage,
+};
+use crate::telegram::{BotCall, Priority};
+
+/// Longest `callback_data` Telegram accepts, in bytes.
+const MAX_BUTTON_DATA: usize = 64;
+
+impl Leader {
+    /// Does what a session asked in its own topic.
+    pub(super) async fn topic(
+        &self,
+        conn: ConnId,
+        req: &TopicRequest,
+    ) -> Result<TopicDone, BusError> {
+        let session = self.registry.session(conn, req.generation)?;
+        let profile = &session.route.profile_key;
+        let target = session
+            .route
+            .target
+            .ok_or_else(|| BusError::new(BusErrorCode::NoTopic, "this session has no topic yet"))?;
+        let own = |message_id| self.own_message(profile, target, message_id);
+        // What a person waits for goes first; an edit after; what a later
+        // request supersedes never waits.
+        let (call, priority) = match &req.op {
+            TopicOp::SendText(send) => {
+                if let Some(reply_to) = send.reply_to {
+                    own(reply_to)?;
+                }
+                check_buttons(send.buttons.as_ref())?;
+                (send_message(target, send), Priority::High)
+            }
+            TopicOp::EditText(edit) => {
+                own(edit.message_id)?;
+                check_buttons(edit.buttons.as_ref())?;
+                (edit_text(target, edit), Priority::Normal)
+            }
+            TopicOp::EditButtons(edit) => {
+                own(edit.message_id)?;
+                check_buttons(edit.buttons.as_ref())?;
+                (edit_buttons(target, edit), Priority::Normal)
+            }
+            TopicOp::Typing => (typing(target), Priority::Normal),
+            TopicOp::SendFile(send) => {
+                return self.send_file(profile, &session.cwd, target, send).await;
+            }
+            TopicOp::Ask(ask) => return self.ask(profile, target, ask).await,
+            TopicOp::AwaitAnswer(wait) => return self.await_answer(profile, target, wait).await,
+            TopicOp::CloseAsk(close) => return self.close_ask(profile, target, close).await,
+        };
+        let priority = if req.background {
+            Priority::Background
+        } else {
+            priority
+        };
+        let waiting = |wait: Duration| {
+            self.registry.send(
+                conn,
+                FromLeader::Paced(Paced {
+                    id: req.id,
+                    wait_ms: wait.as_millis() as u64,
+                }),
+            );
+        };
+        let pace = Pace {
+            waiting: &waiting,
+            ..Pace::of(priority)
+        };
+        let done = self.outbox.call(call, pace).await;
+        self.record(profile, target, done.as_ref());
+        let performed = done?;
+        Ok(TopicDone {
+            message_id: performed.reply.message_id(),
+            plain: performed.plain,
+            ..TopicDone::default()
+        })
+    }
+
+    /// Whether `message_id` is one this session posted in its topic.
+    pub(super) fn own_message(
+        &self,
+        profile: &str,
+        target: Target,
+        message_id: i64,
+    ) -> Result<(), BusError> {
+        let owner = self
+            .store()
+            .message_owner(target.chat_id, message_id)
+            .map_err(store_error)?;
+        if owner.as_deref() == Some(profile) {
+            Ok(())
+        } else {
+            Err(BusError::new(
+                BusErrorCode::Forbidden,
+                format!("message {message_id} is not one of this session's"),
+            ))
+        }
+    }
+
+    /// Records what a call in a session's topic did: who posted the
+    /// message, or that the topic is gone.
+    pub(super) fn record(&self, profile: &str, target: Target, done: Result<&Performed, &Failure>) {
+        match done {
+            Ok(performed) => {
+                if let Some(id) = performed.reply.message_id()
+                    && let Err(e) = self.store().record_sent(target.chat_id, id, profile, None)
+                {
+                    tracing::warn!("cannot remember who posted message {id}: {e}");
+                }
+            }
+            // Its next registration must not trust the topic.
+            Err(e) if e.kind == FailureKind::TopicGone => self.mark_stale(profile),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Telegram's HTML mode for a text of `format`.
+fn parse_mode(format: TextFormat) -> Option<ParseMode> {
+    (format == TextFormat::Html).then_some(ParseMode::Html)
+}
+
+/// A message into `target`.
+pub(super) fn send_message(target: Target, send: &SendText) -> BotCall {
+    BotCall::SendMessage(SendMessage {
+        chat_id: target.chat_id,
+        message_thread_id: Some(target.thread_id),
+        text: send.text.clone(),
+        parse_mode: parse_mode(send.format),
+        reply_markup: send.buttons.as_ref().map(markup),
+        reply_parameters: send.reply_to.map(|message_id| ReplyParameters {
+            message_id,
+            allow_sending_without_reply: true,
+        }),
+        // An agent's answer quoting a URL should not grow a card.
+        link_preview_options: Some(LinkPreviewOptions::default()),
+    })
+}
+
+/// A new text (and buttons) for a message of `target`'s chat.
+pub(super) fn edit_text(target: Target, edit: &EditText) -> BotCall {
+    BotCall::EditMessageText(EditMessageText {
+        chat_id: target.chat_id,
+        message_id: edit.message_id,
+        text: edit.text.clone(),
+        parse_mode: parse_mode(edit.format),
+        reply_markup: edit.buttons.as_ref().map(markup),
+        link_preview_options: Some(LinkPreviewOptions::default()),
+    })
+}
+
+fn edit_buttons(target: Target, edit: &EditButtons) -> BotCall {
+    BotCall::EditMessageReplyMarkup(EditMessageReplyMarkup {
+        chat_id: target.chat_id,
+        message_id: edit.message_id,
+        reply_markup: edit.buttons.as_ref().map(markup),
+    })
+}
+
+fn typing(target: Target) -> BotCall {
+    BotCall::SendChatAction(SendChatAction {
+        chat_id: target.chat_id,
+        message_thread_id: Some(target.thread_id),
+        action: ChatAction::Typing,
+    })
+}
+
+/// Refuses a session's buttons Telegram would refuse, before anything is
+/// sent.
+fn check_buttons(keyboard: Option<&Keyboard>) -> Result<(), BusError> {
+    let bad = keyboard
+        .into_iter()
+        .flat_map(|k| k.rows.iter().flatten())
+        .find(|b| b.data.is_empty() || b.data.len() > MAX_BUTTON_DATA || b.text.trim().is_empty());
+    match bad {
+        Some(b) => Err(BusError::new(
+            BusErrorCode::BadFrame,
+            format!(
+                "button {:?}: a button needs text and 1-{MAX_BUTTON_DATA} bytes of data",
+                b.text
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Buttons as Telegram takes them.
+fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
+    InlineKeyboardMarkup {
+        inline_keyboard: keyboard
+            .rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|b| InlineKeyboardButton {
+                        text: b.text.clone(),
+                        callback_data: b.data.clone(),
+                    })
+                    .collect()
+            })
+            .collect(),
+    }
+}
