@@ -7,6 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use serde_json::Value;
+
 use interprocess::local_socket::tokio::Stream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -14,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Leader;
 use super::registry::ConnId;
-use crate::bus::wire::{self, Incoming};
+use crate::bus::wire::{self, Incoming, WireWriter};
 use crate::protocol::bus::*;
 
 /// Most frames written to one follower with one flush.
@@ -29,8 +32,8 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
         tracing::warn!("refused a bus connection: {e}");
         return;
     }
-    let (mut reader, mut writer) = wire::split(stream);
-    let (outbox, mut outgoing) = mpsc::channel::<FromLeader>(OUTBOX_FRAMES);
+    let (mut reader, writer) = wire::split(stream);
+    let (outbox, outgoing) = mpsc::channel::<FromLeader>(OUTBOX_FRAMES);
     let close = CancellationToken::new();
     let id = match leader.registry.open(outbox, close.clone()) {
         Ok(id) => id,
@@ -39,19 +42,7 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
             return;
         }
     };
-    let writer_close = close.clone();
-    let writer_task = tokio::spawn(async move {
-        // Whatever queued up meanwhile goes out in one write.
-        let mut burst = Vec::with_capacity(WRITE_BURST);
-        while outgoing.recv_many(&mut burst, WRITE_BURST).await > 0 {
-            if let Err(e) = writer.send_all(&burst).await {
-                tracing::debug!("bus write failed: {e}");
-                break;
-            }
-            burst.clear();
-        }
-        writer_close.cancel();
-    });
+    let writer_task = tokio::spawn(write_frames(writer, outgoing, close.clone()));
     let mut requests = JoinSet::new();
     loop {
         let incoming = tokio::select! {
@@ -93,91 +84,96 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
 }
 
+/// The connection's writer: whatever queued up meanwhile goes out in one
+/// write. A failed write closes the connection.
+async fn write_frames(
+    mut writer: WireWriter,
+    mut outgoing: mpsc::Receiver<FromLeader>,
+    close: CancellationToken,
+) {
+    let mut burst = Vec::with_capacity(WRITE_BURST);
+    while outgoing.recv_many(&mut burst, WRITE_BURST).await > 0 {
+        if let Err(e) = writer.send_all(&burst).await {
+            tracing::debug!("bus write failed: {e}");
+            break;
+        }
+        burst.clear();
+    }
+    close.cancel();
+}
+
 /// Runs one request. Quick ones are answered inline; those that may wait on
-/// a lock or on Telegram get a task.
+/// a lock or on Telegram get a task of the connection.
 fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut JoinSet<()>) {
     let reply = |id: u64, result| leader.registry.send(conn, leader.ack(Some(id), result));
+    // Sends the ack `answer` comes to, off the reader.
+    let mut later = |answer: BoxFuture<'static, FromLeader>| {
+        let leader = leader.clone();
+        requests.spawn(async move {
+            let frame = answer.await;
+            leader.registry.send(conn, frame);
+        });
+    };
+    let this = leader.clone();
     match envelope {
-        ToLeader::Heartbeat(hb) => {
-            reply(
-                hb.id,
-                leader
-                    .registry
-                    .session(conn, hb.generation)
-                    .map(drop)
-                    .map(|()| serde_json::Value::Null),
-            );
-        }
-        ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
-            // Every machine is asked: up to 2 s, off the reader.
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let status = leader.cluster_status().await;
-                leader.registry.send(conn, leader.ack(Some(q.id), status));
-            });
-        }
-        ToLeader::Status(q) => {
+        ToLeader::Heartbeat(hb) => reply(
+            hb.id,
             leader
                 .registry
-                .send(conn, leader.ack(Some(q.id), leader.status()));
+                .session(conn, hb.generation)
+                .map(|_| Value::Null),
+        ),
+        // Every machine is asked: up to 2 s.
+        ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
+            later(Box::pin(async move {
+                this.ack(Some(q.id), this.cluster_status().await)
+            }))
         }
+        ToLeader::Status(q) => leader
+            .registry
+            .send(conn, leader.ack(Some(q.id), leader.status())),
         ToLeader::DeliveryAck(ack) => match leader.registry.session(conn, ack.generation) {
             Ok(session) => leader
                 .router
                 .delivered(session.route.profile_key, ack.delivery_id),
             Err(_) => tracing::debug!("delivery ack with a stale generation ignored"),
         },
-        ToLeader::Reconcile(req) => {
-            leader
-                .registry
-                .send(conn, leader.ack(Some(req.id), leader.reconcile(conn, &req)));
-        }
+        ToLeader::Reconcile(req) => leader
+            .registry
+            .send(conn, leader.ack(Some(req.id), leader.reconcile(conn, &req))),
         ToLeader::Restart(req) => super::restart::restart(leader, conn, &req),
-        ToLeader::Pair(req) => {
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let result = leader.pair(conn, req.generation).await;
-                leader.registry.send(conn, leader.ack(Some(req.id), result));
-            });
-        }
+        ToLeader::Pair(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.pair(conn, req.generation).await)
+        })),
         ToLeader::Register(req) => {
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let (id, generation) = (req.id, req.registration_generation);
-                let result = leader.register(conn, req).await;
-                let registered = result.is_ok();
-                leader.registry.send(conn, leader.ack(Some(id), result));
-                if registered {
-                    leader
-                        .registry
-                        .send(conn, FromLeader::Health(leader.wire_health()));
-                    if let Some(frame) = leader.wire_cluster() {
-                        leader.registry.send(conn, frame);
-                    }
-                    leader.go_live(conn, generation);
-                }
-            });
+            requests.spawn(register(this, conn, req));
         }
-        ToLeader::Disconnect(req) => {
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let result = leader.disconnect(conn, req.generation).await;
-                leader.registry.send(conn, leader.ack(Some(req.id), result));
-            });
+        ToLeader::Disconnect(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.disconnect(conn, req.generation).await)
+        })),
+        ToLeader::Fetch(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.fetch(conn, &req).await)
+        })),
+        ToLeader::Topic(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.topic(conn, &req).await)
+        })),
+    }
+}
+
+/// Registers, answers, and only then starts deliveries: the session knows
+/// its route before its first message arrives.
+async fn register(leader: Arc<Leader>, conn: ConnId, req: Register) {
+    let (id, generation) = (req.id, req.registration_generation);
+    let result = leader.register(conn, req).await;
+    let registered = result.is_ok();
+    leader.registry.send(conn, leader.ack(Some(id), result));
+    if registered {
+        leader
+            .registry
+            .send(conn, FromLeader::Health(leader.wire_health()));
+        if let Some(frame) = leader.wire_cluster() {
+            leader.registry.send(conn, frame);
         }
-        ToLeader::Fetch(req) => {
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let result = leader.fetch(conn, &req).await;
-                leader.registry.send(conn, leader.ack(Some(req.id), result));
-            });
-        }
-        ToLeader::Topic(req) => {
-            let leader = leader.clone();
-            requests.spawn(async move {
-                let result = leader.topic(conn, &req).await;
-                leader.registry.send(conn, leader.ack(Some(req.id), result));
-            });
-        }
+        leader.go_live(conn, generation);
     }
 }

@@ -131,7 +131,8 @@ impl Leader {
     }
 
     /// Checks and opens a file the session wants to send (see the module
-    /// docs), and decides how it goes.
+    /// docs), and decides how it goes. Every refusal says which rule the
+    /// file broke, one after the other, which is what makes it long.
     async fn open_upload(
         &self,
         path: &Path,
@@ -175,29 +176,7 @@ impl Leader {
                 ),
             ));
         }
-        // A GIF goes as a document: Telegram shows it animated then, while a
-        // photo would be its first frame.
-        let picture = is_picture(&head) && !head.starts_with(b"GIF8");
-        let (send_as, chosen) = match send.send_as {
-            Some(SendAs::Photo) if sendable.len > PHOTO_UPLOAD_MAX => {
-                return Err(BusError::new(
-                    BusErrorCode::FileTooBig,
-                    format!(
-                        "{shown} is {}; a photo is at most {}: send it as a document",
-                        describe_size(sendable.len),
-                        describe_size(PHOTO_UPLOAD_MAX)
-                    ),
-                ));
-            }
-            Some(SendAs::Photo) if !is_picture(&head) => {
-                return Err(refused(format!(
-                    "{shown} is not a picture Telegram shows as a photo (JPEG, PNG, GIF, WebP or BMP): send it as a document"
-                )));
-            }
-            Some(send_as) => (send_as, false),
-            None if picture && sendable.len <= PHOTO_UPLOAD_MAX => (SendAs::Photo, true),
-            None => (SendAs::Document, true),
-        };
+        let (send_as, chosen) = how_to_send(send.send_as, &head, sendable.len, &shown)?;
         let file_name = sendable
             .path
             .file_name()
@@ -215,5 +194,38 @@ impl Leader {
             send_as,
             chosen,
         })
+    }
+}
+
+/// How a file of `len` bytes starting with `head` goes: as asked, or the
+/// relay's choice (`true`) — a picture small enough as a photo, the rest
+/// as a document.
+fn how_to_send(
+    asked: Option<SendAs>,
+    head: &[u8],
+    len: u64,
+    shown: &str,
+) -> Result<(SendAs, bool), BusError> {
+    // A GIF goes as a document: Telegram shows it animated then, while a
+    // photo would be its first frame.
+    let picture = is_picture(head) && !head.starts_with(b"GIF8");
+    match asked {
+        Some(SendAs::Photo) if len > PHOTO_UPLOAD_MAX => Err(BusError::new(
+            BusErrorCode::FileTooBig,
+            format!(
+                "{shown} is {}; a photo is at most {}: send it as a document",
+                describe_size(len),
+                describe_size(PHOTO_UPLOAD_MAX)
+            ),
+        )),
+        Some(SendAs::Photo) if !is_picture(head) => Err(BusError::new(
+            BusErrorCode::FileRefused,
+            format!(
+                "{shown} is not a picture Telegram shows as a photo (JPEG, PNG, GIF, WebP or BMP): send it as a document"
+            ),
+        )),
+        Some(send_as) => Ok((send_as, false)),
+        None if picture && len <= PHOTO_UPLOAD_MAX => Ok((SendAs::Photo, true)),
+        None => Ok((SendAs::Document, true)),
     }
 }

@@ -283,34 +283,18 @@ const SETTLE_BATCH: usize = 1024;
 /// relay keeps at most twice that many settled entries.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
+/// The leader's life: it starts the cleanups and the poll, then serves the
+/// socket and the acknowledgements until it steps down, and stops what it
+/// started before it returns. Long because it is one `select!` over every
+/// source the leader serves: one place shows what each of them does.
 async fn run(
     leader: Arc<Leader>,
     listener: Listener,
     mut acks: mpsc::UnboundedReceiver<(String, i64)>,
 ) {
-    // Taken before the first accept, so no registration provisions anything
-    // until the cleanups are done.
-    match leader.cleanup.clone().try_lock_owned() {
-        Ok(guard) => {
-            let leader = leader.clone();
-            tokio::spawn(async move {
-                disconnect::finish_cleanups(&leader).await;
-                drop(guard);
-            });
-        }
-        Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
-    }
+    leader.start_cleanups();
     let (batches_tx, mut batches) = mpsc::channel(64);
-    // One machine polls by itself; a machine of a cluster polls only while
-    // it holds the bot-wide lease, and reads its own updates from the
-    // cluster's stream.
-    let mut poller = match leader.cluster.clone() {
-        None => {
-            let journal = leader.local_journal(batches_tx);
-            tokio::spawn(leader.poller(journal, leader.stop.clone()).run())
-        }
-        Some(node) => tokio::spawn(cluster::run(leader.clone(), node, batches_tx)),
-    };
+    let mut poller = leader.start_poll(batches_tx);
     // A single machine's link never changes (its sender lives as long).
     let (_single, single) = watch::channel(ClusterLink {
         node: String::new(),
@@ -333,19 +317,14 @@ async fn run(
                     conns.spawn(conn::serve(leader.clone(), stream));
                 }
                 Err(e) => {
+                    // A descriptor limit, say: the next accept may work.
                     tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
             Some(batch) = batches.recv() => leader.route(batch),
             Some(first) = acks.recv() => {
-                // Whatever queued up meanwhile goes into the same transaction.
-                let mut batch = vec![first];
-                while batch.len() < SETTLE_BATCH && let Ok(ack) = acks.try_recv() {
-                    batch.push(ack);
-                }
-                leader.settle(&batch);
-                settled_since_prune += batch.len();
+                settled_since_prune += leader.settle_queued(first, &mut acks);
                 if settled_since_prune >= crate::store::KEEP_SETTLED {
                     settled_since_prune = 0;
                     leader.prune();
@@ -389,4 +368,55 @@ async fn run(
         rest.push(ack);
     }
     leader.settle(&rest);
+}
+
+impl Leader {
+    /// Finishes the deletions a predecessor left (`disconnect.rs`). The
+    /// cleanup lock is taken before the first accept, so no registration
+    /// provisions anything until they are done.
+    fn start_cleanups(self: &Arc<Self>) {
+        match self.cleanup.clone().try_lock_owned() {
+            Ok(guard) => {
+                let leader = self.clone();
+                tokio::spawn(async move {
+                    disconnect::finish_cleanups(&leader).await;
+                    drop(guard);
+                });
+            }
+            Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
+        }
+    }
+
+    /// One machine polls by itself; a machine of a cluster polls only while
+    /// it holds the bot-wide lease, and reads its own updates from the
+    /// cluster's stream.
+    fn start_poll(
+        self: &Arc<Self>,
+        batches: mpsc::Sender<Batch>,
+    ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        match self.cluster.clone() {
+            None => {
+                let journal = self.local_journal(batches);
+                tokio::spawn(self.poller(journal, self.stop.clone()).run())
+            }
+            Some(node) => tokio::spawn(cluster::run(self.clone(), node, batches)),
+        }
+    }
+
+    /// Settles `first` with whatever acknowledgements queued up meanwhile,
+    /// in one transaction; answers how many.
+    fn settle_queued(
+        &self,
+        first: (String, i64),
+        acks: &mut mpsc::UnboundedReceiver<(String, i64)>,
+    ) -> usize {
+        let mut batch = vec![first];
+        while batch.len() < SETTLE_BATCH
+            && let Ok(ack) = acks.try_recv()
+        {
+            batch.push(ack);
+        }
+        self.settle(&batch);
+        batch.len()
+    }
 }

@@ -341,7 +341,9 @@ impl Outbox {
     }
 
     /// Sends a file into `target` from this machine: a multipart upload,
-    /// paced like any message, with the fallbacks of the module's table.
+    /// paced like any message, with the fallbacks of the module's table
+    /// (a photo Telegram refuses goes as a document; a closed topic is
+    /// reopened), which is what makes it long.
     /// Answers how it went: as a photo, or as a document.
     pub async fn send_file(
         &self,
@@ -440,33 +442,8 @@ impl Outbox {
         };
         let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
         let downloaded = self
-            .paced("getFile", None, pace, deadline, || async {
-                let (part, opened) = match FileInbox::part_file(dir, name) {
-                    Ok(opened) => opened,
-                    Err(e) => return Ok(Err(e)),
-                };
-                let mut out = tokio::fs::File::from_std(opened);
-                let written = match self
-                    .api
-                    .download(&file_path, DOWNLOAD_MAX, timeout, &mut out)
-                    .await
-                {
-                    Ok(written) => written,
-                    Err(DownloadError::Telegram(e)) => {
-                        let _ = tokio::fs::remove_file(&part).await;
-                        return Err(e);
-                    }
-                    Err(DownloadError::Write(e)) => return Ok(Err(e)),
-                };
-                // Synced before it gets its name: a name is a whole file.
-                let done = match out.sync_all().await {
-                    Ok(()) => tokio::fs::rename(&part, dir.join(name)).await,
-                    Err(e) => Err(e),
-                };
-                if done.is_err() {
-                    let _ = tokio::fs::remove_file(&part).await;
-                }
-                Ok(done.map(|()| written))
+            .paced("getFile", None, pace, deadline, || {
+                self.save(&file_path, dir, name, timeout)
             })
             .await;
         match downloaded {
@@ -478,6 +455,43 @@ impl Outbox {
             Err(TelegramError::FileTooBig { .. }) => Err(too_big(DOWNLOAD_MAX + 1)),
             Err(e) => Err(decide(&e)),
         }
+    }
+
+    /// One attempt at streaming Telegram's `file_path` into `dir` as `name`:
+    /// into a part file, synced before it gets its name (a name is a whole
+    /// file). `Ok(Err)`: the inbox could not take it, which no retry mends.
+    async fn save(
+        &self,
+        file_path: &str,
+        dir: &Path,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<std::io::Result<u64>, TelegramError> {
+        let (part, opened) = match FileInbox::part_file(dir, name) {
+            Ok(opened) => opened,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut out = tokio::fs::File::from_std(opened);
+        let written = match self
+            .api
+            .download(file_path, DOWNLOAD_MAX, timeout, &mut out)
+            .await
+        {
+            Ok(written) => written,
+            Err(DownloadError::Telegram(e)) => {
+                let _ = tokio::fs::remove_file(&part).await;
+                return Err(e);
+            }
+            Err(DownloadError::Write(e)) => return Ok(Err(e)),
+        };
+        let done = match out.sync_all().await {
+            Ok(()) => tokio::fs::rename(&part, dir.join(name)).await,
+            Err(e) => Err(e),
+        };
+        if done.is_err() {
+            let _ = tokio::fs::remove_file(&part).await;
+        }
+        Ok(done.map(|()| written))
     }
 
     /// One call, paced; a 429 holds back the chat (or every call) and the

@@ -174,127 +174,31 @@ impl<J: Journal> Poller<J> {
     /// Polls until `stop` is cancelled. Returns only then, or when the store
     /// fails (the leader must not go on without its journal).
     pub async fn run(mut self) -> Result<(), StoreError> {
-        let mut conflict = Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
-        let mut failure = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
-        let mut early = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
-        let mut deafness = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        let mut deaf_checks = 0;
-        let mut restart_at = Instant::now();
-        self.delete_webhook(&mut failure).await;
+        let mut waits = Waits::new();
+        self.delete_webhook(&mut waits.failure).await;
         while !self.stop.is_cancelled() {
             let offset = self.journal.offset()?;
-            // A handle of its own, so the poll does not borrow `self`.
-            let api = self.api.clone();
             let asked = Instant::now();
-            let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
-            tokio::pin!(poll);
-            // A long poll that Telegram keeps open is itself the proof that
-            // polling works again: no need to wait for traffic to say so.
-            let healthy_after = tokio::time::sleep(HEALTHY_AFTER);
-            tokio::pin!(healthy_after);
-            let polled = loop {
-                tokio::select! {
-                    polled = &mut poll => break polled,
-                    () = &mut healthy_after, if *self.health.borrow() != PollHealth::Ok => {
-                        // An open poll proves nothing about deafness; that
-                        // nothing waits at Telegram does.
-                        let deaf = matches!(*self.health.borrow(), PollHealth::Deaf(_));
-                        if !deaf || self.pending().await == Some(0) {
-                            deaf_checks = 0;
-                            self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
-                        }
-                    }
-                    () = self.stop.cancelled() => {
-                        self.end_long_poll(poll, offset).await;
-                        return Ok(());
-                    }
-                }
+            let Some(polled) = self.poll(offset, &mut waits).await else {
+                return Ok(());
             };
             let wait = match polled {
-                Ok(raw) if raw.is_empty() => {
-                    conflict.reset();
-                    failure.reset();
-                    self.facts().last_ok = Some(Instant::now());
-                    let pending = self.pending().await.unwrap_or(0);
-                    if pending > 0 {
-                        deaf_checks += 1;
-                    } else {
-                        deaf_checks = 0;
-                    }
-                    if deaf_checks >= DEAF_AFTER {
-                        self.health
-                            .send_if_modified(|h| replace(h, PollHealth::Deaf(pending)));
-                        // Restarted at once, then less and less often while
-                        // it stays deaf; polling itself goes on meanwhile.
-                        if Instant::now() >= restart_at {
-                            tracing::warn!(
-                                pending,
-                                "getUpdates hears nothing while updates wait; restarting the poll"
-                            );
-                            self.restart(&mut failure).await;
-                            restart_at = Instant::now() + deafness.step();
-                        }
-                    } else if deaf_checks == 0 {
-                        deafness.reset();
-                        restart_at = Instant::now();
-                        self.health.send_if_modified(|h| {
-                            matches!(h, PollHealth::Deaf(_)) && replace(h, PollHealth::Ok)
-                        });
-                    }
-                    // An empty answer long before the poll's timeout is no
-                    // long poll: do not spin on it.
-                    if asked.elapsed() < EARLY {
-                        early.step()
-                    } else {
-                        early.reset();
-                        continue;
-                    }
-                }
+                Ok(raw) if raw.is_empty() => match self.heard_nothing(asked, &mut waits).await {
+                    Some(wait) => wait,
+                    None => continue,
+                },
                 Ok(raw) => {
-                    conflict.reset();
-                    failure.reset();
-                    early.reset();
-                    deafness.reset();
-                    deaf_checks = 0;
-                    restart_at = Instant::now();
+                    waits.heard();
                     self.facts().last_ok = Some(Instant::now());
-                    self.health.send_if_modified(|h| replace(h, PollHealth::Ok));
+                    self.health
+                        .send_if_modified(|h| set_if_changed(h, PollHealth::Ok));
                     match self.journal.journal(raw).await? {
                         Step::Confirm | Step::Again => {}
                         Step::Stop => self.stop.cancel(),
                     }
                     continue;
                 }
-                Err(TelegramError::Conflict { .. }) => {
-                    tracing::warn!("409 conflict: another process polls this bot");
-                    self.health
-                        .send_if_modified(|h| replace(h, PollHealth::Conflict));
-                    conflict.step()
-                }
-                Err(TelegramError::RateLimited { retry_after }) => retry_after,
-                Err(TelegramError::Unauthorized) => {
-                    tracing::error!("Telegram rejected the bot token");
-                    self.health
-                        .send_if_modified(|h| replace(h, PollHealth::Unauthorized));
-                    failure.step()
-                }
-                Err(e @ TelegramError::Timeout { .. }) => {
-                    // Telegram answers a long poll at its timeout: one that
-                    // did not answer at all hangs on a broken connection.
-                    tracing::warn!(
-                        "getUpdates got no answer ({e}); polling over fresh connections"
-                    );
-                    self.health
-                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
-                    self.reconnect();
-                    failure.step()
-                }
-                Err(e) => {
-                    tracing::warn!("getUpdates failed: {e}");
-                    self.health
-                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
-                    failure.step()
-                }
+                Err(e) => self.failed(e, &mut waits),
             };
             tokio::select! {
                 () = self.stop.cancelled() => break,
@@ -302,6 +206,117 @@ impl<J: Journal> Poller<J> {
             }
         }
         Ok(())
+    }
+
+    /// One long poll from `offset`; `None` when the leader stops meanwhile
+    /// (the poll is ended first). While it is open long enough, the health
+    /// turns good again.
+    async fn poll(
+        &mut self,
+        offset: Option<i64>,
+        waits: &mut Waits,
+    ) -> Option<Result<Vec<Value>, TelegramError>> {
+        // A handle of its own, so the poll does not borrow `self`.
+        let api = self.api.clone();
+        let poll = api.get_updates(offset, POLL_TIMEOUT_S, 100);
+        tokio::pin!(poll);
+        // A long poll that Telegram keeps open is itself the proof that
+        // polling works again: no need to wait for traffic to say so.
+        let healthy_after = tokio::time::sleep(HEALTHY_AFTER);
+        tokio::pin!(healthy_after);
+        loop {
+            tokio::select! {
+                polled = &mut poll => return Some(polled),
+                () = &mut healthy_after, if *self.health.borrow() != PollHealth::Ok => {
+                    // An open poll proves nothing about deafness; that
+                    // nothing waits at Telegram does.
+                    let deaf = matches!(*self.health.borrow(), PollHealth::Deaf(_));
+                    if !deaf || self.pending().await == Some(0) {
+                        waits.deaf_checks = 0;
+                        self.health.send_if_modified(|h| set_if_changed(h, PollHealth::Ok));
+                    }
+                }
+                () = self.stop.cancelled() => {
+                    self.end_long_poll(poll, offset).await;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// An empty answer: is the poll deaf (updates wait at Telegram all the
+    /// same)? Restarts it if so. `None`: poll again at once; else how long
+    /// to wait first.
+    async fn heard_nothing(&mut self, asked: Instant, waits: &mut Waits) -> Option<Duration> {
+        waits.conflict.reset();
+        waits.failure.reset();
+        self.facts().last_ok = Some(Instant::now());
+        let pending = self.pending().await.unwrap_or(0);
+        if pending > 0 {
+            waits.deaf_checks += 1;
+        } else {
+            waits.deaf_checks = 0;
+        }
+        if waits.deaf_checks >= DEAF_AFTER {
+            self.health
+                .send_if_modified(|h| set_if_changed(h, PollHealth::Deaf(pending)));
+            // Restarted at once, then less and less often while it stays
+            // deaf; polling itself goes on meanwhile.
+            if Instant::now() >= waits.restart_at {
+                tracing::warn!(
+                    pending,
+                    "getUpdates hears nothing while updates wait; restarting the poll"
+                );
+                self.restart(&mut waits.failure).await;
+                waits.restart_at = Instant::now() + waits.deafness.step();
+            }
+        } else if waits.deaf_checks == 0 {
+            waits.deafness.reset();
+            waits.restart_at = Instant::now();
+            self.health.send_if_modified(|h| {
+                matches!(h, PollHealth::Deaf(_)) && set_if_changed(h, PollHealth::Ok)
+            });
+        }
+        // An empty answer long before the poll's timeout is no long poll:
+        // do not spin on it.
+        if asked.elapsed() < EARLY {
+            Some(waits.early.step())
+        } else {
+            waits.early.reset();
+            None
+        }
+    }
+
+    /// A failed poll: what the health says, and how long to wait.
+    fn failed(&mut self, error: TelegramError, waits: &mut Waits) -> Duration {
+        let health = match &error {
+            TelegramError::RateLimited { retry_after } => return *retry_after,
+            TelegramError::Conflict { .. } => {
+                tracing::warn!("409 conflict: another process polls this bot");
+                self.health
+                    .send_if_modified(|h| set_if_changed(h, PollHealth::Conflict));
+                return waits.conflict.step();
+            }
+            TelegramError::Unauthorized => {
+                tracing::error!("Telegram rejected the bot token");
+                PollHealth::Unauthorized
+            }
+            TelegramError::Timeout { .. } => {
+                // Telegram answers a long poll at its timeout: one that did
+                // not answer at all hangs on a broken connection.
+                tracing::warn!(
+                    "getUpdates got no answer ({error}); polling over fresh connections"
+                );
+                self.reconnect();
+                PollHealth::Offline(error.to_string())
+            }
+            _ => {
+                tracing::warn!("getUpdates failed: {error}");
+                PollHealth::Offline(error.to_string())
+            }
+        };
+        self.health.send_if_modified(|h| set_if_changed(h, health));
+        waits.failure.step()
     }
 
     /// Ends our own long poll on Telegram's side before the leader lets go of
@@ -369,8 +384,9 @@ impl<J: Journal> Poller<J> {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!("deleteWebhook failed: {e}");
-                    self.health
-                        .send_if_modified(|h| replace(h, PollHealth::Offline(e.to_string())));
+                    self.health.send_if_modified(|h| {
+                        set_if_changed(h, PollHealth::Offline(e.to_string()))
+                    });
                     let wait = e.retry_after().unwrap_or_else(|| backoff.step());
                     tokio::select! {
                         () = self.stop.cancelled() => return,
@@ -382,7 +398,40 @@ impl<J: Journal> Poller<J> {
     }
 }
 
-fn replace(health: &mut PollHealth, new: PollHealth) -> bool {
+/// How long the poller waits, by what went wrong, and what it knows of a
+/// deaf poll.
+struct Waits {
+    conflict: Backoff,
+    failure: Backoff,
+    early: Backoff,
+    deafness: Backoff,
+    /// Checks in a row that found updates waiting behind empty polls.
+    deaf_checks: u32,
+    /// When a deaf poll may be restarted again.
+    restart_at: Instant,
+}
+
+impl Waits {
+    fn new() -> Self {
+        Self {
+            conflict: Backoff::new(Duration::from_millis(500), Duration::from_secs(15)),
+            failure: Backoff::new(Duration::from_millis(250), Duration::from_secs(30)),
+            early: Backoff::new(Duration::from_millis(250), Duration::from_secs(5)),
+            deafness: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            deaf_checks: 0,
+            restart_at: Instant::now(),
+        }
+    }
+
+    /// Updates came: every wait starts over.
+    fn heard(&mut self) {
+        *self = Self::new();
+    }
+}
+
+/// Sets the health to `new`, saying whether that changed it (the watch then
+/// tells every session).
+fn set_if_changed(health: &mut PollHealth, new: PollHealth) -> bool {
     if *health == new {
         return false;
     }

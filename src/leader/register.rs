@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use super::cluster::SlotClaim;
 use super::failure::{Failure, FailureKind};
-use super::registry::{ConnId, Registration};
+use super::registry::{ConnId, Conns, Registration};
 use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::store::{Binding, BindingStatus};
@@ -192,6 +192,35 @@ impl Registering<'_> {
             ));
         }
         conns.replace_instance(self.conn, &req.instance_id, req.registration_generation)?;
+        let claim = self.pick(&conns, foreign)?;
+        let c = conns
+            .map
+            .get_mut(&self.conn)
+            .ok_or_else(|| BusError::new(BusErrorCode::Unavailable, "connection closed"))?;
+        c.session = Some(Registration {
+            base_key: req.profile_key.clone(),
+            instance_id: req.instance_id.clone(),
+            generation: req.registration_generation,
+            session_name: req.session_name.clone(),
+            cwd: req.cwd.clone(),
+            pid: req.pid,
+            route: Route {
+                profile_key: claim.profile_key.clone(),
+                slot: claim.slot,
+                target: None,
+                topic_name: self.leader.topic_name(claim.slot, &req.session_name),
+            },
+            ready: false,
+            reconciled: false,
+        });
+        Ok(claim)
+    }
+
+    /// The session's profile key (its own unless a live session has it),
+    /// its slot (the one it had, else a free one, else one held by the
+    /// session away longest), and what it had in that slot.
+    fn pick(&self, conns: &Conns, foreign: &[Slot]) -> Result<Claim, BusError> {
+        let req = self.req;
         let profile_key = topics::effective_profile_key(
             &req.profile_key,
             req.carried.as_ref().map(|r| r.profile_key.as_str()),
@@ -237,26 +266,6 @@ impl Registering<'_> {
             .iter()
             .find(|b| b.slot == slot && b.profile_key != profile_key)
             .cloned();
-        let c = conns
-            .map
-            .get_mut(&self.conn)
-            .ok_or_else(|| BusError::new(BusErrorCode::Unavailable, "connection closed"))?;
-        c.session = Some(Registration {
-            base_key: req.profile_key.clone(),
-            instance_id: req.instance_id.clone(),
-            generation: req.registration_generation,
-            session_name: req.session_name.clone(),
-            cwd: req.cwd.clone(),
-            pid: req.pid,
-            route: Route {
-                profile_key: profile_key.clone(),
-                slot,
-                target: None,
-                topic_name: self.leader.topic_name(slot, &req.session_name),
-            },
-            ready: false,
-            reconciled: false,
-        });
         Ok(Claim {
             profile_key,
             slot,

@@ -22,7 +22,9 @@ use crate::telegram::{BotCall, Priority};
 const MAX_BUTTON_DATA: usize = 64;
 
 impl Leader {
-    /// Does what a session asked in its own topic.
+    /// Does what a session asked in its own topic. Long because it is the
+    /// one match over [`TopicOp`]: each request's checks, its call and its
+    /// rank stand side by side.
     pub(super) async fn topic(
         &self,
         conn: ConnId,

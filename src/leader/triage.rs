@@ -198,32 +198,16 @@ impl Triage {
         let Some(owner) = self.owners.get(&(message.chat.id, thread)).cloned() else {
             return Triaged::Leader;
         };
-        let notice = |text: String| {
-            Triaged::Notice(Notice {
-                chat_id: message.chat.id,
-                thread_id: thread,
-                text,
-            })
-        };
-        let media = message.media();
-        let (text, files) = match (message.text.as_ref(), media) {
-            (Some(text), _) => (text.clone(), Vec::new()),
-            // A caption edited later: the file reached the agent already.
-            (None, Some(_)) if edited => match message.caption.as_ref() {
-                Some(caption) => (caption.clone(), Vec::new()),
-                None => return Triaged::Leader,
-            },
-            (None, Some((MediaKind::Sticker, _))) => {
-                return notice("Stickers are not passed to the agent.".into());
+        let (text, files) = match content(message, edited) {
+            Ok(content) => content,
+            Err(Some(text)) => {
+                return Triaged::Notice(Notice {
+                    chat_id: message.chat.id,
+                    thread_id: thread,
+                    text,
+                });
             }
-            (None, Some((kind, file))) => {
-                if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
-                    return notice(too_big(message, file, size));
-                }
-                let file = JournaledFile::new(attachment_kind(kind), file);
-                (message.caption.clone().unwrap_or_default(), vec![file])
-            }
-            (None, None) => return Triaged::Leader,
+            Err(None) => return Triaged::Leader,
         };
         let text = if edited {
             format!("(edited) {text}")
@@ -252,6 +236,35 @@ impl Triage {
             },
             detail,
         })
+    }
+}
+
+/// What a message from an allowed user in a session's topic carries for
+/// its agent: its text, or its file with the caption. `Err(Some(notice))`:
+/// the topic is told why it goes nowhere; `Err(None)`: nothing for an
+/// agent (a service message, an edited caption).
+fn content(
+    message: &Message,
+    edited: bool,
+) -> Result<(String, Vec<JournaledFile>), Option<String>> {
+    match (message.text.as_ref(), message.media()) {
+        (Some(text), _) => Ok((text.clone(), Vec::new())),
+        // A caption edited later: the file reached the agent already.
+        (None, Some(_)) if edited => match message.caption.as_ref() {
+            Some(caption) => Ok((caption.clone(), Vec::new())),
+            None => Err(None),
+        },
+        (None, Some((MediaKind::Sticker, _))) => {
+            Err(Some("Stickers are not passed to the agent.".into()))
+        }
+        (None, Some((kind, file))) => {
+            if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
+                return Err(Some(too_big(message, file, size)));
+            }
+            let file = JournaledFile::new(attachment_kind(kind), file);
+            Ok((message.caption.clone().unwrap_or_default(), vec![file]))
+        }
+        (None, None) => Err(None),
     }
 }
 

@@ -164,7 +164,9 @@ impl Asks {
     }
 
     /// A tap on an ask button, or a reply to an ask message, by `user`
-    /// (allowed) in `chat`/`thread`.
+    /// (allowed) in `chat`/`thread`. Long because every check a tap must
+    /// pass (token, option, topic, state) and the answer it records sit
+    /// under one lock, in the order a reader checks them.
     pub fn take(
         &self,
         token_or_message: Key<'_>,

@@ -68,7 +68,8 @@ fn sends_without_cluster(call: &BotCall) -> bool {
 
 /// Where `call` is made, and the answer when another machine made it:
 /// asked again when that machine is gone before it answered and the call
-/// may safely be repeated.
+/// may safely be repeated. Long because every way a call through another
+/// machine can end is decided here, beside the others.
 pub(in crate::leader) async fn through(
     node: &ClusterNode,
     call: &BotCall,

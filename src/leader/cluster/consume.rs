@@ -14,6 +14,7 @@ use super::super::Leader;
 use super::super::batch::{Batch, route_then_flush};
 use super::super::triage::Triage;
 use crate::backoff::Backoff;
+use crate::cluster::inbound::{Delivery, NodeConsumer};
 use crate::cluster::{Cluster, Link};
 use crate::store::StoreError;
 use crate::telegram::Update;
@@ -27,82 +28,121 @@ const FETCH_WAIT: Duration = Duration::from_secs(5);
 /// Most updates one fetch takes.
 const FETCH_MAX: usize = 100;
 
-/// This machine's second source of updates: its durable consumer. Each
-/// batch is triaged against this machine's own sessions and users,
-/// journaled, handed to the router like a poller's batch, and only
-/// acknowledged to JetStream once the journal is on disk.
+/// Reads this machine's consumer until the leader stops (see the module
+/// docs). Returns early only with a journal that failed.
 pub(super) async fn consume(
     leader: Arc<Leader>,
     cluster: Cluster,
     batches: mpsc::Sender<Batch>,
 ) -> Result<(), StoreError> {
-    let name = cluster.node().name.clone();
-    let inbound = cluster.inbound();
-    let mut triage = Triage::new(leader.store.clone(), leader.access.clone());
-    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
-    let mut consumer = None;
-    // The first consumer of this process is made afresh: a predecessor
-    // that died (a local failover) may hold deliveries it never acknowledged.
-    let mut fresh = true;
-    let mut link = cluster.link();
-    while !leader.stop.is_cancelled() {
-        if *link.borrow_and_update() == Link::Down {
-            tokio::select! {
-                () = leader.stop.cancelled() => break,
-                _ = link.changed() => continue,
-            }
-        }
-        let reader = match &consumer {
-            Some(reader) => reader,
-            None => {
-                let made = tokio::select! {
-                    () = leader.stop.cancelled() => break,
-                    made = async {
-                        if fresh {
-                            inbound.fresh_consumer(&name).await
-                        } else {
-                            inbound.consumer(&name).await
-                        }
-                    } => made,
-                };
-                match made {
-                    Ok(made) => {
-                        fresh = false;
-                        consumer.insert(made)
-                    }
-                    Err(e) => {
-                        tracing::debug!("cannot open this machine's consumer: {e}");
-                        tokio::select! {
-                            () = leader.stop.cancelled() => break,
-                            () = tokio::time::sleep(backoff.step()) => {}
-                        }
-                        continue;
-                    }
-                }
-            }
-        };
-        let fetched = tokio::select! {
-            () = leader.stop.cancelled() => break,
-            fetched = reader.fetch(FETCH_MAX, FETCH_WAIT) => fetched,
-            // A pull request does not survive a lost connection (nor a
-            // restarted server): ask again once the link is back.
-            _ = link.changed() => continue,
-        };
-        let deliveries = match fetched {
-            Ok(deliveries) => deliveries,
-            Err(e) => {
-                tracing::debug!("fetching this machine's updates failed: {e}");
-                consumer = None;
+    let mut reading = Reading {
+        triage: Triage::new(leader.store.clone(), leader.access.clone()),
+        backoff: Backoff::new(Duration::from_millis(250), Duration::from_secs(5)),
+        consumer: None,
+        // The first consumer of this process is made afresh: a predecessor
+        // that died (a local failover) may hold deliveries it never
+        // acknowledged.
+        fresh: true,
+        leader,
+        cluster,
+        batches,
+    };
+    reading.run().await
+}
+
+/// This machine's consumer and what reading it needs.
+struct Reading {
+    leader: Arc<Leader>,
+    cluster: Cluster,
+    batches: mpsc::Sender<Batch>,
+    triage: Triage,
+    backoff: Backoff,
+    consumer: Option<NodeConsumer>,
+    fresh: bool,
+}
+
+impl Reading {
+    async fn run(&mut self) -> Result<(), StoreError> {
+        let stop = self.leader.stop.clone();
+        let mut link = self.cluster.link();
+        while !stop.is_cancelled() {
+            if *link.borrow_and_update() == Link::Down {
                 tokio::select! {
-                    () = leader.stop.cancelled() => break,
-                    () = tokio::time::sleep(backoff.step()) => {}
+                    () = stop.cancelled() => break,
+                    _ = link.changed() => continue,
                 }
+            }
+            if self.consumer.is_none() && !self.open().await {
                 continue;
             }
+            let Some(reader) = &self.consumer else {
+                continue;
+            };
+            let fetched = tokio::select! {
+                () = stop.cancelled() => break,
+                fetched = reader.fetch(FETCH_MAX, FETCH_WAIT) => fetched,
+                // A pull request does not survive a lost connection (nor a
+                // restarted server): ask again once the link is back.
+                _ = link.changed() => continue,
+            };
+            match fetched {
+                Ok(deliveries) => {
+                    self.backoff.reset();
+                    if !self.journal(&deliveries).await? {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("fetching this machine's updates failed: {e}");
+                    self.consumer = None;
+                    self.pause().await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens this machine's consumer; false (after a pause) when it cannot.
+    async fn open(&mut self) -> bool {
+        let inbound = self.cluster.inbound();
+        let name = &self.cluster.node().name;
+        let made = tokio::select! {
+            () = self.leader.stop.cancelled() => return false,
+            made = async {
+                if self.fresh {
+                    inbound.fresh_consumer(name).await
+                } else {
+                    inbound.consumer(name).await
+                }
+            } => made,
         };
-        backoff.reset();
+        match made {
+            Ok(made) => {
+                self.fresh = false;
+                self.consumer = Some(made);
+                true
+            }
+            Err(e) => {
+                tracing::debug!("cannot open this machine's consumer: {e}");
+                self.pause().await;
+                false
+            }
+        }
+    }
+
+    async fn pause(&mut self) {
+        tokio::select! {
+            () = self.leader.stop.cancelled() => {}
+            () = tokio::time::sleep(self.backoff.step()) => {}
+        }
+    }
+
+    /// Journals and routes what was fetched, then acknowledges it once it
+    /// is on disk. False when the runtime is shutting down: nothing is
+    /// acknowledged, so JetStream hands the batch out again.
+    async fn journal(&mut self, deliveries: &[Delivery]) -> Result<bool, StoreError> {
         if deliveries.is_empty() {
-            continue;
+            return Ok(true);
         }
         let updates = deliveries.iter().filter_map(|delivery| {
             let decoded = serde_json::from_slice::<Value>(&delivery.payload)
@@ -121,17 +161,16 @@ pub(super) async fn consume(
                 }
             }
         });
-        let batch = triage.sort(updates);
-        let written = leader
+        let batch = self.triage.sort(updates);
+        let written = self
+            .leader
             .store()
             .journal_received_unflushed(batch.journaled.iter().map(|e| &e.update))?;
-        // A runtime shutting down: nothing is acknowledged, so JetStream
-        // hands the batch out again.
-        if !route_then_flush(&batches, batch, written).await? {
-            break;
+        if !route_then_flush(&self.batches, batch, written).await? {
+            return Ok(false);
         }
         // On disk: JetStream may forget them (docs/CLUSTER.md, *Inbound*).
-        let acks = deliveries.iter().map(|d| d.ack());
+        let acks = deliveries.iter().map(Delivery::ack);
         for (delivery, acked) in deliveries.iter().zip(futures::future::join_all(acks).await) {
             if let Err(e) = acked {
                 tracing::debug!(
@@ -140,6 +179,6 @@ pub(super) async fn consume(
                 );
             }
         }
+        Ok(true)
     }
-    Ok(())
 }

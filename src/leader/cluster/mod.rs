@@ -188,6 +188,31 @@ fn leading(leadership: &watch::Receiver<Leadership>, term: Term) -> bool {
     *leadership.borrow() == Leadership::Leading { term }
 }
 
+/// The offset the term polls from: the bot-wide one (the first leader
+/// ever starts from its own). `None`: the term or the leader ended first.
+async fn cluster_offset(
+    leader: &Arc<Leader>,
+    cluster: &Cluster,
+    term: Term,
+    leadership: &mut watch::Receiver<Leadership>,
+) -> Result<Option<Option<i64>>, StoreError> {
+    let mut retry = Backoff::new(Duration::from_millis(250), Duration::from_secs(2));
+    loop {
+        match cluster.claims().offset().await {
+            Ok(Some(offset)) => return Ok(Some(Some(offset))),
+            Ok(None) => return leader.store().offset().map(Some),
+            Err(e) => {
+                tracing::warn!(%term, "cannot read the cluster's offset: {e}");
+                tokio::select! {
+                    () = leader.stop.cancelled() => return Ok(None),
+                    _ = leadership.changed() => if !leading(leadership, term) { return Ok(None) },
+                    () = tokio::time::sleep(retry.step()) => {}
+                }
+            }
+        }
+    }
+}
+
 /// One term of polling: from the cluster's offset, until the lease is
 /// lost, the poller is fenced off, or the leader stops.
 async fn poll_under(
@@ -198,20 +223,8 @@ async fn poll_under(
     batches: &mpsc::Sender<Batch>,
 ) -> Result<(), StoreError> {
     let stop = leader.stop.child_token();
-    // The offset is bot-wide; the first leader ever starts from its own.
-    let offset = loop {
-        match cluster.claims().offset().await {
-            Ok(Some(offset)) => break Some(offset),
-            Ok(None) => break leader.store().offset()?,
-            Err(e) => {
-                tracing::warn!(%term, "cannot read the cluster's offset: {e}");
-                tokio::select! {
-                    () = stop.cancelled() => return Ok(()),
-                    _ = leadership.changed() => if !leading(leadership, term) { return Ok(()) },
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                }
-            }
-        }
+    let Some(offset) = cluster_offset(leader, cluster, term, leadership).await? else {
+        return Ok(());
     };
     let serving = tokio::spawn(calls::serve(
         leader.clone(),

@@ -99,36 +99,7 @@ impl Leader {
             )
         })?;
         let status = self.cluster_status().await?;
-        let machines: Vec<MachinePlan> = status
-            .cluster
-            .iter()
-            .flat_map(|c| &c.machines)
-            .filter(|m| m.answered)
-            .map(|m| {
-                let mut expected: Vec<String> = m
-                    .sessions
-                    .iter()
-                    .filter(|s| s.live)
-                    .map(|s| s.profile_key.clone())
-                    .collect();
-                expected.sort();
-                MachinePlan {
-                    node: m.node.clone(),
-                    epoch: m.epoch.unwrap_or_default(),
-                    expected,
-                }
-            })
-            .collect();
-        let mine = machines.iter().find(|m| m.node == node.name().as_str());
-        let expected = mine.map(|m| m.expected.clone()).unwrap_or_default();
-        let routes: usize = machines.iter().map(|m| m.expected.len()).sum();
-        let plan = Restarting {
-            epoch: self.epoch,
-            expected_instances: routes as u32,
-            expected_routes: routes as u32,
-            expected,
-            machines,
-        };
+        let plan = plan_of(self.epoch, &status, node.name());
         let plan = self.restarting.get_or_init(|| plan).clone();
         let others: Vec<NodeName> = plan
             .machines
@@ -148,6 +119,41 @@ impl Leader {
         );
         self.step_down_for(&plan);
         Ok(plan)
+    }
+}
+
+/// A restart's plan: every machine that answered, with its live sessions
+/// at its current epoch.
+fn plan_of(epoch: Epoch, status: &BusStatus, me: &NodeName) -> Restarting {
+    let machines: Vec<MachinePlan> = status
+        .cluster
+        .iter()
+        .flat_map(|c| &c.machines)
+        .filter(|m| m.answered)
+        .map(|m| {
+            let mut expected: Vec<String> = m
+                .sessions
+                .iter()
+                .filter(|s| s.live)
+                .map(|s| s.profile_key.clone())
+                .collect();
+            expected.sort();
+            MachinePlan {
+                node: m.node.clone(),
+                epoch: m.epoch.unwrap_or_default(),
+                expected,
+            }
+        })
+        .collect();
+    let mine = machines.iter().find(|m| m.node == me.as_str());
+    let expected = mine.map(|m| m.expected.clone()).unwrap_or_default();
+    let routes: usize = machines.iter().map(|m| m.expected.len()).sum();
+    Restarting {
+        epoch,
+        expected_instances: routes as u32,
+        expected_routes: routes as u32,
+        expected,
+        machines,
     }
 }
 
