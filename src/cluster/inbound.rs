@@ -11,8 +11,8 @@ use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::lease::{Term, timed};
-use super::{Cluster, ClusterError, Names, NodeName, REPLICAS, REQUEST_TIMEOUT};
+use super::lease::Term;
+use super::{Cluster, ClusterError, Names, NodeName, REQUEST_TIMEOUT, open_or_create, timed};
 
 /// The header naming the term of the leader that published an update.
 const TERM_HEADER: &str = "Relay-Term";
@@ -39,18 +39,11 @@ pub(super) async fn ensure_stream(
     names: &Names,
 ) -> Result<stream::Stream, ClusterError> {
     let name = names.inbound_stream();
-    if let Ok(stream) = timed(async {
-        js.get_stream(&name)
-            .await
-            .map_err(ClusterError::unreachable)
-    })
-    .await
-    {
-        return Ok(stream);
-    }
-    let mut last = String::new();
-    for replicas in REPLICAS {
-        let config = stream::Config {
+    open_or_create(
+        js,
+        &format!("the stream {name}"),
+        || async { js.get_stream(&name).await },
+        |replicas| stream::Config {
             name: name.clone(),
             description: Some("agent-relay: updates routed to nodes (docs/CLUSTER.md)".into()),
             subjects: vec![format!("relay.{}.in.>", names.bot)],
@@ -62,18 +55,9 @@ pub(super) async fn ensure_stream(
             storage: stream::StorageType::File,
             num_replicas: replicas,
             ..Default::default()
-        };
-        match js.create_stream(config).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e.to_string(),
-        }
-        if let Ok(stream) = js.get_stream(&name).await {
-            return Ok(stream);
-        }
-    }
-    Err(ClusterError::refused(format!(
-        "cannot create the stream {name}: {last}"
-    )))
+        },
+    )
+    .await
 }
 
 /// What one publish came to.
