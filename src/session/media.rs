@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::Session;
 use super::outbound::Outgoing;
 use super::transcribe::transcribe;
+use crate::backoff::Backoff;
 use crate::bus::{Member, MemberError};
 use crate::files::{describe_duration, describe_size};
 use crate::protocol::bus::{BusErrorCode, Deliver, Fetched, FetchedFile};
@@ -104,12 +105,13 @@ fn is_passing(e: &MemberError) -> bool {
 /// under it: the new leader downloads what the old one did not finish.
 async fn fetch(member: &Member, update_id: i64) -> Result<Fetched, MemberError> {
     let mut tries = 1;
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(2));
     loop {
         match member.fetch(update_id).await {
             Err(MemberError::NotConnected) if tries < FETCH_TRIES => {
                 tries += 1;
                 // The member notices the loss a moment after the call did.
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                tokio::time::sleep(backoff.step()).await;
                 let mut states = member.watch();
                 let back = states.wait_for(|s| s.role.is_connected() && s.synced);
                 let _ = tokio::time::timeout(RECONNECT_WAIT, back).await;
