@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+mod asks;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -19,6 +21,9 @@ pub use agent_relay::fake_bot_api::{
 };
 pub use agent_relay::host_client::Direction;
 use agent_relay::host_client::{self, FromSidecar, Incoming, Link};
+// Each test binary uses some of them, as with the rest of this module.
+#[allow(unused_imports)]
+pub use asks::{button, first_button, question, question_in, tap, tap_answer, tap_in};
 
 /// The fake's default token.
 pub const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
