@@ -473,6 +473,12 @@ impl Session {
     }
 
     async fn disconnect(self: &Arc<Self>) -> ExecuteResult {
+        /// The confirmation's buttons (at the terminal, yes and no).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum Disconnect {
+            Delete,
+            Keep,
+        }
         let Some(member) = self.member() else {
             return ExecuteResult::new(false, "This session is not connected to the relay.");
         };
@@ -491,14 +497,20 @@ impl Session {
                     crate::render::escape(&what)
                 ),
                 detail: Some(format!("Delete {what} and disconnect this session?")),
-                options: vec!["🗑 Yes, delete it".into(), "Keep it".into()],
+                options: dialog::Options::new([
+                    (Disconnect::Delete, "🗑 Yes, delete it".into()),
+                    (Disconnect::Keep, "Keep it".into()),
+                ]),
                 free_text: false,
                 timeout: CONFIRM_TIMEOUT,
                 terminal: dialog::Terminal::Confirm,
                 timeout_outcome: "⌛ No answer: nothing changed".into(),
             };
             match self.ask_person(question).await {
-                dialog::Answer::Choice { index: 0, .. } => {}
+                dialog::Answer::Choice {
+                    choice: Disconnect::Delete,
+                    ..
+                } => {}
                 dialog::Answer::Nothing(_, why) => {
                     return ExecuteResult::cancelled(format!(
                         "Disconnect cancelled ({why}); nothing changed."

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
-use super::dialog::{self, Question, Terminal};
+use super::dialog::{self, Options, Question, Terminal};
 use super::outbound::Outgoing;
 use crate::protocol::host::{NotifyLevel, NotifyParams, method};
 
@@ -202,8 +202,9 @@ impl Session {
     }
 }
 
-/// The notice for an answer that did not arrive, or may not have.
-fn notice(unsent: &Unsent) -> Question {
+/// The notice for an answer that did not arrive, or may not have: one
+/// button, so there is no choice to tell apart.
+fn notice(unsent: &Unsent) -> Question<()> {
     let quote = crate::policy::clip(
         crate::render::to_plain(&unsent.html)
             .lines()
@@ -229,7 +230,7 @@ fn notice(unsent: &Unsent) -> Question {
         title: head.into(),
         html,
         detail: None,
-        options: vec!["↻ Send it again".into()],
+        options: Options::new([((), "↻ Send it again".into())]),
         free_text: false,
         timeout: OFFER_FOR,
         terminal: Terminal::No,
