@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::ClaudeEnv;
 use crate::config::{Config, ConfigError};
 use crate::host::HostLink;
-use crate::host_client::{FromSidecar, HostError, Incoming, Link};
+use crate::host_client::{FromSidecar, HostError, Link, Said};
 use crate::protocol::claude::{HookAnswer, HookCall, HookInput};
 use crate::protocol::host::*;
 
@@ -270,9 +270,9 @@ impl Bridge {
     }
 
     /// Answers what the session asks of its host, until it is gone.
-    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Incoming>) {
+    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
         tokio::spawn(async move {
-            while let Some(Incoming { message, .. }) = from.recv().await {
+            while let Some(Said { message, .. }) = from.recv().await {
                 match message {
                     FromSidecar::Request { id, method, params } => {
                         let answer = self.on_session_request(&method, params);

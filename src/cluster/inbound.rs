@@ -72,7 +72,7 @@ pub struct Published {
 
 /// One update for a node, as the leader publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
+pub struct RoutedUpdate {
     pub node: NodeName,
     pub update_id: i64,
     /// Whatever the nodes read (the leader's journal entry, as JSON).
@@ -101,7 +101,7 @@ impl Inbound {
     pub async fn publish(
         &self,
         term: Term,
-        batch: &[Outgoing],
+        batch: &[RoutedUpdate],
     ) -> Result<Vec<Published>, ClusterError> {
         let js = &self.cluster.js;
         let mut acks = Vec::with_capacity(batch.len());

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use super::message::{INTERNAL_ERROR, error_line, result_line};
-use super::outbound::Outbox;
+use super::outbound::ToHost;
 use super::{Handler, RpcError, Service};
 use crate::protocol::host::method;
 
@@ -94,7 +94,7 @@ pub(crate) async fn call<H: Handler>(
 /// Answers one request and queues the answer for the writer.
 pub(crate) async fn answer<S: Service>(
     service: Arc<S>,
-    outbox: Arc<Outbox>,
+    outbox: Arc<ToHost>,
     id: Box<RawValue>,
     method: String,
     params: Option<Box<RawValue>>,

@@ -50,7 +50,7 @@ use crate::framing::{Frame, LineCodec};
 use crate::protocol::host::*;
 pub use dispatch::encode_result;
 use message::{FromHost, SERVER_BUSY, error_line};
-use outbound::{Outbox, PendingEntry};
+use outbound::{PendingEntry, ToHost};
 
 /// Requests from the host answered at the same time, at most.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -252,7 +252,7 @@ impl<R> Future for Pending<R> {
 /// A cheap, cloneable handle for talking to the host.
 #[derive(Clone)]
 pub struct HostLink {
-    outbox: Arc<Outbox>,
+    outbox: Arc<ToHost>,
 }
 
 impl std::fmt::Debug for HostLink {
@@ -467,7 +467,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let outbox = Arc::new(Outbox::new());
+    let outbox = Arc::new(ToHost::new());
     let service = make_service(HostLink {
         outbox: Arc::clone(&outbox),
     });
@@ -500,7 +500,7 @@ where
 /// Routes each classified line to where it belongs.
 struct Demultiplexer<S: Service> {
     service: Arc<S>,
-    outbox: Arc<Outbox>,
+    outbox: Arc<ToHost>,
     /// Requests being answered, each in a task of its own so a long
     /// `command/execute` holds up neither other requests nor the answers to
     /// our own requests that it may be waiting for.
@@ -596,7 +596,7 @@ fn log_join(done: Result<(), JoinError>) {
 }
 
 /// The writer loop: lines from the queue to `output`, one flush per burst.
-async fn write_lines<W: AsyncWrite + Unpin>(output: W, outbox: Arc<Outbox>) {
+async fn write_lines<W: AsyncWrite + Unpin>(output: W, outbox: Arc<ToHost>) {
     let mut sink: FramedWrite<W, LineCodec> = FramedWrite::new(output, LineCodec::default());
     while let Some((batch, bytes)) = outbox.next_batch().await {
         let mut written = Ok(());

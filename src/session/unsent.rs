@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use super::dialog::{self, Options, Question, Terminal};
-use super::outbound::Outgoing;
+use super::outbound::ToTopic;
 use crate::protocol::host::{NotifyLevel, NotifyParams, method};
 
 /// Answers kept to be sent again, at most; the oldest goes first.
@@ -127,7 +127,7 @@ impl Session {
         self.show_undelivered();
         for k in &kept {
             k.withdraw.cancel();
-            self.send_out(Outgoing::Again(k.unsent.html.clone()));
+            self.send_out(ToTopic::Again(k.unsent.html.clone()));
         }
         kept.len()
     }
@@ -187,7 +187,7 @@ impl Session {
                 };
                 match (answered, taken) {
                     // The notice has one button.
-                    (Ok(_), Some(kept)) => self.send_out(Outgoing::Again(kept.unsent.html)),
+                    (Ok(_), Some(kept)) => self.send_out(ToTopic::Again(kept.unsent.html)),
                     (Err(e), Some(_)) => {
                         tracing::debug!("the offer to send an answer again ended: {e}");
                     }

@@ -20,7 +20,7 @@ pub use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
 };
 pub use agent_relay::host_client::Direction;
-use agent_relay::host_client::{self, FromSidecar, Incoming, Link};
+use agent_relay::host_client::{self, FromSidecar, Link, Said};
 // Each test binary uses some of them, as with the rest of this module.
 #[allow(unused_imports)]
 pub use asks::{button, first_button, question, question_in, tap, tap_answer, tap_in};
@@ -147,7 +147,7 @@ impl Sidecar {
             let link = link.clone();
             let auto = options.auto_answer.clone();
             tokio::spawn(async move {
-                while let Some(Incoming { message, .. }) = incoming.recv().await {
+                while let Some(Said { message, .. }) = incoming.recv().await {
                     let value = match message {
                         FromSidecar::NotJson(line) => {
                             inbox.lock().unwrap().garbage.push(line);

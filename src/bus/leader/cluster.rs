@@ -29,7 +29,7 @@ use super::triage::{Journaling, Triaged};
 use super::{Leader, Restarting, remote};
 use crate::backoff::Backoff;
 use crate::cluster::claims::{ClaimKey, SessionClaim};
-use crate::cluster::inbound::Outgoing;
+use crate::cluster::inbound::RoutedUpdate;
 use crate::cluster::lease::{Leadership, Term};
 use crate::cluster::nodes::Question;
 use crate::cluster::{BotId, Cluster, ClusterConfig, ClusterError, Link, NodeName};
@@ -446,7 +446,7 @@ impl ClusterPoll {
                 None => None,
             };
             match node {
-                Some(node) => outgoing.push(Outgoing {
+                Some(node) => outgoing.push(RoutedUpdate {
                     node,
                     update_id: update.update_id,
                     payload: serde_json::to_vec(value).unwrap_or_default().into(),
