@@ -1103,17 +1103,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_replaced_file_has_the_new_bytes_the_callers_mode_and_no_temp_beside_it() {
+    /// A private directory for a file test, and its temporary home.
+    fn private_dir() -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = ensure_private_dir(&tmp.path().join("d")).unwrap();
+        (tmp, dir)
+    }
+
+    #[test]
+    fn a_replaced_file_has_the_new_bytes_the_callers_mode_and_no_temp_beside_it() {
+        let (_tmp, dir) = private_dir();
         let path = dir.join("leader.json");
         replace_file(&path, b"first", 0o600).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"first");
         assert_eq!(mode(&path), 0o600);
-        replace_file(&path, b"second", 0o644).unwrap();
+        replace_file(&path, b"second", 0o664).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
-        assert_eq!(mode(&path), 0o644, "the caller's mode, not the umask's");
+        assert_eq!(mode(&path), 0o664, "the caller's mode, not the umask's");
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -1123,8 +1129,7 @@ mod tests {
 
     #[test]
     fn a_stale_temp_file_is_removed_and_a_planted_link_never_written_through() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ensure_private_dir(&tmp.path().join("d")).unwrap();
+        let (tmp, dir) = private_dir();
         let path = dir.join("config.toml");
         let temp = temp_file_for(&path);
         assert_eq!(temp.parent(), Some(dir.as_path()), "beside the file");
@@ -1143,19 +1148,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_replace_keeps_the_old_file_and_leaves_no_temp() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ensure_private_dir(&tmp.path().join("d")).unwrap();
-        let path = dir.join("settings.json");
-        replace_file(&path, b"old", 0o600).unwrap();
-        // A directory where the file goes: the rename fails after the
-        // temp file was written.
-        let blocked = dir.join("blocked");
+    fn a_failed_replace_leaves_what_was_there_and_no_temp() {
+        let (_tmp, dir) = private_dir();
+        // A directory with something in it where the file goes: the rename
+        // fails after the temp file was written.
+        let blocked = dir.join("settings.json");
         std::fs::create_dir(&blocked).unwrap();
         std::fs::write(blocked.join("inside"), "x").unwrap();
         assert!(replace_file(&blocked, b"new", 0o600).is_err());
         assert!(!temp_file_for(&blocked).exists());
-        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(std::fs::read(blocked.join("inside")).unwrap(), b"x");
     }
 
     #[test]

@@ -64,12 +64,7 @@ pub(super) async fn cas(
     timed(async {
         kv.update(key, value, revision)
             .await
-            .map_err(|e| match e.kind() {
-                kv::UpdateErrorKind::WrongLastRevision => ClusterError::Changed {
-                    key: key.to_string(),
-                },
-                _ => ClusterError::unreachable(e),
-            })
+            .map_err(|e| changed_or_unreachable(key, e))
     })
     .await
 }
@@ -83,14 +78,20 @@ pub(super) async fn delete_at(
     timed(async {
         kv.delete_expect_revision(key, Some(revision))
             .await
-            .map_err(|e| match e.kind() {
-                kv::UpdateErrorKind::WrongLastRevision => ClusterError::Changed {
-                    key: key.to_string(),
-                },
-                _ => ClusterError::unreachable(e),
-            })
+            .map_err(|e| changed_or_unreachable(key, e))
     })
     .await
+}
+
+/// A write at a revision that lost ([`ClusterError::Changed`]), or one
+/// that got no answer.
+fn changed_or_unreachable(key: &str, e: kv::UpdateError) -> ClusterError {
+    match e.kind() {
+        kv::UpdateErrorKind::WrongLastRevision => ClusterError::Changed {
+            key: key.to_string(),
+        },
+        _ => ClusterError::unreachable(e),
+    }
 }
 
 /// A value as stored: its JSON.
