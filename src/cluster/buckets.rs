@@ -24,8 +24,8 @@ pub(super) async fn read<T: DeserializeOwned>(
 ) -> Result<Option<Claimed<T>>, ClusterError> {
     match timed(kv.entry(key)).await? {
         Some(entry) if entry.operation == kv::Operation::Put => {
-            let value =
-                serde_json::from_slice(&entry.value).map_err(|e| ClusterError::decode(key, e))?;
+            let value = serde_json::from_slice(&entry.value)
+                .map_err(|e| ClusterError::unreadable(key, e))?;
             Ok(Some(Claimed {
                 value,
                 revision: entry.revision,
@@ -98,7 +98,7 @@ fn changed_or_unreachable(key: &str, e: kv::UpdateError) -> ClusterError {
 pub(super) fn to_bytes<T: Serialize>(value: &T) -> Result<bytes::Bytes, ClusterError> {
     serde_json::to_vec(value)
         .map(Into::into)
-        .map_err(|e| ClusterError::decode("a value to store", e))
+        .map_err(|e| ClusterError::unreadable("a value to store", e))
 }
 
 impl From<kv::EntryError> for ClusterError {

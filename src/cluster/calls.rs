@@ -62,7 +62,7 @@ impl Calls {
             body: request,
         };
         let payload: Bytes = serde_json::to_vec(&envelope)
-            .map_err(|e| ClusterError::decode("a call", e))?
+            .map_err(|e| ClusterError::unreadable("a call", e))?
             .into();
         let subject = self.cluster.names.call_subject(term);
         let request = async_nats::Request::new()
@@ -79,9 +79,9 @@ impl Calls {
                 _ => CallError::Cluster(ClusterError::unreachable(e)),
             })?;
         let reply: Reply<Resp> = serde_json::from_slice(&answer.payload)
-            .map_err(|e| ClusterError::decode("a call's answer", e))?;
+            .map_err(|e| ClusterError::unreadable("a call's answer", e))?;
         if reply.term != Some(term.0) {
-            return Err(CallError::Cluster(ClusterError::decode(
+            return Err(CallError::Cluster(ClusterError::unreadable(
                 "a call's answer",
                 format!("answered by term {:?} instead of {term}", reply.term),
             )));

@@ -244,14 +244,14 @@ impl NodeConsumer {
             let (stream_sequence, delivered) = {
                 let info = message
                     .info()
-                    .map_err(|e| ClusterError::decode("a delivery", e))?;
+                    .map_err(|e| ClusterError::unreadable("a delivery", e))?;
                 (info.stream_sequence, info.delivered)
             };
             let headers = message.headers.as_ref();
             let update_id = headers
                 .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
                 .and_then(|v| v.as_str().parse().ok())
-                .ok_or_else(|| ClusterError::decode("a delivery", "no update id"))?;
+                .ok_or_else(|| ClusterError::unreadable("a delivery", "no update id"))?;
             let term = headers
                 .and_then(|h| h.get(TERM_HEADER))
                 .and_then(|v| v.as_str().parse().ok())

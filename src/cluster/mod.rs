@@ -102,7 +102,7 @@ impl ClusterError {
         Self::Refused(redact(&e.to_string()).into_owned())
     }
 
-    fn decode(what: &str, e: impl std::fmt::Display) -> Self {
+    fn unreadable(what: &str, e: impl std::fmt::Display) -> Self {
         Self::Decode {
             what: what.to_string(),
             message: redact(&e.to_string()).into_owned(),

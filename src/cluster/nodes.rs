@@ -54,7 +54,7 @@ impl Cluster {
             term: None,
             body: request,
         })
-        .map_err(|e| ClusterError::decode("a question", e))?
+        .map_err(|e| ClusterError::unreadable("a question", e))?
         .into();
         let inbox = self.client.new_inbox();
         let mut answers = self

@@ -134,7 +134,7 @@ impl<Req> Request<Req> {
             node,
             body: response,
         })
-        .map_err(|e| ClusterError::decode("an answer", e))?
+        .map_err(|e| ClusterError::unreadable("an answer", e))?
         .into();
         self.client
             .publish(reply, payload)
