@@ -2,6 +2,7 @@
 //! only parses the command line. This is the binary's edge: errors are
 //! `anyhow` here and nowhere else.
 
+use std::future::Future;
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
@@ -37,7 +38,20 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
+/// What a sidecar that a host spawns (`stdio`, `mcp`) starts from: the
+/// checked directories and configuration, the log, and the runtime.
+struct Sidecar {
+    paths: crate::paths::Paths,
+    config: Result<crate::config::Config, ConfigError>,
+    rt: tokio::runtime::Runtime,
+    _log: Option<logging::LogGuard>,
+}
+
+/// The one prologue of `stdio` and `mcp`. A bad configuration does not stop
+/// the sidecar: it keeps serving its host and shows the problem where the
+/// host shows things; `on_stderr` says which problems also go to stderr
+/// (the log may be the very thing that cannot be written).
+fn sidecar(log_stderr: bool, on_stderr: fn(&ConfigError) -> bool) -> anyhow::Result<Sidecar> {
     let Setup {
         paths,
         dirs_trusted,
@@ -45,28 +59,50 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     } = Setup::from_env(Missing::Create)?;
     // Logging is a convenience: a sidecar that cannot log still serves its
     // host. It never logs into directories that failed the checks.
-    let _log = if dirs_trusted {
-        match logging::init(&paths.log_dir(), log_stderr) {
-            Ok(guard) => Some(guard),
-            Err(e) => {
-                eprintln!("agent-relay: logging disabled: {e}");
-                None
-            }
-        }
+    let log = if dirs_trusted {
+        logging::init(&paths.log_dir(), log_stderr)
+            .map_err(|e| eprintln!("agent-relay: logging disabled: {e}"))
+            .ok()
     } else {
         eprintln!("agent-relay: logging disabled: the relay's directories failed the checks");
         None
     };
-    // The session shows a bad configuration in the status line and keeps
-    // serving the host; an untrusted path also goes to stderr, since the log
-    // may be the very thing that cannot be written.
     if let Err(e) = &config {
         tracing::error!("configuration error: {e}");
-        if matches!(e, ConfigError::Untrusted(_)) {
+        if on_stderr(e) {
             eprintln!("agent-relay: refusing to join the relay: {e}");
         }
     }
-    let rt = runtime()?;
+    Ok(Sidecar {
+        paths,
+        config,
+        rt: runtime()?,
+        _log: log,
+    })
+}
+
+/// Serves until `serve` ends (the host closed stdin) or SIGTERM or SIGINT
+/// arrives; then `serve` is dropped.
+async fn until_stopped(serve: impl Future<Output = std::io::Result<()>>) -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot watch SIGTERM")?;
+    tokio::select! {
+        served = serve => served.context("stdio transport failed")?,
+        _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
+    }
+    Ok(())
+}
+
+pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    // The session shows a bad configuration in the status line; only an
+    // untrusted path also goes to stderr.
+    let Sidecar {
+        paths,
+        config,
+        rt,
+        _log,
+    } = sidecar(log_stderr, |e| matches!(e, ConfigError::Untrusted(_)))?;
     rt.block_on(async move {
         let session: Arc<OnceLock<Arc<Session>>> = Arc::default();
         let slot = session.clone();
@@ -75,14 +111,7 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
             let _ = slot.set(s.clone());
             s
         });
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("cannot watch SIGTERM")?;
-        tokio::select! {
-            served = serve => served.context("stdio transport failed")?,
-            _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
-        }
+        until_stopped(serve).await?;
         if let Some(session) = session.get() {
             session.close().await;
         }
@@ -95,41 +124,23 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
 
 /// `agent-relay mcp`: Claude Code's MCP server, a session of the relay.
 pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
-    let Setup {
+    // Claude Code has no status line for the MCP server: every problem
+    // goes to stderr, which it keeps in its MCP log.
+    let Sidecar {
         paths,
-        dirs_trusted,
         config,
-    } = Setup::from_env(Missing::Create)?;
-    let _log = if dirs_trusted {
-        logging::init(&paths.log_dir(), log_stderr)
-            .map_err(|e| eprintln!("agent-relay: logging disabled: {e}"))
-            .ok()
-    } else {
-        eprintln!("agent-relay: logging disabled: the relay's directories failed the checks");
-        None
-    };
-    if let Err(e) = &config {
-        tracing::error!("configuration error: {e}");
-        eprintln!("agent-relay: {e}");
-    }
+        rt,
+        _log,
+    } = sidecar(log_stderr, |_| true)?;
     let env = crate::claude::ClaudeEnv::from_env();
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let serve =
-            crate::claude::serve(tokio::io::stdin(), tokio::io::stdout(), paths, config, env);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("cannot watch SIGTERM")?;
-        // Claude Code ends its MCP servers with SIGINT (stdin still open).
-        // The serving future is dropped there, so leave the bus explicitly:
-        // the session's drop does not wait.
-        tokio::select! {
-            served = serve => served.context("stdio transport failed")?,
-            _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
-        }
-        anyhow::Ok(())
-    })?;
+    // Claude Code ends its MCP servers with SIGINT (stdin still open).
+    rt.block_on(until_stopped(crate::claude::serve(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        paths,
+        config,
+        env,
+    )))?;
     rt.shutdown_timeout(std::time::Duration::from_millis(500));
     Ok(ExitCode::SUCCESS)
 }
@@ -292,10 +303,7 @@ fn undelivered_by_topic(waiting: &[crate::cluster::nodes::Waiting]) -> Vec<Undel
     use crate::telegram::{Update, UpdateKind};
     let mut out: Vec<Undelivered> = Vec::new();
     for w in waiting {
-        let Ok(update) = serde_json::from_slice(&w.payload)
-            .map_err(|e| e.to_string())
-            .and_then(|v| Update::decode(&v).map_err(|e| e.to_string()))
-        else {
+        let Ok(update) = Update::from_slice(&w.payload) else {
             continue;
         };
         let (UpdateKind::Message(m) | UpdateKind::EditedMessage(m)) = update.kind else {

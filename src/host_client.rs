@@ -50,7 +50,7 @@ pub enum FromSidecar {
 
 /// One thing the sidecar said, and when its line was read.
 #[derive(Debug, Clone)]
-pub struct Incoming {
+pub struct Said {
     pub message: FromSidecar,
     pub at: Instant,
 }
@@ -127,7 +127,7 @@ impl Sidecar {
     /// Spawns `command` with piped stdin and stdout (stderr is left as the
     /// command has it) and starts reading. The receiver yields what the
     /// sidecar says on its own and ends when its stdout closes.
-    pub fn spawn(command: Command) -> Result<(Self, mpsc::UnboundedReceiver<Incoming>), HostError> {
+    pub fn spawn(command: Command) -> Result<(Self, mpsc::UnboundedReceiver<Said>), HostError> {
         Self::spawn_with(command, false)
     }
 
@@ -136,7 +136,7 @@ impl Sidecar {
     pub fn spawn_with(
         mut command: Command,
         record: bool,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Incoming>), HostError> {
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Said>), HostError> {
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -207,7 +207,7 @@ impl Link {
         output: R,
         mut stdin: W,
         record: bool,
-    ) -> (Link, mpsc::UnboundedReceiver<Incoming>)
+    ) -> (Link, mpsc::UnboundedReceiver<Said>)
     where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -241,7 +241,7 @@ impl Link {
                 let message = match serde_json::from_str::<Value>(&line) {
                     Ok(message) => message,
                     Err(_) => {
-                        let _ = events.send(Incoming {
+                        let _ = events.send(Said {
                             message: FromSidecar::NotJson(line),
                             at,
                         });
@@ -253,7 +253,7 @@ impl Link {
                 }
                 if let Some(message) = route(message, &waiting) {
                     // Nobody listening is fine: responses still matter.
-                    let _ = events.send(Incoming { message, at });
+                    let _ = events.send(Said { message, at });
                 }
             }
             // Every request still waiting learns the sidecar is gone.

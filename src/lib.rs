@@ -9,7 +9,8 @@
 //! The major components, in the order data flows through them:
 //!
 //! * `host` — NDJSON framing on stdio, the demultiplexer in front of the
-//!   jsonrpsee dispatcher, and outbound requests to the host with timeouts.
+//!   method table (params parsed once, with jsonrpsee's types), and
+//!   outbound requests to the host with timeouts.
 //!   It knows nothing of Telegram or the bus.
 //! * `session` — one agent session: its binding, transport and sync facts,
 //!   the status line, host events into relay actions, deliveries into prompts.

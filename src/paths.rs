@@ -285,7 +285,7 @@ enum Role {
 }
 
 fn untrusted(path: &Path, reason: Distrust, role: Role) -> UntrustedPath {
-    let quoted = shell_quote(path);
+    let quoted = shell_quote(&path.display().to_string());
     let elsewhere = "set AGENT_RELAY_HOME to a directory you own";
     let fix = match (&reason, role) {
         (Distrust::Owner { .. }, Role::Own | Role::Shared) => {
@@ -322,14 +322,16 @@ fn io_error(path: &Path, error: &io::Error, role: Role) -> UntrustedPath {
     untrusted(path, Distrust::Io(error.to_string()), role)
 }
 
-/// `path` quoted for a shell, for the commands in fixes.
-fn shell_quote(path: &Path) -> String {
-    let text = path.display().to_string();
-    if text
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c))
+/// `text` (a path) quoted for a POSIX shell: as it is when every character
+/// is one no shell treats specially, else in single quotes. For the
+/// commands in fixes, and the hook commands Claude Code runs.
+pub fn shell_quote(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:@".contains(c))
     {
-        text
+        text.to_string()
     } else {
         format!("'{}'", text.replace('\'', r"'\''"))
     }
@@ -591,6 +593,65 @@ pub fn create_private_file(path: &Path) -> Result<File, UntrustedPath> {
         .map_err(|e| open_error(path, e))?;
     check_open_file(path, &file, true)?;
     Ok(file)
+}
+
+/// Serializes this process's [`replace_file`] calls: with the pid in the
+/// temp file's name, no two writers anywhere share one.
+static REPLACING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Where [`replace_file`] writes before the rename: beside `path` (a rename
+/// across file systems would not be atomic), hidden, named for the file and
+/// this process.
+pub fn temp_file_for(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Replaces `path` with `bytes` atomically: a reader sees the old file or
+/// the new one, never a part, and after a crash the new one is there once
+/// this returned. The one file writer of the relay (`leader.json`,
+/// `config.toml`, Claude Code's settings).
+///
+/// The temp file ([`temp_file_for`]) is created afresh with `O_NOFOLLOW`,
+/// so a link planted there is never written through; a leftover there (of
+/// a dead process that had our pid) is removed first, and ours is removed
+/// on any failure. It gets `mode` exactly, whatever the umask (0600 for
+/// the relay's private files), is written and synced, renamed over `path`,
+/// and the directory is synced so the rename itself is on disk.
+pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    let _one_at_a_time = REPLACING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let temp = temp_file_for(path);
+    match std::fs::remove_file(&temp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)
+            .map_err(|e| io::Error::from(open_error(&temp, e)))?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
 }
 
 /// Checks a file of the relay that something else opens (the SQLite store):
@@ -1042,9 +1103,68 @@ mod tests {
         }
     }
 
+    /// A private directory for a file test, and its temporary home.
+    fn private_dir() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ensure_private_dir(&tmp.path().join("d")).unwrap();
+        (tmp, dir)
+    }
+
+    #[test]
+    fn a_replaced_file_has_the_new_bytes_the_callers_mode_and_no_temp_beside_it() {
+        let (_tmp, dir) = private_dir();
+        let path = dir.join("leader.json");
+        replace_file(&path, b"first", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        assert_eq!(mode(&path), 0o600);
+        replace_file(&path, b"second", 0o664).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        assert_eq!(mode(&path), 0o664, "the caller's mode, not the umask's");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["leader.json"], "no temp file is left");
+    }
+
+    #[test]
+    fn a_stale_temp_file_is_removed_and_a_planted_link_never_written_through() {
+        let (tmp, dir) = private_dir();
+        let path = dir.join("config.toml");
+        let temp = temp_file_for(&path);
+        assert_eq!(temp.parent(), Some(dir.as_path()), "beside the file");
+        std::fs::write(&temp, "left by a dead process").unwrap();
+        replace_file(&path, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert!(!temp.exists());
+
+        let target = tmp.path().join("elsewhere");
+        std::fs::write(&target, "theirs").unwrap();
+        std::os::unix::fs::symlink(&target, &temp).unwrap();
+        replace_file(&path, b"newer", 0o600).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "theirs");
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+        assert_eq!(std::fs::read(&path).unwrap(), b"newer");
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_what_was_there_and_no_temp() {
+        let (_tmp, dir) = private_dir();
+        // A directory with something in it where the file goes: the rename
+        // fails after the temp file was written.
+        let blocked = dir.join("settings.json");
+        std::fs::create_dir(&blocked).unwrap();
+        std::fs::write(blocked.join("inside"), "x").unwrap();
+        assert!(replace_file(&blocked, b"new", 0o600).is_err());
+        assert!(!temp_file_for(&blocked).exists());
+        assert_eq!(std::fs::read(blocked.join("inside")).unwrap(), b"x");
+    }
+
     #[test]
     fn fixes_quote_paths_for_the_shell() {
-        assert_eq!(shell_quote(Path::new("/a/b-c.d")), "/a/b-c.d");
-        assert_eq!(shell_quote(Path::new("/a b/it's")), r"'/a b/it'\''s'");
+        assert_eq!(shell_quote("/a/b-c.d"), "/a/b-c.d");
+        assert_eq!(shell_quote("/a b/it's"), r"'/a b/it'\''s'");
+        assert_eq!(shell_quote("$(rm -rf ~)"), "'$(rm -rf ~)'");
+        assert_eq!(shell_quote(""), "''");
     }
 }

@@ -9,8 +9,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
-use common::{CHAT, Options, Sidecar, USER, WAIT, connected, topic};
+use agent_relay::fake_bot_api::{FakeServer, SentMessage};
+use common::{
+    CHAT, Options, Sidecar, USER, WAIT, button, connected, question, tap, tap_answer, topic,
+};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -58,63 +60,6 @@ fn bash(command: &str, from_telegram: bool) -> Value {
         "input": {"command": command},
         "fromTelegram": from_telegram,
     })
-}
-
-/// Waits for the message with buttons in `thread` whose text has `needle`.
-async fn question(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
-    fake.api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| panic!("no question with {needle:?} in thread {thread}"))
-}
-
-/// The callback data of the button whose label contains `label`.
-fn button(message: &SentMessage, label: &str) -> String {
-    let rows = message.reply_markup.as_ref().expect("buttons")["inline_keyboard"]
-        .as_array()
-        .expect("rows")
-        .clone();
-    rows.iter()
-        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
-        .find(|b| b["text"].as_str().is_some_and(|t| t.contains(label)))
-        .and_then(|b| b["callback_data"].as_str().map(String::from))
-        .unwrap_or_else(|| panic!("no button {label:?} in {rows:?}"))
-}
-
-fn tap(fake: &FakeServer, message: &SentMessage, thread: i64, user: i64, data: &str) -> String {
-    fake.api()
-        .inject_callback_query(CallbackInject {
-            chat_id: CHAT,
-            thread_id: Some(thread),
-            user_id: user,
-            message_id: message.message_id,
-            data: data.into(),
-        })
-        .1
-}
-
-/// The bot's answer to the tap `id`, once it answered.
-async fn tap_answer(fake: &FakeServer, id: &str) -> String {
-    fake.api()
-        .wait_until(
-            |api| {
-                api.callback_queries()
-                    .into_iter()
-                    .find(|q| q.callback_query_id == id)
-                    .and_then(|q| q.answer)
-                    .map(|a| a.text.unwrap_or_default())
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| panic!("the tap {id} was never answered"))
 }
 
 async fn answered(rx: oneshot::Receiver<Value>) -> Value {
@@ -219,19 +164,8 @@ async fn nobody_answering_denies_after_the_timeout_and_the_message_says_so() {
         shown.plain_text
     );
     // A tap after that changes nothing and is told so.
-    let late = tap(
-        &fake,
-        &asked,
-        thread,
-        USER,
-        &button_of_history(&asked, "Allow"),
-    );
+    let late = tap(&fake, &asked, thread, USER, &button(&asked, "Allow"));
     assert_eq!(tap_answer(&fake, &late).await, "Already answered.");
-}
-
-/// The buttons a message had when it was sent (they are gone once settled).
-fn button_of_history(message: &SentMessage, label: &str) -> String {
-    button(message, label)
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use common::{FakeServer, Options, Sidecar, connected, home};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
@@ -79,7 +79,7 @@ async fn next_ack(reader: &mut wire::WireReader) -> Ack {
             .expect("the leader answers")
             .expect("read");
         match frame {
-            Some(Incoming::Envelope(FromLeader::Ack(ack))) => return ack,
+            Some(Received::Envelope(FromLeader::Ack(ack))) => return ack,
             Some(_) => continue,
             None => panic!("the leader closed the connection"),
         }

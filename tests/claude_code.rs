@@ -10,8 +10,11 @@ mod common;
 use std::path::Path;
 use std::process::Stdio;
 
-use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
-use common::{CHAT, Options, Sidecar, USER, WAIT, connected, inject, topic, wait_topic_text};
+use agent_relay::fake_bot_api::FakeServer;
+use common::{
+    CHAT, Options, Sidecar, USER, WAIT, button, connected, inject, question, tap, topic,
+    wait_topic_text,
+};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
@@ -132,39 +135,6 @@ async fn run_hook(
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
-}
-
-async fn question(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
-    fake.api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| panic!("no question with {needle:?} in thread {thread}"))
-}
-
-fn tap(fake: &FakeServer, message: &SentMessage, thread: i64, label: &str) {
-    let rows = message.reply_markup.as_ref().expect("buttons")["inline_keyboard"].clone();
-    let data = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
-        .find(|b| b["text"].as_str().is_some_and(|t| t.contains(label)))
-        .and_then(|b| b["callback_data"].as_str().map(String::from))
-        .unwrap_or_else(|| panic!("no button {label:?} in {rows}"));
-    fake.api().inject_callback_query(CallbackInject {
-        chat_id: CHAT,
-        thread_id: Some(thread),
-        user_id: USER,
-        message_id: message.message_id,
-        data,
-    });
 }
 
 async fn wait_topic(fake: &FakeServer, name: &str) -> i64 {
@@ -291,7 +261,7 @@ async fn the_channel_permission_relay_and_the_permission_tool_ask_the_phone() {
     );
     let asked = question(&fake, thread, "rm -rf build").await;
     assert!(asked.plain_text.contains("Bash"), "{}", asked.plain_text);
-    tap(&fake, &asked, thread, "Deny");
+    tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
     let answered = s
         .wait_for("the permission verdict", |m| {
             m["method"] == "notifications/claude/channel/permission"
@@ -308,7 +278,7 @@ async fn the_channel_permission_relay_and_the_permission_tool_ask_the_phone() {
         json!({"name": "permission", "arguments": {"tool_name": "Bash", "input": {"command": "touch x"}, "tool_use_id": "toolu_9"}}),
     );
     let asked = question(&fake, thread, "touch x").await;
-    tap(&fake, &asked, thread, "✅ Allow");
+    tap(&fake, &asked, thread, USER, &button(&asked, "✅ Allow"));
     let response = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
     let verdict: Value = serde_json::from_str(&text_of(&response["result"])).unwrap();
     assert_eq!(
@@ -430,7 +400,7 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
     let waiting = run_hook(&home_path, fake_ref, "7", "PermissionRequest", &permission);
     let tapping = async {
         let asked = question(&fake, thread, "touch x").await;
-        tap(&fake, &asked, thread, "✅ Allow");
+        tap(&fake, &asked, thread, USER, &button(&asked, "✅ Allow"));
         asked.message_id
     };
     let ((out, _), first) = tokio::join!(waiting, tapping);
@@ -457,7 +427,7 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
             )
             .await
             .expect("the second permission question");
-        tap(&fake, &asked, thread, "Deny");
+        tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
     };
     let ((out, _), ()) = tokio::join!(waiting, tapping);
     let decision: Value = serde_json::from_str(&out).unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agent_relay::cluster::calls::CallError;
 use agent_relay::cluster::claims::ClaimKey;
-use agent_relay::cluster::inbound::Outgoing;
+use agent_relay::cluster::inbound::RoutedUpdate;
 use agent_relay::cluster::lease::{LEASE_TIME, Leadership, Term};
 use agent_relay::cluster::{
     BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, Link, NatsCredentials, NatsUrl,
@@ -297,8 +297,8 @@ async fn a_stale_holders_write_is_refused_by_its_term() {
     drop(b_keeper);
 }
 
-fn update(node: &str, id: i64) -> Outgoing {
-    Outgoing {
+fn update(node: &str, id: i64) -> RoutedUpdate {
+    RoutedUpdate {
         node: NodeName::parse(node).unwrap(),
         update_id: id,
         payload: format!("{{\"update\":{id}}}").into_bytes().into(),
@@ -360,7 +360,7 @@ async fn a_node_that_was_off_gets_its_backlog_in_order_and_only_its_own() {
         assert_eq!(got.iter().map(|d| d.update_id).collect::<Vec<_>>(), [1, 2]);
     }
     // Meanwhile: B's messages and C's.
-    let backlog: Vec<Outgoing> = (3..=40)
+    let backlog: Vec<RoutedUpdate> = (3..=40)
         .map(|id| update(if id % 3 == 0 { "c" } else { "b" }, id))
         .collect();
     leader.inbound().publish(Term(1), &backlog).await.unwrap();
@@ -484,7 +484,7 @@ async fn a_three_server_nats_cluster_survives_losing_one() {
         .unwrap();
     // A fresh cluster may still be electing the stream's own leader.
     let start = Instant::now();
-    let first: Vec<Outgoing> = (1..=10).map(|id| update("b", id)).collect();
+    let first: Vec<RoutedUpdate> = (1..=10).map(|id| update("b", id)).collect();
     while let Err(e) = a.inbound().publish(term, &first).await {
         assert!(start.elapsed() < WAIT, "cannot publish: {e}");
         tokio::time::sleep(Duration::from_millis(200)).await;

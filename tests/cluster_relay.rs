@@ -631,31 +631,15 @@ async fn a_tap_reaches_the_machine_whose_session_asked() {
             "fromTelegram": true,
         }),
     );
-    let asked = fake
-        .api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains("rm -rf build"))
-            },
-            WAIT,
-        )
-        .await
-        .expect("the question is posted in the asker's topic");
-    let allow = asked.reply_markup.as_ref().unwrap()["inline_keyboard"][0][0]["callback_data"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (_, tap) = fake
-        .api()
-        .inject_callback_query(agent_relay::fake_bot_api::CallbackInject {
-            chat_id: CHAT,
-            thread_id: Some(thread),
-            user_id: USER,
-            message_id: asked.message_id,
-            data: allow,
-        });
+    // Posted in the asker's topic.
+    let asked = common::question(&fake, thread, "rm -rf build").await;
+    let tap = common::tap(
+        &fake,
+        &asked,
+        thread,
+        USER,
+        &common::button(&asked, "Allow"),
+    );
     let answer = tokio::time::timeout(WAIT, decision)
         .await
         .expect("the host's request is answered")

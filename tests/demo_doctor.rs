@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_relay::fake_bot_api::BotRights;
-use agent_relay::host_client::{FromSidecar, Incoming, Sidecar};
+use agent_relay::host_client::{FromSidecar, Said, Sidecar};
 use common::{CHAT, FakeServer, SECRET, USER, WAIT};
 use serde_json::json;
 use tokio::process::Command;
@@ -194,7 +194,7 @@ async fn doctor_finds_the_running_leader() {
         .notify("initialized", json!({}))
         .expect("initialized");
     tokio::time::timeout(WAIT, async {
-        while let Some(Incoming { message, .. }) = incoming.recv().await {
+        while let Some(Said { message, .. }) = incoming.recv().await {
             if let FromSidecar::Notification { method, params } = message
                 && method == "ui/setStatus"
                 && params["text"]

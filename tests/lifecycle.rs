@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use agent_relay::fake_bot_api::{Fault, TopicInfo};
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use common::{CHAT, FakeServer, Options, Sidecar, WAIT, connected};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
@@ -338,7 +338,7 @@ async fn raw_register(
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 1).await;
-    let registered = ack.decode().expect("registered");
+    let registered = ack.into_result().expect("registered");
     (reader, writer, registered)
 }
 
@@ -349,7 +349,7 @@ async fn next_ack(reader: &mut wire::WireReader, id: u64) -> Ack {
             .expect("an answer")
             .unwrap()
         {
-            Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => return ack,
+            Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => return ack,
             Some(_) => continue,
             None => panic!("connection closed"),
         }
@@ -391,10 +391,10 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
             .expect("an answer")
             .unwrap();
         match frame {
-            Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(2) => {
+            Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(2) => {
                 disconnect = Some(ack)
             }
-            Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(3) => {
+            Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(3) => {
                 register = Some(ack)
             }
             Some(_) => {}
@@ -403,7 +403,7 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
     }
     let (disconnect, register) = (disconnect.unwrap(), register.unwrap());
     assert!(register.outcome.is_ok(), "{register:?}");
-    let now: Registered = register.decode().unwrap();
+    let now: Registered = register.into_result().unwrap();
     let live_thread = now.route.target.expect("a topic").thread_id;
     let deleted = |t: i64| {
         fake.api()
@@ -449,7 +449,7 @@ async fn reconcile_rejects_routes_the_session_does_not_own() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 2).await;
-    let answer: Reconciled = ack.decode().unwrap();
+    let answer: Reconciled = ack.into_result().unwrap();
     assert_eq!(answer.accepted, vec!["mine".to_string()]);
     assert_eq!(answer.rejected.len(), 2);
     assert!(

@@ -11,12 +11,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_relay::fake_bot_api::{
-    BotRights, CallbackInject, Fault, MediaInject, MediaKind, SentMessage, UserMessage,
-};
+use agent_relay::fake_bot_api::{BotRights, Fault, MediaInject, MediaKind, UserMessage};
 use common::{
-    CHAT, FakeServer, Options, Sidecar, USER, WAIT, connected, inject, session, topic, wait_prompt,
-    wait_topic_text,
+    CHAT, FakeServer, Options, Sidecar, USER, WAIT, connected, first_button, inject, question,
+    session, tap, topic, wait_prompt, wait_topic_text,
 };
 use serde_json::{Value, json};
 
@@ -43,41 +41,6 @@ fn texts_in(fake: &FakeServer, thread: Option<i64>) -> Vec<String> {
         .into_iter()
         .map(|m| m.plain_text)
         .collect()
-}
-
-/// The first message of `thread` with a button whose text contains `needle`.
-async fn with_button(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
-    fake.api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
-            },
-            WAIT,
-        )
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "no message with buttons and {needle:?}: {:?}",
-                texts(fake, thread)
-            )
-        })
-}
-
-fn tap_first_button(fake: &FakeServer, message: &SentMessage, thread: i64) {
-    let data =
-        message.reply_markup.as_ref().expect("buttons")["inline_keyboard"][0][0]["callback_data"]
-            .as_str()
-            .expect("callback data")
-            .to_string();
-    fake.api().inject_callback_query(CallbackInject {
-        chat_id: CHAT,
-        thread_id: Some(thread),
-        user_id: USER,
-        message_id: message.message_id,
-        data,
-    });
 }
 
 /// Waits until `count` messages of `thread` satisfy `pred`.
@@ -200,7 +163,7 @@ async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
         fake.api().inject_fault("sendMessage", fault, 1);
     }
     answer(&s, "the plan is ready");
-    let notice = with_button(&fake, thread, "An answer may be missing").await;
+    let notice = question(&fake, thread, "An answer may be missing").await;
     assert!(
         notice.plain_text.contains("server error 500")
             && notice.plain_text.contains("“the plan is ready”")
@@ -221,7 +184,7 @@ async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
         "429, 429, then 500: never a fourth try by itself"
     );
 
-    tap_first_button(&fake, &notice, thread);
+    tap(&fake, &notice, thread, USER, &first_button(&notice));
     wait_count(&fake, thread, 1, |t| t == "the plan is ready").await;
     let settled = fake
         .api()
@@ -244,7 +207,7 @@ async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
     fake.api()
         .inject_fault("sendMessage", Fault::ServerError { code: 502 }, 1);
     answer(&s, "the tests pass");
-    let notice = with_button(&fake, thread, "“the tests pass”").await;
+    let notice = question(&fake, thread, "“the tests pass”").await;
     inject(&fake, Some(thread), USER, "/resend");
     wait_count(&fake, thread, 1, |t| t == "the tests pass").await;
     fake.api()
@@ -284,7 +247,7 @@ async fn an_answer_the_topic_cannot_take_is_told_to_the_host_and_the_status_line
 
     fake.api().clear_faults();
     answer(&s, "now it works");
-    let offer = with_button(&fake, thread, "“nobody hears this yet”").await;
+    let offer = question(&fake, thread, "“nobody hears this yet”").await;
     assert!(
         offer.plain_text.contains("An answer could not be sent"),
         "{}",

@@ -9,7 +9,6 @@ mod common;
 
 use std::path::Path;
 
-use agent_relay::fake_bot_api::CallbackInject;
 use common::{
     CHAT, FakeServer, Options, Sidecar, USER, WAIT, accepting, connected, inject_in, prompts,
     start, topic_in, wait_prompt, wait_topic_text_in,
@@ -302,27 +301,10 @@ async fn a_tool_call_is_approved_from_the_private_topic() {
         "approval/request",
         json!({"toolCallId": "c1", "tool": "bash", "input": {"command": "make deploy"}, "fromTelegram": true}),
     );
-    let asked = fake
-        .api()
-        .wait_until(
-            |api| {
-                api.messages(USER, Some(thread))
-                    .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains("make deploy"))
-            },
-            WAIT,
-        )
-        .await
-        .expect("the approval is asked in the private topic");
-    let allow = asked.reply_markup.as_ref().unwrap()["inline_keyboard"][0][0].clone();
-    assert!(allow["text"].as_str().unwrap().contains("Allow"), "{allow}");
-    fake.api().inject_callback_query(CallbackInject {
-        chat_id: USER,
-        thread_id: Some(thread),
-        user_id: USER,
-        message_id: asked.message_id,
-        data: allow["callback_data"].as_str().unwrap().into(),
-    });
+    // Asked in the private topic.
+    let asked = common::question_in(&fake, USER, thread, "make deploy").await;
+    let allow = common::button(&asked, "Allow");
+    common::tap_in(&fake, USER, &asked, thread, USER, &allow);
     let answer = tokio::time::timeout(WAIT, decision)
         .await
         .expect("decided in time")

@@ -4,7 +4,7 @@
 
 use agent_relay::framing::{Frame, LineCodec};
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use bytes::BytesMut;
 use proptest::prelude::*;
 use serde::Serialize;
@@ -551,16 +551,16 @@ fn check_decode<T>(line: &str) -> Result<(), TestCaseError>
 where
     T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
 {
-    match wire::decode::<T>(line) {
-        Incoming::Envelope(envelope) => {
+    match wire::parse_line::<T>(line) {
+        Received::Envelope(envelope) => {
             // Whatever is accepted re-encodes to something accepted as the same.
             let text = serde_json::to_string(&envelope).expect("envelopes encode");
-            match wire::decode::<T>(&text) {
-                Incoming::Envelope(again) => prop_assert_eq!(again, envelope),
+            match wire::parse_line::<T>(&text) {
+                Received::Envelope(again) => prop_assert_eq!(again, envelope),
                 other => prop_assert!(false, "{text} does not decode again: {other:?}"),
             }
         }
-        Incoming::Malformed { id, error } => {
+        Received::Malformed { id, error } => {
             // A bad request keeps its id so the answer can name it.
             let sent = serde_json::from_str::<Value>(line)
                 .ok()
@@ -568,7 +568,7 @@ where
             prop_assert_eq!(id, sent);
             prop_assert!(error.starts_with("malformed envelope"), "{}", error);
         }
-        Incoming::Oversized => prop_assert!(false, "decode never reports a size"),
+        Received::Oversized => prop_assert!(false, "decode never reports a size"),
     }
     Ok(())
 }
@@ -578,8 +578,8 @@ proptest! {
     fn valid_envelopes_to_the_leader_round_trip(envelope in to_leader()) {
         let line = serde_json::to_string(&envelope).expect("encodes");
         prop_assert!(!line.contains('\n'), "an envelope is one line");
-        match wire::decode::<ToLeader>(&line) {
-            Incoming::Envelope(decoded) => prop_assert_eq!(decoded, envelope),
+        match wire::parse_line::<ToLeader>(&line) {
+            Received::Envelope(decoded) => prop_assert_eq!(decoded, envelope),
             other => prop_assert!(false, "{line} was refused: {other:?}"),
         }
     }
@@ -588,8 +588,8 @@ proptest! {
     fn valid_envelopes_from_the_leader_round_trip(envelope in from_leader()) {
         let line = serde_json::to_string(&envelope).expect("encodes");
         prop_assert!(!line.contains('\n'), "an envelope is one line");
-        match wire::decode::<FromLeader>(&line) {
-            Incoming::Envelope(decoded) => prop_assert_eq!(decoded, envelope),
+        match wire::parse_line::<FromLeader>(&line) {
+            Received::Envelope(decoded) => prop_assert_eq!(decoded, envelope),
             other => prop_assert!(false, "{line} was refused: {other:?}"),
         }
     }

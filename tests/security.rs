@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use agent_relay::fake_bot_api::{Fault, Inject, TopicInfo};
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use common::{CHAT, FakeServer, Options, SECRET, Sidecar, TOKEN, USER, WAIT};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
@@ -386,7 +386,7 @@ impl RawFollower {
             })
             .await;
         assert!(ack.outcome.is_ok(), "register: {ack:?}");
-        let registered: Registered = ack.decode().expect("Registered");
+        let registered: Registered = ack.into_result().expect("Registered");
         me.route = registered.route;
         me
     }
@@ -404,7 +404,7 @@ impl RawFollower {
                 .expect("the leader answers in time")
                 .expect("read");
             match frame {
-                Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => {
+                Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => {
                     return ack;
                 }
                 Some(_) => continue,
@@ -526,7 +526,7 @@ async fn a_follower_cannot_make_the_leader_act_outside_its_topic() {
             .expect("an answer")
             .expect("read")
         {
-            Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(92) => break ack,
+            Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(92) => break ack,
             Some(_) => continue,
             None => panic!("closed"),
         }
@@ -634,7 +634,7 @@ async fn a_generation_jump_cannot_take_over_another_session() {
     let status: BusStatus = raw
         .request(|id, _| ToLeader::Status(StatusQuery { id, cluster: false }))
         .await
-        .decode()
+        .into_result()
         .expect("status");
     let target = status
         .sessions

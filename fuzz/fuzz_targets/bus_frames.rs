@@ -1,5 +1,5 @@
 //! The bus frame decoder: arbitrary bytes through `LineCodec` in arbitrary
-//! chunks, then every line through `wire::decode` as both directions'
+//! chunks, then every line through `wire::parse_line` as both directions'
 //! envelopes. Nothing may panic, and whatever decodes must survive a round
 //! trip through its own encoding (what the leader reads is what a follower
 //! could have written).
@@ -8,7 +8,7 @@
 
 use agent_relay::framing::{Frame, LineCodec};
 use agent_relay::protocol::bus::{FromLeader, ToLeader};
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;
@@ -50,10 +50,10 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(line: &str) {
-    if let Incoming::Envelope(envelope) = wire::decode::<T>(line) {
+    if let Received::Envelope(envelope) = wire::parse_line::<T>(line) {
         let text = serde_json::to_string(&envelope).expect("an envelope encodes");
-        match wire::decode::<T>(&text) {
-            Incoming::Envelope(again) => assert_eq!(again, envelope, "{text}"),
+        match wire::parse_line::<T>(&text) {
+            Received::Envelope(again) => assert_eq!(again, envelope, "{text}"),
             other => panic!("{text} does not decode again: {other:?}"),
         }
     }

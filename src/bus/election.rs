@@ -14,7 +14,7 @@
 //! socket runs as the same user ([`check_peer_is_me`]).
 
 use std::fs::{File, TryLockError};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use interprocess::local_socket::tokio::Stream;
@@ -26,8 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::Epoch;
 use crate::paths::{
-    Missing, UntrustedPath, check_dir, create_private_file, euid, open_private_file,
-    open_private_rw,
+    Missing, UntrustedPath, check_dir, euid, open_private_file, open_private_rw, replace_file,
 };
 
 /// The files of one bot's bus.
@@ -205,23 +204,10 @@ impl LeaderLock {
             .create_tokio()
     }
 
-    /// Writes `leader.json` atomically (a fresh 0600 temp file + rename).
+    /// Writes `leader.json` atomically and 0600 ([`replace_file`]).
     pub fn write_info(&self, info: &LeaderInfo) -> io::Result<()> {
-        let tmp = self
-            .dir
-            .dir
-            .join(format!(".leader.json.{}", std::process::id()));
-        // A leftover of a dead process with our pid; never written through.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        {
-            let mut file = create_private_file(&tmp)?;
-            file.write_all(&serde_json::to_vec_pretty(info).map_err(io::Error::other)?)?;
-            file.sync_all()?;
-        }
-        std::fs::rename(&tmp, self.dir.leader_file())
+        let text = serde_json::to_vec_pretty(info).map_err(io::Error::other)?;
+        replace_file(&self.dir.leader_file(), &text, 0o600)
     }
 
     /// Removes the control files before the lock is released on purpose.

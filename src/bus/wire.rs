@@ -16,7 +16,7 @@ use crate::framing::{Frame, LineCodec};
 
 /// What came off the wire.
 #[derive(Debug)]
-pub enum Incoming<T> {
+pub enum Received<T> {
     Envelope(T),
     /// A line that is not a valid envelope; `id` is echoed when it could be read.
     Malformed {
@@ -82,30 +82,30 @@ pub fn split(stream: Stream) -> (WireReader, WireWriter) {
 
 impl WireReader {
     /// The next envelope; `Ok(None)` at EOF.
-    pub async fn recv<T: DeserializeOwned>(&mut self) -> io::Result<Option<Incoming<T>>> {
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> io::Result<Option<Received<T>>> {
         let Some(frame) = self.inner.next().await.transpose()? else {
             return Ok(None);
         };
         Ok(Some(match frame {
-            Frame::Line(line) => decode(&line),
-            Frame::NotUtf8 => Incoming::Malformed {
+            Frame::Line(line) => parse_line(&line),
+            Frame::NotUtf8 => Received::Malformed {
                 id: None,
                 error: "frame is not UTF-8".into(),
             },
-            Frame::Oversized { .. } => Incoming::Oversized,
+            Frame::Oversized { .. } => Received::Oversized,
         }))
     }
 }
 
 /// Decodes one line into an envelope, keeping the request id of a bad one.
-pub fn decode<T: DeserializeOwned>(line: &str) -> Incoming<T> {
+pub fn parse_line<T: DeserializeOwned>(line: &str) -> Received<T> {
     match serde_json::from_str::<T>(line) {
-        Ok(envelope) => Incoming::Envelope(envelope),
+        Ok(envelope) => Received::Envelope(envelope),
         Err(e) => {
             let id = serde_json::from_str::<serde_json::Value>(line)
                 .ok()
                 .and_then(|v| v.get("id").and_then(serde_json::Value::as_u64));
-            Incoming::Malformed {
+            Received::Malformed {
                 id,
                 error: format!("malformed envelope: {e}"),
             }
@@ -141,16 +141,16 @@ mod tests {
 
     #[test]
     fn malformed_envelopes_keep_their_id() {
-        match decode::<ToLeader>(r#"{"kind":"heartbeat","id":5}"#) {
-            Incoming::Malformed { id, error } => {
+        match parse_line::<ToLeader>(r#"{"kind":"heartbeat","id":5}"#) {
+            Received::Malformed { id, error } => {
                 assert_eq!(id, Some(5));
                 assert!(error.contains("generation"), "{error}");
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            decode::<ToLeader>("not json"),
-            Incoming::Malformed { id: None, .. }
+            parse_line::<ToLeader>("not json"),
+            Received::Malformed { id: None, .. }
         ));
     }
 }

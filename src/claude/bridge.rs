@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::ClaudeEnv;
 use crate::config::{Config, ConfigError};
 use crate::host::HostLink;
-use crate::host_client::{FromSidecar, HostError, Incoming, Link};
+use crate::host_client::{FromSidecar, HostError, Link, Said};
 use crate::protocol::claude::{HookAnswer, HookCall, HookInput};
 use crate::protocol::host::*;
 
@@ -270,9 +270,9 @@ impl Bridge {
     }
 
     /// Answers what the session asks of its host, until it is gone.
-    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Incoming>) {
+    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
         tokio::spawn(async move {
-            while let Some(Incoming { message, .. }) = from.recv().await {
+            while let Some(Said { message, .. }) = from.recv().await {
                 match message {
                     FromSidecar::Request { id, method, params } => {
                         let answer = self.on_session_request(&method, params);
@@ -412,14 +412,20 @@ impl Bridge {
     /// mode), where Claude Code would refuse the call otherwise.
     pub(super) async fn approve(&self, id: &str, tool: &str, input: Value) -> ApprovalResult {
         let from_telegram = self.state().from_telegram || !self.interactive();
+        let params = ApprovalParams {
+            tool_call_id: id.to_string(),
+            tool: tool.to_string(),
+            input,
+            from_telegram,
+        };
         self.state().approvals_open += 1;
-        let asked = self
-            .ask_session(
-                method::APPROVAL_REQUEST,
-                json!({"toolCallId": id, "tool": tool, "input": input, "fromTelegram": from_telegram}),
-                PERSON,
-            )
-            .await;
+        let asked = match serde_json::to_value(&params) {
+            Ok(params) => {
+                self.ask_session(method::APPROVAL_REQUEST, params, PERSON)
+                    .await
+            }
+            Err(e) => Err(e.to_string()),
+        };
         self.state().approvals_open -= 1;
         match asked.and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string())) {
             Ok(result) => result,

@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio_util::codec::Framed;
 
 use super::bridge::Bridge;
+use crate::backoff::Backoff;
 use crate::bus::election::{BusDir, check_peer_is_me};
 use crate::config::{Config, ConfigError};
 use crate::framing::{Frame, LineCodec, MAX_FRAME_BYTES};
@@ -90,6 +91,7 @@ impl Bridge {
         let path = bus.path().join(file);
         let limit = Arc::new(tokio::sync::Semaphore::new(MAX_HOOKS));
         tokio::spawn(async move {
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
             loop {
                 let stream = tokio::select! {
                     () = self.stop.cancelled() => break,
@@ -97,11 +99,12 @@ impl Bridge {
                         Ok(stream) => stream,
                         Err(e) => {
                             tracing::warn!("hook socket accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tokio::time::sleep(backoff.step()).await;
                             continue;
                         }
                     },
                 };
+                backoff.reset();
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
                     tracing::warn!("{MAX_HOOKS} hooks at once; refusing one");
                     continue;
@@ -224,12 +227,15 @@ pub async fn run(
 /// be starting), to a process of this user only.
 async fn find_server(name: interprocess::local_socket::Name<'static>) -> Option<Stream> {
     let deadline = tokio::time::Instant::now() + FIND_SERVER;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
     loop {
         match Stream::connect(name.clone()).await {
             Ok(stream) => return check_peer_is_me(&stream).ok().map(|()| stream),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return None,
             Err(_) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Never past the deadline: the last try is at it.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tokio::time::sleep(backoff.step().min(left)).await;
             }
             Err(_) => return None,
         }

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
+use crate::paths::{replace_file, shell_quote};
+
 /// The hooks the relay uses, and how long each may take (seconds):
 /// a permission waits for a person (the relay's own timeout denies
 /// first, at `[approvals] timeout_s`, 300 by default).
@@ -61,24 +63,12 @@ impl Targets {
 }
 
 fn hook_group(exe: &str, event: &str, timeout: u32) -> Value {
-    json!({"matcher": "", "hooks": [{"type": "command", "command": format!("{} hook {event}", quote(exe)), "timeout": timeout}]})
+    json!({"matcher": "", "hooks": [{"type": "command", "command": format!("{} hook {event}", shell_quote(exe)), "timeout": timeout}]})
 }
 
 /// The MCP server's entry (also what `--mcp-config` takes under `mcpServers`).
 pub fn server_value(exe: &str) -> Value {
     json!({"type": "stdio", "command": exe, "args": ["mcp"], "env": {}})
-}
-
-/// Quotes a path for the shell Claude Code runs a hook command with.
-fn quote(path: &str) -> String {
-    if path
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+:@".contains(c))
-    {
-        path.to_string()
-    } else {
-        format!("'{}'", path.replace('\'', r"'\''"))
-    }
 }
 
 /// Whether a hook group is one of ours.
@@ -114,11 +104,17 @@ pub fn merge_settings(settings: &mut Map<String, Value>, exe: &str) -> Vec<Strin
             Some(i) if groups[i] == wanted => {}
             Some(i) => {
                 groups[i] = wanted;
-                changes.push(format!("~ hooks.{event}: {} hook {event}", quote(exe)));
+                changes.push(format!(
+                    "~ hooks.{event}: {} hook {event}",
+                    shell_quote(exe)
+                ));
             }
             None => {
                 groups.push(wanted);
-                changes.push(format!("+ hooks.{event}: {} hook {event}", quote(exe)));
+                changes.push(format!(
+                    "+ hooks.{event}: {} hook {event}",
+                    shell_quote(exe)
+                ));
             }
         }
     }
@@ -171,11 +167,10 @@ fn read_object(path: &Path) -> Result<Map<String, Value>, InstallError> {
     }
 }
 
-/// Replaces `path` atomically: a new file beside it, then a rename; the
-/// old file's mode is kept (0600 for a new one).
+/// Replaces `path` (see [`replace_file`]), keeping the old file's mode
+/// (0600 for a new one).
 fn write_object(path: &Path, value: &Map<String, Value>) -> Result<(), InstallError> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let fail = |source| InstallError::Write {
         path: path.into(),
         source,
@@ -184,24 +179,9 @@ fn write_object(path: &Path, value: &Map<String, Value>) -> Result<(), InstallEr
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
     let mode = std::fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o777);
-    let tmp = path.with_extension(format!("agent-relay.{}.tmp", std::process::id()));
     let mut text = serde_json::to_string_pretty(value).map_err(|e| fail(e.into()))?;
     text.push('\n');
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(fail)
+    replace_file(path, text.as_bytes(), mode).map_err(fail)
 }
 
 /// Installs (or with `dry_run`, shows) the MCP server and the hooks;

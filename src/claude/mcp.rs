@@ -17,10 +17,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::bridge::{Bridge, Waiting};
-use crate::host::{HostLink, RpcError, Service};
+use crate::host::{HostLink, RpcError, Service, encode_result};
 use crate::protocol::host::*;
 
 /// The MCP protocol versions this server speaks, newest first.
@@ -220,32 +221,46 @@ impl Mcp {
     }
 }
 
+/// A request's or notification's params as the tree the MCP side reads
+/// them as (`null` when absent).
+fn tree(params: Option<&RawValue>) -> Result<Value, RpcError> {
+    params.map_or(Ok(Value::Null), |raw| {
+        serde_json::from_str(raw.get()).map_err(|e| RpcError {
+            code: -32602,
+            message: format!("Invalid params: {e}"),
+        })
+    })
+}
+
 impl Service for Mcp {
     async fn call(
         self: Arc<Self>,
         method: String,
-        params: Option<Value>,
-    ) -> Result<Value, RpcError> {
-        let params = params.unwrap_or(Value::Null);
-        match method.as_str() {
-            "initialize" => Ok(self.initialize(&params)),
-            "ping" => Ok(json!({})),
-            "tools/list" => Ok(json!({"tools": tools()})),
-            "tools/call" => self.call_tool(params).await,
-            _ => Err(RpcError {
-                code: -32601,
-                message: format!("Method not found: {method}"),
-            }),
-        }
+        params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let params = tree(params.as_deref())?;
+        let result = match method.as_str() {
+            "initialize" => self.initialize(&params),
+            "ping" => json!({}),
+            "tools/list" => json!({"tools": tools()}),
+            "tools/call" => self.call_tool(params).await?,
+            _ => {
+                return Err(RpcError {
+                    code: -32601,
+                    message: format!("Method not found: {method}"),
+                });
+            }
+        };
+        encode_result(&result)
     }
 
-    fn notify(&self, method: &str, params: Option<Value>) {
+    fn notify(&self, method: &str, params: Option<Box<RawValue>>) {
         match method {
             "notifications/initialized" => self.bridge.clone().start_after_grace(),
-            "notifications/claude/channel/permission_request" => self
-                .bridge
-                .clone()
-                .relay_permission(params.unwrap_or(Value::Null)),
+            "notifications/claude/channel/permission_request" => match tree(params.as_deref()) {
+                Ok(params) => self.bridge.clone().relay_permission(params),
+                Err(e) => tracing::warn!("an unreadable permission request: {}", e.message),
+            },
             other => tracing::trace!(method = other, "MCP notification"),
         }
     }

@@ -9,8 +9,10 @@ use futures::TryStreamExt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::lease::{Term, timed};
-use super::{Cluster, ClusterError, Node, NodeName};
+pub use super::buckets::Claimed;
+use super::buckets::{cas, create, delete_at, read, to_bytes};
+use super::lease::Term;
+use super::{Cluster, ClusterError, Node, NodeName, timed};
 use crate::ids::Slot;
 
 /// What can be claimed, and its key in the bucket.
@@ -33,13 +35,6 @@ impl ClaimKey {
             Self::Topic { chat, thread } => format!("topic.{chat}.{thread}"),
         }
     }
-}
-
-/// A claim as read: its value and the revision to compare against.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed<T> {
-    pub value: T,
-    pub revision: u64,
 }
 
 /// What a node claim holds: the machine's id.
@@ -92,18 +87,7 @@ impl Claims {
         key: &ClaimKey,
         value: &T,
     ) -> Result<u64, ClusterError> {
-        let name = key.key();
-        let bytes = to_bytes(value)?;
-        timed(async {
-            self.kv()
-                .create(&name, bytes)
-                .await
-                .map_err(|e| match e.kind() {
-                    kv::CreateErrorKind::AlreadyExists => ClusterError::Taken { key: name.clone() },
-                    _ => ClusterError::unreachable(e),
-                })
-        })
-        .await
+        create(self.kv(), &key.key(), to_bytes(value)?).await
     }
 
     /// Reads a claim; `None` when nobody holds it.
@@ -127,19 +111,7 @@ impl Claims {
 
     /// Gives a claim up, if it is still at `revision`.
     pub async fn release(&self, key: &ClaimKey, revision: u64) -> Result<(), ClusterError> {
-        let name = key.key();
-        timed(async {
-            self.kv()
-                .delete_expect_revision(&name, Some(revision))
-                .await
-                .map_err(|e| match e.kind() {
-                    kv::UpdateErrorKind::WrongLastRevision => {
-                        ClusterError::Changed { key: name.clone() }
-                    }
-                    _ => ClusterError::unreachable(e),
-                })
-        })
-        .await
+        delete_at(self.kv(), &key.key(), revision).await
     }
 
     /// Every slot claimed in `chat`: the 26 keys read at once.
@@ -282,47 +254,4 @@ impl Claims {
         }
         Err(ClusterError::Changed { key: OFFSET.into() })
     }
-}
-
-async fn read<T: DeserializeOwned>(
-    kv: &kv::Store,
-    key: &str,
-) -> Result<Option<Claimed<T>>, ClusterError> {
-    match timed(kv.entry(key)).await? {
-        Some(entry) if entry.operation == kv::Operation::Put => {
-            let value =
-                serde_json::from_slice(&entry.value).map_err(|e| ClusterError::decode(key, e))?;
-            Ok(Some(Claimed {
-                value,
-                revision: entry.revision,
-            }))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// Compare-and-set of `key` on `revision` (0: the key must not exist).
-async fn cas(
-    kv: &kv::Store,
-    key: &str,
-    value: bytes::Bytes,
-    revision: u64,
-) -> Result<u64, ClusterError> {
-    timed(async {
-        kv.update(key, value, revision)
-            .await
-            .map_err(|e| match e.kind() {
-                kv::UpdateErrorKind::WrongLastRevision => ClusterError::Changed {
-                    key: key.to_string(),
-                },
-                _ => ClusterError::unreachable(e),
-            })
-    })
-    .await
-}
-
-fn to_bytes<T: Serialize>(value: &T) -> Result<bytes::Bytes, ClusterError> {
-    serde_json::to_vec(value)
-        .map(Into::into)
-        .map_err(|e| ClusterError::decode("a claim", e))
 }

@@ -11,8 +11,8 @@ use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::lease::{Term, timed};
-use super::{Cluster, ClusterError, Names, NodeName, REPLICAS, REQUEST_TIMEOUT};
+use super::lease::Term;
+use super::{Cluster, ClusterError, Names, NodeName, REQUEST_TIMEOUT, open_or_create, timed};
 
 /// The header naming the term of the leader that published an update.
 const TERM_HEADER: &str = "Relay-Term";
@@ -39,18 +39,11 @@ pub(super) async fn ensure_stream(
     names: &Names,
 ) -> Result<stream::Stream, ClusterError> {
     let name = names.inbound_stream();
-    if let Ok(stream) = timed(async {
-        js.get_stream(&name)
-            .await
-            .map_err(ClusterError::unreachable)
-    })
-    .await
-    {
-        return Ok(stream);
-    }
-    let mut last = String::new();
-    for replicas in REPLICAS {
-        let config = stream::Config {
+    open_or_create(
+        js,
+        &format!("the stream {name}"),
+        || async { js.get_stream(&name).await },
+        |replicas| stream::Config {
             name: name.clone(),
             description: Some("agent-relay: updates routed to nodes (docs/CLUSTER.md)".into()),
             subjects: vec![format!("relay.{}.in.>", names.bot)],
@@ -62,18 +55,9 @@ pub(super) async fn ensure_stream(
             storage: stream::StorageType::File,
             num_replicas: replicas,
             ..Default::default()
-        };
-        match js.create_stream(config).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e.to_string(),
-        }
-        if let Ok(stream) = js.get_stream(&name).await {
-            return Ok(stream);
-        }
-    }
-    Err(ClusterError::refused(format!(
-        "cannot create the stream {name}: {last}"
-    )))
+        },
+    )
+    .await
 }
 
 /// What one publish came to.
@@ -88,7 +72,7 @@ pub struct Published {
 
 /// One update for a node, as the leader publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
+pub struct RoutedUpdate {
     pub node: NodeName,
     pub update_id: i64,
     /// Whatever the nodes read (the leader's journal entry, as JSON).
@@ -117,7 +101,7 @@ impl Inbound {
     pub async fn publish(
         &self,
         term: Term,
-        batch: &[Outgoing],
+        batch: &[RoutedUpdate],
     ) -> Result<Vec<Published>, ClusterError> {
         let js = &self.cluster.js;
         let mut acks = Vec::with_capacity(batch.len());
@@ -260,14 +244,14 @@ impl NodeConsumer {
             let (stream_sequence, delivered) = {
                 let info = message
                     .info()
-                    .map_err(|e| ClusterError::decode("a delivery", e))?;
+                    .map_err(|e| ClusterError::unreadable("a delivery", e))?;
                 (info.stream_sequence, info.delivered)
             };
             let headers = message.headers.as_ref();
             let update_id = headers
                 .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
                 .and_then(|v| v.as_str().parse().ok())
-                .ok_or_else(|| ClusterError::decode("a delivery", "no update id"))?;
+                .ok_or_else(|| ClusterError::unreadable("a delivery", "no update id"))?;
             let term = headers
                 .and_then(|h| h.get(TERM_HEADER))
                 .and_then(|v| v.as_str().parse().ok())

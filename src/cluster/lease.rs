@@ -17,7 +17,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Cluster, ClusterError, Node, NodeName, REQUEST_TIMEOUT};
+use super::buckets::{cas, create, delete_at, read, to_bytes};
+use super::{Cluster, ClusterError, Node, NodeName, timed};
 
 /// The lease bucket's max age: a lease not renewed for this long is gone.
 pub const LEASE_TIME: Duration = Duration::from_secs(6);
@@ -88,20 +89,14 @@ impl Leadership {
 impl Cluster {
     /// Reads the lease: `None` when nobody holds it.
     pub async fn lease_holder(&self) -> Result<Option<Holder>, ClusterError> {
-        let entry = timed(self.lease_kv.entry(KEY)).await?;
-        match entry {
-            Some(entry) if entry.operation == kv::Operation::Put => {
-                let record: Record = serde_json::from_slice(&entry.value)
-                    .map_err(|e| ClusterError::decode("the lease", e))?;
-                Ok(Some(Holder {
-                    term: Term(record.term.unwrap_or(entry.revision)),
-                    node: record.node,
-                    node_id: record.node_id,
-                    revision: entry.revision,
-                }))
-            }
-            _ => Ok(None),
-        }
+        Ok(read::<Record>(&self.lease_kv, KEY)
+            .await?
+            .map(|read| Holder {
+                term: Term(read.value.term.unwrap_or(read.revision)),
+                node: read.value.node,
+                node_id: read.value.node_id,
+                revision: read.revision,
+            }))
     }
 
     /// Starts campaigning for the lease and, once held, renewing it. The
@@ -146,13 +141,7 @@ impl LeaseKeeper {
             return;
         };
         if let Ok(Some(held)) = task.await {
-            let released = timed(async {
-                held.kv
-                    .delete_expect_revision(KEY, Some(held.revision))
-                    .await
-                    .map_err(ClusterError::refused)
-            })
-            .await;
+            let released = delete_at(&held.kv, KEY, held.revision).await;
             match released {
                 Ok(()) => tracing::info!(term = %held.term, "released the lease"),
                 Err(e) => tracing::warn!("cannot release the lease; it expires by itself: {e}"),
@@ -284,20 +273,15 @@ impl Campaign {
                     node_id: me.id.clone(),
                     term: None,
                 };
-                let value = to_bytes(&record);
-                let created = timed(async {
-                    Ok::<_, ClusterError>(self.cluster.lease_kv.create(KEY, value).await)
-                })
-                .await?;
-                match created {
+                match create(&self.cluster.lease_kv, KEY, to_bytes(&record)?).await {
                     Ok(revision) => {
                         tracing::info!(term = revision, "took the bot-wide lease");
                         self.hold(Term(revision), revision, sent);
                     }
-                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    Err(ClusterError::Taken { .. }) => {
                         self.set(Leadership::Follower { leader: None });
                     }
-                    Err(e) => return Err(ClusterError::unreachable(e)),
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -372,45 +356,6 @@ impl Campaign {
 
     /// Compare-and-set of the lease on `revision`.
     async fn write(&self, record: &Record, revision: u64) -> Result<u64, ClusterError> {
-        let kv = &self.cluster.lease_kv;
-        let value = to_bytes(record);
-        timed(async {
-            kv.update(KEY, value, revision)
-                .await
-                .map_err(|e| match e.kind() {
-                    kv::UpdateErrorKind::WrongLastRevision => {
-                        ClusterError::Changed { key: KEY.into() }
-                    }
-                    _ => ClusterError::unreachable(e),
-                })
-        })
-        .await
-    }
-}
-
-fn to_bytes<T: Serialize>(value: &T) -> bytes::Bytes {
-    serde_json::to_vec(value)
-        .expect("a record of strings and numbers serializes")
-        .into()
-}
-
-/// Bounds one NATS operation by [`REQUEST_TIMEOUT`].
-pub(super) async fn timed<T, E>(
-    op: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, ClusterError>
-where
-    E: Into<ClusterError>,
-{
-    match tokio::time::timeout(REQUEST_TIMEOUT, op).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(_) => Err(ClusterError::Unreachable(format!(
-            "no answer within {REQUEST_TIMEOUT:?}"
-        ))),
-    }
-}
-
-impl From<kv::EntryError> for ClusterError {
-    fn from(e: kv::EntryError) -> Self {
-        ClusterError::unreachable(e)
+        cas(&self.cluster.lease_kv, KEY, to_bytes(record)?, revision).await
     }
 }

@@ -17,22 +17,24 @@
 //!   request/reply.
 //! * [`nodes`] — questions to every machine at once (`/relay status`,
 //!   `/relay restart`), and forgetting a machine for good.
+//! * [`server`] — the one request/reply server both answer with.
 //!
 //! The leader uses it at the seams docs/CLUSTER.md names (*Where it plugs
 //! in*; `bus/leader/cluster.rs` and `bus/leader/remote.rs`). The module is
 //! public so that its own tests (`tests/cluster.rs`, against a real
 //! `nats-server -js`) use it as the leader does.
 
+mod buckets;
 pub mod calls;
 pub mod claims;
 pub mod inbound;
 pub mod lease;
 pub mod nodes;
+pub mod server;
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
-use lease::timed;
 use tokio::sync::watch;
 
 pub use crate::config::{ClusterConfig, ClusterTlsFile, NatsCredentials, NatsUrl, NkeySeed};
@@ -43,6 +45,19 @@ use crate::redact::redact;
 /// lease renews every second and steps down after three without an
 /// answer, so no single request may hang longer than that.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bounds one NATS operation by [`REQUEST_TIMEOUT`].
+async fn timed<T, E>(op: impl std::future::Future<Output = Result<T, E>>) -> Result<T, ClusterError>
+where
+    E: Into<ClusterError>,
+{
+    match tokio::time::timeout(REQUEST_TIMEOUT, op).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(ClusterError::Unreachable(format!(
+            "no answer within {REQUEST_TIMEOUT:?}"
+        ))),
+    }
+}
 
 /// Why a cluster operation failed. Messages never carry a secret: they
 /// pass through [`redact`], and URLs are shown without credentials.
@@ -87,7 +102,7 @@ impl ClusterError {
         Self::Refused(redact(&e.to_string()).into_owned())
     }
 
-    fn decode(what: &str, e: impl std::fmt::Display) -> Self {
+    fn unreadable(what: &str, e: impl std::fmt::Display) -> Self {
         Self::Decode {
             what: what.to_string(),
             message: redact(&e.to_string()).into_owned(),
@@ -338,18 +353,11 @@ const REPLICAS: [usize; 2] = [3, 1];
 /// storage fields).
 async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, ClusterError> {
     let name = config.bucket.clone();
-    if let Ok(store) = timed(async {
-        js.get_key_value(&name)
-            .await
-            .map_err(ClusterError::unreachable)
-    })
-    .await
-    {
-        return Ok(store);
-    }
-    let mut last = String::new();
-    for replicas in REPLICAS {
-        let stream = stream::Config {
+    open_or_create(
+        js,
+        &format!("the bucket {name}"),
+        || async { js.get_key_value(&name).await },
+        |replicas| stream::Config {
             name: format!("KV_{name}"),
             description: Some(config.description.clone()),
             subjects: vec![format!("$KV.{name}.>")],
@@ -362,23 +370,45 @@ async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store
             discard: stream::DiscardPolicy::New,
             num_replicas: replicas,
             ..Default::default()
-        };
-        match timed(async {
-            js.create_stream(stream)
+        },
+    )
+    .await
+}
+
+/// What `open` finds, else what it finds once the stream `config` gives is
+/// made: with three replicas, else one ([`REPLICAS`]). Another node may
+/// make it meanwhile, so a create that fails is followed by another look.
+/// Every step is bounded by [`timed`]: no create hangs a connect.
+async fn open_or_create<T, E, Found>(
+    js: &jetstream::Context,
+    what: &str,
+    open: impl Fn() -> Found,
+    config: impl Fn(usize) -> stream::Config,
+) -> Result<T, ClusterError>
+where
+    Found: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let look = || timed(async { open().await.map_err(ClusterError::unreachable) });
+    if let Ok(found) = look().await {
+        return Ok(found);
+    }
+    let mut last = String::new();
+    for replicas in REPLICAS {
+        let created = timed(async {
+            js.create_stream(config(replicas))
                 .await
                 .map_err(ClusterError::refused)
         })
-        .await
-        {
-            Ok(_) => {}
-            Err(e) => last = e.to_string(),
+        .await;
+        if let Err(e) = created {
+            last = e.to_string();
         }
-        // Made now, or by another node meanwhile.
-        if let Ok(store) = js.get_key_value(&name).await {
-            return Ok(store);
+        if let Ok(found) = look().await {
+            return Ok(found);
         }
     }
     Err(ClusterError::refused(format!(
-        "cannot create the bucket {name}: {last}"
+        "cannot create {what}: {last}"
     )))
 }

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use super::claims::SessionClaim;
-use super::lease::timed;
-use super::{Cluster, ClusterError, NodeName};
+use super::server::{Envelope, Reply, Server, Stamp};
+use super::{Cluster, ClusterError, NodeName, timed};
 
 /// How long an asker gathers answers at most.
 pub const ANSWER_WINDOW: Duration = Duration::from_secs(2);
@@ -39,20 +39,6 @@ impl Question {
     }
 }
 
-/// A question on the wire.
-#[derive(Serialize, Deserialize)]
-struct Asked<T> {
-    from: NodeName,
-    body: T,
-}
-
-/// An answer on the wire.
-#[derive(Serialize, Deserialize)]
-struct Answered<T> {
-    node: NodeName,
-    body: T,
-}
-
 impl Cluster {
     /// Asks every machine `question` and gathers the answers, until each
     /// of `expected` answered or [`ANSWER_WINDOW`] passed. Answers from
@@ -63,11 +49,12 @@ impl Cluster {
         request: &Req,
         expected: &[NodeName],
     ) -> Result<Vec<(NodeName, Resp)>, ClusterError> {
-        let payload: Bytes = serde_json::to_vec(&Asked {
+        let payload: Bytes = serde_json::to_vec(&Envelope {
             from: self.node.name.clone(),
+            term: None,
             body: request,
         })
-        .map_err(|e| ClusterError::decode("a question", e))?
+        .map_err(|e| ClusterError::unreadable("a question", e))?
         .into();
         let inbox = self.client.new_inbox();
         let mut answers = self
@@ -90,9 +77,16 @@ impl Cluster {
                     None => break,
                 },
             };
-            match serde_json::from_slice::<Answered<Resp>>(&message.payload) {
-                Ok(a) if !out.iter().any(|(m, _)| *m == a.node) => out.push((a.node, a.body)),
-                Ok(_) => {}
+            match serde_json::from_slice::<Reply<Resp>>(&message.payload) {
+                Ok(Reply {
+                    node: Some(node),
+                    body,
+                    ..
+                }) if !out.iter().any(|(m, _)| *m == node) => out.push((node, body)),
+                Ok(Reply { node: Some(_), .. }) => {}
+                Ok(Reply { node: None, .. }) => {
+                    tracing::warn!("an answer to {question:?} that names no machine");
+                }
                 Err(e) => tracing::warn!("an unreadable answer to {question:?}: {e}"),
             }
         }
@@ -100,19 +94,14 @@ impl Cluster {
     }
 
     /// Starts answering `question` for this machine. Dropping the
-    /// returned [`Questions`] stops it.
-    pub async fn answer_nodes(&self, question: Question) -> Result<Questions, ClusterError> {
-        let subscriber = self
-            .client
-            .subscribe(self.names.question_subject(question))
-            .await
-            .map_err(ClusterError::unreachable)?;
-        self.round_trip().await?;
-        Ok(Questions {
-            subscriber,
-            client: self.client.clone(),
-            node: self.node.name.clone(),
-        })
+    /// returned [`Server`] stops it.
+    pub async fn answer_nodes(&self, question: Question) -> Result<Server, ClusterError> {
+        self.serve(
+            self.names.question_subject(question),
+            None,
+            Stamp::Node(self.node.name.clone()),
+        )
+        .await
     }
 
     /// Forgets a machine for good: its name (so that a reinstalled machine
@@ -220,61 +209,4 @@ pub struct Waiting {
     pub sequence: u64,
     /// The update as the leader published it (Telegram's JSON).
     pub payload: Bytes,
-}
-
-/// Questions to this machine, in the order they arrive.
-pub struct Questions {
-    subscriber: async_nats::Subscriber,
-    client: async_nats::Client,
-    node: NodeName,
-}
-
-/// One question to answer.
-pub struct IncomingQuestion<Req> {
-    pub from: NodeName,
-    pub request: Req,
-    reply: Option<async_nats::Subject>,
-    client: async_nats::Client,
-    node: NodeName,
-}
-
-impl Questions {
-    /// The next question; `None` once the subscription ended. An unreadable
-    /// one is logged and skipped: its asker counts this machine as silent.
-    pub async fn next<Req: DeserializeOwned>(&mut self) -> Option<IncomingQuestion<Req>> {
-        loop {
-            let message = self.subscriber.next().await?;
-            match serde_json::from_slice::<Asked<Req>>(&message.payload) {
-                Ok(asked) => {
-                    return Some(IncomingQuestion {
-                        from: asked.from,
-                        request: asked.body,
-                        reply: message.reply,
-                        client: self.client.clone(),
-                        node: self.node.clone(),
-                    });
-                }
-                Err(e) => tracing::warn!("an unreadable question: {e}"),
-            }
-        }
-    }
-}
-
-impl<Req> IncomingQuestion<Req> {
-    /// Sends this machine's answer back to the asker.
-    pub async fn answer<Resp: Serialize>(self, response: &Resp) -> Result<(), ClusterError> {
-        let Some(reply) = self.reply else {
-            return Ok(());
-        };
-        let payload: Bytes = serde_json::to_vec(&Answered {
-            node: self.node,
-            body: response,
-        })
-        .map_err(|e| ClusterError::decode("an answer", e))?
-        .into();
-        self.client
-            .publish(reply, payload)
-            .await
-            .map_err(ClusterError::unreachable)
-    }
 }

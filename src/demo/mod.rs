@@ -24,7 +24,7 @@ use crate::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
     Inject, TopicInfo,
 };
-use crate::host_client::{FromSidecar, HostError, Incoming, Link, Sidecar};
+use crate::host_client::{FromSidecar, HostError, Link, Said, Sidecar};
 use crate::protocol::host::{
     AgentEndedParams, EmptyParams, PROTOCOL_VERSION, SendUserMessageParams, SetStatusParams,
     TurnEndedParams, method,
@@ -417,11 +417,11 @@ async fn start(
 async fn play_agent(
     agent: &'static Agent,
     link: Link,
-    mut incoming: mpsc::UnboundedReceiver<Incoming>,
+    mut incoming: mpsc::UnboundedReceiver<Said>,
     publish: watch::Sender<View>,
     transcript: Transcript,
 ) {
-    while let Some(Incoming { message, .. }) = incoming.recv().await {
+    while let Some(Said { message, .. }) = incoming.recv().await {
         match message {
             FromSidecar::Notification { method, params } if method == method::UI_SET_STATUS => {
                 let Ok(status) = serde_json::from_value::<SetStatusParams>(params) else {

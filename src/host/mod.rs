@@ -4,8 +4,9 @@
 //! writer loop turns messages into lines, and a demultiplexer sends requests
 //! and notifications to a [`Service`] and responses to the table of our own
 //! pending outbound requests. The host protocol's service is a [`Handler`]
-//! (the session) behind the jsonrpsee `RpcModule`, its notifications typed as
-//! [`HostEvent`]s ([`serve`]); the MCP server Claude Code talks to is
+//! (the session), each request's params parsed once into its method's type
+//! and each answer serialized once (`dispatch.rs`), its notifications typed
+//! as [`HostEvent`]s ([`serve`]); the MCP server Claude Code talks to is
 //! another service on the same transport ([`serve_service`]). Neither sees
 //! bytes.
 //!
@@ -38,6 +39,7 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::{JoinError, JoinHandle, JoinSet};
@@ -46,8 +48,9 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::framing::{Frame, LineCodec};
 use crate::protocol::host::*;
-use message::{Incoming, SERVER_BUSY, error_line};
-use outbound::{Outbox, PendingEntry};
+pub use dispatch::encode_result;
+use message::{FromHost, SERVER_BUSY, error_line};
+use outbound::{PendingEntry, ToHost};
 
 /// Requests from the host answered at the same time, at most.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -115,22 +118,24 @@ pub trait Handler: Send + Sync + 'static {
 
 /// What one JSON-RPC peer serves on this transport: the requests it answers
 /// and the notifications it takes. Each request runs in a task of its own.
+///
+/// Params come as the peer wrote them, for the service to parse once into
+/// what it expects; a result goes back serialized once ([`encode_result`]).
 pub trait Service: Send + Sync + 'static {
     /// Answers a request; an error becomes the JSON-RPC error response.
     fn call(
         self: Arc<Self>,
         method: String,
-        params: Option<Value>,
-    ) -> impl Future<Output = Result<Value, RpcError>> + Send;
+        params: Option<Box<RawValue>>,
+    ) -> impl Future<Output = Result<Box<RawValue>, RpcError>> + Send;
 
     /// Takes a notification. Must not block; unknown ones are ignored.
-    fn notify(&self, method: &str, params: Option<Value>);
+    fn notify(&self, method: &str, params: Option<Box<RawValue>>);
 }
 
-/// The host protocol as a [`Service`]: requests through jsonrpsee's module
-/// (which parses the params), notifications as typed [`HostEvent`]s.
+/// The host protocol as a [`Service`]: requests to the [`Handler`]'s
+/// methods, notifications as typed [`HostEvent`]s.
 struct HostService<H: Handler> {
-    module: jsonrpsee::RpcModule<H>,
     handler: Arc<H>,
 }
 
@@ -138,13 +143,13 @@ impl<H: Handler> Service for HostService<H> {
     async fn call(
         self: Arc<Self>,
         method: String,
-        params: Option<Value>,
-    ) -> Result<Value, RpcError> {
-        dispatch::call(&self.module, &method, params).await
+        params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        dispatch::call(&*self.handler, &method, params.as_deref()).await
     }
 
-    fn notify(&self, method: &str, params: Option<Value>) {
-        match HostEvent::from_notification(method, params) {
+    fn notify(&self, method: &str, params: Option<Box<RawValue>>) {
+        match HostEvent::from_notification(method, params.as_deref()) {
             Ok(Some(event)) => self.handler.notify(event),
             Ok(None) => tracing::trace!(method, "unknown notification ignored"),
             Err(e) => tracing::warn!(method, "notification with unreadable params dropped: {e}"),
@@ -199,25 +204,28 @@ pub enum OutboundError {
 impl HostEvent {
     /// The typed event for a notification from the host; `Ok(None)` when the
     /// method is not one we know (newer hosts may send more).
-    fn from_notification(method: &str, params: Option<Value>) -> serde_json::Result<Option<Self>> {
+    fn from_notification(
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> serde_json::Result<Option<Self>> {
         // Absent and `null` params mean "nothing to say"; every params type
         // whose fields are all optional then still parses.
-        let params = match params {
-            None | Some(Value::Null) => Value::Object(Default::default()),
+        let params = match params.map(RawValue::get) {
+            None | Some("null") => "{}",
             Some(params) => params,
         };
         Ok(Some(match method {
             method::INITIALIZED => Self::Initialized,
-            method::SESSION_STARTED => Self::SessionStarted(serde_json::from_value(params)?),
-            method::SESSION_SHUTDOWN => Self::SessionShutdown(serde_json::from_value(params)?),
+            method::SESSION_STARTED => Self::SessionStarted(serde_json::from_str(params)?),
+            method::SESSION_SHUTDOWN => Self::SessionShutdown(serde_json::from_str(params)?),
             method::AGENT_STARTED => Self::AgentStarted,
-            method::AGENT_ENDED => Self::AgentEnded(serde_json::from_value(params)?),
+            method::AGENT_ENDED => Self::AgentEnded(serde_json::from_str(params)?),
             method::TURN_STARTED => Self::TurnStarted,
-            method::TURN_ENDED => Self::TurnEnded(serde_json::from_value(params)?),
-            method::TOOL_STARTED => Self::ToolStarted(serde_json::from_value(params)?),
-            method::TOOL_ENDED => Self::ToolEnded(serde_json::from_value(params)?),
-            method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_value(params)?),
-            method::AGENT_NOTICE => Self::Notice(serde_json::from_value(params)?),
+            method::TURN_ENDED => Self::TurnEnded(serde_json::from_str(params)?),
+            method::TOOL_STARTED => Self::ToolStarted(serde_json::from_str(params)?),
+            method::TOOL_ENDED => Self::ToolEnded(serde_json::from_str(params)?),
+            method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_str(params)?),
+            method::AGENT_NOTICE => Self::Notice(serde_json::from_str(params)?),
             _ => return Ok(None),
         }))
     }
@@ -244,7 +252,7 @@ impl<R> Future for Pending<R> {
 /// A cheap, cloneable handle for talking to the host.
 #[derive(Clone)]
 pub struct HostLink {
-    outbox: Arc<Outbox>,
+    outbox: Arc<ToHost>,
 }
 
 impl std::fmt::Debug for HostLink {
@@ -440,10 +448,8 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     serve_service(input, output, move |link| {
-        let handler = make_handler(link);
         Arc::new(HostService {
-            module: dispatch::rpc_module(Arc::clone(&handler)),
-            handler,
+            handler: make_handler(link),
         })
     })
     .await
@@ -461,7 +467,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let outbox = Arc::new(Outbox::new());
+    let outbox = Arc::new(ToHost::new());
     let service = make_service(HostLink {
         outbox: Arc::clone(&outbox),
     });
@@ -494,7 +500,7 @@ where
 /// Routes each classified line to where it belongs.
 struct Demultiplexer<S: Service> {
     service: Arc<S>,
-    outbox: Arc<Outbox>,
+    outbox: Arc<ToHost>,
     /// Requests being answered, each in a task of its own so a long
     /// `command/execute` holds up neither other requests nor the answers to
     /// our own requests that it may be waiting for.
@@ -507,15 +513,18 @@ impl<S: Service> Demultiplexer<S> {
             log_join(done);
         }
         match message::classify(frame) {
-            Incoming::Request { id, .. } if self.requests.len() >= MAX_IN_FLIGHT => {
-                tracing::warn!(%id, "{MAX_IN_FLIGHT} requests in flight; answering busy");
+            FromHost::Request { id, .. } if self.requests.len() >= MAX_IN_FLIGHT => {
+                tracing::warn!(
+                    id = id.get(),
+                    "{MAX_IN_FLIGHT} requests in flight; answering busy"
+                );
                 let busy = format!(
                     "Server busy: {MAX_IN_FLIGHT} requests are being answered; retry later"
                 );
                 self.outbox.send(error_line(&id, SERVER_BUSY, &busy)).await;
             }
-            Incoming::Request { id, method, params } => {
-                tracing::trace!(%id, method, "request");
+            FromHost::Request { id, method, params } => {
+                tracing::trace!(id = id.get(), method, "request");
                 self.requests.spawn(dispatch::answer(
                     Arc::clone(&self.service),
                     Arc::clone(&self.outbox),
@@ -524,13 +533,13 @@ impl<S: Service> Demultiplexer<S> {
                     params,
                 ));
             }
-            Incoming::Notification { method, params } => self.notification(&method, params),
-            Incoming::Response { id, outcome } => {
+            FromHost::Notification { method, params } => self.notification(&method, params),
+            FromHost::Response { id, outcome } => {
                 if !self.outbox.complete(&id, outcome) {
                     tracing::debug!(%id, "answer to no pending request (late or unknown); ignored");
                 }
             }
-            Incoming::Rejection(rejection) => {
+            FromHost::Rejection(rejection) => {
                 tracing::debug!(
                     code = rejection.code,
                     "rejected a line: {}",
@@ -541,7 +550,7 @@ impl<S: Service> Demultiplexer<S> {
         }
     }
 
-    fn notification(&self, method: &str, params: Option<Value>) {
+    fn notification(&self, method: &str, params: Option<Box<RawValue>>) {
         // A panicking handler must not take the transport down with it.
         let service = &self.service;
         if std::panic::catch_unwind(AssertUnwindSafe(|| service.notify(method, params))).is_err() {
@@ -587,7 +596,7 @@ fn log_join(done: Result<(), JoinError>) {
 }
 
 /// The writer loop: lines from the queue to `output`, one flush per burst.
-async fn write_lines<W: AsyncWrite + Unpin>(output: W, outbox: Arc<Outbox>) {
+async fn write_lines<W: AsyncWrite + Unpin>(output: W, outbox: Arc<ToHost>) {
     let mut sink: FramedWrite<W, LineCodec> = FramedWrite::new(output, LineCodec::default());
     while let Some((batch, bytes)) = outbox.next_batch().await {
         let mut written = Ok(());

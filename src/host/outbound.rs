@@ -1,7 +1,7 @@
 //! The way out to the host: the line queue feeding the writer loop, and the
 //! table of our own requests still waiting for the host's answer.
 //!
-//! Both live behind one [`Outbox`] shared by the transport and every
+//! Both live behind one [`ToHost`] shared by the transport and every
 //! [`HostLink`](super::HostLink) clone. The locks are std mutexes held only
 //! for a queue or map operation, never across an await.
 //!
@@ -32,7 +32,7 @@ pub(crate) const QUEUE_BYTES: usize = crate::framing::MAX_FRAME_BYTES;
 pub(crate) type Answer = Result<Value, Value>;
 
 #[derive(Debug)]
-pub(crate) struct Outbox {
+pub(crate) struct ToHost {
     lines: Mutex<LineQueue>,
     /// Wakes the writer: a line was queued or the queue closed.
     queued: Notify,
@@ -89,7 +89,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Outbox {
+impl ToHost {
     pub fn new() -> Self {
         Self {
             lines: Mutex::new(LineQueue::default()),
@@ -175,7 +175,7 @@ impl Outbox {
 
     /// For the writer: every queued line and their size, once there is one;
     /// `None` when the queue is closed and empty. The size stays counted
-    /// until [`Outbox::written`].
+    /// until [`ToHost::written`].
     pub async fn next_batch(&self) -> Option<(Vec<String>, usize)> {
         loop {
             let queued = self.queued.notified();
@@ -291,7 +291,7 @@ impl Outbox {
 /// Removes a pending entry when dropped, so a timed-out or cancelled request
 /// leaves nothing behind in the table.
 pub(crate) struct PendingEntry {
-    pub outbox: std::sync::Arc<Outbox>,
+    pub outbox: std::sync::Arc<ToHost>,
     pub id: u64,
 }
 

@@ -914,3 +914,58 @@ async fn requests_beyond_the_in_flight_limit_are_answered_busy_at_once() {
         done += 1;
     }
 }
+
+/// Answers `echo` with its params as it got them.
+struct Echo;
+
+impl Service for Echo {
+    async fn call(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        match (method.as_str(), params) {
+            ("echo", Some(params)) => Ok(params),
+            _ => Err(RpcError {
+                code: -32601,
+                message: "no".into(),
+            }),
+        }
+    }
+
+    fn notify(&self, _: &str, _: Option<Box<RawValue>>) {}
+}
+
+#[tokio::test]
+async fn ids_and_params_travel_as_the_host_wrote_them_and_answers_are_written_once() {
+    let (mut to_sidecar, sidecar_in) = tokio::io::duplex(64 * 1024);
+    let (sidecar_out, from_sidecar) = tokio::io::duplex(64 * 1024);
+    let served = tokio::spawn(serve_service(sidecar_in, sidecar_out, |_| Arc::new(Echo)));
+    let mut lines = FramedRead::new(from_sidecar, LineCodec::default());
+    // Parsed into a tree and printed again on the way, the id would come
+    // back as `100.0` and the params as `{"a":1000.0,"b":[1.5]}`.
+    let request =
+        r#"{"jsonrpc":"2.0","id":1E2,"method":"echo","params":{ "a" : 1e3, "b": [ 1.50 ] }}"#;
+    tokio::time::timeout(
+        WAIT,
+        to_sidecar.write_all(format!("{request}\n").as_bytes()),
+    )
+    .await
+    .expect("the sidecar reads")
+    .unwrap();
+    let answer = tokio::time::timeout(WAIT, lines.next())
+        .await
+        .expect("answered in time")
+        .expect("output open")
+        .unwrap();
+    assert_eq!(
+        answer,
+        Frame::Line(r#"{"jsonrpc":"2.0","id":1E2,"result":{ "a" : 1e3, "b": [ 1.50 ] }}"#.into())
+    );
+    drop(to_sidecar);
+    tokio::time::timeout(WAIT, served)
+        .await
+        .expect("serve returns after EOF")
+        .unwrap()
+        .unwrap();
+}

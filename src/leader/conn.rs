@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Leader;
 use super::registry::ConnId;
-use crate::bus::wire::{self, Incoming, WireWriter};
+use crate::bus::wire::{self, Received, WireWriter};
 use crate::protocol::bus::*;
 
 /// Most frames written to one follower with one flush.
@@ -52,18 +52,18 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
             Some(_) = requests.join_next(), if !requests.is_empty() => continue,
         };
         match incoming {
-            Ok(Some(Incoming::Envelope(envelope))) => {
+            Ok(Some(Received::Envelope(envelope))) => {
                 leader.registry.touch(id);
                 handle(&leader, id, envelope, &mut requests);
             }
-            Ok(Some(Incoming::Malformed { id: request, error })) => {
+            Ok(Some(Received::Malformed { id: request, error })) => {
                 tracing::debug!(conn = id, "malformed bus frame: {error}");
                 leader.registry.send(
                     id,
                     leader.ack::<()>(request, Err(BusError::new(BusErrorCode::BadFrame, error))),
                 );
             }
-            Ok(Some(Incoming::Oversized)) => {
+            Ok(Some(Received::Oversized)) => {
                 tracing::warn!(conn = id, "oversized bus frame; closing that connection");
                 break;
             }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::handle::{Call, JoinRequest, MemberError, MemberState, Pending, Role};
 use crate::backoff::Backoff;
 use crate::bus::election::BusDir;
-use crate::bus::wire::{self, Incoming, WireReader, WireWriter};
+use crate::bus::wire::{self, Received, WireReader, WireWriter};
 use crate::config::BotId;
 use crate::leader::{self, LeaderHandle};
 use crate::protocol::bus::*;
@@ -312,8 +312,8 @@ impl Actor {
             match frame {
                 // A refusal is a problem to show; a connection lost while
                 // registering is just part of reconnecting (syncing).
-                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(id) => {
-                    return ack.decode().map_err(|e| Ended::Refused(e.message));
+                Ok(Some(Received::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(id) => {
+                    return ack.into_result().map_err(|e| Ended::Refused(e.message));
                 }
                 Ok(Some(_)) => continue,
                 Ok(None) => return Err(Ended::Lost("the leader closed the connection".into())),
@@ -339,7 +339,7 @@ impl Actor {
             tokio::select! {
                 () = self.stop.cancelled() => break Ended::Stopped,
                 frame = reader.recv::<FromLeader>() => match frame {
-                    Ok(Some(Incoming::Envelope(frame))) => {
+                    Ok(Some(Received::Envelope(frame))) => {
                         last_heard = Instant::now();
                         match self.on_frame(frame, &mut waiting, &mut reconcile).await {
                             Next::Go => {}
@@ -350,10 +350,10 @@ impl Actor {
                             Next::Reregister => break Ended::Reregister,
                         }
                     }
-                    Ok(Some(Incoming::Malformed { error, .. })) => {
+                    Ok(Some(Received::Malformed { error, .. })) => {
                         tracing::warn!("malformed frame from the leader: {error}");
                     }
-                    Ok(Some(Incoming::Oversized)) => break Ended::Lost("oversized frame from the leader".into()),
+                    Ok(Some(Received::Oversized)) => break Ended::Lost("oversized frame from the leader".into()),
                     Ok(None) => break Ended::Lost("the leader closed the connection".into()),
                     Err(e) => break Ended::Lost(e.to_string()),
                 },
@@ -541,7 +541,7 @@ impl Actor {
 
     /// The leader's answer to our route snapshot.
     fn reconciled(&mut self, ack: Ack) -> Next {
-        let answer = match ack.decode::<Reconciled>() {
+        let answer = match ack.into_result::<Reconciled>() {
             Ok(answer) => answer,
             Err(why) => {
                 tracing::warn!("reconcile failed: {why}");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::handle::MemberError;
 use crate::bus::election::BusDir;
-use crate::bus::wire::{self, Incoming};
+use crate::bus::wire::{self, Received};
 use crate::config::BotId;
 use crate::paths::Paths;
 use crate::protocol::bus::*;
@@ -53,7 +53,7 @@ pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>
     let ack = tokio::time::timeout(ANSWER_TIMEOUT, async {
         loop {
             match reader.recv::<FromLeader>().await {
-                Ok(Some(Incoming::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(1) => {
+                Ok(Some(Received::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(1) => {
                     return Ok(ack);
                 }
                 Ok(Some(_)) => continue,
@@ -63,5 +63,5 @@ pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>
     })
     .await
     .map_err(|_| MemberError::Timeout(ANSWER_TIMEOUT))??;
-    ack.decode().map(Some).map_err(MemberError::Refused)
+    ack.into_result().map(Some).map_err(MemberError::Refused)
 }

@@ -547,7 +547,7 @@ pub struct Ack {
 
 impl Ack {
     /// The outcome as the request's own result type.
-    pub fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, BusError> {
+    pub fn into_result<T: serde::de::DeserializeOwned>(self) -> Result<T, BusError> {
         let value = self.outcome?;
         serde_json::from_value(value).map_err(|e| BusError {
             code: BusErrorCode::Internal,
@@ -911,7 +911,7 @@ mod tests {
         let ok = r#"{"id":4,"epoch":2,"ok":true,"result":{"messageId":9}}"#;
         let ack: Ack = serde_json::from_str(ok).unwrap();
         assert_eq!(
-            ack.clone().decode::<TopicDone>().unwrap().message_id,
+            ack.clone().into_result::<TopicDone>().unwrap().message_id,
             Some(9)
         );
         assert_eq!(serde_json::to_string(&ack).unwrap(), ok);
@@ -919,7 +919,7 @@ mod tests {
             r#"{"id":4,"epoch":2,"ok":false,"error":{"code":"topicGone","message":"gone"}}"#;
         let ack: Ack = serde_json::from_str(failed).unwrap();
         assert_eq!(
-            ack.decode::<TopicDone>().unwrap_err().code,
+            ack.into_result::<TopicDone>().unwrap_err().code,
             BusErrorCode::TopicGone
         );
         for contradictory in [

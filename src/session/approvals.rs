@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::Session;
-use super::dialog::{Answer, Question, Terminal, Who};
+use super::dialog::{Answer, Options, Question, Terminal, Who};
 use crate::policy::{self, Mode, Reason};
 use crate::protocol::host::*;
 use crate::render;
@@ -21,10 +21,14 @@ use crate::render;
 /// How long the agent's own question waits when it names no timeout.
 const QUESTION_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The buttons of an approval, in this order.
-const ALLOW: u32 = 0;
-const DENY: u32 = 1;
-const ALLOW_FOR_SESSION: u32 = 2;
+/// What a person may answer an approval: its buttons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Approval {
+    Allow,
+    Deny,
+    /// Allow, and grant the tool for the policy's grant time.
+    AllowForSession,
+}
 
 /// "Allow for this session" grants: tool (lower case) → until when.
 #[derive(Debug, Default)]
@@ -120,11 +124,14 @@ impl Session {
                 render::escape(&preview)
             ),
             detail: Some(preview),
-            options: vec![
-                "✅ Allow".into(),
-                "❌ Deny".into(),
-                format!("⏱ Allow {} for {grant_minutes} min", request.tool),
-            ],
+            options: Options::new([
+                (Approval::Allow, "✅ Allow".into()),
+                (Approval::Deny, "❌ Deny".into()),
+                (
+                    Approval::AllowForSession,
+                    format!("⏱ Allow {} for {grant_minutes} min", request.tool),
+                ),
+            ]),
             free_text: false,
             timeout: policy.timeout,
             terminal: if policy.mode == Mode::Both {
@@ -135,12 +142,14 @@ impl Session {
             timeout_outcome: format!("⌛ No answer within {wait}: denied"),
         };
         match self.ask_person(question).await {
-            Answer::Choice { index, by } => {
+            Answer::Choice { choice, by } => {
                 let by_whom = who(&by);
                 let by = decided_by(&by);
-                match index {
-                    ALLOW => result(Decision::Allow, by, Some(format!("allowed {by_whom}"))),
-                    ALLOW_FOR_SESSION => {
+                match choice {
+                    Approval::Allow => {
+                        result(Decision::Allow, by, Some(format!("allowed {by_whom}")))
+                    }
+                    Approval::AllowForSession => {
                         self.grants().grant(&request.tool, policy.grant);
                         result(
                             Decision::Allow,
@@ -148,7 +157,7 @@ impl Session {
                             Some(format!("allowed for {grant_minutes} min {by_whom}")),
                         )
                     }
-                    DENY => result(
+                    Approval::Deny => result(
                         Decision::Deny,
                         by,
                         Some(format!(
@@ -156,7 +165,6 @@ impl Session {
                             request.tool
                         )),
                     ),
-                    _ => result(Decision::Deny, by, Some("an unknown answer denies".into())),
                 }
             }
             Answer::Text { by, .. } => result(
@@ -194,7 +202,8 @@ impl Session {
             title: request.question.clone(),
             html,
             detail: None,
-            options: request.options.clone(),
+            // The agent's own options: each is its position.
+            options: Options::new((0u32..).zip(request.options.iter().cloned())),
             free_text: request.allow_text || request.options.is_empty(),
             timeout,
             terminal: Terminal::Select,
@@ -203,9 +212,9 @@ impl Session {
         let answered = self.ask_person(question).await;
         tracing::info!(target: "audit", question = %request.question, answer = ?answered, "question answered");
         match answered {
-            Answer::Choice { index, by } => QuestionResult {
-                choice: Some(index),
-                answer: request.options.get(index as usize).cloned(),
+            Answer::Choice { choice, by } => QuestionResult {
+                choice: Some(choice),
+                answer: request.options.get(choice as usize).cloned(),
                 by: decided_by(&by),
             },
             Answer::Text { text, by } => QuestionResult {

@@ -23,14 +23,53 @@ const TERMINAL_GRACE: Duration = Duration::from_secs(5);
 /// the asker's own close (with its outcome) is what the person sees.
 const LEADER_GRACE: Duration = Duration::from_secs(60);
 
-pub(super) struct Question {
+/// A question's buttons, each with the choice it stands for. What travels
+/// is a button's position (the bus's `AskAnswer.choice`, the terminal's
+/// `SelectResult.choice`, both generic for any question); it is read back
+/// into the choice here, and nowhere else.
+#[derive(Debug, Clone)]
+pub(super) struct Options<C> {
+    buttons: Vec<(C, String)>,
+}
+
+impl<C: Copy + PartialEq> Options<C> {
+    /// The buttons in the order they are shown: each choice and its label.
+    pub fn new(buttons: impl IntoIterator<Item = (C, String)>) -> Self {
+        Self {
+            buttons: buttons.into_iter().collect(),
+        }
+    }
+
+    fn labels(&self) -> Vec<String> {
+        self.buttons
+            .iter()
+            .map(|(_, label)| label.clone())
+            .collect()
+    }
+
+    /// The choice of the button at `position`, as posted.
+    fn at(&self, position: u32) -> Option<C> {
+        self.buttons
+            .get(position as usize)
+            .map(|(choice, _)| *choice)
+    }
+
+    pub fn label(&self, choice: C) -> Option<&str> {
+        self.buttons
+            .iter()
+            .find(|(c, _)| *c == choice)
+            .map(|(_, label)| label.as_str())
+    }
+}
+
+pub(super) struct Question<C> {
     /// One line: the terminal dialog's title.
     pub title: String,
     /// What the phone shows, Telegram HTML.
     pub html: String,
     /// What the terminal shows under the title, plain text.
     pub detail: Option<String>,
-    pub options: Vec<String>,
+    pub options: Options<C>,
     pub free_text: bool,
     pub timeout: Duration,
     /// How to ask at the terminal too (when the host has a UI).
@@ -46,7 +85,7 @@ pub(super) enum Terminal {
     No,
     /// `ui/select` with the options.
     Select,
-    /// `ui/confirm`: yes is option 0, no option 1.
+    /// `ui/confirm`: yes is the first button, no the second.
     Confirm,
 }
 
@@ -58,9 +97,9 @@ pub(super) enum Who {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum Answer<C> {
     Choice {
-        index: u32,
+        choice: C,
         by: Who,
     },
     Text {
@@ -92,7 +131,10 @@ struct OpenDialog {
 
 impl Session {
     /// Opens the terminal's side of `question`, if it has one.
-    async fn ask_terminal(&self, question: &Question) -> Option<OpenDialog> {
+    async fn ask_terminal<C: Copy + PartialEq>(
+        &self,
+        question: &Question<C>,
+    ) -> Option<OpenDialog> {
         let timeout_ms = Some(question.timeout.as_millis() as u64);
         let wait = question.timeout + TERMINAL_GRACE;
         let opened = match question.terminal {
@@ -104,7 +146,7 @@ impl Session {
                     &SelectParams {
                         title: question.title.clone(),
                         message: question.detail.clone(),
-                        options: question.options.clone(),
+                        options: question.options.labels(),
                         allow_text: question.free_text,
                         timeout_ms,
                     },
@@ -144,7 +186,7 @@ impl Session {
 
     /// Asks `question` on the phone and, if wanted and possible, at the
     /// terminal; returns the first answer.
-    pub(super) async fn ask_person(&self, question: Question) -> Answer {
+    pub(super) async fn ask_person<C: Copy + PartialEq>(&self, question: Question<C>) -> Answer<C> {
         let deadline = Instant::now() + question.timeout;
         let member = self.member();
         let (posted, why_not_phone) = match &member {
@@ -164,7 +206,7 @@ impl Session {
                 let why = why_not_phone.unwrap_or_default();
                 return Answer::Nothing(DecidedBy::Unavailable, why);
             };
-            return from_terminal(terminal.said.await, deadline);
+            return from_terminal(&question.options, terminal.said.await, deadline);
         };
 
         let phone = wait_phone(&member, &posted, deadline);
@@ -176,30 +218,30 @@ impl Session {
                         if let Some(t) = terminal.take() {
                             self.host.cancel(t.id);
                         }
-                        break from_phone(answer);
+                        break from_phone(&question.options, answer);
                     }
                     // The phone's side failed for good; the terminal may
                     // still answer.
                     Err(e) => {
                         tracing::warn!("waiting for the phone's answer failed: {e}");
                         match terminal.take() {
-                            Some(t) => break from_terminal(t.said.await, deadline),
+                            Some(t) => break from_terminal(&question.options, t.said.await, deadline),
                             None => break Answer::Nothing(DecidedBy::Unavailable, e.to_string()),
                         }
                     }
                 },
                 said = async { (&mut terminal.as_mut().expect("guarded").said).await }, if terminal.is_some() => {
                     terminal = None;
-                    let at_terminal = from_terminal(said, deadline);
+                    let at_terminal = from_terminal(&question.options, said, deadline);
                     if matches!(at_terminal, Answer::Nothing(..)) {
                         // The terminal could not be asked after all: wait
                         // for the phone alone.
                         continue;
                     }
                     let outcome = match &at_terminal {
-                        Answer::Choice { index, .. } => format!(
+                        Answer::Choice { choice, .. } => format!(
                             "{} — at the terminal",
-                            question.options.get(*index as usize).map_or("?", String::as_str)
+                            question.options.label(*choice).unwrap_or("?")
                         ),
                         Answer::Text { text, .. } => format!("“{text}” — at the terminal"),
                         _ => "✖ Dismissed at the terminal".to_string(),
@@ -207,7 +249,7 @@ impl Session {
                     // The phone may have answered a moment earlier: then
                     // its answer stands, and the close says so.
                     match close(&member, &posted, &outcome).await {
-                        Some(phone) => break from_phone(phone),
+                        Some(phone) => break from_phone(&question.options, phone),
                         None => break at_terminal,
                     }
                 },
@@ -216,7 +258,7 @@ impl Session {
                         self.host.cancel(t.id);
                     }
                     match close(&member, &posted, &question.timeout_outcome).await {
-                        Some(phone) => break from_phone(phone),
+                        Some(phone) => break from_phone(&question.options, phone),
                         None => break Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into()),
                     }
                 },
@@ -233,9 +275,9 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(10);
 /// cannot ask, and says so at once). A connection lost meanwhile may or may
 /// not have posted it: it is asked again with the same token, which finds
 /// the message if it was.
-pub(super) async fn post(
+pub(super) async fn post<C: Copy + PartialEq>(
     member: &Member,
-    question: &Question,
+    question: &Question<C>,
     deadline: Instant,
 ) -> Result<Posted, MemberError> {
     if !member.watch().borrow().role.is_connected() {
@@ -245,7 +287,7 @@ pub(super) async fn post(
         // 128 bits from the OS's CSPRNG: a tap must not be guessable.
         token: uuid::Uuid::new_v4().simple().to_string(),
         text: question.html.clone(),
-        options: question.options.clone(),
+        options: question.options.labels(),
         free_text: question.free_text,
         expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
     };
@@ -330,28 +372,45 @@ pub(super) async fn close(member: &Member, posted: &Posted, outcome: &str) -> Op
     }
 }
 
-fn from_phone(answer: AskAnswer) -> Answer {
+/// A button's position that is none of the question's: the asker's own
+/// answer, whoever gave it, decides nothing.
+fn unknown<C>(by: &Who, position: u32) -> Answer<C> {
+    let by = match by {
+        Who::Phone { .. } => DecidedBy::Phone,
+        Who::Terminal => DecidedBy::Terminal,
+    };
+    Answer::Nothing(by, format!("answer {position} is none of the options"))
+}
+
+fn from_phone<C: Copy + PartialEq>(options: &Options<C>, answer: AskAnswer) -> Answer<C> {
     let by = Who::Phone {
         name: answer.user_name,
     };
     match (answer.choice, answer.text) {
-        (Some(index), _) => Answer::Choice { index, by },
+        (Some(position), _) => match options.at(position) {
+            Some(choice) => Answer::Choice { choice, by },
+            None => unknown(&by, position),
+        },
         (None, Some(text)) => Answer::Text { text, by },
         (None, None) => Answer::Dismissed,
     }
 }
 
-fn from_terminal(
+fn from_terminal<C: Copy + PartialEq>(
+    options: &Options<C>,
     said: Result<SelectResult, crate::host::OutboundError>,
     deadline: Instant,
-) -> Answer {
+) -> Answer<C> {
     match said {
         Ok(SelectResult {
-            choice: Some(index),
+            choice: Some(position),
             ..
-        }) => Answer::Choice {
-            index,
-            by: Who::Terminal,
+        }) => match options.at(position) {
+            Some(choice) => Answer::Choice {
+                choice,
+                by: Who::Terminal,
+            },
+            None => unknown(&Who::Terminal, position),
         },
         Ok(SelectResult {
             text: Some(text), ..
@@ -368,5 +427,63 @@ fn from_terminal(
             DecidedBy::Unavailable,
             format!("the terminal cannot be asked: {e}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Pick {
+        Yes,
+        No,
+    }
+
+    fn options() -> Options<Pick> {
+        Options::new([(Pick::Yes, "Yes".into()), (Pick::No, "No".into())])
+    }
+
+    fn tapped(choice: Option<u32>) -> AskAnswer {
+        AskAnswer {
+            choice,
+            text: None,
+            user_id: 1,
+            user_name: "P".into(),
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_buttons_position_is_read_back_as_the_choice_it_was_posted_for() {
+        let by = Who::Phone { name: "P".into() };
+        assert_eq!(
+            from_phone(&options(), tapped(Some(1))),
+            Answer::Choice {
+                choice: Pick::No,
+                by
+            }
+        );
+        assert!(matches!(
+            from_phone(&options(), tapped(Some(2))),
+            Answer::Nothing(DecidedBy::Phone, _)
+        ));
+        let at_terminal = from_terminal(
+            &options(),
+            Ok(SelectResult {
+                choice: Some(0),
+                text: None,
+            }),
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert_eq!(
+            at_terminal,
+            Answer::Choice {
+                choice: Pick::Yes,
+                by: Who::Terminal
+            }
+        );
+        assert_eq!(options().labels(), ["Yes", "No"]);
+        assert_eq!(options().label(Pick::No), Some("No"));
     }
 }

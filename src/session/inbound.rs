@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use super::media::{self, ALBUM_WAIT, Prepared};
-use super::outbound::Outgoing;
+use super::outbound::ToTopic;
 use crate::host::OutboundError;
 use crate::member::Member;
 use crate::protocol::bus::Deliver;
@@ -260,7 +260,7 @@ fn accepted(
     match answer {
         Ok(result) if result.accepted => true,
         Ok(_) => {
-            session.send_out(Outgoing::Plain(
+            session.send_out(ToTopic::Plain(
                 "⚠️ The session did not accept this message.".into(),
             ));
             true
@@ -280,7 +280,7 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
     match topic_command(&deliver.message.text) {
         Some("status") => {
             let report = session.status_report(false).await;
-            session.send_out(Outgoing::Plain(report));
+            session.send_out(ToTopic::Plain(report));
         }
         Some("stop") => {
             let reply = match session.host.abort(HOST_TIMEOUT).await {
@@ -290,12 +290,12 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
                 }
                 Err(e) => format!("⚠️ Could not stop the agent: {e}"),
             };
-            session.send_out(Outgoing::Plain(reply));
+            session.send_out(ToTopic::Plain(reply));
         }
         Some("resend") => {
             let offered = session.resend_all();
             if offered == 0 {
-                session.send_out(Outgoing::Plain(
+                session.send_out(ToTopic::Plain(
                     "Nothing to send again: every answer arrived.".into(),
                 ));
             }

@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Session;
-use super::outbound::Outgoing;
+use super::outbound::ToTopic;
 use super::transcribe::transcribe;
+use crate::backoff::Backoff;
 use crate::files::{describe_duration, describe_size};
 use crate::member::{Member, MemberError};
 use crate::protocol::bus::{BusErrorCode, Deliver, Fetched, FetchedFile};
@@ -58,7 +59,7 @@ pub(super) async fn prepare(session: &Session, member: &Member, parts: &[Deliver
         match fetch(member, part.update_id).await {
             Ok(fetched) => files.extend(fetched.files),
             Err(e) if e.code() == Some(BusErrorCode::FileTooBig) => {
-                session.send_out(Outgoing::Plain(format!(
+                session.send_out(ToTopic::Plain(format!(
                     "📎 A file of this message was not passed to the agent: {e}."
                 )));
             }
@@ -67,7 +68,7 @@ pub(super) async fn prepare(session: &Session, member: &Member, parts: &[Deliver
                     update_id = part.update_id,
                     "cannot fetch a message's files: {e}"
                 );
-                session.send_out(Outgoing::Plain(format!(
+                session.send_out(ToTopic::Plain(format!(
                     "⚠️ Could not download a file of this message from Telegram ({e}). The message waits and is tried again when the relay reconnects."
                 )));
                 return Prepared::Later;
@@ -77,7 +78,7 @@ pub(super) async fn prepare(session: &Session, member: &Member, parts: &[Deliver
                     update_id = part.update_id,
                     "cannot fetch a message's files: {e}"
                 );
-                session.send_out(Outgoing::Plain(format!(
+                session.send_out(ToTopic::Plain(format!(
                     "⚠️ Could not download a file of this message from Telegram ({e}); the agent gets the message without it."
                 )));
             }
@@ -104,12 +105,13 @@ fn is_passing(e: &MemberError) -> bool {
 /// under it: the new leader downloads what the old one did not finish.
 async fn fetch(member: &Member, update_id: i64) -> Result<Fetched, MemberError> {
     let mut tries = 1;
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(2));
     loop {
         match member.fetch(update_id).await {
             Err(MemberError::NotConnected) if tries < FETCH_TRIES => {
                 tries += 1;
                 // The member notices the loss a moment after the call did.
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                tokio::time::sleep(backoff.step()).await;
                 let mut states = member.watch();
                 let back = states.wait_for(|s| s.role.is_connected() && s.synced);
                 let _ = tokio::time::timeout(RECONNECT_WAIT, back).await;
@@ -146,7 +148,7 @@ async fn hear(session: &Session, attachments: &[Attachment]) -> Option<String> {
         if !session.told_about_voice.swap(true, Ordering::Relaxed) {
             let file =
                 config.map_or_else(|| "config.toml".into(), |c| c.file.display().to_string());
-            session.send_out(Outgoing::Plain(format!(
+            session.send_out(ToTopic::Plain(format!(
                 "🎙 The agent gets voice notes as audio files. To have them transcribed, set transcribe_command in {file}, e.g. for whisper.cpp:\ntranscribe_command = [\"whisper-cli\", \"-m\", \"/path/to/ggml-base.bin\", \"-nt\", \"-f\", \"{{file}}\"]"
             )));
         }
@@ -156,12 +158,12 @@ async fn hear(session: &Session, attachments: &[Attachment]) -> Option<String> {
     for voice in voices {
         match transcribe(&transcriber, std::path::Path::new(&voice.path)).await {
             Ok(text) if !text.is_empty() => heard.push(text),
-            Ok(_) => session.send_out(Outgoing::Plain(
+            Ok(_) => session.send_out(ToTopic::Plain(
                 "🎙 Nothing was heard in the voice note; the agent got the audio file.".into(),
             )),
             Err(e) => {
                 tracing::warn!("cannot transcribe a voice note: {e}");
-                session.send_out(Outgoing::Plain(format!(
+                session.send_out(ToTopic::Plain(format!(
                     "⚠️ {e}. The agent got the voice note as an audio file."
                 )));
             }
@@ -171,7 +173,7 @@ async fn hear(session: &Session, attachments: &[Attachment]) -> Option<String> {
         return None;
     }
     let transcript = heard.join("\n\n");
-    session.send_out(Outgoing::Plain(format!(
+    session.send_out(ToTopic::Plain(format!(
         "🎙 “{}”",
         crate::policy::clip(&transcript, 3500)
     )));

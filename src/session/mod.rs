@@ -33,7 +33,7 @@ pub use facts::{BindingFact, Facts, OutboxFact, SyncFact, TransportFact};
 use facts::{
     describe_binding, describe_cluster, describe_outbox, describe_sync, describe_transport,
 };
-use outbound::Outgoing;
+use outbound::ToTopic;
 
 /// How long closing waits for the messages queued for the topic.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -98,7 +98,7 @@ struct State {
     disconnected: bool,
     member: Option<Arc<Member>>,
     /// What the session sends into its topic, in order.
-    outbound: Option<tokio::sync::mpsc::UnboundedSender<Outgoing>>,
+    outbound: Option<tokio::sync::mpsc::UnboundedSender<ToTopic>>,
     /// The task behind `outbound`, waited for when the session closes.
     outbound_task: Option<tokio::task::JoinHandle<()>>,
     /// The last answer sent, so `agent/ended` does not repeat `turn/ended`.
@@ -215,7 +215,7 @@ impl Session {
     }
 
     /// Queues something for this session's topic (dropped when not connected).
-    fn send_out(&self, outgoing: Outgoing) {
+    fn send_out(&self, outgoing: ToTopic) {
         if let Some(tx) = &self.state().outbound {
             let _ = tx.send(outgoing);
         }
@@ -315,7 +315,7 @@ impl Session {
         state.membership = membership.clone();
         drop(state);
         if self.is_busy() {
-            self.send_out(Outgoing::Busy(true));
+            self.send_out(ToTopic::Busy(true));
         }
         self.facts
             .send_modify(|f| f.binding = BindingFact::Connecting);
@@ -473,6 +473,12 @@ impl Session {
     }
 
     async fn disconnect(self: &Arc<Self>) -> ExecuteResult {
+        /// The confirmation's buttons (at the terminal, yes and no).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum Disconnect {
+            Delete,
+            Keep,
+        }
         let Some(member) = self.member() else {
             return ExecuteResult::new(false, "This session is not connected to the relay.");
         };
@@ -491,14 +497,20 @@ impl Session {
                     crate::render::escape(&what)
                 ),
                 detail: Some(format!("Delete {what} and disconnect this session?")),
-                options: vec!["🗑 Yes, delete it".into(), "Keep it".into()],
+                options: dialog::Options::new([
+                    (Disconnect::Delete, "🗑 Yes, delete it".into()),
+                    (Disconnect::Keep, "Keep it".into()),
+                ]),
                 free_text: false,
                 timeout: CONFIRM_TIMEOUT,
                 terminal: dialog::Terminal::Confirm,
                 timeout_outcome: "⌛ No answer: nothing changed".into(),
             };
             match self.ask_person(question).await {
-                dialog::Answer::Choice { index: 0, .. } => {}
+                dialog::Answer::Choice {
+                    choice: Disconnect::Delete,
+                    ..
+                } => {}
                 dialog::Answer::Nothing(_, why) => {
                     return ExecuteResult::cancelled(format!(
                         "Disconnect cancelled ({why}); nothing changed."
@@ -723,13 +735,13 @@ impl Handler for Session {
             HostEvent::AgentStarted => {
                 self.busy.store(true, Ordering::Relaxed);
                 self.stopped.store(false, Ordering::Relaxed);
-                self.send_out(Outgoing::Busy(true));
+                self.send_out(ToTopic::Busy(true));
             }
             HostEvent::TurnEnded(turn) => {
                 let text = turn.assistant_text.trim();
                 if !text.is_empty() {
                     self.state().last_answer = Some(text.to_string());
-                    self.send_out(Outgoing::Answer {
+                    self.send_out(ToTopic::Answer {
                         markdown: text.to_string(),
                         cut: turn.aborted || self.stopped.load(Ordering::Relaxed),
                     });
@@ -742,7 +754,7 @@ impl Handler for Session {
                     .map(crate::policy::preview)
                     .map(|p| p.lines().next().unwrap_or_default().to_string())
                     .unwrap_or_default();
-                self.send_out(Outgoing::Tool {
+                self.send_out(ToTopic::Tool {
                     name: tool.tool_name,
                     argument,
                 });
@@ -750,12 +762,12 @@ impl Handler for Session {
             HostEvent::AgentEnded(ended) => {
                 self.busy.store(false, Ordering::Relaxed);
                 let stopped = self.stopped.swap(false, Ordering::Relaxed);
-                self.send_out(Outgoing::Busy(false));
+                self.send_out(ToTopic::Busy(false));
                 let last = ended.last_assistant_text.as_deref().map(str::trim);
                 if let Some(text) = last.filter(|t| !t.is_empty()) {
                     let already = self.state().last_answer.as_deref() == Some(text);
                     if !already {
-                        self.send_out(Outgoing::Answer {
+                        self.send_out(ToTopic::Answer {
                             markdown: text.to_string(),
                             cut: ended.aborted || stopped,
                         });
@@ -767,7 +779,7 @@ impl Handler for Session {
                 // What came from Telegram is not echoed back; what the user
                 // typed at the computer is mirrored so the topic reads whole.
                 if input.source != "extension" && !input.text.trim().is_empty() {
-                    self.send_out(Outgoing::Plain(format!(
+                    self.send_out(ToTopic::Plain(format!(
                         "🧑‍💻 {}",
                         crate::policy::clip(input.text.trim(), MIRROR_LIMIT)
                     )));
@@ -775,7 +787,7 @@ impl Handler for Session {
             }
             HostEvent::Notice(notice) => {
                 if !notice.text.trim().is_empty() {
-                    self.send_out(Outgoing::Plain(crate::policy::clip(
+                    self.send_out(ToTopic::Plain(crate::policy::clip(
                         notice.text.trim(),
                         MIRROR_LIMIT,
                     )));
@@ -823,7 +835,7 @@ impl Handler for Session {
             return not_sent("this session has no Telegram topic right now");
         }
         let (done, sent) = tokio::sync::oneshot::channel();
-        self.send_out(Outgoing::Reply {
+        self.send_out(ToTopic::Reply {
             markdown: params.text,
             done,
         });

@@ -62,7 +62,7 @@ const TOOL_ARGUMENT: usize = 80;
 const MERGED: &str = "\n\n";
 
 #[derive(Debug)]
-pub enum Outgoing {
+pub enum ToTopic {
     /// The agent's answer, as Markdown; `cut` when the turn was stopped.
     Answer { markdown: String, cut: bool },
     /// Plain text (status replies, mirrored prompts).
@@ -82,26 +82,26 @@ pub enum Outgoing {
     },
 }
 
-impl Outgoing {
+impl ToTopic {
     fn is_text(&self) -> bool {
         matches!(
             self,
-            Outgoing::Answer { .. } | Outgoing::Plain(_) | Outgoing::Again(_)
+            ToTopic::Answer { .. } | ToTopic::Plain(_) | ToTopic::Again(_)
         )
     }
 
     /// The text as Telegram HTML.
     fn html(self) -> String {
         match self {
-            Outgoing::Answer { mut markdown, cut } => {
+            ToTopic::Answer { mut markdown, cut } => {
                 if cut {
                     markdown.push_str("\n\n⏹ *Stopped: this answer is cut off.*");
                 }
                 render::render(&markdown)
             }
-            Outgoing::Plain(text) => render::escape(&text),
-            Outgoing::Again(html) => html,
-            Outgoing::Busy(_) | Outgoing::Tool { .. } | Outgoing::Reply { .. } => String::new(),
+            ToTopic::Plain(text) => render::escape(&text),
+            ToTopic::Again(html) => html,
+            ToTopic::Busy(_) | ToTopic::Tool { .. } | ToTopic::Reply { .. } => String::new(),
         }
     }
 }
@@ -163,9 +163,9 @@ pub fn spawn(
     member: Arc<Member>,
     stop: CancellationToken,
     long_answers_as_file: bool,
-) -> (mpsc::UnboundedSender<Outgoing>, tokio::task::JoinHandle<()>) {
+) -> (mpsc::UnboundedSender<ToTopic>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let outbound = Outbound {
+    let outbound = TopicPoster {
         session,
         member,
         progress: None,
@@ -175,15 +175,15 @@ pub fn spawn(
     (tx, tokio::spawn(outbound.run(rx, stop)))
 }
 
-struct Outbound {
+struct TopicPoster {
     session: Weak<Session>,
     member: Arc<Member>,
     progress: Option<Progress>,
     long_answers_as_file: bool,
 }
 
-impl Outbound {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Outgoing>, stop: CancellationToken) {
+impl TopicPoster {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ToTopic>, stop: CancellationToken) {
         let mut typing: Option<tokio::time::Interval> = None;
         let mut queue = VecDeque::new();
         loop {
@@ -227,21 +227,21 @@ impl Outbound {
     /// before them go first.
     async fn work_off(
         &mut self,
-        queue: &mut VecDeque<Outgoing>,
+        queue: &mut VecDeque<ToTopic>,
         typing: &mut Option<tokio::time::Interval>,
     ) {
-        let items: Vec<Outgoing> = queue.drain(..).collect();
+        let items: Vec<ToTopic> = queue.drain(..).collect();
         let mut texts = Vec::new();
         let mut rest = Vec::new();
         for item in items {
             match item {
-                Outgoing::Reply { markdown, done } => {
+                ToTopic::Reply { markdown, done } => {
                     if !texts.is_empty() {
                         self.send_texts(std::mem::take(&mut texts)).await;
                     }
                     let _ = done.send(self.reply(&markdown).await);
                 }
-                Outgoing::Answer { markdown, cut } => {
+                ToTopic::Answer { markdown, cut } => {
                     let block = self
                         .long_answers_as_file
                         .then(|| render::long_block(&markdown))
@@ -255,7 +255,7 @@ impl Outbound {
                             self.send_block(&block, cut).await;
                             self.finish_turn(cut);
                         }
-                        None => texts.push(Outgoing::Answer { markdown, cut }),
+                        None => texts.push(ToTopic::Answer { markdown, cut }),
                     }
                 }
                 text if text.is_text() => texts.push(text),
@@ -267,7 +267,7 @@ impl Outbound {
         }
         for item in rest {
             match item {
-                Outgoing::Busy(busy) => {
+                ToTopic::Busy(busy) => {
                     *typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
                     match (busy, self.progress.take()) {
                         (true, _) => self.progress = Some(Progress::new()),
@@ -278,7 +278,7 @@ impl Outbound {
                         (false, _) => {}
                     }
                 }
-                Outgoing::Tool { name, argument } => {
+                ToTopic::Tool { name, argument } => {
                     let mut p = self.progress.take().unwrap_or_else(Progress::new);
                     p.tools += 1;
                     p.current = if argument.is_empty() {
@@ -297,19 +297,19 @@ impl Outbound {
         }
     }
 
-    async fn send_texts(&mut self, texts: Vec<Outgoing>) {
+    async fn send_texts(&mut self, texts: Vec<ToTopic>) {
         let count = texts.len();
         let cut = texts
             .iter()
-            .any(|t| matches!(t, Outgoing::Answer { cut: true, .. }));
+            .any(|t| matches!(t, ToTopic::Answer { cut: true, .. }));
         let chunks = match texts.as_slice() {
             // One plain text goes as it is (no markup to refuse).
-            [Outgoing::Plain(text)] => plain_chunks(text)
+            [ToTopic::Plain(text)] => plain_chunks(text)
                 .into_iter()
                 .map(|c| (c, TextFormat::Plain))
                 .collect::<Vec<_>>(),
             _ => {
-                let html: Vec<String> = texts.into_iter().map(Outgoing::html).collect();
+                let html: Vec<String> = texts.into_iter().map(ToTopic::html).collect();
                 render::split(&html.join(MERGED), render::MESSAGE_LIMIT)
                     .into_iter()
                     .map(|c| (c, TextFormat::Html))
@@ -581,7 +581,7 @@ mod tests {
 
     #[test]
     fn a_stopped_answer_says_it_is_cut_off_and_plain_text_is_escaped() {
-        let cut = Outgoing::Answer {
+        let cut = ToTopic::Answer {
             markdown: "half an".into(),
             cut: true,
         }
@@ -591,6 +591,6 @@ mod tests {
             cut.contains("⏹ <i>Stopped: this answer is cut off.</i>"),
             "{cut}"
         );
-        assert_eq!(Outgoing::Plain("a < b".into()).html(), "a &lt; b");
+        assert_eq!(ToTopic::Plain("a < b".into()).html(), "a &lt; b");
     }
 }

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
-use super::dialog::{self, Question, Terminal};
-use super::outbound::Outgoing;
+use super::dialog::{self, Options, Question, Terminal};
+use super::outbound::ToTopic;
 use crate::protocol::host::{NotifyLevel, NotifyParams, method};
 
 /// Answers kept to be sent again, at most; the oldest goes first.
@@ -127,7 +127,7 @@ impl Session {
         self.show_undelivered();
         for k in &kept {
             k.withdraw.cancel();
-            self.send_out(Outgoing::Again(k.unsent.html.clone()));
+            self.send_out(ToTopic::Again(k.unsent.html.clone()));
         }
         kept.len()
     }
@@ -187,7 +187,7 @@ impl Session {
                 };
                 match (answered, taken) {
                     // The notice has one button.
-                    (Ok(_), Some(kept)) => self.send_out(Outgoing::Again(kept.unsent.html)),
+                    (Ok(_), Some(kept)) => self.send_out(ToTopic::Again(kept.unsent.html)),
                     (Err(e), Some(_)) => {
                         tracing::debug!("the offer to send an answer again ended: {e}");
                     }
@@ -202,8 +202,9 @@ impl Session {
     }
 }
 
-/// The notice for an answer that did not arrive, or may not have.
-fn notice(unsent: &Unsent) -> Question {
+/// The notice for an answer that did not arrive, or may not have: one
+/// button, so there is no choice to tell apart.
+fn notice(unsent: &Unsent) -> Question<()> {
     let quote = crate::policy::clip(
         crate::render::to_plain(&unsent.html)
             .lines()
@@ -229,7 +230,7 @@ fn notice(unsent: &Unsent) -> Question {
         title: head.into(),
         html,
         detail: None,
-        options: vec!["↻ Send it again".into()],
+        options: Options::new([((), "↻ Send it again".into())]),
         free_text: false,
         timeout: OFFER_FOR,
         terminal: Terminal::No,

@@ -4,18 +4,17 @@
 //! leaves everything else in the file as it was, comments included
 //! (`toml_edit` edits the document in place). The file is read through
 //! [`open_private_file`] (ours, not writable by others, no symlink) and
-//! replaced atomically: a fresh temp file beside it, created 0600 with
-//! `O_NOFOLLOW` and `create_new`, written, checked to parse as a
-//! configuration, synced, then renamed over the old one. A failure at any
-//! step leaves the user's file as it was.
+//! replaced only by a text that parses as a configuration, atomically and
+//! 0600 ([`crate::paths::replace_file`]). A failure at any step leaves the
+//! user's file as it was.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, value};
 
 use crate::config::ConfigFile;
-use crate::paths::{UntrustedPath, create_private_file, open_private_file};
+use crate::paths::{UntrustedPath, open_private_file, replace_file};
 use crate::redact::redact;
 
 /// Why the file could not be read or written. None of the messages holds
@@ -163,8 +162,8 @@ impl ConfigDocument {
     }
 }
 
-/// Replaces `path` with `text`: a checked temp file in the same directory,
-/// then a rename. The temp file never outlives a failure.
+/// Replaces `path` with `text` ([`replace_file`], 0600) once it is known
+/// to parse as a configuration.
 fn replace(path: &Path, text: &str) -> Result<(), FileError> {
     let failed = |message: String| FileError::Write {
         path: path.to_path_buf(),
@@ -177,35 +176,7 @@ fn replace(path: &Path, text: &str) -> Result<(), FileError> {
             redact(e.message())
         ))
     })?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "config.toml".into());
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    // A leftover of a dead process with our pid: never written through.
-    match std::fs::remove_file(&temp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(failed(format!("cannot remove {}: {e}", temp.display())));
-        }
-        _ => {}
-    }
-    let written = (|| -> Result<(), FileError> {
-        let mut file = create_private_file(&temp)?;
-        file.write_all(text.as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|e| failed(e.to_string()))?;
-        std::fs::rename(&temp, path).map_err(|e| failed(e.to_string()))?;
-        // The rename is durable once the directory is.
-        if let Ok(dir) = std::fs::File::open(dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written
+    replace_file(path, text.as_bytes(), 0o600).map_err(|e| failed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -299,7 +270,7 @@ mod tests {
         assert!(err.to_string().contains("unchanged"), "{err}");
         // Something planted where the temp file goes (a directory, which
         // no remove_file takes away): the write fails, the file stays.
-        let temp = dir.join(format!(".config.toml.{}.tmp", std::process::id()));
+        let temp = crate::paths::temp_file_for(&path);
         std::fs::create_dir(&temp).unwrap();
         let err = doc.write(&managed(Chat::Private)).unwrap_err();
         assert!(err.to_string().contains("unchanged"), "{err}");
@@ -318,7 +289,7 @@ mod tests {
         assert!(matches!(err, FileError::Untrusted(_)), "{err}");
 
         std::fs::remove_file(&path).unwrap();
-        let temp = dir.join(format!(".config.toml.{}.tmp", std::process::id()));
+        let temp = crate::paths::temp_file_for(&path);
         std::os::unix::fs::symlink(&target, &temp).unwrap();
         ConfigDocument::read(&path)
             .unwrap()

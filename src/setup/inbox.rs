@@ -36,7 +36,7 @@ const BATCH: u8 = 100;
 const MAX_CONFLICTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
-pub enum InboxError {
+pub enum OwnUpdatesError {
     #[error("nothing arrived in time; run setup again when you are ready")]
     TimedOut,
     #[error(
@@ -52,13 +52,13 @@ pub enum InboxError {
 }
 
 /// The reader of setup's own updates.
-pub struct Inbox<'a> {
+pub struct OwnUpdates<'a> {
     api: &'a BotApi,
     /// The updates setup took, by id.
     taken: BTreeSet<i64>,
 }
 
-impl<'a> Inbox<'a> {
+impl<'a> OwnUpdates<'a> {
     pub fn new(api: &'a BotApi) -> Self {
         Self {
             api,
@@ -71,13 +71,13 @@ impl<'a> Inbox<'a> {
         &mut self,
         deadline: Instant,
         mut pick: impl FnMut(&Message) -> Option<T>,
-    ) -> Result<T, InboxError> {
+    ) -> Result<T, OwnUpdatesError> {
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
         let mut conflicts = 0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(InboxError::TimedOut);
+                return Err(OwnUpdatesError::TimedOut);
             }
             let timeout = POLL_TIMEOUT_S.min(left.as_secs().max(1) as u32);
             let batch = match self.api.get_updates(None, timeout, BATCH).await {
@@ -90,7 +90,7 @@ impl<'a> Inbox<'a> {
                     if matches!(error, TelegramError::Conflict { .. }) {
                         conflicts += 1;
                         if conflicts >= MAX_CONFLICTS {
-                            return Err(InboxError::Conflict);
+                            return Err(OwnUpdatesError::Conflict);
                         }
                     }
                     let wait = error.retry_after().unwrap_or_else(|| backoff.step());
@@ -114,7 +114,7 @@ impl<'a> Inbox<'a> {
                 }
             }
             if batch.len() >= usize::from(BATCH) {
-                return Err(InboxError::Backlog(batch.len()));
+                return Err(OwnUpdatesError::Backlog(batch.len()));
             }
             if !batch.is_empty() {
                 tokio::time::sleep(BUSY_PAUSE.min(left)).await;

@@ -37,7 +37,7 @@ use crate::telegram::call::CreateForumTopic;
 use crate::telegram::types::{LinkPreviewOptions, SendMessage};
 use crate::telegram::{BotApi, BotCall, BotInfo, BotReply, ChatKind, Message, TelegramError};
 use file::{Chat, ConfigDocument, FileError, Managed};
-use inbox::{Inbox, InboxError};
+use inbox::{OwnUpdates, OwnUpdatesError};
 
 /// How long setup waits for the user's Start, or their group message.
 const WAIT_FOR_USER: Duration = Duration::from_secs(600);
@@ -86,7 +86,7 @@ pub enum SetupError {
     )]
     NoToken,
     #[error("{0}")]
-    Inbox(#[from] InboxError),
+    OwnUpdates(#[from] OwnUpdatesError),
     #[error("Telegram: {0}")]
     Telegram(#[from] TelegramError),
 }
@@ -225,7 +225,7 @@ impl Wizard {
         // From here on setup polls, and only while it holds the bus lock.
         let lock = self.bus_lock(&bot)?;
         self.rt.block_on(bot.api.delete_webhook(false))?;
-        let mut inbox = Inbox::new(&bot.api);
+        let mut inbox = OwnUpdates::new(&bot.api);
         let (user, name) = self.pair(&bot, &mut inbox)?;
         self.say(&format!("✓ paired with {name} (user id {user})"));
         let chat = match mode {
@@ -447,7 +447,7 @@ impl Wizard {
 
     /// The deep link, and the wait for its `/start`. Returns the user's id
     /// and first name.
-    fn pair(&self, bot: &Bot, inbox: &mut Inbox<'_>) -> Result<(i64, String), SetupError> {
+    fn pair(&self, bot: &Bot, inbox: &mut OwnUpdates<'_>) -> Result<(i64, String), SetupError> {
         // The code grants control of the user's agents: from the OS's
         // CSPRNG (122 random bits), like the relay's own pairing codes.
         let code = uuid::Uuid::new_v4().simple().to_string();
@@ -469,7 +469,12 @@ impl Wizard {
 
     /// The group: the first message the paired user writes in one, then the
     /// doctor's checks until they pass.
-    fn find_group(&self, bot: &Bot, inbox: &mut Inbox<'_>, user: i64) -> Result<i64, SetupError> {
+    fn find_group(
+        &self,
+        bot: &Bot,
+        inbox: &mut OwnUpdates<'_>,
+        user: i64,
+    ) -> Result<i64, SetupError> {
         let name = &bot.info.username;
         self.say("");
         self.say("Now the group:");
@@ -516,7 +521,7 @@ impl Wizard {
 
     /// Confirms what setup took, as far as that loses nobody else's
     /// updates (see [`inbox`]).
-    fn confirm_updates(&self, inbox: &mut Inbox<'_>) {
+    fn confirm_updates(&self, inbox: &mut OwnUpdates<'_>) {
         match self.rt.block_on(inbox.confirm()) {
             Ok(_) if inbox.left_for_the_relay() > 0 => self.say(
                 "  note: messages sent to the bot before your Start stay for the relay, and so does your Start: when the relay starts it may answer that the code has expired — you are paired all the same",

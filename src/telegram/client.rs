@@ -210,7 +210,7 @@ impl BotApi {
         params: &Value,
     ) -> Result<T, TelegramError> {
         let result = self.call(method, params).await?;
-        decode(method, result)
+        parse_result(method, result)
     }
 
     /// Makes one [`BotCall`] and reads its answer: the one way every call of
@@ -270,7 +270,7 @@ impl BotApi {
         let result = self
             .call_with_timeout("getUpdates", &params, deadline)
             .await?;
-        decode("getUpdates", result)
+        parse_result("getUpdates", result)
     }
 
     /// How many updates wait at Telegram, unconfirmed.
@@ -392,7 +392,7 @@ impl BotApi {
         let result = self
             .post(method, |request| request.multipart(form), timeout)
             .await?;
-        decode(method, result)
+        parse_result(method, result)
     }
 
     pub async fn get_chat(&self, chat: i64) -> Result<Chat, TelegramError> {
@@ -455,7 +455,7 @@ fn check(method: &str, params: &Value) -> Result<(), TelegramError> {
     Ok(())
 }
 
-fn decode<T: DeserializeOwned>(method: &str, result: Value) -> Result<T, TelegramError> {
+fn parse_result<T: DeserializeOwned>(method: &str, result: Value) -> Result<T, TelegramError> {
     serde_json::from_value(result).map_err(|error| TelegramError::Malformed {
         message: redact(&format!("unexpected {method} result: {error}")).into_owned(),
         commit_unknown: !is_idempotent(method),

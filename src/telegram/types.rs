@@ -34,6 +34,8 @@ pub enum UpdateKind {
 /// or it would be fetched again forever.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    #[error("update is not JSON: {0}")]
+    NotJson(String),
     #[error("update is not an object with a numeric update_id")]
     MissingUpdateId,
     #[error("update {update_id}: malformed {kind}: {message}")]
@@ -45,6 +47,14 @@ pub enum DecodeError {
 }
 
 impl Update {
+    /// Decodes one update from the bytes it travels as (Telegram's JSON, as
+    /// the cluster's stream and a forgotten machine's backlog carry it).
+    pub fn from_slice(bytes: &[u8]) -> Result<Update, DecodeError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        Self::decode(&value)
+    }
+
     /// Decodes one raw update. Unknown kinds are not an error; a known kind
     /// whose payload does not match its shape is.
     pub fn decode(value: &Value) -> Result<Update, DecodeError> {
@@ -449,6 +459,24 @@ mod tests {
                 "entities": [{"type": "bold", "offset": 0, "length": 3}]
             }
         })
+    }
+
+    #[test]
+    fn an_update_decodes_from_its_bytes_and_bytes_that_are_not_json_say_so() {
+        let bytes = br#"{"update_id": 9, "message": {"message_id": 1, "date": 1, "chat": {"id": 5, "type": "private"}, "text": "hi"}}"#;
+        let update = Update::from_slice(bytes).unwrap();
+        assert_eq!(update.update_id, 9);
+        assert!(
+            matches!(update.kind, UpdateKind::Message(ref m) if m.text.as_deref() == Some("hi"))
+        );
+        assert!(matches!(
+            Update::from_slice(b"{not json"),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert_eq!(
+            Update::from_slice(b"\"text\""),
+            Err(DecodeError::MissingUpdateId)
+        );
     }
 
     #[test]

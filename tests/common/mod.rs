@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+mod asks;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -18,7 +20,10 @@ pub use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID as CHAT, DEFAULT_USER_ID as USER, FakeBotApi, FakeConfig, FakeServer,
 };
 pub use agent_relay::host_client::Direction;
-use agent_relay::host_client::{self, FromSidecar, Incoming, Link};
+use agent_relay::host_client::{self, FromSidecar, Link, Said};
+// Each test binary uses some of them, as with the rest of this module.
+#[allow(unused_imports)]
+pub use asks::{button, first_button, question, question_in, tap, tap_answer, tap_in};
 
 /// The fake's default token.
 pub const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";
@@ -142,7 +147,7 @@ impl Sidecar {
             let link = link.clone();
             let auto = options.auto_answer.clone();
             tokio::spawn(async move {
-                while let Some(Incoming { message, .. }) = incoming.recv().await {
+                while let Some(Said { message, .. }) = incoming.recv().await {
                     let value = match message {
                         FromSidecar::NotJson(line) => {
                             inbox.lock().unwrap().garbage.push(line);

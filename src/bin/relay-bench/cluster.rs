@@ -24,7 +24,7 @@ use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, FakeBotApi, FakeConfig, FakeServer, Inject,
 };
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use anyhow::{Context as _, anyhow, bail};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
@@ -229,8 +229,10 @@ impl Machine {
         let wait = async {
             loop {
                 match reader.recv::<FromLeader>().await? {
-                    Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(1) => {
-                        return ack.decode().map_err(|e| anyhow!("status refused: {e}"));
+                    Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(1) => {
+                        return ack
+                            .into_result()
+                            .map_err(|e| anyhow!("status refused: {e}"));
                     }
                     Some(_) => continue,
                     None => bail!("the leader closed the connection"),

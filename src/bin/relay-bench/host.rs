@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_relay::host_client::{FromSidecar, Incoming, Link, Sidecar};
+use agent_relay::host_client::{FromSidecar, Link, Said, Sidecar};
 use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Value, json};
 use tokio::process::Command;
@@ -228,12 +228,12 @@ impl Host {
 /// The host's side of the conversation: prompts accepted and stamped,
 /// confirmations granted, status lines kept.
 async fn play(
-    mut incoming: mpsc::UnboundedReceiver<Incoming>,
+    mut incoming: mpsc::UnboundedReceiver<Said>,
     link: Link,
     status: watch::Sender<Option<Status>>,
     prompts: mpsc::UnboundedSender<Prompt>,
 ) {
-    while let Some(Incoming { message, at }) = incoming.recv().await {
+    while let Some(Said { message, at }) = incoming.recv().await {
         match message {
             FromSidecar::Request { id, method, params } => {
                 let _ = match method.as_str() {

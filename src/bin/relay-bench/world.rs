@@ -12,7 +12,7 @@ use agent_relay::fake_bot_api::{
     DEFAULT_FORUM_CHAT_ID, DEFAULT_USER_ID, FakeBotApi, FakeConfig, FakeServer,
 };
 use agent_relay::protocol::bus::*;
-use agent_relay::wire::{self, Incoming};
+use agent_relay::wire::{self, Received};
 use anyhow::{Context as _, anyhow, bail};
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
@@ -156,7 +156,8 @@ impl World {
             }))
             .await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
-        ack.decode().map_err(|e| anyhow!("status refused: {e}"))
+        ack.into_result()
+            .map_err(|e| anyhow!("status refused: {e}"))
     }
 
     pub async fn connect(&self) -> anyhow::Result<Stream> {
@@ -210,7 +211,7 @@ async fn next_ack(
     let wait = async {
         loop {
             match reader.recv::<FromLeader>().await? {
-                Some(Incoming::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => {
+                Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(id) => {
                     return Ok(ack);
                 }
                 Some(_) => continue,
@@ -262,7 +263,7 @@ impl Probe {
         writer.send(&register).await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
         let registered: Registered = ack
-            .decode()
+            .into_result()
             .map_err(|e| anyhow!("registration refused: {e}"))?;
         self.carried = Some(registered.route);
         Ok(())

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::super::Leader;
@@ -145,10 +144,7 @@ impl Reading {
             return Ok(true);
         }
         let updates = deliveries.iter().filter_map(|delivery| {
-            let decoded = serde_json::from_slice::<Value>(&delivery.payload)
-                .map_err(|e| e.to_string())
-                .and_then(|v| Update::decode(&v).map_err(|e| e.to_string()));
-            match decoded {
+            match Update::from_slice(&delivery.payload) {
                 // A tap, a message nobody here journals, a file too big to
                 // fetch are answered once: a redelivery is a repeat.
                 Ok(update) => Some((update, delivery.delivered <= 1)),

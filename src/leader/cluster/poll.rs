@@ -16,7 +16,7 @@ use super::super::batch::Batch;
 use super::super::poller::{Journal, Step, decoded, update_id_of};
 use crate::backoff::Backoff;
 use crate::cluster::claims::{ClaimKey, SessionClaim};
-use crate::cluster::inbound::Outgoing;
+use crate::cluster::inbound::RoutedUpdate;
 use crate::cluster::lease::Term;
 use crate::cluster::{Cluster, ClusterError, NodeName};
 use crate::store::StoreError;
@@ -58,7 +58,7 @@ impl Journal for ClusterPoll {
                 None => None,
             };
             match node {
-                Some(node) => outgoing.push(Outgoing {
+                Some(node) => outgoing.push(RoutedUpdate {
                     node,
                     update_id: update.update_id,
                     payload: serde_json::to_vec(value).unwrap_or_default().into(),
