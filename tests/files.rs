@@ -289,6 +289,62 @@ async fn files_outside_the_working_directory_too_big_or_missing_are_refused_clea
     assert_eq!(uploads, 0, "nothing refused reached Telegram");
 }
 
+/// A hard link to the relay's config inside the project is the config
+/// under another name: `file/send` refuses it (and the store and the log
+/// likewise), so the token never leaves as a file. The relay runs as a
+/// second uid, an ordinary user who owns every file involved.
+#[tokio::test]
+async fn a_hard_link_to_the_relays_config_is_never_sent() {
+    if common::skip_unless_root("running the relay as an ordinary user") {
+        return;
+    }
+    let user = common::unused_uid(62_000);
+    let home = common::home();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("project");
+    std::fs::create_dir(&cwd).unwrap();
+    write_config(home.path(), &format!("bot_token = \"{}\"\n", common::TOKEN));
+    std::fs::create_dir_all(home.path().join("state/logs")).unwrap();
+    common::chown_all(home.path(), user);
+    common::chown_all(root.path(), user);
+    let fake = common::fake().await;
+    let mut s = common::start(
+        Options::new(home.path()).configured(&fake).run_as(user),
+        cwd.to_str().unwrap(),
+        "api",
+    )
+    .await;
+    let config = home.path().join("config/config.toml");
+    let store = home.path().join(format!("state/{BOT}.sqlite3"));
+    let log = std::fs::read_dir(home.path().join("state/logs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_file())
+        .expect("a log file");
+    let before = fake.api().calls().len();
+    for (file, name) in [
+        (&config, "notes.txt"),
+        (&store, "data.db"),
+        (&log, "today.log"),
+    ] {
+        std::fs::hard_link(file, cwd.join(name)).unwrap();
+        let answer = send_file(&mut s, json!({"path": name})).await;
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("under another name (a hard link)"),
+            "{name}: {answer}"
+        );
+        println!("file/send {name:?} (a hard link) → {message}");
+    }
+    let calls = serde_json::to_string(&fake.api().calls()[before..]).unwrap();
+    assert!(
+        !calls.contains(common::SECRET),
+        "the token reached Telegram"
+    );
+    assert!(!calls.contains("sendDocument"), "{calls}");
+}
+
 #[tokio::test]
 async fn a_folder_in_send_from_may_be_sent_from() {
     let home = common::home();

@@ -134,7 +134,7 @@ impl Leader {
         }
         let mut roots = vec![PathBuf::from(cwd)];
         roots.extend(self.files.send_from.iter().cloned());
-        let forbidden = vec![self.inbox.config_dir().to_path_buf()];
+        let forbidden = self.inbox.relay_files();
         let wanted = path.to_path_buf();
         let opened = tokio::task::spawn_blocking(move || {
             let sendable = open_sendable(&wanted, &roots, &forbidden)?;
