@@ -134,16 +134,37 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long a hook waits for its input to end (Claude Code writes it at
+/// once).
+const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `agent-relay hook <event>`: one Claude Code hook. It always exits 0: a
 /// hook that fails must not block Claude Code, and deciding nothing lets
 /// Claude Code go on as without it.
 pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Write};
-    let mut input = Vec::new();
-    std::io::stdin()
-        .take(64 << 20)
-        .read_to_end(&mut input)
-        .context("cannot read the hook input")?;
+    // Claude Code writes the event and closes stdin at once; a stdin that
+    // never ends must not keep the hook (and Claude Code) waiting.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut input = Vec::new();
+        let read = std::io::stdin()
+            .take(64 << 20)
+            .read_to_end(&mut input)
+            .map(|_| input);
+        let _ = tx.send(read);
+    });
+    let input = match rx.recv_timeout(HOOK_INPUT_WAIT) {
+        Ok(read) => read.context("cannot read the hook input")?,
+        Err(_) => {
+            eprintln!(
+                "agent-relay: the hook input did not end within {} s; nothing was relayed",
+                HOOK_INPUT_WAIT.as_secs()
+            );
+            // The reader thread may sit in read(2); leaving ends it.
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
     let (output, note) =
         runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
