@@ -88,6 +88,8 @@ pub enum Distrust {
     Owner { owner: u32, me: u32 },
     #[error("can be written by other users (mode {mode:04o})")]
     Writable { mode: u32 },
+    #[error("can be read by other users (mode {mode:04o})")]
+    Readable { mode: u32 },
     #[error("is a symbolic link")]
     Symlink,
     #[error("is not a directory")]
@@ -303,7 +305,10 @@ fn untrusted(path: &Path, reason: Distrust, role: Role) -> UntrustedPath {
         (Distrust::Writable { .. }, Role::Ancestor) => {
             format!("run `chmod go-w {quoted}` if it is yours, or {elsewhere}")
         }
-        (Distrust::Writable { .. }, Role::File) => format!("run `chmod 600 {quoted}`"),
+        (Distrust::Writable { .. } | Distrust::Readable { .. }, Role::File) => {
+            format!("run `chmod 600 {quoted}`")
+        }
+        (Distrust::Readable { .. }, _) => format!("run `chmod go-rwx {quoted}`"),
         (Distrust::Symlink, Role::File) => "replace the link with the file itself".into(),
         (Distrust::Symlink | Distrust::NotADirectory, _) => {
             format!("replace it with a directory of your own, or {elsewhere}")
@@ -559,6 +564,25 @@ pub fn open_private_file(path: &Path) -> Result<Option<File>, UntrustedPath> {
         Err(e) => return Err(open_error(path, e)),
     };
     check_open_file(path, &file, false)?;
+    Ok(Some(file))
+}
+
+/// Opens a secret of the user's for reading (a NATS `.creds` file, a TLS
+/// private key), checked as [`open_private_file`] does and, since what it
+/// holds lets anybody in, refused if group or others may read it at all
+/// (the fix is `chmod 600 …`). `Ok(None)` when it does not exist.
+pub fn open_secret_file(path: &Path) -> Result<Option<File>, UntrustedPath> {
+    let Some(file) = open_private_file(path)? else {
+        return Ok(None);
+    };
+    let mode = file
+        .metadata()
+        .map_err(|e| io_error(path, &e, Role::File))?
+        .mode()
+        & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(untrusted(path, Distrust::Readable { mode }, Role::File));
+    }
     Ok(Some(file))
 }
 
