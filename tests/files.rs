@@ -633,6 +633,42 @@ async fn a_voice_note_is_transcribed_echoed_and_becomes_the_prompt() {
     );
 }
 
+/// The transcriber is the user's program with the user's environment, but
+/// not the relay's secrets: the bot token and the relay's variables stay
+/// out of it.
+#[tokio::test]
+async fn the_transcriber_never_sees_the_token() {
+    let home = common::home();
+    let script = transcriber(home.path(), "env");
+    write_config(
+        home.path(),
+        &format!(
+            "transcribe_command = [{:?}, \"{{file}}\"]\n",
+            script.display().to_string()
+        ),
+    );
+    let fake = common::fake().await;
+    let s = common::start(
+        Options::new(home.path())
+            .configured(&fake)
+            .env("LANG", "C.UTF-8"),
+        "/tmp/a",
+        "api",
+    )
+    .await;
+    let thread = topic(&fake, "api").thread_id;
+    let posted = post(&fake, thread, USER, "", voice(3));
+    let prompt = prompt_for(&s, posted.update_id).await;
+    let heard = prompt["text"].as_str().unwrap();
+    assert!(
+        heard.contains("LANG=C.UTF-8"),
+        "the user's environment: {heard}"
+    );
+    assert!(!heard.contains(common::SECRET), "the token: {heard}");
+    assert!(!heard.contains("TELEGRAM_BOT_TOKEN"), "{heard}");
+    assert!(!heard.contains("AGENT_RELAY_"), "{heard}");
+}
+
 #[tokio::test]
 async fn without_a_transcriber_the_agent_gets_the_audio_and_the_topic_is_told_once() {
     let home = common::home();
