@@ -345,6 +345,51 @@ async fn a_hard_link_to_the_relays_config_is_never_sent() {
     assert!(!calls.contains("sendDocument"), "{calls}");
 }
 
+/// A download that ends early without an HTTP error (2,048 of the 4,096
+/// bytes `getFile` announced) is not a received file: it is tried again,
+/// then the topic is told, the agent gets the caption without it, and no
+/// file is left in the inbox.
+#[tokio::test]
+async fn a_short_download_is_no_received_file() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let mut file = media(MediaKind::Document, vec![7u8; 2048]);
+    file.declared_size = Some(4096);
+    file.file_name = Some("build.log".into());
+    let posted = post(&fake, thread, USER, "look at this log", file);
+    let prompt = prompt_for(&s, posted.update_id).await;
+    assert_eq!(prompt["text"], "look at this log", "{prompt}");
+    assert!(
+        prompt["attachments"]
+            .as_array()
+            .is_none_or(|files| files.is_empty()),
+        "{prompt}"
+    );
+    let told = wait_topic_text(&fake, thread, "Could not download").await;
+    let told = told.iter().find(|t| t.contains("Could not download")).unwrap();
+    assert!(
+        told.contains("2048 bytes where Telegram announced 4096"),
+        "{told}"
+    );
+    let tries = fake
+        .api()
+        .downloads()
+        .iter()
+        .filter(|d| d.file_id.as_deref() == Some(posted.file_ids[0].as_str()))
+        .count();
+    assert_eq!(tries, 3, "tried again before giving up");
+    let saved: Vec<PathBuf> = std::fs::read_dir(inbox_root(home.path()))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|folder| std::fs::read_dir(folder.path()).into_iter().flatten().flatten())
+        .map(|entry| entry.path())
+        .collect();
+    assert!(saved.is_empty(), "a short file was kept: {saved:?}");
+}
+
 #[tokio::test]
 async fn a_folder_in_send_from_may_be_sent_from() {
     let home = common::home();

@@ -351,11 +351,16 @@ impl BotApi {
 
     /// Streams the file at `file_path` (from [`BotApi::get_file`]) into
     /// `out`, at most `limit` bytes: a longer one is
-    /// [`TelegramError::FileTooBig`]. Returns how many bytes were written.
+    /// [`TelegramError::FileTooBig`]. A file of another length than
+    /// `announced` (`getFile`'s `file_size`) is
+    /// [`TelegramError::Incomplete`]: a server or proxy that ends the body
+    /// early without an HTTP error must not make a short file look whole.
+    /// Returns how many bytes were written.
     pub async fn download(
         &self,
         file_path: &str,
         limit: u64,
+        announced: Option<u64>,
         timeout: Duration,
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<u64, DownloadError> {
@@ -409,7 +414,14 @@ impl BotApi {
             out.write_all(&chunk).await.map_err(DownloadError::Write)?;
         }
         out.flush().await.map_err(DownloadError::Write)?;
-        Ok(written)
+        match announced {
+            Some(announced) if announced != written => Err(TelegramError::Incomplete {
+                received: written,
+                announced,
+            }
+            .into()),
+            _ => Ok(written),
+        }
     }
 
     /// `sendPhoto` or `sendDocument` as a multipart upload: the parameters

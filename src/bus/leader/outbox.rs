@@ -67,6 +67,10 @@ const MAX_BUTTON_DATA: usize = 64;
 /// How long fetching one file may take, retries included.
 pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(240);
 
+/// Downloads of one file that came back shorter (or longer) than Telegram
+/// announced, before the file counts as failed.
+const DOWNLOAD_TRIES: u32 = 3;
+
 /// How long sending a file may take, pacing and retries included (the
 /// member waits a little longer).
 pub(crate) const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
@@ -356,36 +360,46 @@ impl Outbox {
             ));
         };
         let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
-        let downloaded = self
-            .paced("getFile", &Pace::high(None), deadline, || async {
-                let (part, opened) = match Inbox::part_file(dir, name) {
-                    Ok(opened) => opened,
-                    Err(e) => return Ok(Err(e)),
-                };
-                let mut out = tokio::fs::File::from_std(opened);
-                let written = match self
-                    .api
-                    .download(&file_path, DOWNLOAD_MAX, timeout, &mut out)
-                    .await
-                {
-                    Ok(written) => written,
-                    Err(DownloadError::Telegram(e)) => {
+        let mut tries = 0;
+        let downloaded = loop {
+            tries += 1;
+            let attempt = self
+                .paced("getFile", &Pace::high(None), deadline, || async {
+                    let (part, opened) = match Inbox::part_file(dir, name) {
+                        Ok(opened) => opened,
+                        Err(e) => return Ok(Err(e)),
+                    };
+                    let mut out = tokio::fs::File::from_std(opened);
+                    let written = match self
+                        .api
+                        .download(&file_path, DOWNLOAD_MAX, file.file_size, timeout, &mut out)
+                        .await
+                    {
+                        Ok(written) => written,
+                        Err(DownloadError::Telegram(e)) => {
+                            let _ = tokio::fs::remove_file(&part).await;
+                            return Err(e);
+                        }
+                        Err(DownloadError::Write(e)) => return Ok(Err(e)),
+                    };
+                    // Synced before it gets its name: a name is a whole file.
+                    let done = match out.sync_all().await {
+                        Ok(()) => tokio::fs::rename(&part, dir.join(name)).await,
+                        Err(e) => Err(e),
+                    };
+                    if done.is_err() {
                         let _ = tokio::fs::remove_file(&part).await;
-                        return Err(e);
                     }
-                    Err(DownloadError::Write(e)) => return Ok(Err(e)),
-                };
-                // Synced before it gets its name: a name is a whole file.
-                let done = match out.sync_all().await {
-                    Ok(()) => tokio::fs::rename(&part, dir.join(name)).await,
-                    Err(e) => Err(e),
-                };
-                if done.is_err() {
-                    let _ = tokio::fs::remove_file(&part).await;
-                }
-                Ok(done.map(|()| written))
-            })
-            .await;
+                    Ok(done.map(|()| written))
+                })
+                .await;
+            // A file shorter than announced is tried again a few times,
+            // then reported: never saved as if it were whole.
+            match attempt {
+                Err(TelegramError::Incomplete { .. }) if tries < DOWNLOAD_TRIES => {}
+                attempt => break attempt,
+            }
+        };
         match downloaded {
             Ok(Ok(written)) => Ok(written),
             Ok(Err(e)) => Err(BusError::new(
