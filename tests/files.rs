@@ -368,7 +368,10 @@ async fn a_short_download_is_no_received_file() {
         "{prompt}"
     );
     let told = wait_topic_text(&fake, thread, "Could not download").await;
-    let told = told.iter().find(|t| t.contains("Could not download")).unwrap();
+    let told = told
+        .iter()
+        .find(|t| t.contains("Could not download"))
+        .unwrap();
     assert!(
         told.contains("2048 bytes where Telegram announced 4096"),
         "{told}"
@@ -384,7 +387,12 @@ async fn a_short_download_is_no_received_file() {
         .into_iter()
         .flatten()
         .flatten()
-        .flat_map(|folder| std::fs::read_dir(folder.path()).into_iter().flatten().flatten())
+        .flat_map(|folder| {
+            std::fs::read_dir(folder.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
         .map(|entry| entry.path())
         .collect();
     assert!(saved.is_empty(), "a short file was kept: {saved:?}");
