@@ -22,8 +22,25 @@ pub fn private_umask() {
 
 /// How an error leaves the binary: one line on stderr, redacted.
 pub fn report(error: &anyhow::Error) {
-    let message = crate::redact::redact(&format!("{error:#}")).into_owned();
-    eprintln!("agent-relay: {message}");
+    eprintln!("agent-relay: {}", one_line(error));
+}
+
+/// An error and its causes on one line, each said once: a cause whose
+/// message its wrapper already quotes (`cannot load …: {0}`) is not
+/// repeated after it.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    crate::redact::redact(&said).into_owned()
 }
 
 /// One thread is plenty for a sidecar: it waits on pipes, a socket and
@@ -497,5 +514,29 @@ mod tests {
         let machine = crate::cluster::NodeName::parse("box").unwrap();
         assert!(undelivered_notice(&machine, &got[0]).starts_with("⚠️ 2 messages here"));
         assert!(undelivered_notice(&machine, &got[1]).starts_with("⚠️ This message was"));
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("can be written by other users (mode 0666)")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("config.toml {0}")]
+    struct Quoting(#[source] Inner);
+
+    /// Each cause once: a wrapper that quotes its source is not followed by
+    /// the source again; one that does not quote it is.
+    #[test]
+    fn an_error_is_said_once_with_each_cause() {
+        let quoted = anyhow::Error::new(Quoting(Inner));
+        assert_eq!(
+            one_line(&quoted),
+            "config.toml can be written by other users (mode 0666)"
+        );
+        let context = anyhow::Error::new(Inner).context("cannot load the configuration");
+        assert_eq!(
+            one_line(&context),
+            "cannot load the configuration: can be written by other users (mode 0666)"
+        );
     }
 }

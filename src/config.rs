@@ -541,7 +541,7 @@ pub enum ConfigError {
     },
     /// A directory or file of the relay that another user could have
     /// planted or changed.
-    #[error("{0}")]
+    #[error(transparent)]
     Untrusted(#[from] UntrustedPath),
 }
 

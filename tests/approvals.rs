@@ -235,7 +235,7 @@ fn button_of_history(message: &SentMessage, label: &str) -> String {
 }
 
 #[tokio::test]
-async fn strangers_other_topics_forgeries_and_second_taps_change_nothing_and_are_answered() {
+async fn strangers_other_topics_forgeries_and_second_taps_change_nothing() {
     let home = common::home();
     let fake = common::fake().await;
     let mut a = session_with(home.path(), &fake, "api", None).await;
@@ -251,6 +251,9 @@ async fn strangers_other_topics_forgeries_and_second_taps_change_nothing_and_are
         tap_answer(&fake, &by_stranger).await,
         "You are not allowed to use these buttons."
     );
+    // A stranger is told once per window; a second tap is not answered
+    // (nothing to probe, and the chat's budget is for its users).
+    let again_by_stranger = tap(&fake, &asked, thread, stranger, &allow);
     // The right data on a message of another session's topic.
     let notice = fake
         .api()
@@ -282,7 +285,17 @@ async fn strangers_other_topics_forgeries_and_second_taps_change_nothing_and_are
     let again = tap(&fake, &asked, thread, USER, &allow);
     assert_eq!(tap_answer(&fake, &again).await, "Already answered.");
     assert!(settled(&fake, &asked).await.plain_text.contains("❌ Deny"));
-    assert!(fake.api().unanswered_callback_queries().is_empty());
+    let unanswered: Vec<String> = fake
+        .api()
+        .unanswered_callback_queries()
+        .into_iter()
+        .map(|q| q.callback_query_id)
+        .collect();
+    assert_eq!(
+        unanswered,
+        [again_by_stranger],
+        "only the stranger's second tap"
+    );
 }
 
 #[tokio::test]

@@ -527,9 +527,23 @@ async fn a_file_over_20_mb_gets_a_clear_answer_and_nothing_else() {
         answer.contains("is 28.6 MB: bots can download at most 20 MB from Telegram"),
         "{answer}"
     );
+    // One byte over: the sizes are told to the byte, not "20 MB … 20 MB".
+    let mut file = media(MediaKind::Document, b"zip".to_vec());
+    file.file_name = Some("just-over.zip".into());
+    file.declared_size = Some(20 * 1024 * 1024 + 1);
+    let just_over = post(&fake, thread, USER, "", file);
+    let texts = wait_topic_text(&fake, thread, "just-over.zip").await;
+    let answer = texts.iter().find(|t| t.contains("just-over.zip")).unwrap();
+    assert!(
+        answer.contains(
+            "is 20,971,521 bytes: bots can download at most 20 MB (20,971,520 bytes) from Telegram"
+        ),
+        "{answer}"
+    );
     inject(&fake, Some(thread), USER, "next");
     wait_prompt(&s, "next").await;
     assert_eq!(prompts_for(&s, posted.update_id), 0);
+    assert_eq!(prompts_for(&s, just_over.update_id), 0);
     assert!(fake.api().calls().iter().all(|c| c.method != "getFile"));
     assert!(fake.api().downloads().is_empty());
 }

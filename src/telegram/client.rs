@@ -99,7 +99,7 @@ pub struct SendFile {
 /// Why a download did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
-    #[error("{0}")]
+    #[error(transparent)]
     Telegram(#[from] TelegramError),
     /// Writing what arrived failed (a full disk, say).
     #[error("cannot write the file: {0}")]

@@ -20,7 +20,7 @@ use super::outbox::Upload;
 use super::registry::ConnId;
 use super::triage::MessageDetail;
 use super::{Leader, store_error};
-use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_size, is_picture, safe_name};
+use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_against, is_picture, safe_name};
 use crate::paths::open_sendable;
 use crate::protocol::bus::*;
 use crate::telegram::UploadSource;
@@ -96,13 +96,10 @@ impl Leader {
             FileSource::Path(path) => self.open_upload(Path::new(path), cwd, send).await?,
             FileSource::Text { name, text } => {
                 if text.len() > MAX_INLINE_FILE {
+                    let (size, limit) = describe_against(text.len() as u64, MAX_INLINE_FILE as u64);
                     return Err(BusError::new(
                         BusErrorCode::FileTooBig,
-                        format!(
-                            "an inline file is at most {}; this one is {}",
-                            describe_size(MAX_INLINE_FILE as u64),
-                            describe_size(text.len() as u64)
-                        ),
+                        format!("an inline file is at most {limit}; this one is {size}"),
                     ));
                 }
                 Upload {
@@ -153,13 +150,10 @@ impl Leader {
             )));
         }
         if sendable.len > UPLOAD_MAX {
+            let (size, limit) = describe_against(sendable.len, UPLOAD_MAX);
             return Err(BusError::new(
                 BusErrorCode::FileTooBig,
-                format!(
-                    "{shown} is {}; bots can send at most {} to Telegram",
-                    describe_size(sendable.len),
-                    describe_size(UPLOAD_MAX)
-                ),
+                format!("{shown} is {size}; bots can send at most {limit} to Telegram"),
             ));
         }
         // A GIF goes as a document: Telegram shows it animated then, while a
@@ -167,13 +161,10 @@ impl Leader {
         let picture = is_picture(&head) && !head.starts_with(b"GIF8");
         let (send_as, chosen) = match send.send_as {
             Some(SendAs::Photo) if sendable.len > PHOTO_UPLOAD_MAX => {
+                let (size, limit) = describe_against(sendable.len, PHOTO_UPLOAD_MAX);
                 return Err(BusError::new(
                     BusErrorCode::FileTooBig,
-                    format!(
-                        "{shown} is {}; a photo is at most {}: send it as a document",
-                        describe_size(sendable.len),
-                        describe_size(PHOTO_UPLOAD_MAX)
-                    ),
+                    format!("{shown} is {size}; a photo is at most {limit}: send it as a document"),
                 ));
             }
             Some(SendAs::Photo) if !is_picture(&head) => {

@@ -340,18 +340,22 @@ impl Outbox {
             })
             .await
             .map_err(decide)?;
-        let too_big = |size: u64| {
+        // `None`: the download passed the limit, its size untold.
+        let too_big = |size: Option<u64>| {
+            let (size, limit) = match size {
+                Some(size) => crate::files::describe_against(size, DOWNLOAD_MAX),
+                None => {
+                    let limit = crate::files::describe_size(DOWNLOAD_MAX);
+                    (format!("more than {limit}"), limit)
+                }
+            };
             BusError::new(
                 BusErrorCode::FileTooBig,
-                format!(
-                    "the file is {}; bots can download at most {} from Telegram",
-                    crate::files::describe_size(size),
-                    crate::files::describe_size(DOWNLOAD_MAX)
-                ),
+                format!("the file is {size}; bots can download at most {limit} from Telegram"),
             )
         };
         if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
-            return Err(too_big(size));
+            return Err(too_big(Some(size)));
         }
         let Some(file_path) = file.file_path else {
             return Err(BusError::new(
@@ -406,7 +410,7 @@ impl Outbox {
                 BusErrorCode::Internal,
                 format!("cannot save the file in the inbox: {e}"),
             )),
-            Err(TelegramError::FileTooBig { .. }) => Err(too_big(DOWNLOAD_MAX + 1)),
+            Err(TelegramError::FileTooBig { .. }) => Err(too_big(None)),
             Err(e) => Err(decide(e)),
         }
     }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::access::Access;
-use crate::files::{DOWNLOAD_MAX, describe_size};
+use crate::files::{DOWNLOAD_MAX, describe_against};
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
 use crate::telegram::{FileRef, MediaKind, Message, Update, UpdateKind};
@@ -247,9 +247,8 @@ fn too_big(message: &Message, file: &FileRef, size: u64) -> String {
         (None, Some(MediaKind::Video | MediaKind::VideoNote)) => "This video".into(),
         (None, _) => "This file".into(),
     };
+    let (size, limit) = describe_against(size, DOWNLOAD_MAX);
     format!(
-        "📎 {what} is {}: bots can download at most {} from Telegram, so it was not passed to the agent. Share it another way (a link, or smaller parts).",
-        describe_size(size),
-        describe_size(DOWNLOAD_MAX)
+        "📎 {what} is {size}: bots can download at most {limit} from Telegram, so it was not passed to the agent. Share it another way (a link, or smaller parts)."
     )
 }
