@@ -23,8 +23,25 @@ pub fn private_umask() {
 
 /// How an error leaves the binary: one line on stderr, redacted.
 pub fn report(error: &anyhow::Error) {
-    let message = crate::redact::redact(&format!("{error:#}")).into_owned();
-    eprintln!("agent-relay: {message}");
+    eprintln!("agent-relay: {}", one_line(error));
+}
+
+/// An error and its causes on one line, each said once: a cause whose
+/// message its wrapper already quotes (`cannot load …: {0}`) is not
+/// repeated after it.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    crate::redact::redact(&said).into_owned()
 }
 
 /// One thread is plenty for a sidecar: it waits on pipes, a socket and
@@ -145,16 +162,37 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long a hook waits for its input to end (Claude Code writes it at
+/// once).
+const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `agent-relay hook <event>`: one Claude Code hook. It always exits 0: a
 /// hook that fails must not block Claude Code, and deciding nothing lets
 /// Claude Code go on as without it.
 pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Write};
-    let mut input = Vec::new();
-    std::io::stdin()
-        .take(64 << 20)
-        .read_to_end(&mut input)
-        .context("cannot read the hook input")?;
+    // Claude Code writes the event and closes stdin at once; a stdin that
+    // never ends must not keep the hook (and Claude Code) waiting.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut input = Vec::new();
+        let read = std::io::stdin()
+            .take(64 << 20)
+            .read_to_end(&mut input)
+            .map(|_| input);
+        let _ = tx.send(read);
+    });
+    let input = match rx.recv_timeout(HOOK_INPUT_WAIT) {
+        Ok(read) => read.context("cannot read the hook input")?,
+        Err(_) => {
+            eprintln!(
+                "agent-relay: the hook input did not end within {} s; nothing was relayed",
+                HOOK_INPUT_WAIT.as_secs()
+            );
+            // The reader thread may sit in read(2); leaving ends it.
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
     let (output, note) =
         runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
@@ -484,5 +522,29 @@ mod tests {
         let machine = crate::cluster::NodeName::parse("box").unwrap();
         assert!(undelivered_notice(&machine, &got[0]).starts_with("⚠️ 2 messages here"));
         assert!(undelivered_notice(&machine, &got[1]).starts_with("⚠️ This message was"));
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("can be written by other users (mode 0666)")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("config.toml {0}")]
+    struct Quoting(#[source] Inner);
+
+    /// Each cause once: a wrapper that quotes its source is not followed by
+    /// the source again; one that does not quote it is.
+    #[test]
+    fn an_error_is_said_once_with_each_cause() {
+        let quoted = anyhow::Error::new(Quoting(Inner));
+        assert_eq!(
+            one_line(&quoted),
+            "config.toml can be written by other users (mode 0666)"
+        );
+        let context = anyhow::Error::new(Inner).context("cannot load the configuration");
+        assert_eq!(
+            one_line(&context),
+            "cannot load the configuration: can be written by other users (mode 0666)"
+        );
     }
 }

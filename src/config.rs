@@ -305,59 +305,133 @@ impl fmt::Display for NkeySeed {
     }
 }
 
-/// A NATS server URL. `Debug` and `Display` drop a user and password in it.
+/// A NATS server URL. A user and password (`nats://user:pass@host`) or a
+/// token (`nats://token@host`) in it are taken out when it is parsed: the
+/// client gets them as authentication options ([`NatsUrl::auth`]) and an
+/// address without them ([`NatsUrl::address`]), so no library logs them
+/// with the address, at any level. `Debug` and `Display` show
+/// `<redacted>@` where they were.
 #[derive(Clone, PartialEq, Eq)]
-pub struct NatsUrl(String);
+pub struct NatsUrl {
+    /// `scheme://host:port`, or as configured without a scheme.
+    address: String,
+    auth: Option<NatsUrlAuth>,
+}
+
+/// The user and password, or the token, a NATS URL carried.
+#[derive(Clone, PartialEq, Eq)]
+pub enum NatsUrlAuth {
+    UserPassword { user: String, password: String },
+    Token(String),
+}
+
+impl fmt::Debug for NatsUrlAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .field("password", &"<redacted>")
+                .finish(),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+        }
+    }
+}
 
 impl NatsUrl {
     /// Checks the scheme (`nats`, `tls`, `ws`, `wss`, or none) and that a
-    /// host is named.
+    /// host is named; takes a user and password or a token out (their
+    /// `%`-escapes decoded).
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
-        let rest = match text.split_once("://") {
-            Some(("nats" | "tls" | "ws" | "wss", rest)) => rest,
+        let (scheme, rest) = match text.split_once("://") {
+            Some((scheme @ ("nats" | "tls" | "ws" | "wss"), rest)) => (Some(scheme), rest),
             Some(_) => {
                 return Err(format!(
                     "a NATS URL starts with nats://, tls://, ws:// or wss://, found {}",
-                    Self(text.to_string())
+                    shown_url(text)
                 ));
             }
-            None => text,
+            None => (None, text),
         };
-        let host = rest.rsplit('@').next().unwrap_or_default();
+        let (userinfo, host) = match rest.rsplit_once('@') {
+            Some((userinfo, host)) => (Some(userinfo), host),
+            None => (None, rest),
+        };
         if host.is_empty() || host.starts_with(':') {
             return Err(format!(
                 "a NATS URL names a host, found {}",
-                Self(text.to_string())
+                shown_url(text)
             ));
         }
-        Ok(Self(text.to_string()))
+        let decoded = |part: &str| {
+            percent_encoding::percent_decode_str(part)
+                .decode_utf8()
+                .map(|part| part.into_owned())
+                .map_err(|_| {
+                    format!(
+                        "the user or password of a NATS URL is not UTF-8 once decoded, in {}",
+                        shown_url(text)
+                    )
+                })
+        };
+        let auth = match userinfo.map(|info| info.split_once(':')) {
+            None => None,
+            Some(Some((user, password))) => Some(NatsUrlAuth::UserPassword {
+                user: decoded(user)?,
+                password: decoded(password)?,
+            }),
+            Some(None) => Some(NatsUrlAuth::Token(decoded(userinfo.unwrap_or_default())?)),
+        };
+        Ok(Self {
+            address: match scheme {
+                Some(scheme) => format!("{scheme}://{host}"),
+                None => host.to_string(),
+            },
+            auth,
+        })
     }
 
     /// Whether the URL itself asks for TLS.
     pub fn is_tls(&self) -> bool {
-        self.0.starts_with("tls://") || self.0.starts_with("wss://")
+        self.address.starts_with("tls://") || self.address.starts_with("wss://")
     }
 
-    /// The URL as configured, user and password included: for the NATS
-    /// client only.
-    pub fn expose(&self) -> &str {
-        &self.0
+    /// The server's address, without user, password or token: what the
+    /// NATS client is given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The user and password, or the token, the URL carried: for the NATS
+    /// client's authentication options only.
+    pub fn auth(&self) -> Option<&NatsUrlAuth> {
+        self.auth.as_ref()
+    }
+}
+
+/// A NATS URL as it may be shown: the part before a `@` masked.
+fn shown_url(text: &str) -> String {
+    let (scheme, rest) = match text.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, text),
+    };
+    let host = match rest.rsplit_once('@') {
+        Some((_, host)) => format!("<redacted>@{host}"),
+        None => rest.to_string(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{host}"),
+        None => host,
     }
 }
 
 impl fmt::Display for NatsUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (scheme, rest) = match self.0.split_once("://") {
-            Some((scheme, rest)) => (Some(scheme), rest),
-            None => (None, self.0.as_str()),
-        };
-        if let Some(scheme) = scheme {
-            write!(f, "{scheme}://")?;
-        }
-        match rest.rsplit_once('@') {
-            Some((_, host)) => write!(f, "<redacted>@{host}"),
-            None => f.write_str(rest),
+        match (self.auth.is_some(), self.address.split_once("://")) {
+            (false, _) => f.write_str(&self.address),
+            (true, Some((scheme, host))) => write!(f, "{scheme}://<redacted>@{host}"),
+            (true, None) => write!(f, "<redacted>@{}", self.address),
         }
     }
 }
@@ -467,7 +541,7 @@ pub enum ConfigError {
     },
     /// A directory or file of the relay that another user could have
     /// planted or changed.
-    #[error("{0}")]
+    #[error(transparent)]
     Untrusted(#[from] UntrustedPath),
 }
 
@@ -684,6 +758,23 @@ fn cluster_config(
         .map_err(|m| invalid(url_origin, url_key, m))?;
     if servers.is_empty() {
         return Err(invalid(url_origin, url_key, "names no server".into()));
+    }
+    // A user and password in the URLs are one more way in: one way only,
+    // the same for every server.
+    let url_auths: Vec<&NatsUrlAuth> = servers.iter().filter_map(NatsUrl::auth).collect();
+    if url_auths.windows(2).any(|pair| pair[0] != pair[1]) {
+        return Err(invalid(
+            url_origin,
+            url_key,
+            "names different users, passwords or tokens for its servers: every server takes the same one".into(),
+        ));
+    }
+    if !url_auths.is_empty() && (section.creds_file.is_some() || section.nkey.is_some()) {
+        return Err(invalid(
+            url_origin,
+            url_key,
+            "carries a user and password (or a token), which `cluster.nkey` and `cluster.creds_file` exclude: keep one way in".into(),
+        ));
     }
     let credentials = match (section.creds_file, section.nkey) {
         (Some(_), Some(_)) => {
@@ -952,7 +1043,7 @@ mod tests {
         .unwrap()
         .cluster
         .unwrap();
-        assert_eq!(c.servers[0].expose(), "nats://127.0.0.1:4333");
+        assert_eq!(c.servers[0].address(), "nats://127.0.0.1:4333");
         assert!(!c.require_tls);
         assert_eq!(c.node.as_str(), "box-2");
 
@@ -1017,18 +1108,67 @@ mod tests {
     #[test]
     fn cluster_secrets_are_never_displayed() {
         let text = format!(
-            "[cluster]\nnats_url = \"nats://relay:hunter2secret@h:4222\"\nnkey = \"{SEED}\"\n[cluster.tls]\nca_file = \"/ca.pem\"\n"
+            "[cluster]\nnats_url = \"nats://h:4222\"\nnkey = \"{SEED}\"\n[cluster.tls]\nca_file = \"/ca.pem\"\n"
         );
         let c = load(&text, &[("AGENT_RELAY_NODE_NAME", "n")]).unwrap();
-        let shown = format!("{c:?} {}", c.cluster.as_ref().unwrap().servers[0]);
-        assert!(
-            !shown.contains("hunter2secret") && !shown.contains(SEED),
-            "{shown}"
-        );
-        assert!(shown.contains("nats://<redacted>@h:4222"), "{shown}");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(SEED), "{shown}");
         assert!(
             c.cluster.unwrap().require_tls,
             "a [cluster.tls] section requires TLS"
+        );
+        let text = "[cluster]\nnats_url = \"nats://relay:hunter2%40secret@h:4222\"\n";
+        let c = load(text, &[("AGENT_RELAY_NODE_NAME", "n")]).unwrap();
+        let cluster = c.cluster.as_ref().unwrap();
+        let shown = format!("{c:?} {}", cluster.servers[0]);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("nats://<redacted>@h:4222"), "{shown}");
+    }
+
+    /// A user and password in the URL are taken out of it: the client gets
+    /// them as options (`%`-escapes decoded) and an address without them,
+    /// which is all a library can log.
+    #[test]
+    fn a_urls_password_goes_as_options_never_in_the_address() {
+        let url = NatsUrl::parse("tls://relay:hunter2%40x@nats.example:4222").unwrap();
+        assert_eq!(url.address(), "tls://nats.example:4222");
+        assert_eq!(
+            url.auth(),
+            Some(&NatsUrlAuth::UserPassword {
+                user: "relay".into(),
+                password: "hunter2@x".into()
+            })
+        );
+        assert!(url.is_tls());
+        let token = NatsUrl::parse("s3cr3ttoken@h").unwrap();
+        assert_eq!(token.address(), "h");
+        assert_eq!(
+            token.auth(),
+            Some(&NatsUrlAuth::Token("s3cr3ttoken".into()))
+        );
+        assert_eq!(
+            format!("{token} {token:?}"),
+            "<redacted>@h NatsUrl(<redacted>@h)"
+        );
+        assert_eq!(NatsUrl::parse("nats://h:1").unwrap().auth(), None);
+
+        let err = |text: &str| {
+            load(text, &[("AGENT_RELAY_NODE_NAME", "n")])
+                .unwrap_err()
+                .to_string()
+        };
+        let both = err(&format!(
+            "[cluster]\nnats_url = \"nats://u:hunter2@h\"\nnkey = \"{SEED}\"\n"
+        ));
+        assert!(
+            both.contains("one way in") && !both.contains("hunter2"),
+            "{both}"
+        );
+        let differ = err("[cluster]\nnats_url = \"nats://u:hunter2@a, nats://u:other@b\"\n");
+        assert!(differ.contains("every server takes the same"), "{differ}");
+        assert!(
+            !differ.contains("hunter2") && !differ.contains("other@"),
+            "{differ}"
         );
     }
 

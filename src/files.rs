@@ -34,6 +34,33 @@ pub fn describe_size(bytes: u64) -> String {
     }
 }
 
+/// `size` and the `limit` it is measured against, as people read them and
+/// told apart: where rounding would make both read the same (a file one
+/// byte over 20 MB "is 20 MB"), both are given to the byte.
+pub fn describe_against(size: u64, limit: u64) -> (String, String) {
+    let (shown, limit_shown) = (describe_size(size), describe_size(limit));
+    if shown != limit_shown || size == limit {
+        return (shown, limit_shown);
+    }
+    (
+        format!("{} bytes", grouped(size)),
+        format!("{limit_shown} ({} bytes)", grouped(limit)),
+    )
+}
+
+/// `20971521` as `20,971,521`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 /// A name somebody else chose, made into one safe file name component: its
 /// last path component only, letters, digits, `.`, `-`, `_` and spaces kept
 /// (any other character becomes `_`), no leading dots (no hidden files, never
@@ -102,6 +129,24 @@ mod tests {
         assert_eq!(describe_size(DOWNLOAD_MAX), "20 MB");
         assert_eq!(describe_size(31_400_000), "29.9 MB");
         assert_eq!(describe_size(3 * 1024 * 1024 + 400 * 1024), "3.4 MB");
+    }
+
+    /// "20 MB + 1 byte is 20 MB" reads as no reason at all: at a limit,
+    /// the sizes are exact.
+    #[test]
+    fn a_size_at_its_limit_is_told_to_the_byte() {
+        assert_eq!(
+            describe_against(DOWNLOAD_MAX + 1, DOWNLOAD_MAX),
+            ("20,971,521 bytes".into(), "20 MB (20,971,520 bytes)".into())
+        );
+        assert_eq!(
+            describe_against(28 * 1024 * 1024, DOWNLOAD_MAX),
+            ("28 MB".into(), "20 MB".into())
+        );
+        assert_eq!(
+            describe_against(UPLOAD_MAX + 1000, UPLOAD_MAX),
+            ("52,429,800 bytes".into(), "50 MB (52,428,800 bytes)".into())
+        );
     }
 
     #[test]

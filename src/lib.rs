@@ -33,7 +33,8 @@
 //! * `cluster` — one bot across machines over NATS JetStream: the lease,
 //!   the inbound stream, claims and calls (docs/CLUSTER.md). Phase 1: tested
 //!   against a real `nats-server`, not yet used by the leader.
-//! * `ids`, `config`, `paths`, `redact`, `logging`, `backoff` — the edges.
+//! * `ids`, `config`, `paths`, `redact`, `visible`, `logging`, `backoff` — the
+//!   edges (`visible`: text made safe to show, hidden characters written out).
 //! * `doctor` and `setup` — the checks, and the interactive first run that
 //!   writes the configuration.
 //! * `fake_bot_api` — a faithful Bot API simulator for tests, `demo` and
@@ -75,6 +76,7 @@ mod setup;
 mod store;
 mod telegram;
 mod topics;
+mod visible;
 
 /// The bus's socket: its checked directory and typed envelopes (tests and
 /// the benchmark play raw bus clients with these).

@@ -31,15 +31,28 @@ static NKEY_SEED: LazyLock<Regex> = LazyLock::new(|| {
 /// useful when reading logs of several bots.
 const MASK: &str = "<redacted>";
 
+/// The mask in Telegram HTML: shown as `<redacted>`, never read as a tag.
+const HTML_MASK: &str = "&lt;redacted&gt;";
+
 /// Returns `text` with every bot token masked as `<bot id>:<redacted>`
 /// and every nkey seed as `<redacted>`.
 pub fn redact(text: &str) -> Cow<'_, str> {
+    redact_with(text, MASK)
+}
+
+/// [`redact`] for Telegram HTML: the mask is escaped, so the message still
+/// parses (`&lt;redacted&gt;`).
+pub fn redact_html(text: &str) -> Cow<'_, str> {
+    redact_with(text, HTML_MASK)
+}
+
+fn redact_with<'a>(text: &'a str, mask: &str) -> Cow<'a, str> {
     let tokens = TOKEN.replace_all(text, |caps: &regex::Captures<'_>| {
         let whole = &caps[0];
         let id = whole.split(':').next().unwrap_or_default();
-        format!("{id}:{MASK}")
+        format!("{id}:{mask}")
     });
-    match NKEY_SEED.replace_all(&tokens, MASK) {
+    match NKEY_SEED.replace_all(&tokens, regex::NoExpand(mask)) {
         Cow::Borrowed(_) => tokens,
         Cow::Owned(masked) => Cow::Owned(masked),
     }
@@ -85,6 +98,14 @@ mod tests {
         let text = format!("nkey {seed} refused");
         assert_eq!(redact(&text), "nkey <redacted> refused");
         assert_eq!(redact("SUNDAY"), "SUNDAY");
+    }
+
+    #[test]
+    fn the_html_mask_is_escaped() {
+        assert_eq!(
+            redact_html(&format!("<code>curl .../bot{TOKEN}/getMe</code>")),
+            "<code>curl .../bot123456789:&lt;redacted&gt;/getMe</code>"
+        );
     }
 
     #[test]

@@ -35,14 +35,13 @@
 //!   `paypal.com (<a href="https://evil.example">https://evil.example</a>)`.
 //!   File names look like domains (`main.rs`), so they get the same
 //!   treatment: more to read, never a wrong impression.
-//! * Link text and targets lose every invisible character: bidi controls and
-//!   marks, zero-width spaces and joiners, soft hyphens, Unicode tags — a
-//!   link text that reads the same as another must be the same.
-//! * Everywhere else (text, code, tables) the bidi embedding, override and
-//!   isolate controls (U+202A–U+202E, U+2066–U+2069) are removed, as they can
-//!   make code or a command read differently from what it is ("Trojan
-//!   Source"). Marks (LRM, RLM, ALM) and joiners stay there: right-to-left
-//!   scripts and emoji need them, and they cannot reorder text.
+//! * Every character that reorders text or shows nothing (bidi controls and
+//!   marks, zero-width spaces, tags: see `visible`) is shown as its code
+//!   point, `<U+202E>`, in text, code and tables alike, as in approvals and
+//!   questions: code or a command that reads differently from what it is
+//!   ("Trojan Source") is seen to be odd instead of deceiving. Link text is
+//!   judged as it then reads (`paypal<U+200B>.com` names no host), and a
+//!   target holding such a character is no link, only shown.
 
 use pulldown_cmark::{CodeBlockKind, Event, LinkType, Options, Parser, Tag, TagEnd};
 
@@ -106,8 +105,11 @@ struct Table {
 }
 
 struct Anchor {
-    /// The target without invisible characters.
+    /// The target, hidden characters revealed.
     target: String,
+    /// The target may be an `<a href>`: see [`linkable`]; a target with a
+    /// hidden character never is.
+    linkable: bool,
     /// An image: its target is shown when there is no alt text.
     image: bool,
     /// Inside another link or image: Telegram cannot nest links, so only its
@@ -251,12 +253,13 @@ impl Renderer {
     /// Telegram cannot nest links, so an image inside a link (a badge)
     /// shows its alt text inside the outer link.
     fn open_anchor(&mut self, target: &str, image: bool) {
-        let target: String = target
-            .chars()
-            .filter(|&c| !is_invisible(c) && !c.is_control())
-            .collect();
+        let revealed = crate::visible::reveal(target);
+        let linkable = matches!(revealed, std::borrow::Cow::Borrowed(_))
+            && !target.chars().any(char::is_control)
+            && linkable(target);
         self.links.push(Anchor {
-            target,
+            target: revealed.into_owned(),
+            linkable,
             image,
             nested: !self.links.is_empty(),
             start: self.out.len(),
@@ -270,7 +273,7 @@ impl Renderer {
             return;
         };
         let shown = to_plain(&self.out[anchor.start..]);
-        if shown.trim().is_empty() && (anchor.image || linkable(&anchor.target)) {
+        if shown.trim().is_empty() && (anchor.image || anchor.linkable) {
             self.text(&anchor.target);
         }
         if anchor.nested {
@@ -278,7 +281,11 @@ impl Renderer {
         }
         let shown = to_plain(&self.out[anchor.start..]);
         let shown = shown.trim();
-        if !linkable(&anchor.target) {
+        // Judged as shown and as it reads past the marks: both
+        // `paypal<U+200B>.com` and `a.b..<U+202E>paypal.com` claim to be
+        // paypal.com.
+        let read = crate::visible::as_read(shown);
+        if !anchor.linkable {
             if shown.is_empty() {
                 self.text(&anchor.target);
             } else if shown != anchor.target && !anchor.target.is_empty() {
@@ -287,7 +294,7 @@ impl Renderer {
             return;
         }
         let href = format!("<a href=\"{}\">", escape_attribute(&anchor.target));
-        if shows_the_target(shown, &anchor.target) {
+        if shows_the_target(shown, &anchor.target) && shows_the_target(&read, &anchor.target) {
             self.out.insert_str(anchor.start, &href);
             self.markup("</a>");
         } else {
@@ -333,7 +340,7 @@ impl Renderer {
             | Event::Html(text)
             | Event::InlineHtml(text)
             | Event::InlineMath(text)
-            | Event::DisplayMath(text) => table.cell.push_str(&text),
+            | Event::DisplayMath(text) => table.cell.push_str(&crate::visible::reveal(&text)),
             Event::SoftBreak | Event::HardBreak => table.cell.push(' '),
             Event::End(TagEnd::TableCell) => {
                 let cell = std::mem::take(&mut table.cell);
@@ -380,46 +387,14 @@ impl Renderer {
         self.fresh = false;
     }
 
-    /// Writes visible text: escaped, without the characters that could make
-    /// it read as something else (see the module doc).
+    /// Writes visible text: escaped, with the characters that could make it
+    /// read as something else revealed (see the module doc).
     fn text(&mut self, text: &str) {
-        let in_link = !self.links.is_empty();
-        let kept = text
-            .chars()
-            .filter(|&c| !(is_bidi_control(c) || (in_link && is_invisible(c))));
-        for c in kept {
+        for c in crate::visible::reveal(text).chars() {
             escape_char(&mut self.out, c, false);
         }
         self.fresh = false;
     }
-}
-
-/// Bidi embeddings, overrides and isolates: they reorder what follows them.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-}
-
-/// Characters that show nothing: bidi controls and marks, zero-width spaces
-/// and joiners, invisible operators, soft hyphens, Unicode tags.
-fn is_invisible(c: char) -> bool {
-    is_bidi_control(c)
-        || matches!(
-            c,
-            '\u{00AD}'
-                | '\u{034F}'
-                | '\u{061C}'
-                | '\u{115F}'
-                | '\u{1160}'
-                | '\u{17B4}'
-                | '\u{17B5}'
-                | '\u{180E}'
-                | '\u{200B}'..='\u{200F}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{3164}'
-                | '\u{FEFF}'
-                | '\u{FFA0}'
-                | '\u{E0000}'..='\u{E007F}'
-        )
 }
 
 /// Whether `target` may be an `<a href>`: an allowed scheme, short enough to
@@ -1277,35 +1252,42 @@ mod tests {
     }
 
     #[test]
-    fn invisible_characters_leave_links_and_bidi_controls_leave_everything() {
-        // An override that would show `moc.evil` as `live.com`, removed, and
+    fn hidden_characters_are_shown_everywhere_and_links_judged_as_they_read() {
+        // An override that would show `moc.evil` as `live.com`: shown, and
         // the text judged as it then reads.
         assert_eq!(
             render("[\u{202E}moc.live](https://evil.example)"),
-            "moc.live (<a href=\"https://evil.example\">https://evil.example</a>)"
+            "&lt;U+202E&gt;moc.live (<a href=\"https://evil.example\">https://evil.example</a>)"
         );
-        // A zero-width space hiding a domain from the check is removed first.
+        // A zero-width space hiding a domain from the check is seen.
         assert_eq!(
             render("[paypal\u{200B}.com](https://evil.example)"),
-            "paypal.com (<a href=\"https://evil.example\">https://evil.example</a>)"
+            "paypal&lt;U+200B&gt;.com (<a href=\"https://evil.example\">https://evil.example</a>)"
         );
         assert_eq!(
             render("[go\u{200D}ogle\u{2060}.com\u{E0041}](https://google.com)"),
-            "<a href=\"https://google.com\">google.com</a>"
+            "<a href=\"https://google.com\">go&lt;U+200D&gt;ogle&lt;U+2060&gt;.com&lt;U+E0041&gt;</a>",
+            "it reads as google.com and goes there; the marks show what else it holds"
         );
+        // A target with a hidden character is no link: it is shown.
         assert_eq!(
             render("[x](https://exa\u{200B}mple.com/\u{202E}a)"),
-            "<a href=\"https://example.com/a\">x</a>"
+            "x (https://exa&lt;U+200B&gt;mple.com/&lt;U+202E&gt;a)"
         );
-        // Outside links: the reordering controls go, also in code…
+        // Outside links the same, also in code and tables…
         assert_eq!(
             render("`if admin \u{2067}// check\u{2069}` a\u{202D}b\n\n```\nx\u{202E}y\n```"),
-            "<code>if admin // check</code> ab\n\n<pre>xy</pre>"
+            "<code>if admin &lt;U+2067&gt;// check&lt;U+2069&gt;</code> a&lt;U+202D&gt;b\n\n<pre>x&lt;U+202E&gt;y</pre>"
         );
-        // …while marks and joiners that scripts and emoji need stay.
+        assert!(
+            render("| a |\n|---|\n| b\u{200F} |").contains("b&lt;U+200F&gt;"),
+            "{}",
+            render("| a |\n|---|\n| b\u{200F} |")
+        );
+        // …while the joiners and selectors emoji and scripts need stay.
         assert_eq!(
-            render("עברית\u{200F} 👨\u{200D}👩\u{200D}👧"),
-            "עברית\u{200F} 👨\u{200D}👩\u{200D}👧"
+            render("עברית 👨\u{200D}👩\u{200D}👧 ❤\u{FE0F}"),
+            "עברית 👨\u{200D}👩\u{200D}👧 ❤\u{FE0F}"
         );
     }
 
@@ -1574,7 +1556,7 @@ mod tests {
         #[test]
         fn hostile_links_never_deceive(markdown in hostile_link()) {
             let html = render(&markdown);
-            prop_assert!(!html.chars().any(is_bidi_control), "{html:?}");
+            prop_assert!(crate::visible::is_plain(&html), "{html:?}");
             for (href, text) in anchors(&html) {
                 let lower = href.to_ascii_lowercase();
                 prop_assert!(
@@ -1582,7 +1564,7 @@ mod tests {
                     "{href} in {html:?}"
                 );
                 prop_assert!(!href.contains('@') || lower.starts_with("mailto:"), "{html:?}");
-                prop_assert!(!href.chars().chain(text.chars()).any(is_invisible), "{html:?}");
+                prop_assert!(crate::visible::is_plain(&href) && crate::visible::is_plain(&text), "{html:?}");
                 // A link whose text names a host as a word of its own goes
                 // to that host.
                 let lower = text.to_lowercase().replace("www.", "");

@@ -656,22 +656,32 @@ async fn a_call_reaches_the_leader_of_its_term_only() {
 }
 
 #[tokio::test]
-async fn a_creds_file_others_may_write_is_refused_before_connecting() {
+async fn a_creds_file_others_may_read_or_write_is_refused_before_connecting() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let creds = dir.path().join("relay.creds");
     std::fs::write(&creds, "not even creds").unwrap();
-    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let mut config = config(&["nats://127.0.0.1:1".to_string()], "a");
-    config.credentials = Some(agent_relay::cluster::NatsCredentials::CredsFile(
-        creds.clone(),
-    ));
-    let refused = Cluster::connect(&config, BOT, "id-a").await.err();
-    match refused {
-        Some(ClusterError::Untrusted(why)) => {
-            assert!(why.contains(&creds.display().to_string()), "{why}")
+    // Readable by others is enough: a creds file lets its reader in.
+    for (mode, said) in [
+        (0o666, "can be written"),
+        (0o644, "can be read"),
+        (0o640, "can be read"),
+    ] {
+        std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut config = config(&["nats://127.0.0.1:1".to_string()], "a");
+        config.credentials = Some(agent_relay::cluster::NatsCredentials::CredsFile(
+            creds.clone(),
+        ));
+        let refused = Cluster::connect(&config, BOT, "id-a").await.err();
+        match refused {
+            Some(ClusterError::Untrusted(why)) => assert!(
+                why.contains(&creds.display().to_string())
+                    && why.contains(said)
+                    && why.contains("chmod 600"),
+                "{mode:o}: {why}"
+            ),
+            other => panic!("{mode:o}: refused as untrusted, before any connection: {other:?}"),
         }
-        other => panic!("refused as untrusted, before any connection: {other:?}"),
     }
 }
 

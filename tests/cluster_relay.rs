@@ -791,3 +791,55 @@ async fn a_reinstalled_machine_takes_its_name_back_after_cluster_forget() {
     assert!(!ok && said.contains("no machine named nobody"), "{said}");
     assert_eq!(foreign_overlaps(&fake), 0);
 }
+
+/// A password written into `nats_url` reaches no log at any level: the
+/// relay (at `trace`) gives the NATS client an address without it and the
+/// user and password as options, with which it gets into a server that
+/// requires them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_nats_url_reaches_no_log_at_trace_level() {
+    const PASSWORD: &str = "hunter2-in-the-url";
+    let Some(binary) = nats::binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start_with(
+        &binary,
+        dir.path(),
+        ["--user", "relay", "--pass", PASSWORD]
+            .map(String::from)
+            .to_vec(),
+    );
+    let url = server
+        .url()
+        .replace("nats://", &format!("nats://relay:{PASSWORD}@"));
+    let fake = common::fake().await;
+    let laptop = Machine::new("laptop");
+    let s = common::start(
+        laptop
+            .options(&fake, std::slice::from_ref(&url))
+            .env("AGENT_RELAY_LOG", "trace"),
+        &cwd("laptop", "api"),
+        "api",
+    )
+    .await;
+    // In the cluster (its topic names the machine), and messages flow
+    // through NATS.
+    let thread = topic(&fake, "laptop · api").thread_id;
+    inject(&fake, Some(thread), USER, "through the cluster");
+    wait_prompt(&s, "through the cluster").await;
+    drop(s);
+
+    let mut log = String::new();
+    for entry in std::fs::read_dir(laptop.home.path().join("state/logs"))
+        .expect("the log directory")
+        .flatten()
+    {
+        log.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+    }
+    assert!(log.contains(" TRACE "), "the log was at trace level");
+    assert!(log.contains("connect"), "the log saw the connection");
+    assert_eq!(
+        log.matches(PASSWORD).count(),
+        0,
+        "the password is in the log"
+    );
+}

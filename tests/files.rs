@@ -289,6 +289,115 @@ async fn files_outside_the_working_directory_too_big_or_missing_are_refused_clea
     assert_eq!(uploads, 0, "nothing refused reached Telegram");
 }
 
+/// A hard link to the relay's config inside the project is the config
+/// under another name: `file/send` refuses it (and the store and the log
+/// likewise), so the token never leaves as a file. The relay runs as a
+/// second uid, an ordinary user who owns every file involved.
+#[tokio::test]
+async fn a_hard_link_to_the_relays_config_is_never_sent() {
+    if common::skip_unless_root("running the relay as an ordinary user") {
+        return;
+    }
+    let user = common::unused_uid(62_000);
+    let home = common::home();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("project");
+    std::fs::create_dir(&cwd).unwrap();
+    write_config(home.path(), &format!("bot_token = \"{}\"\n", common::TOKEN));
+    std::fs::create_dir_all(home.path().join("state/logs")).unwrap();
+    common::chown_all(home.path(), user);
+    common::chown_all(root.path(), user);
+    let fake = common::fake().await;
+    let mut s = common::start(
+        Options::new(home.path()).configured(&fake).run_as(user),
+        cwd.to_str().unwrap(),
+        "api",
+    )
+    .await;
+    let config = home.path().join("config/config.toml");
+    let store = home.path().join(format!("state/{BOT}.sqlite3"));
+    let log = std::fs::read_dir(home.path().join("state/logs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_file())
+        .expect("a log file");
+    let before = fake.api().calls().len();
+    for (file, name) in [
+        (&config, "notes.txt"),
+        (&store, "data.db"),
+        (&log, "today.log"),
+    ] {
+        std::fs::hard_link(file, cwd.join(name)).unwrap();
+        let answer = send_file(&mut s, json!({"path": name})).await;
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("under another name (a hard link)"),
+            "{name}: {answer}"
+        );
+        println!("file/send {name:?} (a hard link) → {message}");
+    }
+    let calls = serde_json::to_string(&fake.api().calls()[before..]).unwrap();
+    assert!(
+        !calls.contains(common::SECRET),
+        "the token reached Telegram"
+    );
+    assert!(!calls.contains("sendDocument"), "{calls}");
+}
+
+/// A download that ends early without an HTTP error (2,048 of the 4,096
+/// bytes `getFile` announced) is not a received file: it is tried again,
+/// then the topic is told, the agent gets the caption without it, and no
+/// file is left in the inbox.
+#[tokio::test]
+async fn a_short_download_is_no_received_file() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let mut file = media(MediaKind::Document, vec![7u8; 2048]);
+    file.declared_size = Some(4096);
+    file.file_name = Some("build.log".into());
+    let posted = post(&fake, thread, USER, "look at this log", file);
+    let prompt = prompt_for(&s, posted.update_id).await;
+    assert_eq!(prompt["text"], "look at this log", "{prompt}");
+    assert!(
+        prompt["attachments"]
+            .as_array()
+            .is_none_or(|files| files.is_empty()),
+        "{prompt}"
+    );
+    let told = wait_topic_text(&fake, thread, "Could not download").await;
+    let told = told
+        .iter()
+        .find(|t| t.contains("Could not download"))
+        .unwrap();
+    assert!(
+        told.contains("2048 bytes where Telegram announced 4096"),
+        "{told}"
+    );
+    let tries = fake
+        .api()
+        .downloads()
+        .iter()
+        .filter(|d| d.file_id.as_deref() == Some(posted.file_ids[0].as_str()))
+        .count();
+    assert_eq!(tries, 3, "tried again before giving up");
+    let saved: Vec<PathBuf> = std::fs::read_dir(inbox_root(home.path()))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|folder| {
+            std::fs::read_dir(folder.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|entry| entry.path())
+        .collect();
+    assert!(saved.is_empty(), "a short file was kept: {saved:?}");
+}
+
 #[tokio::test]
 async fn a_folder_in_send_from_may_be_sent_from() {
     let home = common::home();
@@ -418,9 +527,23 @@ async fn a_file_over_20_mb_gets_a_clear_answer_and_nothing_else() {
         answer.contains("is 28.6 MB: bots can download at most 20 MB from Telegram"),
         "{answer}"
     );
+    // One byte over: the sizes are told to the byte, not "20 MB … 20 MB".
+    let mut file = media(MediaKind::Document, b"zip".to_vec());
+    file.file_name = Some("just-over.zip".into());
+    file.declared_size = Some(20 * 1024 * 1024 + 1);
+    let just_over = post(&fake, thread, USER, "", file);
+    let texts = wait_topic_text(&fake, thread, "just-over.zip").await;
+    let answer = texts.iter().find(|t| t.contains("just-over.zip")).unwrap();
+    assert!(
+        answer.contains(
+            "is 20,971,521 bytes: bots can download at most 20 MB (20,971,520 bytes) from Telegram"
+        ),
+        "{answer}"
+    );
     inject(&fake, Some(thread), USER, "next");
     wait_prompt(&s, "next").await;
     assert_eq!(prompts_for(&s, posted.update_id), 0);
+    assert_eq!(prompts_for(&s, just_over.update_id), 0);
     assert!(fake.api().calls().iter().all(|c| c.method != "getFile"));
     assert!(fake.api().downloads().is_empty());
 }
@@ -575,6 +698,42 @@ async fn a_voice_note_is_transcribed_echoed_and_becomes_the_prompt() {
         texts.contains(&"🎙 “please run the tests”".to_string()),
         "{texts:?}"
     );
+}
+
+/// The transcriber is the user's program with the user's environment, but
+/// not the relay's secrets: the bot token and the relay's variables stay
+/// out of it.
+#[tokio::test]
+async fn the_transcriber_never_sees_the_token() {
+    let home = common::home();
+    let script = transcriber(home.path(), "env");
+    write_config(
+        home.path(),
+        &format!(
+            "transcribe_command = [{:?}, \"{{file}}\"]\n",
+            script.display().to_string()
+        ),
+    );
+    let fake = common::fake().await;
+    let s = common::start(
+        Options::new(home.path())
+            .configured(&fake)
+            .env("LANG", "C.UTF-8"),
+        "/tmp/a",
+        "api",
+    )
+    .await;
+    let thread = topic(&fake, "api").thread_id;
+    let posted = post(&fake, thread, USER, "", voice(3));
+    let prompt = prompt_for(&s, posted.update_id).await;
+    let heard = prompt["text"].as_str().unwrap();
+    assert!(
+        heard.contains("LANG=C.UTF-8"),
+        "the user's environment: {heard}"
+    );
+    assert!(!heard.contains(common::SECRET), "the token: {heard}");
+    assert!(!heard.contains("TELEGRAM_BOT_TOKEN"), "{heard}");
+    assert!(!heard.contains("AGENT_RELAY_"), "{heard}");
 }
 
 #[tokio::test]

@@ -557,6 +557,7 @@ async fn assert_commands_refuse(
         stderr.contains(&format!("{problem}: {fix}")),
         "{problem:?} / {fix:?} not in {stderr}"
     );
+    assert_eq!(stderr.matches(why).count(), 1, "said once: {stderr}");
 }
 
 #[tokio::test]

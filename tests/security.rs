@@ -688,9 +688,9 @@ async fn pairing_codes_are_only_minted_while_nobody_is_paired() {
     assert_eq!(code(&pair), Some(BusErrorCode::Forbidden), "{pair:?}");
 }
 
-/// Connections that never register cannot pile up: beyond 32 at once they
-/// are closed at once, and each is closed after 5 s anyway; a real session
-/// still joins meanwhile.
+/// Connections that never register cannot pile up: beyond 32 at once the
+/// oldest idle one is closed for the newcomer, and each is closed after 5 s
+/// anyway; a real session still joins meanwhile.
 #[tokio::test]
 async fn idle_unregistered_connections_are_bounded_in_number_and_time() {
     let home = common::home();
@@ -717,6 +717,58 @@ async fn idle_unregistered_connections_are_bounded_in_number_and_time() {
     assert_eq!(closed, 40, "every idle connection was closed");
     let b = session(home.path(), &fake, "/tmp/b", "web").await;
     assert!(connected(&b.latest_status().unwrap_or_default()));
+}
+
+/// A same-uid flood of idle connections, reconnecting as soon as one is
+/// closed, keeps nobody out: `agent-relay status` is answered and a new
+/// session joins, since each newcomer closes the oldest connection that
+/// has not said a word (a status query and a member speak at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_connections_keeps_out_neither_status_nor_a_new_session() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _leader = session(home.path(), &fake, "/tmp/a", "api").await;
+    let path = home.path().join("run").join(BOT).join("bus.sock");
+    let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let flood: Vec<_> = (0..40)
+        .map(|_| {
+            let path = path.clone();
+            let held_tx = held_tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    let name = path
+                        .clone()
+                        .to_fs_name::<GenericFilePath>()
+                        .expect("a name");
+                    let Ok(stream) = Stream::connect(name).await else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    let _ = held_tx.send(());
+                    let (mut reader, _writer) = wire::split(stream);
+                    // Idle until the leader closes it; then at once again.
+                    while let Ok(Some(_)) = reader.recv::<FromLeader>().await {}
+                }
+            })
+        })
+        .collect();
+    // The flood is in place: every one of the 40 connected at least once.
+    for _ in 0..40 {
+        tokio::time::timeout(WAIT, held.recv())
+            .await
+            .expect("the flood connects")
+            .expect("the flood runs");
+    }
+    let status = status_cli(home.path(), None).await;
+    let said = String::from_utf8_lossy(&status.stdout).into_owned()
+        + &String::from_utf8_lossy(&status.stderr);
+    assert!(status.status.success(), "status under the flood: {said}");
+    assert!(said.contains("api"), "{said}");
+    let b = session(home.path(), &fake, "/tmp/b", "web").await;
+    assert!(connected(&b.latest_status().unwrap_or_default()));
+    for task in flood {
+        task.abort();
+    }
 }
 
 /// The session list names local paths: an allowed user gets it in the

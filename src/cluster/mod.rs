@@ -37,7 +37,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, kv, stream};
 use tokio::sync::watch;
 
-pub use crate::config::{ClusterConfig, ClusterTlsFile, NatsCredentials, NatsUrl, NkeySeed};
+pub use crate::config::{
+    ClusterConfig, ClusterTlsFile, NatsCredentials, NatsUrl, NatsUrlAuth, NkeySeed,
+};
 pub use crate::ids::{BotId, NodeName};
 use crate::redact::redact;
 
@@ -206,7 +208,20 @@ impl Cluster {
             Some(NatsCredentials::Nkey(seed)) => {
                 async_nats::ConnectOptions::with_nkey(seed.expose().to_string())
             }
-            None => async_nats::ConnectOptions::new(),
+            // A user and password (or a token) written into the URL go as
+            // options, never in the address the client logs.
+            None => match config.servers.iter().find_map(NatsUrl::auth) {
+                Some(NatsUrlAuth::UserPassword { user, password }) => {
+                    async_nats::ConnectOptions::with_user_and_password(
+                        user.clone(),
+                        password.clone(),
+                    )
+                }
+                Some(NatsUrlAuth::Token(token)) => {
+                    async_nats::ConnectOptions::with_token(token.clone())
+                }
+                None => async_nats::ConnectOptions::new(),
+            },
         };
         if config.require_tls {
             options = options.require_tls(true);
@@ -224,7 +239,7 @@ impl Cluster {
         let servers: Vec<async_nats::ServerAddr> = config
             .servers
             .iter()
-            .map(|u| u.expose().parse::<async_nats::ServerAddr>())
+            .map(|u| u.address().parse::<async_nats::ServerAddr>())
             .collect::<Result<_, _>>()
             .map_err(|e: std::io::Error| {
                 ClusterError::Unreachable(format!("bad NATS URL: {}", redact(&e.to_string())))
@@ -251,11 +266,7 @@ impl Cluster {
             .connect(servers)
             .await
             .map_err(|e| {
-                // A URL quoted by the client loses its user and password.
-                let mut said = redact(&e.to_string()).into_owned();
-                for url in &config.servers {
-                    said = said.replace(url.expose(), &url.to_string());
-                }
+                let said = redact(&e.to_string()).into_owned();
                 ClusterError::Unreachable(format!("{}: {said}", shown.join(", ")))
             })?;
         let js = jetstream::ContextBuilder::new()
@@ -326,11 +337,11 @@ impl Cluster {
 }
 
 /// Reads a secret file of the user's, only after `paths` checked it: a
-/// regular file of the user's own that nobody else can write, not a
-/// symlink.
+/// regular file of the user's own that nobody else can read or write, not
+/// a symlink.
 fn read_private(path: &std::path::Path) -> Result<String, ClusterError> {
     use std::io::Read;
-    let mut file = crate::paths::open_private_file(path)
+    let mut file = crate::paths::open_secret_file(path)
         .map_err(|e| ClusterError::Untrusted(e.to_string()))?
         .ok_or_else(|| ClusterError::Untrusted(format!("{} does not exist", path.display())))?;
     let mut text = String::new();

@@ -20,7 +20,7 @@ use super::outbox::Upload;
 use super::registry::ConnId;
 use super::triage::Entry;
 use super::{Leader, store_error};
-use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_size, is_picture, safe_name};
+use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_against, is_picture, safe_name};
 use crate::paths::open_sendable;
 use crate::protocol::bus::*;
 use crate::telegram::UploadSource;
@@ -97,13 +97,10 @@ impl Leader {
             FileSource::Path(path) => self.open_upload(Path::new(path), cwd, send).await?,
             FileSource::Text { name, text } => {
                 if text.len() > MAX_INLINE_FILE {
+                    let (size, limit) = describe_against(text.len() as u64, MAX_INLINE_FILE as u64);
                     return Err(BusError::new(
                         BusErrorCode::FileTooBig,
-                        format!(
-                            "an inline file is at most {}; this one is {}",
-                            describe_size(MAX_INLINE_FILE as u64),
-                            describe_size(text.len() as u64)
-                        ),
+                        format!("an inline file is at most {limit}; this one is {size}"),
                     ));
                 }
                 Upload {
@@ -148,7 +145,7 @@ impl Leader {
         }
         let mut roots = vec![PathBuf::from(cwd)];
         roots.extend(self.files.send_from.iter().cloned());
-        let forbidden = vec![self.inbox.config_dir().to_path_buf()];
+        let forbidden = self.inbox.relay_files();
         let wanted = path.to_path_buf();
         let opened = tokio::task::spawn_blocking(move || {
             let sendable = open_sendable(&wanted, &roots, &forbidden)?;
@@ -167,13 +164,10 @@ impl Leader {
             )));
         }
         if sendable.len > UPLOAD_MAX {
+            let (size, limit) = describe_against(sendable.len, UPLOAD_MAX);
             return Err(BusError::new(
                 BusErrorCode::FileTooBig,
-                format!(
-                    "{shown} is {}; bots can send at most {} to Telegram",
-                    describe_size(sendable.len),
-                    describe_size(UPLOAD_MAX)
-                ),
+                format!("{shown} is {size}; bots can send at most {limit} to Telegram"),
             ));
         }
         let (send_as, chosen) = how_to_send(send.send_as, &head, sendable.len, &shown)?;
@@ -210,14 +204,13 @@ fn how_to_send(
     // photo would be its first frame.
     let picture = is_picture(head) && !head.starts_with(b"GIF8");
     match asked {
-        Some(SendAs::Photo) if len > PHOTO_UPLOAD_MAX => Err(BusError::new(
-            BusErrorCode::FileTooBig,
-            format!(
-                "{shown} is {}; a photo is at most {}: send it as a document",
-                describe_size(len),
-                describe_size(PHOTO_UPLOAD_MAX)
-            ),
-        )),
+        Some(SendAs::Photo) if len > PHOTO_UPLOAD_MAX => {
+            let (size, limit) = describe_against(len, PHOTO_UPLOAD_MAX);
+            Err(BusError::new(
+                BusErrorCode::FileTooBig,
+                format!("{shown} is {size}; a photo is at most {limit}: send it as a document"),
+            ))
+        }
         Some(SendAs::Photo) if !is_picture(head) => Err(BusError::new(
             BusErrorCode::FileRefused,
             format!(

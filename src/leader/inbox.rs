@@ -46,10 +46,10 @@ impl FileInbox {
         }
     }
 
-    /// The relay's configuration directory (it holds the token): never a
-    /// file to send.
-    pub fn config_dir(&self) -> &Path {
-        &self.paths.config_dir
+    /// The relay's own files (its configuration holds the token): never
+    /// files to send, under any name.
+    pub fn relay_files(&self) -> crate::paths::RelayFiles {
+        self.paths.relay_files()
     }
 
     /// The folder of one session: a readable part of its profile key and 16

@@ -67,6 +67,10 @@ const TAP_DEADLINE: Duration = Duration::from_secs(10);
 /// How long fetching one file may take, retries included.
 pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(240);
 
+/// Downloads of one file that came back shorter (or longer) than Telegram
+/// announced, before the file counts as failed.
+const DOWNLOAD_TRIES: u32 = 3;
+
 /// How long sending a file may take, pacing and retries included (the
 /// member waits a little longer).
 pub(crate) const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
@@ -421,18 +425,22 @@ impl Outbox {
             })
             .await
             .map_err(|e| decide(&e))?;
-        let too_big = |size: u64| {
+        // `None`: the download passed the limit, its size untold.
+        let too_big = |size: Option<u64>| {
+            let (size, limit) = match size {
+                Some(size) => crate::files::describe_against(size, DOWNLOAD_MAX),
+                None => {
+                    let limit = crate::files::describe_size(DOWNLOAD_MAX);
+                    (format!("more than {limit}"), limit)
+                }
+            };
             Failure::new(
                 FailureKind::FileTooBig,
-                format!(
-                    "the file is {}; bots can download at most {} from Telegram",
-                    crate::files::describe_size(size),
-                    crate::files::describe_size(DOWNLOAD_MAX)
-                ),
+                format!("the file is {size}; bots can download at most {limit} from Telegram"),
             )
         };
         if let Some(size) = file.file_size.filter(|size| *size > DOWNLOAD_MAX) {
-            return Err(too_big(size));
+            return Err(too_big(Some(size)));
         }
         let Some(file_path) = file.file_path else {
             return Err(Failure::new(
@@ -441,28 +449,39 @@ impl Outbox {
             ));
         };
         let timeout = transfer_timeout(file.file_size.unwrap_or(DOWNLOAD_MAX));
-        let downloaded = self
-            .paced("getFile", None, pace, deadline, || {
-                self.save(&file_path, dir, name, timeout)
-            })
-            .await;
+        let mut tries = 0;
+        let downloaded = loop {
+            tries += 1;
+            let attempt = self
+                .paced("getFile", None, pace, deadline, || {
+                    self.save(&file_path, file.file_size, dir, name, timeout)
+                })
+                .await;
+            // A file shorter than announced is tried again a few times,
+            // then reported: never saved as if it were whole.
+            match attempt {
+                Err(TelegramError::Incomplete { .. }) if tries < DOWNLOAD_TRIES => {}
+                attempt => break attempt,
+            }
+        };
         match downloaded {
             Ok(Ok(written)) => Ok(written),
             Ok(Err(e)) => Err(Failure::new(
                 FailureKind::Refused,
                 format!("cannot save the file in the inbox: {e}"),
             )),
-            Err(TelegramError::FileTooBig { .. }) => Err(too_big(DOWNLOAD_MAX + 1)),
+            Err(TelegramError::FileTooBig { .. }) => Err(too_big(None)),
             Err(e) => Err(decide(&e)),
         }
     }
 
     /// One attempt at streaming Telegram's `file_path` into `dir` as `name`:
     /// into a part file, synced before it gets its name (a name is a whole
-    /// file). `Ok(Err)`: the inbox could not take it, which no retry mends.
+    /// file); one of another length than `announced` is `Incomplete`. `Ok(Err)`: the inbox could not take it, which no retry mends.
     async fn save(
         &self,
         file_path: &str,
+        announced: Option<u64>,
         dir: &Path,
         name: &str,
         timeout: Duration,
@@ -474,7 +493,7 @@ impl Outbox {
         let mut out = tokio::fs::File::from_std(opened);
         let written = match self
             .api
-            .download(file_path, DOWNLOAD_MAX, timeout, &mut out)
+            .download(file_path, DOWNLOAD_MAX, announced, timeout, &mut out)
             .await
         {
             Ok(written) => written,

@@ -37,6 +37,9 @@ pub(super) struct Conn {
     outbox: mpsc::Sender<FromLeader>,
     pub last_seen: Instant,
     pub opened: Instant,
+    /// A frame came: a status query or a member about to register speaks
+    /// at once, an idle connection never.
+    spoke: bool,
     pub session: Option<Registration>,
     close: CancellationToken,
 }
@@ -172,7 +175,10 @@ impl Conns {
 }
 
 /// Connections that never registered may not pile up: at most this many at
-/// once, each for at most [`UNREGISTERED_TIMEOUT`].
+/// once, each for at most [`UNREGISTERED_TIMEOUT`]. When they are all
+/// there, a new one closes the oldest that has not said a word yet, so a
+/// flood of idle connections never keeps out a status query or a session
+/// about to register (both speak at once).
 pub(super) const MAX_UNREGISTERED: usize = 32;
 pub(super) const UNREGISTERED_TIMEOUT: Duration = Duration::from_secs(5);
 /// All connections at once: 26 sessions, their reconnects, status queries.
@@ -197,7 +203,18 @@ impl Registry {
         }
         let unregistered = conns.map.values().filter(|c| c.session.is_none()).count();
         if unregistered >= MAX_UNREGISTERED {
-            return Err("too many unregistered bus connections");
+            let oldest_idle = conns
+                .map
+                .iter()
+                .filter(|(_, c)| c.session.is_none() && !c.spoke)
+                .min_by_key(|(_, c)| c.opened)
+                .map(|(id, _)| *id);
+            let Some(idle) = oldest_idle.and_then(|id| conns.map.remove(&id).map(|c| (id, c)))
+            else {
+                return Err("too many unregistered bus connections");
+            };
+            tracing::info!(conn = idle.0, "closing an idle bus connection to make room");
+            idle.1.close.cancel();
         }
         conns.next += 1;
         let id = conns.next;
@@ -208,6 +225,7 @@ impl Registry {
                 outbox,
                 last_seen: now,
                 opened: now,
+                spoke: false,
                 session: None,
                 close,
             },
@@ -223,6 +241,7 @@ impl Registry {
     pub fn touch(&self, conn: ConnId) {
         if let Some(c) = self.lock().map.get_mut(&conn) {
             c.last_seen = Instant::now();
+            c.spoke = true;
         }
     }
 

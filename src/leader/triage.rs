@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::access::Access;
 use super::batch::Batch;
-use crate::files::{DOWNLOAD_MAX, describe_size};
+use crate::files::{DOWNLOAD_MAX, describe_against};
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
 use crate::telegram::{FileRef, MediaKind, Message, Update, UpdateKind};
@@ -290,9 +290,8 @@ fn too_big(message: &Message, file: &FileRef, size: u64) -> String {
         (None, Some(MediaKind::Video | MediaKind::VideoNote)) => "This video".into(),
         (None, _) => "This file".into(),
     };
+    let (size, limit) = describe_against(size, DOWNLOAD_MAX);
     format!(
-        "📎 {what} is {}: bots can download at most {} from Telegram, so it was not passed to the agent. Share it another way (a link, or smaller parts).",
-        describe_size(size),
-        describe_size(DOWNLOAD_MAX)
+        "📎 {what} is {size}: bots can download at most {limit} from Telegram, so it was not passed to the agent. Share it another way (a link, or smaller parts)."
     )
 }

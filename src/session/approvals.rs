@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use super::Session;
 use super::dialog::{Answer, Options, Question, Terminal, Who};
 use crate::policy::{self, Mode, Reason};
+use crate::protocol::bus::{FileSource, MAX_INLINE_FILE, SendAs, SendFile, TopicOp};
 use crate::protocol::host::*;
 use crate::render;
+use crate::visible::reveal;
 
 /// How long the agent's own question waits when it names no timeout.
 const QUESTION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -104,32 +106,39 @@ impl Session {
         }
         let wait = span(policy.timeout);
         let grant_minutes = policy.grant.as_secs() / 60;
+        // Whatever the agent named is shown as its bytes are (see
+        // `visible`): the tool, the path, the call.
+        let tool = reveal(&request.tool).into_owned();
         let why = match &reason {
             Reason::Tool => String::new(),
             Reason::Command(pattern) => format!(
                 " (the command matches <code>{}</code>)",
-                render::escape(pattern)
+                render::escape(&reveal(pattern))
             ),
             Reason::OutsideProject(path) => format!(
                 " (<code>{}</code> is outside the project)",
-                render::escape(&path.display().to_string())
+                render::escape(&reveal(&path.display().to_string()))
             ),
         };
         let preview = policy::preview(&request.input);
+        let cut = match &preview.whole {
+            Some(whole) => self.show_whole(&tool, whole).await,
+            None => String::new(),
+        };
         let question = Question {
-            title: format!("Allow {}?", request.tool),
+            title: format!("Allow {tool}?"),
             html: format!(
-                "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>\nNo answer in {wait} denies it.",
-                render::escape(&request.tool),
-                render::escape(&preview)
+                "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>{cut}\nNo answer in {wait} denies it.",
+                render::escape(&tool),
+                render::escape(&preview.text)
             ),
-            detail: Some(preview),
+            detail: Some(preview.text),
             options: Options::new([
                 (Approval::Allow, "✅ Allow".into()),
                 (Approval::Deny, "❌ Deny".into()),
                 (
                     Approval::AllowForSession,
-                    format!("⏱ Allow {} for {grant_minutes} min", request.tool),
+                    format!("⏱ Allow {tool} for {grant_minutes} min"),
                 ),
             ]),
             free_text: false,
@@ -185,9 +194,57 @@ impl Session {
         }
     }
 
+    /// Sends the whole of a call whose preview is cut into the topic, as a
+    /// file, right before the question: what the preview leaves out is one
+    /// tap away. Returns the line the question then adds under its preview.
+    async fn show_whole(&self, tool: &str, whole: &policy::Whole) -> String {
+        let Some(member) = self.member() else {
+            // Nobody can be asked on the phone either; the terminal, if it
+            // is asked, has the host's own view of the call.
+            return String::new();
+        };
+        let mut text = whole.text.clone();
+        if text.len() > MAX_INLINE_FILE {
+            let mut end = MAX_INLINE_FILE;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        let clipped = text.len() < whole.text.len();
+        let op = TopicOp::SendFile(SendFile {
+            source: FileSource::Text {
+                name: whole.file_name.into(),
+                text,
+            },
+            caption: Some(format!(
+                "📄 The whole {} of the {tool} call waiting below ({}){}.",
+                whole.what,
+                whole.size,
+                if clipped { ", its first 512 KB" } else { "" }
+            )),
+            send_as: Some(SendAs::Document),
+        });
+        match member.topic_within(op, crate::member::UPLOAD_TIMEOUT).await {
+            Ok(_) => format!(
+                "\n📄 Cut to its start and end: {} in all, the whole {} is in the file above.",
+                whole.size, whole.what
+            ),
+            Err(e) => {
+                tracing::warn!("cannot send the whole {} as a file: {e}", whole.what);
+                format!(
+                    "\n⚠️ Cut to its start and end: {} in all, and the whole {} could not be sent as a file ({}). Deny it if you are unsure.",
+                    whole.size,
+                    whole.what,
+                    render::escape(&e.to_string())
+                )
+            }
+        }
+    }
+
     /// `question/ask`: the agent's own question to its user.
     pub(super) async fn question(&self, request: QuestionParams) -> QuestionResult {
-        let mut html = format!("❓ {}", render::escape(&request.question));
+        let mut html = format!("❓ {}", render::escape(&reveal(&request.question)));
         if request.allow_text {
             html.push_str(if request.options.is_empty() {
                 "\n<i>Reply to this message to answer.</i>"
@@ -199,11 +256,14 @@ impl Session {
             .timeout_ms
             .map_or(QUESTION_TIMEOUT, Duration::from_millis);
         let question = Question {
-            title: request.question.clone(),
+            title: reveal(&request.question).into_owned(),
             html,
             detail: None,
-            // The agent's own options: each is its position.
-            options: Options::new((0u32..).zip(request.options.iter().cloned())),
+            // The agent's own options, shown as the bytes they are: each
+            // is its position.
+            options: Options::new(
+                (0u32..).zip(request.options.iter().map(|option| reveal(option).into_owned())),
+            ),
             free_text: request.allow_text || request.options.is_empty(),
             timeout,
             terminal: Terminal::Select,

@@ -752,7 +752,7 @@ impl Handler for Session {
                     .args
                     .as_ref()
                     .map(crate::policy::preview)
-                    .map(|p| p.lines().next().unwrap_or_default().to_string())
+                    .map(|p| p.text.lines().next().unwrap_or_default().to_string())
                     .unwrap_or_default();
                 self.send_out(ToTopic::Tool {
                     name: tool.tool_name,

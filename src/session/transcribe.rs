@@ -7,6 +7,12 @@
 //! process group of its own with stdin closed; past the timeout the whole
 //! group is killed. What it prints on stdout, trimmed, is the transcript;
 //! at most [`MAX_OUTPUT`] bytes of it are read.
+//!
+//! Its environment is the relay's without the relay's own variables
+//! (`TELEGRAM_BOT_TOKEN`, `AGENT_RELAY_*`, which may hold the bot token and
+//! a NATS password): the program is the user's, and may need their `PATH`,
+//! `HOME`, a GPU's settings or an API key of its own, but none of the
+//! relay's secrets.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -30,6 +36,17 @@ pub enum TranscribeError {
     TimedOut(u64),
 }
 
+/// The environment the program gets: `parent` without the relay's own
+/// variables (see the module doc).
+fn child_env(
+    parent: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+    parent.filter(|(key, _)| {
+        let key = key.to_string_lossy();
+        key != "TELEGRAM_BOT_TOKEN" && !key.starts_with("AGENT_RELAY_")
+    })
+}
+
 /// The transcript of the audio file at `audio`; empty when nothing was
 /// heard.
 pub async fn transcribe(
@@ -48,6 +65,8 @@ pub async fn transcribe(
     let program = argv[0].clone();
     let mut command = Command::new(&program);
     command
+        .env_clear()
+        .envs(child_env(std::env::vars_os()))
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -118,6 +137,26 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    #[test]
+    fn the_program_gets_the_users_environment_without_the_relays_secrets() {
+        let parent = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/ada"),
+            ("OPENAI_API_KEY", "sk-the-users-own"),
+            (
+                "TELEGRAM_BOT_TOKEN",
+                "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+            ),
+            ("AGENT_RELAY_NATS_URL", "nats://relay:secret@h"),
+            ("AGENT_RELAY_HOME", "/h"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let kept: Vec<String> = child_env(parent.into_iter())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["PATH", "HOME", "OPENAI_API_KEY"]);
+    }
 
     fn shell(script: &str, timeout: Duration) -> Transcriber {
         Transcriber {

@@ -21,7 +21,7 @@ use crate::redact::redact;
 /// the token: parse errors pass through [`redact`].
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{0}")]
+    #[error(transparent)]
     Untrusted(#[from] UntrustedPath),
     #[error("cannot read {}: {message}", path.display())]
     Read { path: PathBuf, message: String },

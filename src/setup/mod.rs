@@ -58,13 +58,13 @@ pub enum SetupError {
     NoTerminal(PathBuf),
     #[error("setup stopped; nothing was written")]
     Aborted,
-    #[error("{0}")]
+    #[error(transparent)]
     Untrusted(#[from] UntrustedPath),
     #[error(
         "the configuration cannot be used: {0}; correct it (or move the file away) and run setup again"
     )]
     Config(ConfigError),
-    #[error("{0}")]
+    #[error(transparent)]
     File(#[from] FileError),
     #[error(
         "a relay is running for @{bot}{}: it alone reads the bot's updates, so setup does not. Pair from one of its sessions with /telegram-connect, or close your agent sessions and run setup again",
@@ -85,7 +85,7 @@ pub enum SetupError {
         "no working token after {TOKEN_TRIES} tries; copy it again from @BotFather (/mybots → your bot → API Token)"
     )]
     NoToken,
-    #[error("{0}")]
+    #[error(transparent)]
     OwnUpdates(#[from] OwnUpdatesError),
     #[error("Telegram: {0}")]
     Telegram(#[from] TelegramError),

@@ -99,7 +99,7 @@ pub struct SendFile {
 /// Why a download did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
-    #[error("{0}")]
+    #[error(transparent)]
     Telegram(#[from] TelegramError),
     /// Writing what arrived failed (a full disk, say).
     #[error("cannot write the file: {0}")]
@@ -178,7 +178,8 @@ impl BotApi {
         timeout: Duration,
     ) -> Result<Value, TelegramError> {
         check(method, params)?;
-        self.post(method, |request| request.json(params), timeout)
+        let params = shown(params);
+        self.post(method, |request| request.json(&params), timeout)
             .await
     }
 
@@ -285,11 +286,16 @@ impl BotApi {
 
     /// Streams the file at `file_path` (from [`BotApi::get_file`]) into
     /// `out`, at most `limit` bytes: a longer one is
-    /// [`TelegramError::FileTooBig`]. Returns how many bytes were written.
+    /// [`TelegramError::FileTooBig`]. A file of another length than
+    /// `announced` (`getFile`'s `file_size`) is
+    /// [`TelegramError::Incomplete`]: a server or proxy that ends the body
+    /// early without an HTTP error must not make a short file look whole.
+    /// Returns how many bytes were written.
     pub async fn download(
         &self,
         file_path: &str,
         limit: u64,
+        announced: Option<u64>,
         timeout: Duration,
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<u64, DownloadError> {
@@ -343,7 +349,14 @@ impl BotApi {
             out.write_all(&chunk).await.map_err(DownloadError::Write)?;
         }
         out.flush().await.map_err(DownloadError::Write)?;
-        Ok(written)
+        match announced {
+            Some(announced) if announced != written => Err(TelegramError::Incomplete {
+                received: written,
+                announced,
+            }
+            .into()),
+            _ => Ok(written),
+        }
     }
 
     /// `sendPhoto` or `sendDocument` as a multipart upload: the parameters
@@ -364,6 +377,7 @@ impl BotApi {
             reason: "parameters do not serialize",
         })?;
         check(method, &fields)?;
+        let fields = shown(&fields);
         let mut form = reqwest::multipart::Form::new();
         for (key, value) in fields.as_object().into_iter().flatten() {
             let text = match value {
@@ -373,7 +387,16 @@ impl BotApi {
             form = form.text(key.clone(), text);
         }
         let part = match source {
-            UploadSource::Bytes(bytes) => reqwest::multipart::Part::bytes(bytes.clone()),
+            // A text the relay made (an answer's code, a whole command) is
+            // a message like any other: no token leaves in it. A file from
+            // disk goes byte for byte; which files may go is decided
+            // before (`paths::open_sendable`).
+            UploadSource::Bytes(bytes) => match std::str::from_utf8(bytes).map(redact) {
+                Ok(std::borrow::Cow::Owned(masked)) => {
+                    reqwest::multipart::Part::bytes(masked.into_bytes())
+                }
+                _ => reqwest::multipart::Part::bytes(bytes.clone()),
+            },
             UploadSource::File { file, len } => {
                 let unreadable = |_| TelegramError::Refused {
                     reason: "the file to upload cannot be read",
@@ -388,7 +411,8 @@ impl BotApi {
                 reqwest::multipart::Part::stream_with_length(body, *len)
             }
         };
-        let form = form.part(field, part.file_name(params.file_name.clone()));
+        let file_name = shown_text(&params.file_name, false).into_owned();
+        let form = form.part(field, part.file_name(file_name));
         let result = self
             .post(method, |request| request.multipart(form), timeout)
             .await?;
@@ -453,6 +477,68 @@ fn check(method: &str, params: &Value) -> Result<(), TelegramError> {
         });
     }
     Ok(())
+}
+
+/// The parameters as a person will read them. Every text shown on the
+/// phone — a message's `text`, a `caption`, a topic's `name`, a button's
+/// label, a tap's answer — passes [`redact`] (no token or seed leaves in a
+/// message, whoever wrote it: an agent's answer, an approval's preview of
+/// `curl …/bot<token>/getMe`) and has its hidden characters revealed
+/// ([`crate::visible`]). Every call goes through here, so no path can
+/// forget either; the paths that shape a text (the renderer, previews,
+/// questions) reveal first themselves, so what they measure is what goes.
+fn shown(params: &Value) -> Value {
+    let mut params = params.clone();
+    let Some(object) = params.as_object_mut() else {
+        return params;
+    };
+    let html = object
+        .get("parse_mode")
+        .and_then(Value::as_str)
+        .is_some_and(|mode| mode.eq_ignore_ascii_case("html"));
+    for (key, value) in object.iter_mut() {
+        match (key.as_str(), value) {
+            ("text" | "caption", Value::String(text)) => {
+                *text = shown_text(text, html).into_owned();
+            }
+            ("name", Value::String(text)) => *text = shown_text(text, false).into_owned(),
+            ("reply_markup", markup) => {
+                let rows = markup
+                    .get_mut("inline_keyboard")
+                    .and_then(Value::as_array_mut);
+                for button in rows
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|row| row.as_array_mut().into_iter().flatten())
+                {
+                    if let Some(Value::String(label)) = button.get_mut("text") {
+                        *label = shown_text(label, false).into_owned();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    params
+}
+
+/// One text as a person will read it: see [`shown`].
+fn shown_text(text: &str, html: bool) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let revealed = if html {
+        crate::visible::reveal_html(text)
+    } else {
+        crate::visible::reveal(text)
+    };
+    let redacted = match if html {
+        crate::redact::redact_html(&revealed)
+    } else {
+        redact(&revealed)
+    } {
+        Cow::Owned(masked) => Some(masked),
+        Cow::Borrowed(_) => None,
+    };
+    redacted.map_or(revealed, Cow::Owned)
 }
 
 fn parse_result<T: DeserializeOwned>(method: &str, result: Value) -> Result<T, TelegramError> {
@@ -632,6 +718,54 @@ mod tests {
             })
         );
         assert_eq!(calls[2].1, json!({"chat_id": -100, "name": "A · api"}));
+    }
+
+    /// The one funnel: whatever path made a text, a token in it is masked
+    /// and a hidden character revealed before it leaves, in HTML and plain
+    /// text, captions, topic names and button labels alike.
+    #[tokio::test]
+    async fn every_text_a_person_reads_is_redacted_and_revealed_on_the_way_out() {
+        let (api, server) = start(script).await;
+        let curl = format!("curl https://api.telegram.org/bot{TOKEN}/getMe");
+        let mut html = message(
+            -100,
+            Some(9),
+            &format!("<pre>$ {curl} \u{202E}x</pre>"),
+            None,
+        );
+        html.parse_mode = Some(ParseMode::Html);
+        within(api.send_message(html)).await.unwrap();
+        within(api.send_message(message(5, None, &format!("{curl}\u{200B}"), None)))
+            .await
+            .unwrap();
+        let create = BotCall::CreateForumTopic(CreateForumTopic {
+            chat_id: -100,
+            name: "A · ev\u{202E}il".into(),
+        });
+        within(api.perform(&create)).await.unwrap();
+        within(api.call(
+            "sendMessage",
+            &json!({"chat_id": 5, "text": "?", "reply_markup": {"inline_keyboard": [[
+                {"text": format!("Allow {TOKEN}\u{2066}"), "callback_data": "a:1:0"}
+            ]]}}),
+        ))
+        .await
+        .unwrap();
+        let calls = server.calls();
+        let sent = serde_json::to_string(&calls).unwrap();
+        assert!(!sent.contains(SECRET), "{sent}");
+        assert_eq!(
+            calls[0].1["text"],
+            "<pre>$ curl https://api.telegram.org/bot123456789:&lt;redacted&gt;/getMe &lt;U+202E&gt;x</pre>"
+        );
+        assert_eq!(
+            calls[1].1["text"],
+            "curl https://api.telegram.org/bot123456789:<redacted>/getMe<U+200B>"
+        );
+        assert_eq!(calls[2].1["name"], "A · ev<U+202E>il");
+        let button = &calls[3].1["reply_markup"]["inline_keyboard"][0][0];
+        assert_eq!(button["text"], "Allow 123456789:<redacted><U+2066>");
+        assert_eq!(button["callback_data"], "a:1:0", "data is no text");
     }
 
     #[tokio::test]

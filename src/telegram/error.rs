@@ -84,6 +84,12 @@ pub enum TelegramError {
     /// The client refused to send the call at all (nothing reached Telegram).
     #[error("refused before sending: {reason}")]
     Refused { reason: &'static str },
+    /// A download whose length is not what `getFile` announced: a body cut
+    /// short (or padded) that HTTP itself did not flag. Not transient for
+    /// the outbox's backoff: the downloader tries it again a few times
+    /// itself, then gives up and the topic is told.
+    #[error("the download brought {received} bytes where Telegram announced {announced}")]
+    Incomplete { received: u64, announced: u64 },
 }
 
 impl TelegramError {

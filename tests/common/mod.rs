@@ -77,6 +77,8 @@ pub struct Options<'a> {
     pub auto_answer: Option<AutoAnswer>,
     /// The command line after the binary (default `stdio`).
     pub args: Vec<String>,
+    /// Run as this uid (and gid) instead of the test's own: needs root.
+    pub uid: Option<u32>,
 }
 
 impl<'a> Options<'a> {
@@ -86,7 +88,14 @@ impl<'a> Options<'a> {
             env: Vec::new(),
             auto_answer: None,
             args: vec!["stdio".into()],
+            uid: None,
         }
+    }
+
+    /// Runs the sidecar as `uid` (see [`unused_uid`]); the test must be root.
+    pub fn run_as(mut self, uid: u32) -> Self {
+        self.uid = Some(uid);
+        self
     }
 
     /// Runs `agent-relay mcp` (Claude Code's MCP server) instead.
@@ -135,6 +144,10 @@ impl Sidecar {
             .stderr(Stdio::null());
         for (k, v) in &options.env {
             command.env(k, v);
+        }
+        if let Some(uid) = options.uid {
+            // std drops the supplementary groups when root sets a uid.
+            command.uid(uid).gid(uid);
         }
         let (process, mut incoming) =
             host_client::Sidecar::spawn_with(command, true).expect("spawn agent-relay");
@@ -369,6 +382,41 @@ pub fn home() -> tempfile::TempDir {
         .prefix("relay-test-")
         .tempdir()
         .expect("tempdir")
+}
+
+/// Whether the tests run as root, and so can play a second user.
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Says why a test that needs a second uid does not run, when not root (a
+/// developer's machine); CI runs as root, where it always runs.
+pub fn skip_unless_root(what: &str) -> bool {
+    if !root() {
+        eprintln!("skipped: {what} needs root to run a second uid (CI runs as root)");
+    }
+    !root()
+}
+
+/// A uid no account has, from `from` on.
+pub fn unused_uid(from: u32) -> u32 {
+    (from..from + 1000)
+        // SAFETY: getpwuid with any uid; the result is only compared to null.
+        .find(|&uid| unsafe { libc::getpwuid(uid).is_null() })
+        .expect("a free uid")
+}
+
+/// Gives `path` and everything under it to `uid` (links themselves, never
+/// what they point to).
+pub fn chown_all(path: &Path, uid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+        .unwrap_or_else(|e| panic!("chown {uid} {}: {e}", path.display()));
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        for entry in std::fs::read_dir(path).expect("read_dir").flatten() {
+            chown_all(&entry.path(), uid);
+        }
+    }
 }
 
 /// Registered and reconciled: nothing after the role (no "syncing").
