@@ -45,7 +45,7 @@ checkout=$(cd "$(dirname "$0")/.." 2>/dev/null && pwd)
 if [ -n "$checkout" ] && [ -f "$checkout/Cargo.toml" ] && [ -f "$checkout/.claude-plugin/marketplace.json" ]; then
 	install="cargo install --locked --path '$checkout'"
 else
-	install="cargo install --locked --git <the agent-relay repository>"
+	install="cargo install --locked --git <the agent-relay repository> agent-relay"
 fi
 message="agent-relay is not installed, so this session is not relayed to Telegram: $why. Install it with \`$install\`, or set AGENT_RELAY_BIN to the binary; then restart Claude Code."
 

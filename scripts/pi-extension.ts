@@ -187,7 +187,7 @@ function missingNotice(manifest: Manifest, tried: string | undefined): string {
 	const install =
 		manifest.dir !== "" && existsSync(join(manifest.dir, "Cargo.toml"))
 			? `cargo install --locked --path ${shellQuote(manifest.dir)}`
-			: "cargo install --locked --git <the agent-relay repository>";
+			: "cargo install --locked --git <the agent-relay repository> agent-relay";
 	return `agent-relay not found: ${where}. Install it with \`${install}\`, or set ${manifest.envOverride} to the binary; then /telegram-connect.`;
 }
 
