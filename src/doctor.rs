@@ -555,14 +555,14 @@ fn check_claude_code(
             if plugin.is_none() {
                 report.note(
                     SUBJECT,
-                    "the relay is not added to Claude Code (README.md, “Use it with Claude Code”)",
+                    "not added: neither the plugin nor `agent-relay install claude-code` (README.md, “Use it with Claude Code”)",
                 );
             }
         }
         (Some(plugin), true) => report.fail(
             SUBJECT,
             format!(
-                "both the plugin {} and `agent-relay install claude-code` are active: every session starts two agent-relay MCP servers and runs each hook twice",
+                "both the plugin {} and `agent-relay install claude-code` are active: every session starts two agent-relay MCP servers and runs each hook twice, so each prompt and answer reaches the topic twice",
                 plugin.id
             ),
             format!(
@@ -761,7 +761,7 @@ mod tests {
         let none = claude_report(&Installed::default(), found());
         assert!(none.passed(), "{none}");
         assert!(
-            none.to_string().contains("not added to Claude Code"),
+            none.to_string().contains("Claude Code: not added"),
             "{none}"
         );
 

@@ -256,11 +256,7 @@ fn doctor_tells_the_plugin_from_install_claude_code_and_refuses_both() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    assert!(
-        doctor().contains("not added to Claude Code"),
-        "{}",
-        doctor()
-    );
+    assert!(doctor().contains("Claude Code: not added"), "{}", doctor());
 
     let out = run(&common::binary(), &["install", "claude-code"], &env);
     assert!(out.status.success(), "{out:?}");

@@ -8,7 +8,8 @@
 // * `claude -p` gets its topic, the plugin's `reply` tool posts into it and the
 //   answer arrives through the Stop hook;
 // * `agent-relay doctor` reports the plugin, refuses it beside `agent-relay
-//   install claude-code` (two MCP servers, hooks twice), and is content again
+//   install claude-code` (two MCP servers, hooks twice: the answer comes twice),
+//   and is content again
 //   after `install claude-code --remove`; `claude plugin uninstall` takes it out;
 // * without the binary, the SessionStart hook tells the user the command that
 //   installs it, and Claude Code runs on without the relay.
@@ -115,9 +116,28 @@ test("the plugin relays claude -p; doctor reports it and refuses it beside insta
 	assert.ok(reported.startsWith(`✓ Claude Code: the plugin ${PLUGIN} `), reported);
 	assert.ok(reported.endsWith(` is enabled and runs ${relay}`), reported);
 
-	// Both at once: two MCP servers in every session, every hook twice.
+	// Both at once: two MCP servers in every session, every hook twice, so the
+	// prompt and the answer reach the topic twice.
 	const installed = await agentRelay(world, env, ["install", "claude-code"]);
 	assert.equal(installed.code, 0, installed.stdout);
+	const doubled = await world.run("said once", { env });
+	assert.equal(doubled.code, 0, doubled.stderr);
+	assert.equal(doubled.init.mcp_servers.length, 2, JSON.stringify(doubled.init.mcp_servers));
+	// A new session: a topic of its own, which hears everything twice (and the
+	// second server, when no hook named its session in time, opens a third).
+	const answers = await eventually(
+		async () => {
+			for (const other of (await telegram.topics()).filter((t) => t.thread_id !== topic.thread_id)) {
+				const said = await telegram.messages(other.thread_id);
+				const found = said.filter((m) => m.plain_text === "echo: said once");
+				if (found.length >= 2) return found;
+			}
+			return false;
+		},
+		20_000,
+		"the answer twice in the new session's topic",
+	);
+	assert.equal(answers.length, 2);
 	const both = await doctorSays(world, env);
 	assert.match(both, /^✗ Claude Code: both the plugin agent-relay@agent-relay and `agent-relay install claude-code` are active/);
 	assert.match(both, /`agent-relay install claude-code --remove` keeps the plugin/);
@@ -127,7 +147,7 @@ test("the plugin relays claude -p; doctor reports it and refuses it beside insta
 
 	const uninstalled = await world.command(["plugin", "uninstall", PLUGIN], { env });
 	assert.equal(uninstalled.code, 0, `${uninstalled.stdout}\n${uninstalled.stderr}`);
-	assert.match(await doctorSays(world, env), /not added to Claude Code/);
+	assert.match(await doctorSays(world, env), /Claude Code: not added/);
 	const without = await world.run("hello", { env });
 	assert.equal(without.code, 0, without.stderr);
 	assert.deepEqual(without.init.mcp_servers.filter((s) => s.source === "plugin"), [], "no plugin server after uninstall");
