@@ -70,6 +70,8 @@ impl Targets {
         Self::in_config_dir(&config_dir, home)
     }
 
+    /// The files under Claude Code's config folder (`CLAUDE_CONFIG_DIR`,
+    /// else `~/.claude`); its state file stays in the home folder.
     pub fn in_config_dir(config_dir: &Path, home: &Path) -> Self {
         Self {
             settings: config_dir.join("settings.json"),
