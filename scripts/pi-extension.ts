@@ -5,8 +5,9 @@
  * pi loads extensions in-process and has no notion of a binary extension, so this
  * file spawns `agent-relay stdio` and speaks the host protocol (docs/DESIGN.md,
  * "The host protocol") with it
- * (JSON-RPC 2.0, one object per line). Install: `pi -e /path/to/scripts/pi-extension.ts`
- * or list the path under `extensions` in pi's `settings.json` (see README.md).
+ * (JSON-RPC 2.0, one object per line). The repository is a pi package holding this
+ * file (`package.json`'s `pi` key): `pi install git:…` or `pi install <checkout>`; for
+ * one run, `pi -e /path/to/scripts/pi-extension.ts` (README.md, "Use it with pi").
  *
  * One sidecar per pi process. pi re-runs extension factories on `/new`, `/resume`,
  * `/fork` and `/reload`, and every run gets a fresh `pi`/`ctx` pair whose
@@ -17,9 +18,10 @@
  */
 
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { accessSync, constants, existsSync, readFileSync, statSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
-import { dirname, join, resolve } from "node:path";
+import { homedir } from "node:os";
+import { delimiter, dirname, join, resolve } from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
 import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
@@ -144,9 +146,11 @@ function readManifest(): Manifest {
 
 /**
  * Which binary to run: the manifest's env override, else a build in the checkout the
- * manifest belongs to (release before debug), else the command name on PATH.
+ * manifest belongs to (release before debug), else the command on PATH, else where
+ * `cargo install` puts it (`${CARGO_HOME:-~/.cargo}/bin`, which pi's PATH may lack).
+ * `undefined` when there is none: `missingNotice` says how to install it.
  */
-function resolveBinary(manifest: Manifest): string {
+function resolveBinary(manifest: Manifest): string | undefined {
 	const override = process.env[manifest.envOverride];
 	if (override && override.trim() !== "") return override;
 	if (manifest.dir !== "") {
@@ -155,7 +159,40 @@ function resolveBinary(manifest: Manifest): string {
 			if (existsSync(built)) return built;
 		}
 	}
-	return manifest.command;
+	for (const dir of (process.env.PATH ?? "").split(delimiter)) {
+		if (dir === "") continue;
+		const candidate = join(dir, manifest.command);
+		if (runnable(candidate)) return candidate;
+	}
+	const cargoBin = join(process.env.CARGO_HOME || join(homedir(), ".cargo"), "bin", manifest.command);
+	return runnable(cargoBin) ? cargoBin : undefined;
+}
+
+function runnable(path: string): boolean {
+	try {
+		accessSync(path, constants.X_OK);
+		return statSync(path).isFile();
+	} catch {
+		return false;
+	}
+}
+
+/**
+ * What pi shows when there is no binary: the one command that installs it. A package
+ * installed from git or a path is a checkout of the repository, so `cargo install
+ * --path` of that very folder builds the version that matches this extension.
+ */
+function missingNotice(manifest: Manifest, tried: string | undefined): string {
+	const where = tried ?? `${manifest.command} (not in the checkout's target/, on PATH or in ~/.cargo/bin)`;
+	const install =
+		manifest.dir !== "" && existsSync(join(manifest.dir, "Cargo.toml"))
+			? `cargo install --locked --path ${shellQuote(manifest.dir)}`
+			: "cargo install --locked --git <the agent-relay repository> agent-relay";
+	return `agent-relay not found: ${where}. Install it with \`${install}\`, or set ${manifest.envOverride} to the binary; then /telegram-connect.`;
+}
+
+function shellQuote(path: string): string {
+	return /^[\w@%+=:,./-]+$/.test(path) ? path : `'${path.replaceAll("'", "'\\''")}'`;
 }
 
 function parseCommands(value: unknown): CommandSpec[] {
@@ -441,6 +478,12 @@ class Bridge {
 		if (this.sidecar?.alive && this.ready) return this.ready;
 		this.initialized = false;
 		const binary = resolveBinary(this.manifest);
+		if (binary === undefined) {
+			this.sidecar = undefined;
+			this.ready = undefined;
+			this.showMissing(undefined);
+			return Promise.resolve(false);
+		}
 		const sidecar = new Sidecar(binary, this.manifest.args, ctx.cwd, {
 			onCall: (method, params, isRequest, id) => this.serve(method, params, isRequest, id),
 			onExit: (description, expected) => this.lost(sidecar, description, expected),
@@ -532,14 +575,21 @@ class Bridge {
 		this.backlog = [];
 		this.cancelDialogs();
 		if (expected) return;
-		const missing = description.startsWith("cannot run");
+		if (description.startsWith("cannot run")) {
+			this.showMissing(sidecar.binary);
+			return;
+		}
 		const detail = sidecar.lastError ? `: ${sidecar.lastError}` : "";
-		const message = missing
-			? `agent-relay not found (${sidecar.binary}). Build it with \`cargo build --release\`, put it on PATH or set ${this.manifest.envOverride}.`
-			: `agent-relay stopped (${description})${detail}. Telegram relay is off; /telegram-connect starts it again.`;
-		this.statuses.set("relay", { text: missing ? "TG ✕ agent-relay missing" : "TG ✕ relay stopped", tone: "error" });
-		this.showStatus("relay", this.statuses.get("relay")?.text ?? null, "error");
-		this.warn(message);
+		this.statuses.set("relay", { text: "TG ✕ relay stopped", tone: "error" });
+		this.showStatus("relay", "TG ✕ relay stopped", "error");
+		this.warn(`agent-relay stopped (${description})${detail}. Telegram relay is off; /telegram-connect starts it again.`);
+	}
+
+	/** No binary to run (`tried` is the one that would not start): the status line and a notice with the fix. */
+	private showMissing(tried: string | undefined): void {
+		this.statuses.set("relay", { text: "TG ✕ agent-relay missing", tone: "error" });
+		this.showStatus("relay", "TG ✕ agent-relay missing", "error");
+		this.warn(missingNotice(this.manifest, tried));
 	}
 
 	private warn(message: string): void {

@@ -207,16 +207,75 @@ pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `agent-relay install claude-code`.
-pub fn install_claude_code(dry_run: bool) -> anyhow::Result<ExitCode> {
+/// `agent-relay install claude-code [--remove]`.
+pub fn install_claude_code(dry_run: bool, remove: bool) -> anyhow::Result<ExitCode> {
     let home = std::env::var_os("HOME").context("HOME is not set")?;
-    let exe = std::env::current_exe().context("cannot find this program's own path")?;
-    let exe = exe.to_str().context("this program's path is not UTF-8")?;
     let targets = crate::claude::install::Targets::from_env(std::path::Path::new(&home));
-    print!(
-        "{}",
+    let said = if remove {
+        crate::claude::install::remove(&targets, dry_run)?
+    } else {
+        let exe = std::env::current_exe().context("cannot find this program's own path")?;
+        let exe = exe.to_str().context("this program's path is not UTF-8")?;
         crate::claude::install::install(&targets, exe, dry_run)?
-    );
+    };
+    print!("{said}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay completions <shell>`: the completion script on stdout.
+pub fn completions(
+    shell: clap_complete::Shell,
+    mut command: clap::Command,
+) -> anyhow::Result<ExitCode> {
+    // Generated into memory first: clap_complete panics on a failed write,
+    // and `agent-relay completions bash | head` is a closed pipe.
+    let mut script = Vec::new();
+    let name = command.get_name().to_string();
+    clap_complete::generate(shell, &mut command, name, &mut script);
+    write_stdout(&script)
+}
+
+/// `agent-relay man`: the manual page (roff) on stdout; with `--out`, that
+/// page and one per command (`agent-relay-setup.1`, …, which the main page
+/// refers to) written into a folder.
+pub fn man(command: clap::Command, out: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let Some(dir) = out else {
+        let mut page = Vec::new();
+        clap_mangen::Man::new(command)
+            .render(&mut page)
+            .context("cannot render the manual page")?;
+        return write_stdout(&page);
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut command = command.disable_help_subcommand(true);
+    command.build();
+    let mut pending = vec![command];
+    let mut written = 0;
+    while let Some(command) = pending.pop() {
+        pending.extend(
+            command
+                .get_subcommands()
+                .filter(|c| !c.is_hide_set())
+                .cloned(),
+        );
+        let page = clap_mangen::Man::new(command);
+        let path = page
+            .generate_to(dir)
+            .with_context(|| format!("cannot write a manual page into {}", dir.display()))?;
+        written += 1;
+        tracing::debug!("wrote {}", path.display());
+    }
+    println!("wrote {written} manual pages under {}", dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .context("cannot write to stdout")?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::claude::install::{self, Installed};
 use crate::config::{Config, ConfigError};
 use crate::member::{LeaderReport, leader_report};
 use crate::paths::Paths;
@@ -113,9 +114,26 @@ impl fmt::Display for Report {
 }
 
 /// Runs every check that the previous ones make possible (no chat check
-/// without a working token) and reports each.
+/// without a working token) and reports each; then how the relay is added
+/// to Claude Code, which needs none of them.
 pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Report {
     let mut report = Report::default();
+    diagnose_relay(&mut report, paths, config).await;
+    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        let home = std::path::Path::new(&home);
+        let installed = install::installed(&install::Targets::from_env(home));
+        let binary = install::launcher_finds(
+            std::env::var_os("AGENT_RELAY_BIN").as_deref(),
+            std::env::var_os("PATH").as_deref(),
+            std::env::var_os("CARGO_HOME").as_deref(),
+            home,
+        );
+        check_claude_code(&mut report, &installed, binary);
+    }
+    report
+}
+
+async fn diagnose_relay(report: &mut Report, paths: &Paths, config: Result<Config, ConfigError>) {
     let file = paths.config_file();
     let found = if file.exists() {
         "found"
@@ -131,12 +149,12 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
         // names (an api_url, a bus) is contacted.
         Err(ConfigError::Untrusted(untrusted)) => {
             report.fail("files", untrusted.problem(), untrusted.fix);
-            return report;
+            return;
         }
         Err(error) => {
             let fix = config_fix(&error);
             report.fail("config", error.to_string(), fix);
-            return report;
+            return;
         }
     };
     let Some(token) = &config.token else {
@@ -152,7 +170,7 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
                 file.display()
             ),
         );
-        return report;
+        return;
     };
     let bot_id = token.bot_id();
     report.note("bus dir", paths.bus_dir(bot_id).display().to_string());
@@ -161,12 +179,10 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
     match BotApi::new(&config.api_url, token) {
         Ok(api) => {
             let api = api.with_timeout(CALL_TIMEOUT);
-            if let Some(bot) = check_token(&mut report, &api, &config).await {
+            if let Some(bot) = check_token(report, &api, &config).await {
                 match config.chat_id {
-                    Some(chat_id) => check_chat(&mut report, &api, &bot, chat_id).await,
-                    None => {
-                        check_private_chat(&mut report, &api, &bot, &config.allowed_users).await
-                    }
+                    Some(chat_id) => check_chat(report, &api, &bot, chat_id).await,
+                    None => check_private_chat(report, &api, &bot, &config.allowed_users).await,
                 }
             }
         }
@@ -176,10 +192,9 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
             "set api_url to https://api.telegram.org (or remove it)",
         ),
     }
-    check_users(&mut report, &config.allowed_users);
-    check_transcriber(&mut report, &config, std::env::var_os("PATH"));
-    check_leader(&mut report, paths, bot_id).await;
-    report
+    check_users(report, &config.allowed_users);
+    check_transcriber(report, &config, std::env::var_os("PATH"));
+    check_leader(report, paths, bot_id).await;
 }
 
 /// Whether `transcribe_command`'s program can be run: a path must be an
@@ -511,6 +526,123 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId
     }
 }
 
+/// How the relay is added to Claude Code: the plugin, or the entries
+/// `install claude-code` writes, and not both (two MCP servers in every
+/// session, every hook twice). `binary` is what the plugin's launcher would
+/// run, as far as this environment tells.
+fn check_claude_code(
+    report: &mut Report,
+    installed: &Installed,
+    binary: Result<std::path::PathBuf, String>,
+) {
+    const SUBJECT: &str = "Claude Code";
+    for problem in &installed.unreadable {
+        report.note(SUBJECT, problem.clone());
+    }
+    let plugin = installed.plugin.as_ref();
+    let by_command = installed.by_command();
+    if let Some(plugin) = plugin.filter(|p| !p.enabled) {
+        report.note(
+            SUBJECT,
+            format!(
+                "the plugin {} is installed but disabled (claude plugin enable {})",
+                plugin.id, plugin.id
+            ),
+        );
+    }
+    match (plugin.filter(|p| p.enabled), by_command) {
+        (None, false) => {
+            if plugin.is_none() {
+                report.note(
+                    SUBJECT,
+                    "not added: neither the plugin nor `agent-relay install claude-code` (README.md, “Use it with Claude Code”)",
+                );
+            }
+        }
+        (Some(plugin), true) => report.fail(
+            SUBJECT,
+            format!(
+                "both the plugin {} and `agent-relay install claude-code` are active: every session starts two agent-relay MCP servers and runs each hook twice, so each prompt and answer reaches the topic twice",
+                plugin.id
+            ),
+            format!(
+                "keep one: `agent-relay install claude-code --remove` keeps the plugin; `claude plugin uninstall {}` keeps your settings files",
+                plugin.id
+            ),
+        ),
+        (Some(plugin), false) => {
+            let version = plugin
+                .version
+                .as_deref()
+                .map_or_else(String::new, |v| format!(" {v}"));
+            match binary {
+                Ok(binary) => report.pass(
+                    SUBJECT,
+                    format!(
+                        "the plugin {}{version} is enabled and runs {}",
+                        plugin.id,
+                        binary.display()
+                    ),
+                ),
+                Err(why) => report.fail(
+                    SUBJECT,
+                    format!("the plugin {} finds no binary: {why}", plugin.id),
+                    "install it with `cargo install --locked --path .` in the agent-relay checkout, or set AGENT_RELAY_BIN in Claude Code's environment",
+                ),
+            }
+        }
+        (None, true) => check_installed_by_command(report, installed),
+    }
+}
+
+/// The entries `install claude-code` wrote: all of them, naming a binary
+/// that is still there.
+fn check_installed_by_command(report: &mut Report, installed: &Installed) {
+    use std::os::unix::fs::PermissionsExt as _;
+    const SUBJECT: &str = "Claude Code";
+    let fix = "run `agent-relay install claude-code` again (with the binary you mean to keep)";
+    let Some(program) = &installed.server else {
+        report.fail(
+            SUBJECT,
+            "`install claude-code`'s hooks are in settings.json, but its MCP server is not in ~/.claude.json",
+            fix,
+        );
+        return;
+    };
+    let missing: Vec<&str> = install::HOOKS
+        .iter()
+        .map(|(event, _)| *event)
+        .filter(|event| !installed.hooks.iter().any(|h| h == event))
+        .collect();
+    if !missing.is_empty() {
+        report.fail(
+            SUBJECT,
+            format!(
+                "`install claude-code`'s hooks lack {} in settings.json",
+                missing.join(", ")
+            ),
+            fix,
+        );
+        return;
+    }
+    let runnable = std::fs::metadata(program)
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if runnable {
+        report.pass(
+            SUBJECT,
+            format!("added by `agent-relay install claude-code`: the MCP server and the hooks run {program}"),
+        );
+    } else {
+        report.fail(
+            SUBJECT,
+            format!(
+                "`install claude-code` added {program}, which is not an executable file any more"
+            ),
+            fix,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -606,5 +738,136 @@ mod tests {
         report.pass("token", "ok");
         assert!(report.passed());
         assert!(report.to_string().ends_with("all checks passed\n"));
+    }
+
+    fn claude_report(installed: &Installed, binary: Result<std::path::PathBuf, String>) -> Report {
+        let mut report = Report::default();
+        check_claude_code(&mut report, installed, binary);
+        report
+    }
+
+    fn plugin(enabled: bool) -> Option<install::Plugin> {
+        Some(install::Plugin {
+            id: "agent-relay@agent-relay".into(),
+            enabled,
+            install_path: None,
+            version: Some("1a2b3c4d5e6f".into()),
+        })
+    }
+
+    #[test]
+    fn claude_code_has_the_plugin_or_the_commands_entries_and_never_both() {
+        let found = || Ok(std::path::PathBuf::from("/usr/bin/agent-relay"));
+        let none = claude_report(&Installed::default(), found());
+        assert!(none.passed(), "{none}");
+        assert!(
+            none.to_string().contains("Claude Code: not added"),
+            "{none}"
+        );
+
+        let with_plugin = Installed {
+            plugin: plugin(true),
+            ..Installed::default()
+        };
+        let ok = claude_report(&with_plugin, found());
+        assert!(ok.passed(), "{ok}");
+        assert!(
+            ok.to_string().contains(
+                "the plugin agent-relay@agent-relay 1a2b3c4d5e6f is enabled and runs /usr/bin/agent-relay"
+            ),
+            "{ok}"
+        );
+        let lost = claude_report(&with_plugin, Err("there is no agent-relay on PATH".into()));
+        assert!(!lost.passed(), "{lost}");
+        assert!(
+            lost.to_string().contains("cargo install --locked"),
+            "{lost}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("agent-relay");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let by_command = Installed {
+            server: Some(exe.display().to_string()),
+            hooks: install::HOOKS.iter().map(|(e, _)| e.to_string()).collect(),
+            ..Installed::default()
+        };
+        let ok = claude_report(&by_command, found());
+        assert!(ok.passed(), "{ok}");
+        assert!(
+            ok.to_string()
+                .contains("added by `agent-relay install claude-code`"),
+            "{ok}"
+        );
+
+        let both = Installed {
+            plugin: plugin(true),
+            ..by_command
+        };
+        let twice = claude_report(&both, found());
+        assert!(!twice.passed(), "{twice}");
+        let text = twice.to_string();
+        assert!(
+            text.contains("two agent-relay MCP servers and runs each hook twice"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`agent-relay install claude-code --remove` keeps the plugin"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`claude plugin uninstall agent-relay@agent-relay`"),
+            "{text}"
+        );
+
+        // A disabled plugin beside the entries is no conflict.
+        let disabled = Installed {
+            plugin: plugin(false),
+            ..both
+        };
+        let fine = claude_report(&disabled, found());
+        assert!(fine.passed(), "{fine}");
+        assert!(
+            fine.to_string().contains("installed but disabled"),
+            "{fine}"
+        );
+    }
+
+    #[test]
+    fn the_commands_entries_must_be_whole_and_name_a_binary_that_is_there() {
+        let all: Vec<String> = install::HOOKS.iter().map(|(e, _)| e.to_string()).collect();
+        let gone = Installed {
+            server: Some("/no/such/agent-relay".into()),
+            hooks: all.clone(),
+            ..Installed::default()
+        };
+        let report = claude_report(&gone, Err(String::new()));
+        assert!(!report.passed());
+        assert!(
+            report
+                .to_string()
+                .contains("not an executable file any more"),
+            "{report}"
+        );
+        let partial = Installed {
+            server: Some("/bin/sh".into()),
+            hooks: all[..2].to_vec(),
+            ..Installed::default()
+        };
+        let report = claude_report(&partial, Err(String::new()));
+        assert!(
+            report.to_string().contains("hooks lack PreToolUse"),
+            "{report}"
+        );
+        let hooks_only = Installed {
+            hooks: all,
+            ..Installed::default()
+        };
+        let report = claude_report(&hooks_only, Err(String::new()));
+        assert!(
+            report.to_string().contains("its MCP server is not in"),
+            "{report}"
+        );
     }
 }

@@ -78,6 +78,15 @@ mod telegram;
 mod topics;
 mod visible;
 
+/// `agent-relay --version`: the crate's version and the commit it was built
+/// from (`build.rs`; `unknown` outside a checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("AGENT_RELAY_COMMIT"),
+    ")"
+);
+
 /// The bus's socket: its checked directory and typed envelopes (tests and
 /// the benchmark play raw bus clients with these).
 pub use bus::{election, wire};

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agent_relay::cli;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
     name = "agent-relay",
-    version,
+    version = agent_relay::VERSION,
     about = "Drive every coding-agent session on this machine from one Telegram bot"
 )]
 struct Cli {
@@ -61,15 +61,31 @@ enum Cmd {
         #[arg(long, default_value = "schema")]
         out: PathBuf,
     },
+    /// Print the shell completions for agent-relay (e.g. `agent-relay completions bash > ~/.local/share/bash-completion/completions/agent-relay`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, or write it and one page per command into a folder
+    /// (e.g. `agent-relay man --out ~/.local/share/man/man1`).
+    Man {
+        /// Folder to write every page into, instead of printing the main one.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
 enum InstallHost {
-    /// The MCP server in ~/.claude.json and the hooks in ~/.claude/settings.json (user scope).
+    /// The MCP server in ~/.claude.json and the hooks in ~/.claude/settings.json (user scope),
+    /// for those who keep their own settings files rather than use the plugin.
     ClaudeCode {
         /// Show what would change, write nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Take out what an earlier `install claude-code` added (to use the plugin instead).
+        #[arg(long)]
+        remove: bool,
     },
 }
 
@@ -103,8 +119,8 @@ fn main() -> ExitCode {
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Hook { event } => cli::hook(&event),
         Cmd::Install {
-            host: InstallHost::ClaudeCode { dry_run },
-        } => cli::install_claude_code(dry_run),
+            host: InstallHost::ClaudeCode { dry_run, remove },
+        } => cli::install_claude_code(dry_run, remove),
         Cmd::Status => cli::status(),
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),
@@ -113,6 +129,8 @@ fn main() -> ExitCode {
             command: ClusterCmd::Forget { node },
         } => cli::cluster_forget(&node),
         Cmd::Schema { out } => cli::schema(&out),
+        Cmd::Completions { shell } => cli::completions(shell, Cli::command()),
+        Cmd::Man { out } => cli::man(Cli::command(), out.as_deref()),
     };
     result.unwrap_or_else(|e| {
         cli::report(&e);

@@ -233,8 +233,13 @@ async fn setup_checks_the_token_pairs_a_private_chat_and_writes_a_private_config
     terminal.expect("✓ paired with Alice (user id 1001)");
     terminal.expect("✓ wrote");
     terminal.expect("✓ said hello in a topic “agent-relay”");
-    terminal.expect("pi -e ");
-    terminal.expect("scripts/pi-extension.ts");
+    // Built inside this checkout (the usual target dir), the commands name it.
+    let checkout = env!("CARGO_MANIFEST_DIR");
+    let inside = common::binary().starts_with(checkout);
+    let source = if inside { checkout } else { "" };
+    terminal.expect(&format!("pi install {source}"));
+    terminal.expect(&format!("claude plugin marketplace add {source}"));
+    terminal.expect("claude plugin install agent-relay@agent-relay");
     let (code, transcript) = terminal.finish();
     assert_eq!(code, 0, "{transcript}");
     assert!(

@@ -577,8 +577,11 @@ impl Wizard {
     }
 
     fn next_steps(&self, chat: Chat) {
-        let extension = self.exe.as_deref().and_then(pi_extension).map_or_else(
-            || "/path/to/agent-relay/scripts/pi-extension.ts".to_string(),
+        // Each coding agent installs the relay its own way (README.md, "Use it
+        // with pi", "Use it with Claude Code"); from a checkout, the commands
+        // name it.
+        let source = self.exe.as_deref().and_then(checkout).map_or_else(
+            || "<the agent-relay repository, or a clone of it>".to_string(),
             |p| p.display().to_string(),
         );
         let place = match chat {
@@ -586,9 +589,15 @@ impl Wizard {
             Chat::Group(_) => "the group",
         };
         self.say("");
-        self.say("Next, start pi with the relay:");
+        self.say("Next, add the relay to your coding agent:");
         self.say("");
-        self.say(&format!("  pi -e {extension}"));
+        self.say(&format!("  pi:           pi install {source}"));
+        self.say(&format!(
+            "  Claude Code:  claude plugin marketplace add {source}"
+        ));
+        // The plugin `agent-relay` of the marketplace `agent-relay`
+        // (`.claude-plugin/marketplace.json`).
+        self.say("                claude plugin install agent-relay@agent-relay");
         self.say("");
         self.say(&format!(
             "Each session gets a topic of its own in {place}. `agent-relay doctor` checks the setup at any time; `agent-relay setup` again changes it."
@@ -609,11 +618,13 @@ fn started_with(message: &Message, code: &str) -> Option<(i64, String)> {
         .then(|| (from.id, from.first_name.clone()))
 }
 
-/// `scripts/pi-extension.ts` of the checkout this program was built in.
-fn pi_extension(exe: &Path) -> Option<PathBuf> {
+/// The checkout this program was built in (`target/release/agent-relay`):
+/// the pi package and the Claude Code marketplace both are its root.
+fn checkout(exe: &Path) -> Option<PathBuf> {
     exe.ancestors().skip(1).find_map(|dir| {
-        let script = dir.join("scripts/pi-extension.ts");
-        (script.is_file() && dir.join("extension-manifest.json").is_file()).then_some(script)
+        (dir.join("scripts/pi-extension.ts").is_file()
+            && dir.join(".claude-plugin/marketplace.json").is_file())
+        .then(|| dir.to_path_buf())
     })
 }
 
@@ -666,17 +677,18 @@ mod tests {
     }
 
     #[test]
-    fn the_pi_extension_is_found_in_the_checkout() {
+    fn the_checkout_is_found_from_its_build() {
         let tmp = tempfile::tempdir().unwrap();
         let bin = tmp.path().join("target/release");
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::create_dir_all(tmp.path().join("scripts")).unwrap();
-        assert_eq!(pi_extension(&bin.join("agent-relay")), None);
+        std::fs::create_dir_all(tmp.path().join(".claude-plugin")).unwrap();
+        assert_eq!(checkout(&bin.join("agent-relay")), None);
         std::fs::write(tmp.path().join("scripts/pi-extension.ts"), "").unwrap();
-        std::fs::write(tmp.path().join("extension-manifest.json"), "{}").unwrap();
+        std::fs::write(tmp.path().join(".claude-plugin/marketplace.json"), "{}").unwrap();
         assert_eq!(
-            pi_extension(&bin.join("agent-relay")),
-            Some(tmp.path().join("scripts/pi-extension.ts"))
+            checkout(&bin.join("agent-relay")),
+            Some(tmp.path().to_path_buf())
         );
     }
 }

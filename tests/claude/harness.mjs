@@ -103,34 +103,12 @@ export class World {
 	 */
 	async run(prompt, { args = [], env = {}, ms = RUN_MS } = {}) {
 		const started = Date.now();
-		const proxy = this.fake.url;
 		const child = spawn(claudeBin(), ["-p", prompt, "--output-format", "stream-json", "--verbose", ...args], {
 			cwd: this.project,
 			// Its own process group, so hooks and MCP servers die with it.
 			detached: true,
 			stdio: ["ignore", "pipe", "pipe"],
-			env: {
-				PATH: process.env.PATH,
-				HOME: this.home,
-				ANTHROPIC_BASE_URL: this.fake.url,
-				ANTHROPIC_API_KEY: "dummy",
-				// CLAUDE-CODE.md: without it Claude Code looks up api.anthropic.com and probes the base URL.
-				CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
-				CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL: "1",
-				DISABLE_TELEMETRY: "1",
-				DISABLE_AUTOUPDATER: "1",
-				// A safety net: any other HTTP(S) Claude Code tries goes to the fake as a
-				// proxy request, which refuses it and records it in `fake.unknown`.
-				HTTPS_PROXY: proxy,
-				HTTP_PROXY: proxy,
-				NO_PROXY: "127.0.0.1,localhost",
-				// Claude Code keeps per-session scratch (and its messaging socket) under the
-				// temp dir: inside the world, so nothing is left in /tmp.
-				TMPDIR: this.tmp,
-				CLAUDE_CODE_TMPDIR: this.tmp,
-				HOOK_LOG: this.hookLog ?? join(this.root, "hooks.jsonl"),
-				...env,
-			},
+			env: this.env(env),
 		});
 		let stdout = "";
 		let stderr = "";
@@ -169,6 +147,65 @@ export class World {
 			stderr,
 			ms: Date.now() - started,
 		};
+	}
+
+	/**
+	 * `claude <args>` (e.g. `plugin install …`) in the project dir, in the same
+	 * environment as `run`; resolves with `{ code, stdout, stderr }` when it exits.
+	 */
+	async command(args, { env = {}, ms = RUN_MS } = {}) {
+		const child = spawn(claudeBin(), args, {
+			cwd: this.project,
+			detached: true,
+			stdio: ["ignore", "pipe", "pipe"],
+			env: this.env(env),
+		});
+		let stdout = "";
+		let stderr = "";
+		child.stdout.on("data", (c) => {
+			stdout += c;
+		});
+		child.stderr.on("data", (c) => {
+			stderr += c;
+		});
+		const exited = new Promise((done) => child.once("exit", (code) => done(code)));
+		try {
+			const code = await deadline(exited, ms, `claude ${args.join(" ")} to exit`);
+			return { code, stdout, stderr };
+		} finally {
+			killGroup(child.pid, "SIGKILL");
+		}
+	}
+
+	/**
+	 * Nothing of the developer's environment but PATH, pointed at the fake; `env` is
+	 * added, and a key set to `undefined` is left out.
+	 */
+	env(env = {}) {
+		const proxy = this.fake.url;
+		const all = {
+			PATH: process.env.PATH,
+			HOME: this.home,
+			ANTHROPIC_BASE_URL: this.fake.url,
+			ANTHROPIC_API_KEY: "dummy",
+			// CLAUDE-CODE.md: without it Claude Code looks up api.anthropic.com and probes the base URL.
+			CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
+			CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL: "1",
+			DISABLE_TELEMETRY: "1",
+			DISABLE_AUTOUPDATER: "1",
+			// A safety net: any other HTTP(S) Claude Code tries goes to the fake as a
+			// proxy request, which refuses it and records it in `fake.unknown`.
+			HTTPS_PROXY: proxy,
+			HTTP_PROXY: proxy,
+			NO_PROXY: "127.0.0.1,localhost",
+			// Claude Code keeps per-session scratch (and its messaging socket) under the
+			// temp dir: inside the world, so nothing is left in /tmp.
+			TMPDIR: this.tmp,
+			CLAUDE_CODE_TMPDIR: this.tmp,
+			HOOK_LOG: this.hookLog ?? join(this.root, "hooks.jsonl"),
+			...env,
+		};
+		return Object.fromEntries(Object.entries(all).filter(([, value]) => value !== undefined));
 	}
 
 	hooks() {

@@ -405,40 +405,74 @@ export class World {
 	}
 
 	/**
-	 * Starts pi in its own working directory `<root>/<name>`, so its topic is
-	 * `X · <name>`; `args` are added to pi's command line, `env` to its environment.
+	 * The environment pi runs in: nothing of the developer's pi or relay setup leaks
+	 * in. `env` is added; a key set to `undefined` is left out.
 	 */
-	async startPi(name, { env = {}, args = [] } = {}) {
+	piEnv(env = {}) {
+		const all = {
+			PATH: process.env.PATH,
+			HOME: this.home,
+			PI_CODING_AGENT_DIR: this.agentDir,
+			PI_OFFLINE: "1",
+			TELEGRAM_BOT_TOKEN: this.bot.token,
+			AGENT_RELAY_CHAT_ID: String(CHAT_ID),
+			AGENT_RELAY_ALLOWED_USERS: String(USER_ID),
+			AGENT_RELAY_API_URL: this.bot.url,
+			AGENT_RELAY_HOME: this.relayHome,
+			AGENT_RELAY_BIN: SIDECAR,
+			...env,
+		};
+		return Object.fromEntries(Object.entries(all).filter(([, value]) => value !== undefined));
+	}
+
+	/**
+	 * Starts pi in its own working directory `<root>/<name>`, so its topic is
+	 * `X · <name>`; `args` are added to pi's command line, `env` to its environment
+	 * (see `piEnv`). `extension` is loaded with `-e` (none when `null`: what pi's
+	 * settings name, e.g. an installed package).
+	 */
+	async startPi(name, { env = {}, args = [], extension = EXTENSION } = {}) {
 		const cwd = join(this.root, name);
 		await mkdir(cwd, { recursive: true });
 		// `--mode rpc`: JSON lines over stdin/stdout (docs/rpc.md); `--offline`: no
 		// startup network (README.md); `--provider`/`--model` pick the fake from
 		// models.json (docs/usage.md); `-e`: load our extension (docs/extensions.md).
+		const load = extension === null ? [] : ["-e", extension];
 		const child = spawn(
 			process.execPath,
-			[PI_CLI, "--mode", "rpc", "--no-session", "--offline", "--provider", "fake", "--model", "echo", "-e", EXTENSION, ...args],
-			{
-				cwd,
-				stdio: ["pipe", "pipe", "pipe"],
-				// A clean environment: nothing of the developer's pi or relay setup leaks in.
-				env: {
-					PATH: process.env.PATH,
-					HOME: this.home,
-					PI_CODING_AGENT_DIR: this.agentDir,
-					PI_OFFLINE: "1",
-					TELEGRAM_BOT_TOKEN: this.bot.token,
-					AGENT_RELAY_CHAT_ID: String(CHAT_ID),
-					AGENT_RELAY_ALLOWED_USERS: String(USER_ID),
-					AGENT_RELAY_API_URL: this.bot.url,
-					AGENT_RELAY_HOME: this.relayHome,
-					AGENT_RELAY_BIN: SIDECAR,
-					...env,
-				},
-			},
+			[PI_CLI, "--mode", "rpc", "--no-session", "--offline", "--provider", "fake", "--model", "echo", ...load, ...args],
+			{ cwd, stdio: ["pipe", "pipe", "pipe"], env: this.piEnv(env) },
 		);
 		const pi = new Pi(name, child);
 		this.pis.push(pi);
 		return pi;
+	}
+
+	/**
+	 * Runs a pi command line (`pi install <source>`, `pi remove …`, `pi list`) in the
+	 * world's environment; resolves with `{ code, stdout, stderr }` once it exits.
+	 */
+	async piCommand(args, { env = {}, cwd = this.root, ms = 60_000 } = {}) {
+		const child = spawn(process.execPath, [PI_CLI, ...args], {
+			cwd,
+			stdio: ["ignore", "pipe", "pipe"],
+			env: this.piEnv(env),
+		});
+		let stdout = "";
+		let stderr = "";
+		child.stdout.on("data", (c) => {
+			stdout += c;
+		});
+		child.stderr.on("data", (c) => {
+			stderr += c;
+		});
+		const exited = new Promise((done) => child.once("exit", (code) => done(code)));
+		try {
+			const code = await deadline(exited, ms, `pi ${args.join(" ")}`);
+			return { code, stdout: stripAnsi(stdout), stderr: stripAnsi(stderr) };
+		} finally {
+			if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+		}
 	}
 
 	async destroy() {
