@@ -141,11 +141,17 @@ pub fn merge_settings(settings: &mut Map<String, Value>, exe: &str) -> Vec<Strin
             Some(i) if groups[i] == wanted => {}
             Some(i) => {
                 groups[i] = wanted;
-                changes.push(format!("~ hooks.{event}: {} hook {event}", shell_quote(exe)));
+                changes.push(format!(
+                    "~ hooks.{event}: {} hook {event}",
+                    shell_quote(exe)
+                ));
             }
             None => {
                 groups.push(wanted);
-                changes.push(format!("+ hooks.{event}: {} hook {event}", shell_quote(exe)));
+                changes.push(format!(
+                    "+ hooks.{event}: {} hook {event}",
+                    shell_quote(exe)
+                ));
             }
         }
     }
@@ -571,7 +577,6 @@ mod tests {
     fn root() -> bool {
         crate::paths::euid() == 0
     }
-
 
     #[test]
     fn merging_keeps_the_users_hooks_and_is_idempotent() {

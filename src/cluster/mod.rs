@@ -32,11 +32,12 @@ pub mod lease;
 pub mod nodes;
 pub mod server;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv, stream};
 use tokio::sync::watch;
 
+use crate::backoff::Backoff;
 pub use crate::config::{
     ClusterConfig, ClusterTlsFile, NatsCredentials, NatsUrl, NatsUrlAuth, NkeySeed,
 };
@@ -386,10 +387,19 @@ async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store
     .await
 }
 
+/// How long a stream is asked for with three replicas while the NATS
+/// cluster has too few servers to place them (one that just started is
+/// still forming) before it is made with one.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
+
 /// What `open` finds, else what it finds once the stream `config` gives is
-/// made: with three replicas, else one ([`REPLICAS`]). Another node may
-/// make it meanwhile, so a create that fails is followed by another look.
-/// Every step is bounded by [`timed`]: no create hangs a connect.
+/// made: with three replicas, else one ([`REPLICAS`]). One replica only
+/// when three cannot be: a server that is no cluster says so at once; a
+/// cluster that cannot place three yet is asked again for
+/// [`PLACEMENT_WAIT`] (a fresh one is still forming, and a bucket made
+/// with one replica would stay so). Another node may make the stream
+/// meanwhile, so a create that fails is followed by another look. Every
+/// step is bounded by [`timed`]: no create hangs a connect.
 async fn open_or_create<T, E, Found>(
     js: &jetstream::Context,
     what: &str,
@@ -406,20 +416,46 @@ where
     }
     let mut last = String::new();
     for replicas in REPLICAS {
-        let created = timed(async {
-            js.create_stream(config(replicas))
-                .await
-                .map_err(ClusterError::refused)
-        })
-        .await;
-        if let Err(e) = created {
-            last = e.to_string();
-        }
-        if let Ok(found) = look().await {
-            return Ok(found);
+        let placing_until = Instant::now() + PLACEMENT_WAIT;
+        let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            let created =
+                tokio::time::timeout(REQUEST_TIMEOUT, js.create_stream(config(replicas))).await;
+            let unplaced = match created {
+                Ok(Ok(_)) => false,
+                Ok(Err(e)) => {
+                    last = e.to_string();
+                    replicas > 1 && cannot_place_yet(&e)
+                }
+                Err(_) => {
+                    last = format!("no answer within {REQUEST_TIMEOUT:?}");
+                    false
+                }
+            };
+            if let Ok(found) = look().await {
+                return Ok(found);
+            }
+            if !unplaced || Instant::now() >= placing_until {
+                break;
+            }
+            tokio::time::sleep(retry.step()).await;
         }
     }
     Err(ClusterError::refused(format!(
         "cannot create {what}: {last}"
     )))
+}
+
+/// Whether a refused create means "not enough servers yet" (a cluster
+/// still forming), rather than "this server is no cluster".
+fn cannot_place_yet(e: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::ErrorCode;
+    use jetstream::context::CreateStreamErrorKind;
+    match e.kind() {
+        CreateStreamErrorKind::JetStream(e) => matches!(
+            e.error_code(),
+            ErrorCode::CLUSTER_NO_PEERS | ErrorCode::INSUFFICIENT_RESOURCES
+        ),
+        _ => false,
+    }
 }

@@ -262,7 +262,12 @@ impl Session {
             // The agent's own options, shown as the bytes they are: each
             // is its position.
             options: Options::new(
-                (0u32..).zip(request.options.iter().map(|option| reveal(option).into_owned())),
+                (0u32..).zip(
+                    request
+                        .options
+                        .iter()
+                        .map(|option| reveal(option).into_owned()),
+                ),
             ),
             free_text: request.allow_text || request.options.is_empty(),
             timeout,
