@@ -123,8 +123,15 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let session: Arc<OnceLock<Arc<Session>>> = Arc::default();
         let slot = session.clone();
+        // `agent-relay serve` names the launch a sidecar's host is.
+        let launch = std::env::var(crate::session::LAUNCH_ENV)
+            .ok()
+            .filter(|id| !id.is_empty());
         let serve = host::serve(tokio::io::stdin(), tokio::io::stdout(), move |link| {
             let s = Session::new(link, paths, config);
+            if let Some(id) = launch {
+                s.set_launch(id);
+            }
             let _ = slot.set(s.clone());
             s
         });

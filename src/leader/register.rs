@@ -39,6 +39,8 @@ struct Registering<'a> {
     req: &'a Register,
     /// Every stored binding, read once when the registration began.
     stored: Vec<Binding>,
+    /// What a new topic's notice says of the launch this session is.
+    launch_note: Option<String>,
 }
 
 /// What the claim step reserved.
@@ -92,10 +94,14 @@ impl Leader {
             conn,
             req: &req,
             stored: self.store().bindings().map_err(store_error)?,
+            launch_note: req.launch.as_deref().and_then(|id| self.launch_note(id)),
         };
         let result = registering.run().await;
         match &result {
             Ok(registered) => {
+                if let Some(launch) = &req.launch {
+                    self.launched_registered(launch, &registered.route, 0);
+                }
                 if let Some(left) = req
                     .left
                     .clone()
@@ -437,7 +443,13 @@ impl Registering<'_> {
         if let Some(target) = outcome.target
             && !record.announced
         {
-            leader.announce(target, &claim.profile_key, &record.topic_name, &req.cwd);
+            leader.announce(
+                target,
+                &claim.profile_key,
+                &record.topic_name,
+                &req.cwd,
+                self.launch_note.as_deref(),
+            );
         }
         tracing::info!(slot = %claim.slot, profile = %claim.profile_key, "session registered");
         Ok(Registered {
@@ -601,10 +613,21 @@ impl Leader {
     }
 
     /// Posts the "connected" notice in a topic that was just bound.
-    fn announce(self: &Arc<Self>, target: Target, profile_key: &str, topic_name: &str, cwd: &str) {
+    fn announce(
+        self: &Arc<Self>,
+        target: Target,
+        profile_key: &str,
+        topic_name: &str,
+        cwd: &str,
+        launch_note: Option<&str>,
+    ) {
         let leader = self.clone();
         let profile_key = profile_key.to_string();
-        let text = format!("🟢 {topic_name} connected\n{cwd}");
+        let mut text = format!("🟢 {topic_name} connected\n{cwd}");
+        if let Some(note) = launch_note {
+            text.push('\n');
+            text.push_str(note);
+        }
         tokio::spawn(async move {
             match leader
                 .outbox

@@ -17,5 +17,8 @@ mod handle;
 mod restart;
 mod status;
 
-pub use handle::{JoinRequest, Member, MemberError, MemberState, Role, UPLOAD_TIMEOUT};
+pub use handle::{
+    JoinRequest, LauncherLink, LauncherRequest, Member, MemberError, MemberState, Role,
+    UPLOAD_TIMEOUT,
+};
 pub use status::{LeaderReport, leader_report, query_status};

@@ -19,6 +19,9 @@ use serde_json::Value;
 pub const BUS_PROTOCOL_VERSION: u32 = 3;
 
 pub use super::host::{AttachmentKind, SendAs};
+pub use super::launch::{
+    LaunchReport, Order, OrderDone, ServeHello, ServeStatus, ServeWelcome, SessionLaunch,
+};
 pub use crate::ids::{Epoch, Generation, Slot, Target};
 
 /// A session's route as the follower remembers it; carried on re-register so
@@ -49,6 +52,12 @@ pub enum ToLeader {
     Status(StatusQuery),
     Pair(Pair),
     Fetch(Fetch),
+    /// `agent-relay serve` joins as this machine's launcher.
+    Serve(ServeHello),
+    /// `serve` answers an order.
+    OrderDone(OrderDone),
+    /// `serve` says what happened to a launched session.
+    LaunchReport(LaunchReport),
 }
 
 /// Join the bus as a session (or rejoin it after a reconnect).
@@ -83,6 +92,10 @@ pub struct Register {
     /// again when the session is resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left: Option<Route>,
+    /// The launch this session is, when `agent-relay serve` started it
+    /// (docs/DESIGN.md, *Launching*).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
 }
 
 /// The result of a successful [`Register`].
@@ -466,6 +479,8 @@ pub enum FromLeader {
     Paired(Paired),
     Paced(Paced),
     Cluster(ClusterLink),
+    /// To `serve`: something to do with a launched session.
+    Order(Order),
 }
 
 /// This machine's link to the other machines of the relay (docs/CLUSTER.md);
@@ -773,6 +788,9 @@ pub struct BusStatus {
     /// asked for them (`StatusQuery::cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// This machine's `agent-relay serve`, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeStatus>,
 }
 
 /// The leader's poll, for `/relay status`.
@@ -841,6 +859,9 @@ pub struct MachineStatus {
     pub epoch: Option<Epoch>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sessions: Vec<SessionStatus>,
+    /// Its `agent-relay serve`, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -862,6 +883,9 @@ pub struct SessionStatus {
     /// Whether its route snapshot was reconciled with this leader.
     #[serde(default)]
     pub reconciled: bool,
+    /// When `agent-relay serve` started it: its launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<SessionLaunch>,
 }
 
 /// What a restart means to do. The leader answers `restart` with it

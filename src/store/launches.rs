@@ -284,6 +284,29 @@ impl Store {
         })
     }
 
+    /// The folder a launch runs in, as `serve` resolved it.
+    pub fn set_launch_folder(&mut self, id: &str, folder: &str) -> Result<bool> {
+        self.write(|tx| {
+            let changed = tx
+                .prepare_cached("UPDATE launches SET folder = ?2, updated_ms = ?3 WHERE id = ?1")?
+                .execute(params![id, folder, now_ms()])?;
+            Ok(changed > 0)
+        })
+    }
+
+    /// Forgets a launch that never had a session (asked for by a schedule,
+    /// or refused), so it can be asked for again under its id.
+    pub fn forget_unstarted_launch(&mut self, id: &str) -> Result<bool> {
+        self.write(|tx| {
+            let gone = tx
+                .prepare_cached(
+                    "DELETE FROM launches WHERE id = ?1 AND profile_key IS NULL                      AND state IN ('new', 'ended')",
+                )?
+                .execute([id])?;
+            Ok(gone > 0)
+        })
+    }
+
     /// Links a launch to the session that registered for it, unless another
     /// session holds it already, and marks it running. Returns the launch
     /// with its first prompt, which is taken (handed out once).
