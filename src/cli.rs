@@ -16,9 +16,15 @@ use crate::{commands, host, logging, member};
 /// Whatever the relay or a library it uses creates (log files, SQLite's
 /// -wal and -shm) is for the user alone, whatever umask the host passed
 /// down. Call it before any thread exists, so nothing races it.
-pub fn private_umask() {
+pub fn private_umask() -> u32 {
     // SAFETY: umask has no preconditions and cannot fail.
-    unsafe { libc::umask(0o077) };
+    (unsafe { libc::umask(0o077) }) as u32
+}
+
+/// The umask the agents `serve` starts get: the one it was started with
+/// (an agent's files are its project's, not the relay's).
+pub fn agents_umask(mask: u32) {
+    crate::launch::set_agent_umask(mask);
 }
 
 /// How an error leaves the binary: one line on stderr, redacted.
@@ -167,6 +173,103 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     )))?;
     rt.shutdown_timeout(std::time::Duration::from_millis(500));
     Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay serve`: the machine's launcher, until SIGTERM or SIGINT
+/// (docs/DESIGN.md, *Launching*).
+pub fn serve(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    let Setup {
+        paths,
+        dirs_trusted,
+        config,
+    } = Setup::from_env(Missing::Create)?;
+    let config = config.context("agent-relay serve cannot start")?;
+    let _log = if dirs_trusted {
+        logging::init(&paths.log_dir(), log_stderr)
+            .map_err(|e| eprintln!("agent-relay: logging disabled: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    if config.launch.roots.is_empty() {
+        eprintln!(
+            "agent-relay serve: no [launch] roots in {}: /new is refused until you name the folders agents may work in",
+            config.file.display()
+        );
+    }
+    if std::env::var_os("TELEGRAM_BOT_TOKEN").is_some() && config.launch.commands.contains_key("pi")
+    {
+        eprintln!(
+            "agent-relay serve: TELEGRAM_BOT_TOKEN is not passed to the agents it starts; a pi session's sidecar reads bot_token from {}",
+            config.file.display()
+        );
+    }
+    eprintln!(
+        "agent-relay serve: pid {}, starting agents asked for from Telegram (stop with Ctrl-C)",
+        std::process::id()
+    );
+    runtime()?.block_on(async move {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopping = stop.clone();
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot watch SIGTERM")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => tracing::info!("SIGTERM: serve stops"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: serve stops"),
+            }
+            stopping.cancel();
+        });
+        crate::launch::serve::run(paths, config, stop)
+            .await
+            .context("agent-relay serve")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay install service [--remove] [--dry-run] [--launchd|--systemd]`.
+pub fn install_service(
+    dry_run: bool,
+    remove: bool,
+    launchd: bool,
+    systemd: bool,
+) -> anyhow::Result<ExitCode> {
+    use crate::launch::service::{self, Manager};
+    let home = std::path::PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
+    let config_home = std::env::var_os("XDG_CONFIG_HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home.join(".config"));
+    let manager = match (launchd, systemd) {
+        (true, _) => Manager::Launchd,
+        (_, true) => Manager::Systemd,
+        _ => Manager::native(),
+    };
+    let exe = std::env::current_exe().context("cannot find this program's own path")?;
+    let mut env: Vec<(String, String)> = Vec::new();
+    for key in ["PATH", "AGENT_RELAY_HOME"] {
+        if let Ok(value) = std::env::var(key) {
+            env.push((key.to_string(), value));
+        }
+    }
+    let unit = service::unit(manager, &exe, &home, &config_home, &env);
+    let done = if remove {
+        service::remove(&unit, dry_run)?
+    } else {
+        service::install(&unit, dry_run)?
+    };
+    print!("{}", done.said);
+    if !remove && std::env::var_os("TELEGRAM_BOT_TOKEN").is_some() {
+        println!(
+            "note: the service does not carry TELEGRAM_BOT_TOKEN; it reads bot_token from config.toml"
+        );
+    }
+    Ok(if done.failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// How long a hook waits for its input to end (Claude Code writes it at

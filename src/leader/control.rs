@@ -561,7 +561,7 @@ impl Leader {
         if let Ok(launches) = self.store().launches() {
             folders.extend(launches.into_iter().map(|l| (l.updated_ms, l.folder)));
         }
-        folders.sort_by(|a, b| b.0.cmp(&a.0));
+        folders.sort_by_key(|f| std::cmp::Reverse(f.0));
         let mut out: Vec<String> = Vec::new();
         for (_, folder) in folders {
             let path = std::path::Path::new(&folder);

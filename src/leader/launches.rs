@@ -270,10 +270,10 @@ impl Leader {
             .launch(id)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| "no such launched session on this machine".to_string())?;
-        if launch.state == LaunchState::Running {
-            if let Some(route) = self.live_route(launch.profile_key.as_deref()) {
-                return Ok(route);
-            }
+        if launch.state == LaunchState::Running
+            && let Some(route) = self.live_route(launch.profile_key.as_deref())
+        {
+            return Ok(route);
         }
         if !lock(&self.launches.resuming).insert(id.to_string()) {
             return Err("it is being started already".into());

@@ -54,7 +54,9 @@ pub(super) fn parse_every(rest: &str) -> Result<(When, &str), String> {
     let Some((first, after)) = next_word(rest) else {
         return Err("say how often: /every 30m <prompt>, or /every 0 9 * * 1-5 <prompt>".into());
     };
-    if let Ok(every) = humantime::parse_duration(&first) {
+    // A bare number is a cron field (`0 9 * * *`), never an interval.
+    let interval = first.bytes().any(|b| b.is_ascii_alphabetic());
+    if let Some(every) = interval.then(|| humantime::parse_duration(&first).ok()).flatten() {
         if every < SHORTEST {
             return Err(format!("at most once every {} s", SHORTEST.as_secs()));
         }
@@ -88,7 +90,7 @@ pub(super) fn parse_at(rest: &str, now: DateTime<Local>) -> Result<(i64, &str), 
         return Err(usage.into());
     };
     let relative = match first.as_str() {
-        "in" => next_word(after).map(|(d, after)| (d, after)),
+        "in" => next_word(after),
         word => word.strip_prefix('+').map(|d| (d.to_string(), after)),
     };
     if let Some((span, after)) = relative {

@@ -18,7 +18,6 @@ mod restart;
 mod status;
 
 pub use handle::{
-    JoinRequest, LauncherLink, LauncherRequest, Member, MemberError, MemberState, Role,
-    UPLOAD_TIMEOUT,
+    JoinRequest, LauncherRequest, Member, MemberError, MemberState, Role, UPLOAD_TIMEOUT,
 };
 pub use status::{LeaderReport, leader_report, query_status};

@@ -24,7 +24,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
-pub use launches::{Launch, LaunchState, MAX_SCHEDULES, NewSchedule, OWN_PROMPTS, Schedule};
+pub use launches::{Launch, LaunchState, MAX_SCHEDULES, NewSchedule, Schedule};
 
 use std::io;
 use std::path::{Path, PathBuf};
