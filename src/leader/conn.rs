@@ -117,14 +117,10 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
     };
     let this = leader.clone();
     match envelope {
-        ToLeader::Heartbeat(hb) => reply(
-            hb.id,
-            leader
-                .registry
-                .lock()
-                .alive(conn, hb.generation)
-                .map(|()| Value::Null),
-        ),
+        ToLeader::Heartbeat(hb) => {
+            let alive = leader.registry.lock().alive(conn, hb.generation);
+            reply(hb.id, alive.map(|()| Value::Null))
+        }
         ToLeader::Serve(hello) => reply(
             hello.id,
             leader.serve_hello(conn, &hello).and_then(to_value),

@@ -89,12 +89,14 @@ impl Leader {
             .vouch(&req.instance_id, &req.instance_secret)?;
         let lock = self.registry.profile_lock(&req.profile_key);
         let _serialized = lock.lock().await;
+        let launch_note = req.launch.as_deref().and_then(|id| self.launch_note(id));
+        let stored = self.store().bindings().map_err(store_error)?;
         let registering = Registering {
             leader: self,
             conn,
             req: &req,
-            stored: self.store().bindings().map_err(store_error)?,
-            launch_note: req.launch.as_deref().and_then(|id| self.launch_note(id)),
+            stored,
+            launch_note,
         };
         let result = registering.run().await;
         match &result {

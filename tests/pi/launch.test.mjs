@@ -1,0 +1,155 @@
+// Sessions the relay launches (docs/DESIGN.md, *Launching*), with the real pi: `/new` in
+// the control place starts pi under `agent-relay serve` in a folder under `[launch]
+// roots`; its topic appears and the first prompt is answered there; a second message is
+// a second turn; `/model` switches (the fake model sees the new name); `/end` closes the
+// topic and `/resume` brings it back with its history. A folder outside the roots, a
+// link out of them and a stranger's `/new` start nothing. serve killed with two
+// sessions comes back with both in their topics, and nothing typed meanwhile is lost.
+
+import assert from "node:assert/strict";
+import { mkdir, symlink } from "node:fs/promises";
+import { join } from "node:path";
+import { test } from "node:test";
+import { CHAT_ID, USER_ID, World, eventually, isRunning } from "./harness.mjs";
+
+const WAIT = 60_000;
+
+/** The control place's message (General topic) whose text satisfies `test`. */
+function general(world, test, what) {
+	return world.bot.said(null, test, { ms: WAIT, what });
+}
+
+/** The buttons of a message, flattened: `[{text, callback_data}]`. */
+function buttons(message) {
+	return (message.reply_markup?.inline_keyboard ?? []).flat();
+}
+
+test("/new starts pi in its own topic; turns, /model, /end and /resume keep the topic and the history", async (t) => {
+	const world = await World.create(t, { models: ["echo-2"] });
+	await mkdir(join(world.work, "api"), { recursive: true });
+	await world.serveConfig();
+	const serve = await world.startServe();
+
+	const asked = Date.now();
+	await world.bot.injectMessage(null, "/new api hello from the phone");
+	const started = await general(world, (text) => text.includes("started"), "the /new answer");
+	assert.match(started.plain_text, /▶ pi started: [A-Z] · api/);
+	const topic = await eventually(() => world.topicOf("api"), WAIT, "the launched session's topic");
+	const first = await world.bot.said(topic.thread_id, (text) => text === "echo: hello from the phone", {
+		ms: WAIT,
+		what: "the first prompt's answer in the topic",
+	});
+	const answered = Date.now();
+	t.diagnostic(`from /new to the first answer: ${answered - asked} ms`);
+	assert.ok(first);
+	const opening = (await world.bot.messages(topic.thread_id))[0];
+	assert.match(opening.plain_text, /started from the phone: “hello from the phone”/);
+	assert.equal(serve.agents().length, 1, "pi is serve's child");
+
+	await world.bot.injectMessage(topic.thread_id, "a second turn");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: a second turn", { ms: WAIT, what: "the second turn" });
+	const second = world.model.completions.at(-1);
+	assert.ok(
+		second.body.messages.some((m) => JSON.stringify(m.content).includes("hello from the phone")),
+		"the second turn carries the first",
+	);
+
+	await world.bot.injectMessage(topic.thread_id, "/model");
+	const list = await world.bot.said(topic.thread_id, (text) => text.startsWith("🧠 Model of pi"), {
+		ms: WAIT,
+		what: "the model list",
+	});
+	const other = buttons(list).find((b) => b.text.includes("echo-2"));
+	assert.ok(other, `a button for echo-2 among ${JSON.stringify(buttons(list))}`);
+	await world.bot.tap(topic.thread_id, list.message_id, other.callback_data);
+	await world.bot.said(topic.thread_id, (text) => text.includes("Model: fake/echo-2"), { ms: WAIT, what: "the switch" });
+	await world.bot.injectMessage(topic.thread_id, "on the other model");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: on the other model", { ms: WAIT, what: "a turn on echo-2" });
+	assert.equal(world.model.completions.at(-1).body.model, "echo-2", "the fake model sees the new name");
+
+	await world.bot.injectMessage(topic.thread_id, "/end");
+	const ended = await world.bot.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), {
+		ms: WAIT,
+		what: "the end in the topic",
+	});
+	await eventually(async () => (await world.topicOf("api"))?.closed, WAIT, "the topic closed");
+	await eventually(() => serve.agents().length === 0, WAIT, "pi gone");
+
+	const resume = buttons(ended).find((b) => b.text.includes("Resume"));
+	assert.ok(resume, "the end offers to resume");
+	await world.bot.tap(topic.thread_id, ended.message_id, resume.callback_data);
+	await eventually(async () => (await world.topicOf("api"))?.closed === false, WAIT, "the topic open again");
+	await world.bot.injectMessage(topic.thread_id, "after the resume");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: after the resume", { ms: WAIT, what: "a turn after /resume" });
+	const resumed = world.model.completions.at(-1);
+	const history = JSON.stringify(resumed.body.messages);
+	assert.ok(history.includes("hello from the phone") && history.includes("a second turn"), "the history came back");
+	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 1, "still the one topic");
+
+	const transcript = [];
+	for (const m of await world.bot.messages(null)) transcript.push(`[control] ${m.plain_text}`);
+	for (const m of await world.bot.messages(topic.thread_id)) transcript.push(`[${topic.name}] ${m.plain_text}`);
+	t.diagnostic(`the phone's side:\n${transcript.join("\n")}`);
+});
+
+test("a folder outside the roots, a link out of them and a stranger's /new start nothing", async (t) => {
+	const world = await World.create(t);
+	const outside = join(world.root, "elsewhere");
+	await mkdir(outside, { recursive: true });
+	await mkdir(world.work, { recursive: true });
+	await symlink(outside, join(world.work, "escape"));
+	await world.serveConfig();
+	const serve = await world.startServe();
+
+	await world.bot.injectMessage(null, `/new ${outside} hi`);
+	const refused = await general(world, (text) => text.includes("Not done"), "the refusal of a folder outside");
+	assert.match(refused.plain_text, /outside \[launch\] roots .*roots in .*config\.toml/);
+
+	await world.bot.injectMessage(null, "/new escape hi");
+	await general(world, (text) => text.includes("leads through a link"), "the refusal of a link out of the roots");
+
+	const stranger = USER_ID + 1;
+	await world.bot.injectMessage(null, "/new . hi", stranger);
+	// The allowed user's next command is answered after the stranger's was handled.
+	await world.bot.injectMessage(null, "/sessions");
+	await general(world, (text) => text.includes("No agent sessions yet"), "the list after the stranger");
+	const all = await world.bot.messages(null);
+	assert.ok(!all.some((m) => m.plain_text.includes("Starting")), "nothing started for the stranger");
+	assert.equal(serve.agents().length, 0, "no agent runs");
+	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 0, "no topic was made");
+	assert.equal(world.model.completions.length, 0);
+	void CHAT_ID;
+});
+
+test("serve killed with two launched sessions comes back with both, and nothing typed meanwhile is lost", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "one"), { recursive: true });
+	await mkdir(join(world.work, "two"), { recursive: true });
+	await world.serveConfig();
+	const serve = await world.startServe();
+	await world.bot.injectMessage(null, "/new one first of one");
+	await world.bot.injectMessage(null, "/new two first of two");
+	const one = await eventually(() => world.topicOf("one"), WAIT, "topic one");
+	const two = await eventually(() => world.topicOf("two"), WAIT, "topic two");
+	await world.bot.said(one.thread_id, (text) => text === "echo: first of one", { ms: WAIT, what: "one answers" });
+	await world.bot.said(two.thread_id, (text) => text === "echo: first of two", { ms: WAIT, what: "two answers" });
+	const pids = serve.agents();
+	assert.equal(pids.length, 2);
+
+	serve.child.kill("SIGKILL");
+	await serve.exited;
+	await eventually(() => pids.every((pid) => !isRunning(pid)), WAIT, "the agents end with serve");
+	await world.bot.injectMessage(one.thread_id, "typed while serve was down");
+
+	const again = await world.startServe();
+	await world.bot.said(one.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic one told" });
+	await world.bot.said(two.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic two told" });
+	await world.bot.said(one.thread_id, (text) => text === "echo: typed while serve was down", {
+		ms: WAIT,
+		what: "what was typed meanwhile, answered",
+	});
+	await world.bot.injectMessage(two.thread_id, "two goes on");
+	await world.bot.said(two.thread_id, (text) => text === "echo: two goes on", { ms: WAIT, what: "two goes on" });
+	assert.equal(again.agents().length, 2, "both run under the new serve");
+	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 2, "in their own topics");
+});
