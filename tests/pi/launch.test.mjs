@@ -153,3 +153,92 @@ test("serve killed with two launched sessions comes back with both, and nothing 
 	assert.equal(again.agents().length, 2, "both run under the new serve");
 	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 2, "in their own topics");
 });
+
+test("a leader failover while a launched session runs changes nothing for it", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "api"), { recursive: true });
+	await world.serveConfig();
+	// A keyboard session first: its sidecar leads the bus, serve follows.
+	const keyboard = await world.startPi("desk", { env: world.serveEnv() });
+	await keyboard.bound();
+	const serve = await world.startServe();
+	await world.bot.injectMessage(null, "/new api before the failover");
+	const topic = await eventually(() => world.topicOf("api"), WAIT, "the launched topic");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: before the failover", { ms: WAIT, what: "the first answer" });
+	const [agent] = serve.agents();
+
+	const leader = (status) => /leader pid (\d+)/.exec(status)?.[1];
+	const before = leader(await world.relayStatus());
+	assert.ok(keyboard.sidecars().map(String).includes(before), "the keyboard session's sidecar leads");
+	await keyboard.close();
+	// The next leader (serve, or the launched pi's sidecar) has every session back.
+	await eventually(
+		async () => {
+			const now = await world.relayStatus();
+			return leader(now) && leader(now) !== before && /[A-Z] · api\s+live/.test(now);
+		},
+		WAIT,
+		"a new leader with the launched session live",
+	);
+	await world.bot.injectMessage(topic.thread_id, "after the failover");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: after the failover", { ms: WAIT, what: "an answer after the failover" });
+	assert.deepEqual(serve.agents(), [agent], "the same pi, still serve's child");
+	assert.ok(isRunning(agent));
+	const notices = (await world.bot.messages(topic.thread_id)).filter((m) => /ended|stopped|restarted|Starting this session/.test(m.plain_text));
+	assert.deepEqual(notices, [], "the launch was neither ended nor started again");
+});
+
+test("a scheduled prompt fires into its topic, and /schedules lists and cancels it", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "api"), { recursive: true });
+	await world.serveConfig();
+	await world.startServe();
+	await world.bot.injectMessage(null, "/new api set up");
+	const topic = await eventually(() => world.topicOf("api"), WAIT, "the launched topic");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: set up", { ms: WAIT, what: "the first answer" });
+
+	await world.bot.injectMessage(topic.thread_id, "/every 5s check the queue");
+	await world.bot.said(topic.thread_id, (text) => text.startsWith("⏰ #1 scheduled"), { ms: WAIT, what: "the schedule made" });
+	await world.bot.said(topic.thread_id, (text) => text === "echo: check the queue", { ms: WAIT, what: "the scheduled prompt answered" });
+	await world.bot.injectMessage(topic.thread_id, "/schedules");
+	const list = await world.bot.said(topic.thread_id, (text) => text.startsWith("Scheduled prompts"), { ms: WAIT, what: "the list" });
+	assert.match(list.plain_text, /#1 every 5s — “check the queue”/);
+	const cancel = buttons(list).find((b) => b.text === "✖ #1");
+	await world.bot.tap(topic.thread_id, list.message_id, cancel.callback_data);
+	await eventually(
+		async () => (await world.bot.message(list.message_id)).plain_text?.startsWith("No prompts are scheduled"),
+		WAIT,
+		"the list shows it cancelled",
+	);
+	const fired = world.model.prompts.filter((p) => p === "check the queue").length;
+	await new Promise((done) => setTimeout(done, 6_000));
+	assert.equal(world.model.prompts.filter((p) => p === "check the queue").length, fired, "no firing after the cancel");
+});
+
+test("an idle session ends and the next message starts it again; a crash is told with a resume button", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "api"), { recursive: true });
+	// 0.001 h: 3.6 s without a turn.
+	await world.serveConfig({ extra: "" });
+	await world.relayConfig(
+		(await import("node:fs")).readFileSync(join(world.relayHome, "config", "config.toml"), "utf8").replace("[launch]\n", "[launch]\nidle_end_hours = 0.001\n"),
+	);
+	const serve = await world.startServe();
+	await world.bot.injectMessage(null, "/new api first");
+	const topic = await eventually(() => world.topicOf("api"), WAIT, "the launched topic");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+	await world.bot.said(topic.thread_id, (text) => text.startsWith("💤 Ended after"), { ms: WAIT, what: "the idle end" });
+	await eventually(() => serve.agents().length === 0, WAIT, "pi ended");
+	await world.bot.injectMessage(topic.thread_id, "wake up");
+	await world.bot.said(topic.thread_id, (text) => text.startsWith("▶ Starting this session again"), { ms: WAIT, what: "the resume said" });
+	await world.bot.said(topic.thread_id, (text) => text === "echo: wake up", { ms: WAIT, what: "the message answered after the resume" });
+
+	const [agent] = serve.agents();
+	process.kill(agent, "SIGKILL");
+	const crashed = await world.bot.said(topic.thread_id, (text) => text.startsWith("⚠️ pi stopped by itself"), {
+		ms: WAIT,
+		what: "the crash told",
+	});
+	assert.match(crashed.plain_text, /signal 9/);
+	assert.ok(buttons(crashed).some((b) => b.text.includes("Resume")), "with a resume button");
+});
