@@ -152,8 +152,21 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether this process runs inside an agent `agent-relay serve` started,
+/// which relays that agent itself: the Claude Code plugin's MCP server and
+/// hooks step aside there, or the session would register twice.
+fn launched_by_serve() -> bool {
+    std::env::var_os(crate::session::LAUNCH_ENV).is_some_and(|id| !id.is_empty())
+}
+
 /// `agent-relay mcp`: Claude Code's MCP server, a session of the relay.
 pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    if launched_by_serve() {
+        eprintln!(
+            "agent-relay: this Claude Code was started by agent-relay serve, which relays it itself; the MCP server steps aside"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     // Claude Code has no status line for the MCP server: every problem
     // goes to stderr, which it keeps in its MCP log.
     let Sidecar {
@@ -281,6 +294,10 @@ const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Claude Code go on as without it.
 pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Write};
+    if launched_by_serve() {
+        // serve plays this Claude Code's host: nothing for a hook to do.
+        return Ok(ExitCode::SUCCESS);
+    }
     // Claude Code writes the event and closes stdin at once; a stdin that
     // never ends must not keep the hook (and Claude Code) waiting.
     let (tx, rx) = std::sync::mpsc::channel();

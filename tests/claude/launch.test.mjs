@@ -31,6 +31,16 @@ async function launchWorld(t) {
 	const telegram = await FakeBotApi.start();
 	t.after(() => telegram.stop());
 	const relayHome = join(world.root, "relay");
+	// As if the user had the relay's Claude Code plugin: its MCP server and hooks step
+	// aside in a Claude Code serve started, or the session would register twice.
+	const hooks = {};
+	for (const event of ["SessionStart", "UserPromptSubmit", "PreToolUse", "PermissionRequest", "Stop"]) {
+		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${SIDECAR} hook ${event}`, timeout: 30 }] }];
+	}
+	const settings = await world.writeJson("user-settings.json", { hooks });
+	const mcp = await world.writeJson("user-mcp.json", {
+		mcpServers: { "agent-relay": { type: "stdio", command: SIDECAR, args: ["mcp"] } },
+	});
 	await mkdir(join(relayHome, "config"), { recursive: true, mode: 0o700 });
 	await writeFile(
 		join(relayHome, "config", "config.toml"),
@@ -43,7 +53,7 @@ async function launchWorld(t) {
 			`roots = ${JSON.stringify([world.root])}`,
 			`engine = "claude"`,
 			"[launch.commands]",
-			`claude = ${JSON.stringify([claudeBin()])}`,
+			`claude = ${JSON.stringify([claudeBin(), "--settings", settings, "--mcp-config", mcp])}`,
 		].join("\n"),
 		{ mode: 0o600 },
 	);
