@@ -452,10 +452,13 @@ export class World {
 	 * `[launch] roots` (default: the world's work folder) and how to run pi with the
 	 * relay's extension. `extra` is appended.
 	 */
-	async serveConfig({ roots = [this.work], extra = "" } = {}) {
+	async serveConfig({ roots = [this.work], extra = "", home = this.relayHome } = {}) {
 		await mkdir(this.work, { recursive: true });
 		const pi = [process.execPath, PI_CLI, "--offline", "-e", EXTENSION];
-		await this.relayConfig(
+		const dir = join(home, "config");
+		await mkdir(dir, { recursive: true, mode: 0o700 });
+		await writeFile(
+			join(dir, "config.toml"),
 			[
 				`bot_token = ${JSON.stringify(this.bot.token)}`,
 				`chat_id = ${CHAT_ID}`,
@@ -467,6 +470,7 @@ export class World {
 				`pi = ${JSON.stringify(pi)}`,
 				extra,
 			].join("\n"),
+			{ mode: 0o600 },
 		);
 	}
 
