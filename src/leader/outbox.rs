@@ -202,9 +202,26 @@ impl Outbox {
         self.call_here(call, pace).await
     }
 
+    /// Makes a call another machine sent to this one, which holds the
+    /// bot-wide lease: paced at the caller's priority, within its deadline.
+    /// A wait for the chat's budget is told to nobody: the session that
+    /// asked is on the other machine.
+    pub async fn call_for_another_machine(
+        &self,
+        call: BotCall,
+        priority: Priority,
+        deadline: Duration,
+    ) -> Result<Performed, Failure> {
+        let pace = Pace {
+            deadline,
+            ..Pace::of(priority)
+        };
+        self.call_here(call, pace).await
+    }
+
     /// Makes `call` with this machine's client and limiter, with the
     /// retries and fallbacks of the module's table.
-    pub async fn call_here(&self, mut call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
+    async fn call_here(&self, mut call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
         let deadline = Instant::now() + pace.deadline;
         let mut plain = false;
         let mut reopened = false;

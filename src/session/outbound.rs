@@ -40,7 +40,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
-use super::unsent::Unsent;
 use crate::member::{Member, MemberError};
 use crate::protocol::bus::{
     BusErrorCode, EditText, FileSource, MAX_INLINE_FILE, SendAs, SendFile, SendText, Target,
@@ -60,6 +59,18 @@ const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
 const TOOL_ARGUMENT: usize = 80;
 /// What stands between texts that went out as one message.
 const MERGED: &str = "\n\n";
+
+/// Text that did not reach the topic, or may not have: what the session
+/// keeps and offers again (`unsent.rs`).
+#[derive(Debug, Clone)]
+pub(super) struct Unsent {
+    /// Telegram HTML, as it was to be sent.
+    pub html: String,
+    /// Telegram may have posted it after all.
+    pub maybe_sent: bool,
+    /// What went wrong, in the leader's words.
+    pub why: String,
+}
 
 #[derive(Debug)]
 pub enum ToTopic {

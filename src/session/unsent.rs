@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use super::dialog::{self, Options, Question, Terminal};
-use super::outbound::ToTopic;
+use super::outbound::{ToTopic, Unsent};
 use crate::protocol::host::{NotifyLevel, NotifyParams, method};
 
 /// Answers kept to be sent again, at most; the oldest goes first.
@@ -29,17 +29,6 @@ const KEEP: usize = 8;
 const OFFER_FOR: Duration = Duration::from_secs(12 * 3600);
 /// How much of the answer the notice quotes, so the user knows which.
 const QUOTE: usize = 80;
-
-/// Text that did not reach the topic, or may not have.
-#[derive(Debug, Clone)]
-pub(super) struct Unsent {
-    /// Telegram HTML, as it was to be sent.
-    pub html: String,
-    /// Telegram may have posted it after all.
-    pub maybe_sent: bool,
-    /// What went wrong, in the leader's words.
-    pub why: String,
-}
 
 struct Kept {
     id: u64,
