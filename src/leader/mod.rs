@@ -7,23 +7,30 @@
 //! * [`registry::Registry`] — connections, registrations, the generation
 //!   check, who owns which profile. Bookkeeping only.
 //! * [`router::Router`] — delivery: journaled updates to their sessions (one
-//!   path for a new batch and for a backlog), acknowledgements, taps, and
-//!   the leader's own answers off the routing path.
-//! * [`outbox::Outbox`] — every Bot API call, typed and paced, and the one
-//!   decision of what a failure means. Never touches the store.
+//!   path for a new batch and for a backlog), acknowledgements, and the
+//!   leader's own answers off the routing path ([`replies`]).
+//! * [`outbox::Outbox`] — every Bot API call, typed and paced, each failure
+//!   decided once ([`failure`]). Never touches the store.
 //! * [`access::Access`] — who may drive sessions, and pairing.
+//! * [`asks::Asks`] — the questions open on the phone.
+//! * [`inbox::FileInbox`] — the sessions' inboxes, where files users send
+//!   are saved.
 //! * the store, behind a mutex, written by the leader alone.
 //!
-//! The flows that combine them (register, disconnect, a topic request, the
-//! status table) live in [`sessions`]; one connection's reader and writer in
-//! [`conn`]. The lock order is written where the locks are
-//! ([`registry::Registry`]).
+//! The flows that combine them have a file each, named for the flow:
+//! registration in three steps ([`register`]), leaving for good
+//! ([`disconnect`]), a session's request in its topic ([`topic`]), the
+//! questions and their taps ([`asks`]), files both ways ([`files`]), the
+//! status ([`status`]) and `/relay restart` ([`restart`]); inbound, the
+//! poll ([`poller`]), the [`triage`] and the [`batch`] on its way to the
+//! router; one connection's reader and writer in [`conn`]. The lock order
+//! is written where the locks are ([`registry::Registry`]).
 //!
 //! When the relay spans machines (`[cluster]`, docs/CLUSTER.md), the
 //! leader is also one machine of the cluster ([`cluster`]): it polls only
 //! while it holds the bot-wide lease, reads its own updates from the
 //! cluster's stream, and makes its Bot API calls through the machine that
-//! polls ([`remote`]).
+//! polls (chosen in [`outbox::Outbox::call`]).
 
 mod access;
 mod asks;

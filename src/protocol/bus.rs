@@ -614,7 +614,7 @@ impl JsonSchema for Ack {
 
 /// Why a request failed. For topic requests the code is the leader's
 /// decision about a Telegram failure, made in one place
-/// (`bus::leader::outbox`): the session acts on the code alone.
+/// (`leader::failure`): the session acts on the code alone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
 #[serde(rename_all = "camelCase")]
 #[error("{message}")]

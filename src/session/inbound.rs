@@ -157,9 +157,8 @@ pub async fn run(
                     while let Some(answered) = in_flight.next().await {
                         settle(answered, &mut seen, &mut on_the_way);
                     }
-                    if handle(&session, &parts[0]).await {
-                        settle((parts, true), &mut seen, &mut on_the_way);
-                    }
+                    run_command(&session, &parts[0]).await;
+                    settle((parts, true), &mut seen, &mut on_the_way);
                     continue;
                 }
                 let (text, attachments) = if has_files {
@@ -275,8 +274,9 @@ fn accepted(
     }
 }
 
-/// Handles a command typed in the topic. True when it is settled.
-async fn handle(session: &Session, deliver: &Deliver) -> bool {
+/// Runs a command typed in the topic. Whatever it came to, the person
+/// hears of it in the topic, so the command is settled once it ran.
+async fn run_command(session: &Session, deliver: &Deliver) {
     match topic_command(&deliver.message.text) {
         Some("status") => {
             let report = session.status_report(false).await;
@@ -302,7 +302,6 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
         }
         _ => {}
     }
-    true
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! One agent session: what the host told us about it, its three status facts
 //! (binding, transport, sync), and the translation of host requests and
 //! events into relay actions. It sees neither bytes nor sockets: the host
-//! side is a [`HostLink`], the relay is a [`bus::Member`].
+//! side is a [`HostLink`], the relay is a [`Member`] of the bus.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
