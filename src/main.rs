@@ -37,6 +37,9 @@ enum Cmd {
         /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
         event: String,
     },
+    /// Send what the last relay process left to go, then exit (a relay process starts this itself).
+    #[command(hide = true)]
+    Drain,
     /// Add the relay to a coding agent's configuration.
     Install {
         #[command(subcommand)]
@@ -107,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Stdio { .. }
             | Cmd::Mcp { .. }
             | Cmd::Hook { .. }
+            | Cmd::Drain
             | Cmd::Status
             | Cmd::Doctor
             | Cmd::Setup
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Hook { event } => cli::hook(&event),
+        Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),
