@@ -43,6 +43,9 @@ enum Cmd {
         /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
         event: String,
     },
+    /// Send what the last relay process left to go, then exit (a relay process starts this itself).
+    #[command(hide = true)]
+    Drain,
     /// Add the relay to a coding agent's configuration.
     Install {
         #[command(subcommand)]
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
             | Cmd::Mcp { .. }
             | Cmd::Serve { .. }
             | Cmd::Hook { .. }
+            | Cmd::Drain
             | Cmd::Status
             | Cmd::Doctor
             | Cmd::Setup
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Serve { log_stderr } => cli::serve(log_stderr),
         Cmd::Hook { event } => cli::hook(&event),
+        Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),

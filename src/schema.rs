@@ -45,6 +45,7 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::TopicSendParams>("host/topic-send.params"),
         file::<h::TopicSendResult>("host/topic-send.result"),
         file::<h::NoticeParams>("host/agent-notice.params"),
+        file::<h::TakenParams>("host/agent-taken.params"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),
         file::<h::NotifyParams>("host/ui-notify.params"),
@@ -64,6 +65,8 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
         file::<b::Fetched>("bus/fetch.result"),
+        file::<b::Posted>("bus/post.result"),
+        file::<b::Resent>("bus/resend.result"),
         file::<b::ServeWelcome>("bus/serve.result"),
         // agent-relay serve across machines (the cluster's launch question)
         file::<crate::protocol::launch::RemoteOrder>("cluster/launch.question"),

@@ -310,7 +310,9 @@ impl Bridge {
                 let params: SendUserMessageParams = serde_json::from_value(params)
                     .map_err(|e| (-32602, format!("Invalid params: {e}")))?;
                 self.deliver(params);
-                Ok(json!({"accepted": true}))
+                // Taken when a turn takes it (a channel turn, or
+                // `telegram_inbox`): until then the relay keeps it.
+                Ok(json!({"accepted": true, "queued": true}))
             }
             method::AGENT_ABORT => Err((
                 -32000,
@@ -382,22 +384,38 @@ impl Bridge {
         }
     }
 
-    /// The messages no turn has taken yet; they are taken now.
+    /// The messages no turn has taken yet; a turn takes them now.
     pub(super) fn take_inbox(&self) -> Vec<Waiting> {
-        let mut state = self.state();
-        state.told_waiting = false;
-        state.inbox.drain(..).collect()
+        let taken: Vec<Waiting> = {
+            let mut state = self.state();
+            state.told_waiting = false;
+            state.inbox.drain(..).collect()
+        };
+        self.taken(taken.iter().map(|w| w.origin.update_id).collect());
+        taken
     }
 
-    /// Says in the topic what nobody read, before the session ends.
+    /// Tells the session a turn took these messages: the relay may forget
+    /// them now.
+    fn taken(&self, update_ids: Vec<i64>) {
+        if !update_ids.is_empty() {
+            self.tell_session(method::AGENT_TAKEN, json!({"updateIds": update_ids}));
+        }
+    }
+
+    /// Says in the topic what nobody read, before the session ends: the
+    /// relay keeps it for this session, which gets it when it is resumed.
     pub(super) async fn finish(&self) {
         self.stop.cancel();
-        let unread = self.take_inbox();
+        let unread: Vec<Waiting> = {
+            let mut state = self.state();
+            state.inbox.drain(..).collect()
+        };
         if unread.is_empty() {
             return;
         }
         let mut text = format!(
-            "⚠️ This Claude Code session ended before it read {} message(s) sent here:",
+            "⏸ This Claude Code session ended before it read {} message(s) sent here; they are kept and reach it when it is resumed (claude --resume or --continue):",
             unread.len()
         );
         for waiting in &unread {
@@ -574,7 +592,7 @@ impl Bridge {
                 }
                 HookAnswer::default()
             }
-            "Stop" => self.stop(input.last_assistant_message),
+            "Stop" => self.stop(input.last_assistant_message).await,
             "SessionEnd" => HookAnswer::default(),
             other => note(format!(
                 "agent-relay: the {other} hook is not one the relay uses"
@@ -586,7 +604,7 @@ impl Bridge {
     /// with it: the Stop hook blocks the stop with them as its reason, as
     /// Claude Code documents, so a session at a keyboard takes a message
     /// from the phone without channels. Otherwise the turn ends.
-    fn stop(&self, last: Option<String>) -> HookAnswer {
+    async fn stop(&self, last: Option<String>) -> HookAnswer {
         let waiting = self.take_inbox();
         if waiting.is_empty() {
             {
@@ -594,7 +612,19 @@ impl Bridge {
                 state.from_telegram = false;
                 state.turn_running = false;
             }
-            self.tell_session(method::AGENT_ENDED, json!({"lastAssistantText": last}));
+            // Asked, not told: the hook returns once the answer is the
+            // relay's, on disk, and Claude Code may exit at once.
+            let ended = self
+                .session
+                .request(
+                    method::AGENT_ENDED,
+                    json!({"lastAssistantText": last}),
+                    QUICK,
+                )
+                .await;
+            if let Err(e) = ended {
+                tracing::warn!("the answer may not have reached the relay: {e}");
+            }
             return HookAnswer::default();
         }
         // What the turn said so far is an answer of its own; the turn goes
@@ -630,6 +660,7 @@ impl Bridge {
         self.state()
             .inbox
             .retain(|w| !ids.contains(&w.origin.update_id));
+        self.taken(ids.into_iter().collect());
         true
     }
 }

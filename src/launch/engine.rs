@@ -1,7 +1,7 @@
 //! The engine seam (docs/DESIGN.md, *Launching*, "The engine seam"): how
 //! `serve` starts one kind of agent and drives it. An engine is one
-//! variant of [`Engine`] and one file under `engines/` with a `start`
-//! function:
+//! variant of `Engine` (in `engines/mod.rs`, which calls it) and one file
+//! under `engines/` with a `start` function:
 //!
 //! ```text
 //! async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineError>
@@ -47,39 +47,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::Config;
 use crate::paths::Paths;
 use crate::protocol::launch::ModelChoice;
-
-/// The agents `serve` can start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// pi in RPC mode, with the relay's extension loaded.
-    Pi,
-    /// Claude Code headless and kept running (stream-json both ways).
-    Claude,
-}
-
-impl Engine {
-    pub const ALL: [Engine; 2] = [Engine::Pi, Engine::Claude];
-
-    /// Its name in `/new`, `[launch.commands]` and the store.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pi => "pi",
-            Self::Claude => "claude",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|e| e.name() == name)
-    }
-
-    /// Starts the agent (see the module docs).
-    pub async fn start(self, start: Start, ctx: &Context) -> Result<Agent, EngineError> {
-        match self {
-            Self::Pi => super::engines::pi::start(start, ctx).await,
-            Self::Claude => super::engines::claude::start(start, ctx).await,
-        }
-    }
-}
 
 /// What an engine is given.
 #[derive(Debug, Clone)]

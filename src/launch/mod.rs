@@ -22,6 +22,8 @@
 mod child;
 pub mod engine;
 mod engines;
+
+pub use engines::Engine;
 pub mod env;
 mod hosted;
 pub mod place;

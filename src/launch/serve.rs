@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Context, Control, Engine, Exit, Start};
+use super::Engine;
+use super::engine::{Context, Control, Exit, Start};
 use crate::bus::election::BusDir;
 use crate::config::Config;
 use crate::member::{LauncherRequest, Member};

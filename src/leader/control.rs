@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::command::{Command, NewArgs, parse};
 use super::failure::Failure;
 use super::launches::{NO_SERVE, new_launch_id};
 use super::outbox::Pace;
@@ -50,116 +51,6 @@ const MAX_MODELS: usize = 24;
 pub(super) struct Place {
     pub chat: i64,
     pub thread: Option<i64>,
-}
-
-/// A command the leader answers itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Command {
-    /// `/new [machine:]<folder> [engine] [first prompt…]`, or `/new` alone.
-    New(NewArgs),
-    Sessions,
-    /// `/resume [slot or name]`.
-    Resume(Option<String>),
-    End,
-    Model,
-    /// `/every <interval or cron> …` (the rest as written).
-    Every(String),
-    /// `/at <time> …`.
-    At(String),
-    Schedules,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct NewArgs {
-    pub machine: Option<String>,
-    pub folder: Option<String>,
-    pub engine: Option<String>,
-    pub prompt: Option<String>,
-}
-
-/// Reads a command the leader answers itself; `engines` are the engine
-/// names `/new` knows. `None`: not one of them.
-pub(super) fn parse(text: &str, engines: &[String]) -> Option<Command> {
-    let text = text.trim();
-    let word = text.strip_prefix('/')?;
-    let (name, rest) = word.split_once(char::is_whitespace).unwrap_or((word, ""));
-    let name = name.split('@').next()?;
-    let rest = rest.trim();
-    Some(match name {
-        "new" => Command::New(new_args(rest, engines)),
-        "sessions" => Command::Sessions,
-        "resume" => Command::Resume((!rest.is_empty()).then(|| rest.to_string())),
-        "end" => Command::End,
-        "model" => Command::Model,
-        "every" => Command::Every(rest.to_string()),
-        "at" => Command::At(rest.to_string()),
-        "schedules" => Command::Schedules,
-        _ => return None,
-    })
-}
-
-/// Whether a message in a session's topic is the leader's to answer rather
-/// than a prompt for the agent (the triage asks).
-pub(super) fn is_topic_command(text: &str) -> bool {
-    parse(text, &[]).is_some()
-}
-
-/// The next word of `text` (double quotes keep spaces in a folder), and
-/// what follows it.
-pub(super) fn next_word(text: &str) -> Option<(String, &str)> {
-    let text = text.trim_start();
-    if text.is_empty() {
-        return None;
-    }
-    if let Some(quoted) = text.strip_prefix('"')
-        && let Some(end) = quoted.find('"')
-    {
-        return Some((quoted[..end].to_string(), &quoted[end + 1..]));
-    }
-    let end = text.find(char::is_whitespace).unwrap_or(text.len());
-    Some((text[..end].to_string(), &text[end..]))
-}
-
-/// `[machine:]<folder> [engine] [prompt…]`.
-pub(super) fn new_args(rest: &str, engines: &[String]) -> NewArgs {
-    let Some((place, rest)) = next_word(rest) else {
-        return NewArgs::default();
-    };
-    let (machine, folder) = split_machine(&place);
-    let mut args = NewArgs {
-        machine,
-        folder: Some(folder),
-        ..NewArgs::default()
-    };
-    let mut rest = rest;
-    if let Some((word, after)) = next_word(rest)
-        && engines.contains(&word)
-    {
-        args.engine = Some(word);
-        rest = after;
-    }
-    let prompt = rest.trim();
-    args.prompt = (!prompt.is_empty()).then(|| prompt.to_string());
-    args
-}
-
-/// `laptop:~/api` → the machine and the folder; a folder alone stays one.
-fn split_machine(place: &str) -> (Option<String>, String) {
-    if let Some((machine, folder)) = place.split_once(':')
-        && (1..=32).contains(&machine.len())
-        && machine
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && (folder.starts_with('~') || folder.starts_with('/') || folder.starts_with('.'))
-    {
-        return (Some(machine.to_string()), folder.to_string());
-    }
-    (None, place.to_string())
-}
-
-/// The data of a button that resumes launch `id`.
-pub(super) fn resume_button(id: &str) -> String {
-    format!("c:r:{id}")
 }
 
 /// What a button offers beyond its data.
@@ -305,8 +196,11 @@ impl Leader {
         }
     }
 
-    /// Posts `html` with `buttons` in `place`; answers the message id.
-    pub(super) async fn post(
+    /// Posts `html` with `buttons` in `place` at once; answers the message
+    /// id. Not through the outbox of record (`courier.rs`): the control
+    /// place edits its messages later by that id, and an answer to a
+    /// command lost with its leader is asked for again.
+    pub(super) async fn post_now(
         &self,
         place: Place,
         html: String,
@@ -357,7 +251,7 @@ impl Leader {
     ) -> Result<i64, Failure> {
         match message_id {
             Some(id) => self.edit(place, id, html, buttons).await.map(|()| id),
-            None => self.post(place, html, buttons).await,
+            None => self.post_now(place, html, buttons).await,
         }
     }
 
@@ -387,7 +281,7 @@ impl Leader {
                 .map(|m| format!(" on {}", escape(m)))
                 .unwrap_or_default()
         );
-        let message_id = self.post(place, wait, None).await?;
+        let message_id = self.post_now(place, wait, None).await?;
         let op = RemoteOp::New {
             folder,
             engine: Some(engine),
@@ -510,7 +404,7 @@ impl Leader {
     /// as buttons.
     async fn offer_folders(&self, place: Place, engine: Option<String>) -> Result<(), Failure> {
         if self.launch_policy.roots.is_empty() {
-            self.post(place, format!("⚠️ {}", self.no_roots()), None)
+            self.post_now(place, format!("⚠️ {}", self.no_roots()), None)
                 .await?;
             return Ok(());
         }
@@ -527,7 +421,7 @@ impl Leader {
                 escape(&self.engines().join("|")),
                 escape(&roots.join(", "))
             );
-            self.post(place, text, None).await?;
+            self.post_now(place, text, None).await?;
             return Ok(());
         }
         let offered: Vec<(Option<String>, String)> =
@@ -548,7 +442,7 @@ impl Leader {
             "Start {} in which folder? (or <code>/new &lt;folder&gt; [engine] [first prompt]</code>)",
             escape(&self.launch_policy.default_engine)
         );
-        self.post(place, text, Some(Keyboard { rows })).await?;
+        self.post_now(place, text, Some(Keyboard { rows })).await?;
         Ok(())
     }
 
@@ -626,7 +520,7 @@ impl Leader {
         };
         let Some((machine, id)) = launch else {
             let text = "⚠️ No session the relay launched goes by that name here; /sessions lists them (a session started at a keyboard resumes there).";
-            self.post(place, text.into(), None).await?;
+            self.post_now(place, text.into(), None).await?;
             return Ok(());
         };
         let done = self
@@ -638,7 +532,7 @@ impl Leader {
                 },
             )
             .await;
-        self.post(place, done.text, None).await.map(drop)
+        self.post_now(place, done.text, None).await.map(drop)
     }
 
     /// The launch a slot letter or a session's name names, on any machine.
@@ -677,7 +571,7 @@ impl Leader {
                 Err(why) => format!("⚠️ Could not end it: {}", escape(&why)),
             },
         };
-        self.post(place, text, None).await.map(drop)
+        self.post_now(place, text, None).await.map(drop)
     }
 
     // ------------------------------------------------------------ /model
@@ -692,7 +586,7 @@ impl Leader {
         let launch = owner.and_then(|owner| self.store().launch_by_profile(owner).ok().flatten());
         let Some(launch) = launch.filter(|l| l.state.is_running()) else {
             let text = "/model switches the model of a running session the relay launched (/new), in its topic.";
-            return self.post(place, text.into(), None).await.map(drop);
+            return self.post_now(place, text.into(), None).await.map(drop);
         };
         let outcome = self
             .order(
@@ -706,26 +600,26 @@ impl Leader {
             Ok(OrderOutcome::Models { models, current }) => (models, current),
             Ok(OrderOutcome::Refused { reason }) => {
                 return self
-                    .post(place, format!("⚠️ {}", escape(&reason)), None)
+                    .post_now(place, format!("⚠️ {}", escape(&reason)), None)
                     .await
                     .map(drop);
             }
             Ok(other) => {
                 return self
-                    .post(place, format!("⚠️ serve answered {other:?}"), None)
+                    .post_now(place, format!("⚠️ serve answered {other:?}"), None)
                     .await
                     .map(drop);
             }
             Err(e) => {
                 return self
-                    .post(place, format!("⚠️ {}", escape(&e.message)), None)
+                    .post_now(place, format!("⚠️ {}", escape(&e.message)), None)
                     .await
                     .map(drop);
             }
         };
         if models.is_empty() {
             return self
-                .post(
+                .post_now(
                     place,
                     "The agent offers no models to switch to.".into(),
                     None,
@@ -767,7 +661,7 @@ impl Leader {
                 models.len()
             ));
         }
-        self.post(place, text, Some(Keyboard { rows }))
+        self.post_now(place, text, Some(Keyboard { rows }))
             .await
             .map(drop)
     }
@@ -1078,75 +972,6 @@ fn session_state(s: &SessionStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn engines() -> Vec<String> {
-        vec!["pi".into(), "claude".into()]
-    }
-
-    #[test]
-    fn commands_are_read_with_their_arguments() {
-        assert_eq!(
-            parse("/new ~/api claude fix the build", &engines()),
-            Some(Command::New(NewArgs {
-                machine: None,
-                folder: Some("~/api".into()),
-                engine: Some("claude".into()),
-                prompt: Some("fix the build".into()),
-            }))
-        );
-        assert_eq!(
-            parse("/new@relay_bot box:/srv/web", &engines()),
-            Some(Command::New(NewArgs {
-                machine: Some("box".into()),
-                folder: Some("/srv/web".into()),
-                ..NewArgs::default()
-            }))
-        );
-        assert_eq!(
-            parse("/new \"~/my project\" pi go on", &engines()),
-            Some(Command::New(NewArgs {
-                folder: Some("~/my project".into()),
-                engine: Some("pi".into()),
-                prompt: Some("go on".into()),
-                ..NewArgs::default()
-            }))
-        );
-        assert_eq!(
-            parse("/new ~/api pilot the change", &engines()),
-            Some(Command::New(NewArgs {
-                folder: Some("~/api".into()),
-                prompt: Some("pilot the change".into()),
-                ..NewArgs::default()
-            })),
-            "an engine is a whole word"
-        );
-        assert_eq!(
-            parse("/new", &engines()),
-            Some(Command::New(NewArgs::default()))
-        );
-        assert_eq!(
-            parse("/resume B", &engines()),
-            Some(Command::Resume(Some("B".into())))
-        );
-        assert_eq!(
-            parse("/every 1h run it", &engines()),
-            Some(Command::Every("1h run it".into()))
-        );
-        assert_eq!(parse("/status", &engines()), None, "the session's own");
-        assert_eq!(parse("hello /new", &engines()), None);
-        assert!(is_topic_command("/model"));
-        assert!(!is_topic_command("/stop"));
-    }
-
-    #[test]
-    fn a_machine_is_named_only_before_a_folder() {
-        assert_eq!(
-            split_machine("laptop:~/api"),
-            (Some("laptop".into()), "~/api".into())
-        );
-        assert_eq!(split_machine("~/a:b"), (None, "~/a:b".into()));
-        assert_eq!(split_machine("Box:/x"), (None, "Box:/x".into()));
-    }
 
     #[test]
     fn topic_links_exist_in_supergroups_only() {

@@ -21,14 +21,18 @@ use super::outbox::Pace;
 use super::registry::{ConnId, LauncherReg};
 use super::{Leader, store_error};
 use crate::protocol::bus::*;
+use crate::protocol::launch::START_WAIT;
 use crate::protocol::launch::{LaunchEvent, LaunchSpec, OrderOp, OrderOutcome};
 use crate::store::{Launch, LaunchState, NewUpdate};
 
+/// The data of a button that resumes launch `id` (`c:r:`, read by the
+/// control place).
+fn resume_button(id: &str) -> String {
+    format!("c:r:{id}")
+}
+
 /// What the person is told when this machine has no `serve`.
 pub(super) const NO_SERVE: &str = "agent-relay serve is not running on this machine: start it with `agent-relay serve` (or `agent-relay install service` to keep it running)";
-/// How long starting an agent may take, its session's registration
-/// included (pi loads its extensions, the sidecar joins, the topic is made).
-pub(super) const START_WAIT: Duration = Duration::from_secs(90);
 /// How long any other order may take.
 const ORDER_WAIT: Duration = Duration::from_secs(30);
 
@@ -465,7 +469,7 @@ impl Leader {
         let buttons = resumable.then(|| Keyboard {
             rows: vec![vec![Button {
                 text: "▶ Resume".into(),
-                data: super::control::resume_button(&launch.id),
+                data: resume_button(&launch.id),
             }]],
         });
         let profile = binding.profile_key.clone();

@@ -247,13 +247,12 @@ impl Leader {
         }
     }
 
-    /// [`Leader::give_up`], telling before it returns: for a flow after
-    /// which this leader may step down (a disconnect of its own session),
-    /// when a reply still on its way would be cancelled with the leader and
-    /// the messages, already dropped, would go without a word.
+    /// [`Leader::give_up`], the notices handed to the outbox before it
+    /// returns: for a flow after which this leader may step down (a
+    /// disconnect of its own session).
     pub(super) async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
         for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
-            if let Err(e) = self.outbox.say(chat, thread, &text).await {
+            if let Err(e) = self.say_later(chat, thread, text).await {
                 tracing::warn!(chat, "cannot tell that messages were given up: {e}");
             }
         }

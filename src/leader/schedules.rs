@@ -22,7 +22,8 @@ use std::time::Duration;
 use chrono::{DateTime, Local, NaiveDate, NaiveTime, TimeZone};
 
 use super::batch::Batch;
-use super::control::{Place, new_args, next_word};
+use super::command::{new_args, next_word};
+use super::control::Place;
 use super::failure::Failure;
 use super::launches::new_launch_id;
 use super::triage::Entry;
@@ -56,7 +57,10 @@ pub(super) fn parse_every(rest: &str) -> Result<(When, &str), String> {
     };
     // A bare number is a cron field (`0 9 * * *`), never an interval.
     let interval = first.bytes().any(|b| b.is_ascii_alphabetic());
-    if let Some(every) = interval.then(|| humantime::parse_duration(&first).ok()).flatten() {
+    if let Some(every) = interval
+        .then(|| humantime::parse_duration(&first).ok())
+        .flatten()
+    {
         if every < SHORTEST {
             return Err(format!("at most once every {} s", SHORTEST.as_secs()));
         }
@@ -190,7 +194,7 @@ impl Leader {
             Ok(text) => text,
             Err(why) => format!("⚠️ {}", escape(&why)),
         };
-        self.post(place, text, None).await.map(drop)
+        self.post_now(place, text, None).await.map(drop)
     }
 
     fn add_schedule(
@@ -324,13 +328,13 @@ impl Leader {
                 .collect(),
             Err(e) => {
                 return self
-                    .post(place, format!("⚠️ {}", escape(&e.to_string())), None)
+                    .post_now(place, format!("⚠️ {}", escape(&e.to_string())), None)
                     .await
                     .map(drop);
             }
         };
         let (text, buttons) = schedules_text(&schedules, owner.is_some());
-        self.post(place, text, buttons).await.map(drop)
+        self.post_now(place, text, buttons).await.map(drop)
     }
 
     /// A cancel button of `/schedules`.
@@ -414,7 +418,7 @@ impl Leader {
                 schedule.id,
                 escape(&crate::policy::clip(&schedule.prompt, 100))
             );
-            let _ = self.post(place, text, None).await;
+            let _ = self.post_now(place, text, None).await;
             return;
         }
         let Some(target) = self
@@ -428,7 +432,7 @@ impl Leader {
                 "⏰ #{} could not fire: its session has no topic any more.",
                 schedule.id
             );
-            let _ = self.post(place, text, None).await;
+            let _ = self.post_now(place, text, None).await;
             return;
         };
         let notice = format!(
@@ -441,7 +445,7 @@ impl Leader {
             chat: target.chat_id,
             thread: Some(target.thread_id),
         };
-        if let Err(e) = self.post(topic, notice, None).await {
+        if let Err(e) = self.post_now(topic, notice, None).await {
             tracing::warn!("cannot say a schedule fired: {e}");
         }
         let journaled = self.store().journal_own_prompt(NewUpdate {
@@ -476,7 +480,7 @@ impl Leader {
             .and_then(|id| self.store().launch(id).ok().flatten());
         let Some(launch) = launch else {
             let _ = self
-                .post(
+                .post_now(
                     place,
                     format!(
                         "⏰ #{} lost its session; cancel it with /schedules.",
@@ -511,7 +515,7 @@ impl Leader {
                 escape(&why)
             ),
         };
-        let _ = self.post(place, text, None).await;
+        let _ = self.post_now(place, text, None).await;
     }
 
     /// Says what a schedule missed while no relay ran.
@@ -547,7 +551,7 @@ impl Leader {
                 },
             );
         self.router.replies.spawn(self, move |leader| async move {
-            if let Err(e) = leader.post(place, text, None).await {
+            if let Err(e) = leader.post_now(place, text, None).await {
                 tracing::warn!("cannot say a schedule missed its time: {e}");
             }
         });

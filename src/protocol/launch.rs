@@ -16,6 +16,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Epoch, Generation};
 
+/// How long starting an agent may take, its session's registration
+/// included (pi loads its extensions, the sidecar joins, the topic is
+/// made): the leader waits this long for `serve`, and a machine that asks
+/// another's `serve` through the cluster a little longer.
+pub const START_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// `agent-relay serve` joins the bus as this machine's launcher.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

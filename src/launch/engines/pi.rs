@@ -1,4 +1,5 @@
-//! pi as an engine (pi-coding-agent's docs/rpc.md): `pi --mode rpc`, its
+//! pi as an engine (RPC mode, as pi-coding-agent's own docs in its npm
+//! package describe it; docs/DESIGN.md, *Launching*): `pi --mode rpc`, its
 //! commands and their responses as JSON lines on stdin and stdout. The
 //! relay's extension inside it (`scripts/pi-extension.ts`, loaded from the
 //! installed package or `-e` in `[launch.commands]`) spawns the session's

@@ -156,7 +156,7 @@ impl Leader {
             node: Some(node.to_string()),
             order: op,
         };
-        let window = super::super::launches::START_WAIT + std::time::Duration::from_secs(10);
+        let window = crate::protocol::launch::START_WAIT + std::time::Duration::from_secs(10);
         let answers: Vec<(NodeName, RemoteDone)> = cluster
             .ask_nodes_within(
                 Question::Launch,
