@@ -102,7 +102,7 @@ export class FakeModel {
 			} catch {
 				body = raw;
 			}
-			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body };
+			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body, at: Date.now() };
 			this.requests.push(record);
 			if (req.method === "POST" && record.path.endsWith("/chat/completions")) {
 				try {

@@ -19,6 +19,72 @@ function general(world, test, what) {
 	return world.bot.said(null, test, { ms: WAIT, what });
 }
 
+/** Telegram HTML as the phone shows it. */
+function plain(html) {
+	return String(html ?? "")
+		.replace(/<[^>]+>/g, "")
+		.replace(/&lt;/g, "<")
+		.replace(/&gt;/g, ">")
+		.replace(/&quot;/g, '"')
+		.replace(/&amp;/g, "&");
+}
+
+/**
+ * The phone's side, in order, as the fake recorded it: what the relay's calls showed
+ * and did, with what the user did (`phone`: `{ at, text }`, `at` the number of calls
+ * recorded before it) between them.
+ */
+function transcript(calls, phone) {
+	const lines = [];
+	let next = 0;
+	const where = (p) => (p.message_thread_id ? "topic" : "control");
+	calls.forEach((call, index) => {
+		while (next < phone.length && phone[next].at <= index) lines.push(`  you: ${phone[next++].text}`);
+		if (!call.ok) return;
+		const p = call.params ?? {};
+		const keys = (p.reply_markup?.inline_keyboard ?? []).flat().map((b) => b.text);
+		const shown = keys.length ? ` [${keys.join(" | ")}]` : "";
+		switch (call.method) {
+			case "sendMessage":
+				lines.push(`relay (${where(p)}): ${plain(p.text)}${shown}`);
+				break;
+			case "editMessageText":
+				lines.push(`relay (edits its message ${p.message_id}): ${plain(p.text)}${shown}`);
+				break;
+			case "createForumTopic":
+				lines.push(`relay: (topic “${p.name}” created)`);
+				break;
+			case "closeForumTopic":
+				lines.push("relay: (topic closed)");
+				break;
+			case "reopenForumTopic":
+				lines.push("relay: (topic reopened)");
+				break;
+			case "answerCallbackQuery":
+				if (p.text) lines.push(`relay: (toast) ${p.text}`);
+				break;
+		}
+	});
+	while (next < phone.length) lines.push(`  you: ${phone[next++].text}`);
+	return lines.join("\n");
+}
+
+/**
+ * The first prompt to pi alone (no relay, no extension), from its spawn to its
+ * answer, in ms: what of the time from `/new` to the first answer is pi's and the
+ * model's.
+ */
+async function piAlone(world, name) {
+	const asked = Date.now();
+	const pi = await world.startPi(name, { extension: null });
+	const turn = pi.mark();
+	pi.send({ type: "prompt", message: "hello from the phone" });
+	await pi.waitFor((e) => e.type === "agent_end", { ms: WAIT, from: turn, what: "pi's answer without the relay" });
+	const ms = Date.now() - asked;
+	await pi.close();
+	return ms;
+}
+
 /** The buttons of a message, flattened: `[{text, callback_data}]`. */
 function buttons(message) {
 	return (message.reply_markup?.inline_keyboard ?? []).flat();
@@ -29,7 +95,15 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	await mkdir(join(world.work, "api"), { recursive: true });
 	await world.serveConfig();
 	const serve = await world.startServe();
+	// pi alone before and after (the first warms the disk cache for both).
+	const bareBefore = await piAlone(world, "bare-before");
+	const phone = [];
+	// Long polls aside: the transcript places each step among the relay's calls.
+	const relayCalls = async () => (await world.bot.calls()).filter((c) => c.method !== "getUpdates");
+	const you = async (text) => phone.push({ at: (await relayCalls()).length, text });
 
+	await you("/new api hello from the phone");
+	const completionsBefore = world.model.completions.length;
 	const asked = Date.now();
 	await world.bot.injectMessage(null, "/new api hello from the phone");
 	const started = await general(world, (text) => text.includes("started"), "the /new answer");
@@ -40,12 +114,13 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 		what: "the first prompt's answer in the topic",
 	});
 	const answered = Date.now();
-	t.diagnostic(`from /new to the first answer: ${answered - asked} ms`);
+	const firstCompletion = world.model.completions[completionsBefore].at;
 	assert.ok(first);
 	const opening = (await world.bot.messages(topic.thread_id))[0];
 	assert.match(opening.plain_text, /started from the phone: “hello from the phone”/);
 	assert.equal(serve.agents().length, 1, "pi is serve's child");
 
+	await you("a second turn");
 	await world.bot.injectMessage(topic.thread_id, "a second turn");
 	await world.bot.said(topic.thread_id, (text) => text === "echo: a second turn", { ms: WAIT, what: "the second turn" });
 	const second = world.model.completions.at(-1);
@@ -54,6 +129,7 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 		"the second turn carries the first",
 	);
 
+	await you("/model");
 	await world.bot.injectMessage(topic.thread_id, "/model");
 	const list = await world.bot.said(topic.thread_id, (text) => text.startsWith("🧠 Model of pi"), {
 		ms: WAIT,
@@ -61,12 +137,15 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	});
 	const other = buttons(list).find((b) => b.text.includes("echo-2"));
 	assert.ok(other, `a button for echo-2 among ${JSON.stringify(buttons(list))}`);
+	await you(`taps “${other.text}”`);
 	await world.bot.tap(topic.thread_id, list.message_id, other.callback_data);
 	await world.bot.said(topic.thread_id, (text) => text.includes("Model: fake/echo-2"), { ms: WAIT, what: "the switch" });
+	await you("on the other model");
 	await world.bot.injectMessage(topic.thread_id, "on the other model");
 	await world.bot.said(topic.thread_id, (text) => text === "echo: on the other model", { ms: WAIT, what: "a turn on echo-2" });
 	assert.equal(world.model.completions.at(-1).body.model, "echo-2", "the fake model sees the new name");
 
+	await you("/end");
 	await world.bot.injectMessage(topic.thread_id, "/end");
 	const ended = await world.bot.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), {
 		ms: WAIT,
@@ -77,8 +156,10 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 
 	const resume = buttons(ended).find((b) => b.text.includes("Resume"));
 	assert.ok(resume, "the end offers to resume");
+	await you(`taps “${resume.text}”`);
 	await world.bot.tap(topic.thread_id, ended.message_id, resume.callback_data);
 	await eventually(async () => (await world.topicOf("api"))?.closed === false, WAIT, "the topic open again");
+	await you("after the resume");
 	await world.bot.injectMessage(topic.thread_id, "after the resume");
 	await world.bot.said(topic.thread_id, (text) => text === "echo: after the resume", { ms: WAIT, what: "a turn after /resume" });
 	const resumed = world.model.completions.at(-1);
@@ -86,10 +167,15 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	assert.ok(history.includes("hello from the phone") && history.includes("a second turn"), "the history came back");
 	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 1, "still the one topic");
 
-	const transcript = [];
-	for (const m of await world.bot.messages(null)) transcript.push(`[control] ${m.plain_text}`);
-	for (const m of await world.bot.messages(topic.thread_id)) transcript.push(`[${topic.name}] ${m.plain_text}`);
-	t.diagnostic(`the phone's side:\n${transcript.join("\n")}`);
+	t.diagnostic(`the phone's side:\n${transcript(await relayCalls(), phone)}`);
+
+	const bareAfter = await piAlone(world, "bare-after");
+	const bareMs = Math.round((bareBefore + bareAfter) / 2);
+	const total = answered - asked;
+	t.diagnostic(
+		`from /new to the first answer: ${total} ms (to the model's first request ${firstCompletion - asked} ms); ` +
+			`pi alone from its spawn to its answer: ${bareMs} ms (${bareBefore} before, ${bareAfter} after); the relay's share: ${total - bareMs} ms`,
+	);
 });
 
 test("a folder outside the roots, a link out of them and a stranger's /new start nothing", async (t) => {
