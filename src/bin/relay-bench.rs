@@ -9,7 +9,8 @@
 //! Modules, one per figure family: `failover`, `restart`, `inbound`
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
 //! leader), `files` (a photo in, a file out), `footprint` (cold start, idle
-//! RSS), `cluster` (one bot across machines over NATS); `reference` holds
+//! RSS), `cluster` (one bot across machines over NATS), `turns` (what a
+//! turn costs in Telegram's budget, the limits on); `reference` holds
 //! the same-run floors; `world`, `host`, `stats` and `report` are the
 //! harness.
 
@@ -35,6 +36,8 @@ mod report;
 mod restart;
 #[path = "relay-bench/stats.rs"]
 mod stats;
+#[path = "relay-bench/turns.rs"]
+mod turns;
 #[path = "relay-bench/world.rs"]
 mod world;
 
@@ -57,6 +60,7 @@ enum Figure {
     Idle,
     Cold,
     Cluster,
+    Turns,
 }
 
 /// Benchmarks agent-relay against the fake Bot API and prints a table.
@@ -94,6 +98,7 @@ struct Plan {
     upload_bytes: usize,
     cluster_trials: usize,
     cluster_messages: usize,
+    turn_rounds: usize,
 }
 
 impl Plan {
@@ -116,6 +121,7 @@ impl Plan {
                 upload_bytes: 5 * 1024 * 1024,
                 cluster_trials: 1,
                 cluster_messages: 10,
+                turn_rounds: 1,
             }
         } else {
             Plan {
@@ -135,6 +141,7 @@ impl Plan {
                 upload_bytes: 20 * 1024 * 1024,
                 cluster_trials: 5,
                 cluster_messages: 100,
+                turn_rounds: 3,
             }
         }
     }
@@ -302,6 +309,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     Measure::na(why),
                 ));
             }
+        }
+    }
+
+    if wanted(Figure::Turns) {
+        // One session turn after turn; five sessions each with one turn
+        // at the same moment (their answers share the group's minute).
+        for (sessions, rounds) in [(1, plan.turn_rounds), (5, 1)] {
+            step(&format!(
+                "turns: {sessions} session(s), {rounds} round(s), Telegram's limits on"
+            ));
+            let value = Measure::from_result(turns::measure(&relay, sessions, rounds).await);
+            rows.push(Row::new(
+                format!("a turn's cost, {sessions} session(s) at once"),
+                "a line before each of 3 tools, then the answer; group limits on in the fake and the relay: sendMessage and edits into the topics per turn, 429s, longest agent/ended → answer in the topic",
+                value,
+            ));
         }
     }
 
