@@ -69,6 +69,10 @@ struct Args {
     /// The `agent-relay` binary (default: next to this one).
     #[arg(long)]
     relay: Option<PathBuf>,
+    /// A second binary (the `dist` profile's) whose idle memory is shown
+    /// beside the first's.
+    #[arg(long)]
+    dist_relay: Option<PathBuf>,
     /// Where results.json goes.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -357,6 +361,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             Err(e) => rows.push(Row::new("idle RSS", "", Measure::na(format!("{e:#}")))),
+        }
+        if let Some(dist) = &args.dist_relay {
+            step("idle RSS of the dist build");
+            match footprint::idle_rss(dist, plan.idle).await {
+                Ok(idle) => {
+                    rows.push(Row::new(
+                        "idle RSS, follower (dist build)",
+                        "the `dist` profile (opt-level s, fat LTO): VmRSS after the idle period",
+                        idle.follower,
+                    ));
+                    rows.push(Row::new(
+                        "idle private memory, follower (dist build)",
+                        "the `dist` profile: Private_Clean + Private_Dirty",
+                        idle.follower_private,
+                    ));
+                    rows.push(Row::new(
+                        "idle RSS, leader (dist build)",
+                        "the `dist` profile: VmRSS after the idle period",
+                        idle.leader,
+                    ));
+                }
+                Err(e) => rows.push(Row::new(
+                    "idle RSS (dist build)",
+                    "",
+                    Measure::na(format!("{e:#}")),
+                )),
+            }
         }
     }
 
