@@ -35,6 +35,7 @@
 mod access;
 mod asks;
 mod batch;
+mod budget;
 mod cluster;
 mod command;
 mod conn;
@@ -112,6 +113,8 @@ pub(super) struct Leader {
     asks: asks::Asks,
     /// Sends what sessions handed over, from the store.
     courier: courier::Courier,
+    /// What the message budget was, for the next leader.
+    budget: budget::Kept,
     /// Where the files users send are saved, one folder per session.
     inbox: FileInbox,
     /// `[files]`: the folders files may be sent from besides a session's own.
@@ -250,6 +253,8 @@ async fn start_with(
         .as_ref()
         .map(|cluster| Arc::new(ClusterNode::new(cluster.clone(), bot, &store_path)));
     let outbox = Outbox::new(config, cluster.clone())?;
+    let (budget, spent) = budget::Kept::read(paths.budget_file(bot));
+    outbox.go_on_from(&spent);
     let configured = config.allowed_users.clone();
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
@@ -284,6 +289,7 @@ async fn start_with(
         access: Arc::new(access),
         asks: asks::Asks::default(),
         courier: courier::Courier::default(),
+        budget,
         inbox: FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
         files: config.files.clone(),
         health,
@@ -315,7 +321,6 @@ impl LeaderHandle {
         if self.leader.wants_drain() {
             drain::spawn(&self.leader);
         }
-        self.leader.courier.land().await;
         self.stop().await;
     }
 
@@ -367,6 +372,7 @@ async fn run(
     let mut prune = tokio::time::interval(PRUNE_EVERY);
     let mut schedules = tokio::time::interval(schedules::TICK);
     schedules.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut keep_budget = tokio::time::interval(budget::KEEP_EVERY);
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
     let mut settled_since_prune = 0;
     loop {
@@ -404,6 +410,7 @@ async fn run(
             }
             _ = prune.tick() => leader.prune(),
             _ = schedules.tick() => leader.fire_schedules(),
+            _ = keep_budget.tick() => leader.keep_budget(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller (and a cluster's side) only returns on a store
@@ -421,6 +428,9 @@ async fn run(
         let _ = poller.await;
     }
     let _ = (&mut courier).await;
+    // Calls on their way to Telegram may land; cut off, their messages
+    // would be of unknown fate for the next leader.
+    leader.courier.land().await;
     leader.registry.close_all();
     while conns.join_next().await.is_some() {}
     drop(listener);
@@ -430,6 +440,7 @@ async fn run(
         rest.push(ack);
     }
     leader.settle(&rest);
+    leader.keep_budget();
 }
 
 impl Leader {
