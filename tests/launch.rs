@@ -89,6 +89,55 @@ async fn new_without_roots_says_how_to_allow_folders_and_without_serve_how_to_st
         "{}",
         no_serve.plain_text
     );
+
+    // `/new` alone offers the folders sessions ran in, under the roots;
+    // a tap is `/new` in that folder.
+    inject(&fake, None, USER, "/new");
+    let offer = wait_general(&fake, "in which folder?").await;
+    let markup = offer.reply_markup.clone().unwrap_or_default();
+    let buttons: Vec<&serde_json::Value> = markup["inline_keyboard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row.as_array())
+        .flatten()
+        .collect();
+    assert_eq!(buttons.len(), 1, "{markup}");
+    assert!(
+        buttons[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("web"),
+        "{markup}"
+    );
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: None,
+        user_id: USER,
+        message_id: offer.message_id,
+        data: buttons[0]["callback_data"]
+            .as_str()
+            .unwrap_or_default()
+            .into(),
+    });
+    let tapped = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, None).into_iter().find(|m| {
+                    m.plain_text.contains("Not done") && m.message_id != no_serve.message_id
+                })
+            },
+            WAIT,
+        )
+        .await
+        .expect("the tap starts /new in that folder");
+    assert!(
+        tapped.plain_text.contains("/tmp/web")
+            || tapped.plain_text.contains("serve is not running"),
+        "{}",
+        tapped.plain_text
+    );
 }
 
 #[tokio::test]

@@ -266,7 +266,7 @@ impl Leader {
         args: NewArgs,
     ) -> Result<(), Failure> {
         let Some(folder) = args.folder.clone() else {
-            return self.offer_folders(place, args.engine).await;
+            return self.offer_folders(place).await;
         };
         let engine = args
             .engine
@@ -402,7 +402,7 @@ impl Leader {
 
     /// `/new` alone: the folders sessions ran in lately, under the roots,
     /// as buttons.
-    async fn offer_folders(&self, place: Place, engine: Option<String>) -> Result<(), Failure> {
+    async fn offer_folders(&self, place: Place) -> Result<(), Failure> {
         if self.launch_policy.roots.is_empty() {
             self.post_now(place, format!("⚠️ {}", self.no_roots()), None)
                 .await?;
@@ -427,7 +427,6 @@ impl Leader {
         let offered: Vec<(Option<String>, String)> =
             folders.iter().map(|f| (None, f.clone())).collect();
         let token = self.control.keep(Offer::Folders(offered));
-        let _ = engine;
         let rows = folders
             .iter()
             .enumerate()
@@ -453,7 +452,14 @@ impl Leader {
             folders.extend(bindings.into_iter().map(|b| (b.updated_ms, b.cwd)));
         }
         if let Ok(launches) = self.store().launches() {
-            folders.extend(launches.into_iter().map(|l| (l.updated_ms, l.folder)));
+            // Only launches that ran: one `serve` refused is no place the
+            // person worked in.
+            folders.extend(
+                launches
+                    .into_iter()
+                    .filter(|l| l.profile_key.is_some())
+                    .map(|l| (l.updated_ms, l.folder)),
+            );
         }
         folders.sort_by_key(|f| std::cmp::Reverse(f.0));
         let mut out: Vec<String> = Vec::new();

@@ -189,8 +189,9 @@ impl Leader {
     }
 
     /// Records a new launch and has `serve` start it; answers once its
-    /// session registered (with its route), or why not. Nothing stays
-    /// recorded when `serve` refuses.
+    /// session registered (with its route), or why not. One that did not
+    /// start stays recorded as ended ("not started"), with no session: it
+    /// is offered nowhere (`/new`'s folders, `/sessions`).
     pub(super) async fn start_new(
         &self,
         spec: LaunchSpec,
