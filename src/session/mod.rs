@@ -126,6 +126,8 @@ pub struct Session {
     told_about_voice: AtomicBool,
     /// Answers that did not reach the topic, offered again.
     held: Mutex<unsent::Held>,
+    /// Answers of the host's own dialogs, for the questions they close.
+    resolutions: Mutex<dialog::Resolutions>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -167,11 +169,16 @@ impl Session {
             grants: Mutex::default(),
             told_about_voice: AtomicBool::new(false),
             held: Mutex::default(),
+            resolutions: Mutex::default(),
         })
     }
 
     fn grants(&self) -> std::sync::MutexGuard<'_, approvals::Grants> {
         self.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn resolutions(&self) -> std::sync::MutexGuard<'_, dialog::Resolutions> {
+        self.resolutions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn has_ui(&self) -> bool {
@@ -505,6 +512,7 @@ impl Session {
                 timeout: CONFIRM_TIMEOUT,
                 terminal: dialog::Terminal::Confirm,
                 timeout_outcome: "⌛ No answer: nothing changed".into(),
+                elsewhere: None,
             };
             match self.ask_person(question).await {
                 dialog::Answer::Choice {
@@ -793,6 +801,13 @@ impl Handler for Session {
                     )));
                 }
             }
+            HostEvent::ApprovalResolved(resolved) => self.resolutions().resolve(
+                format!("approval:{}", resolved.tool_call_id),
+                resolved.decision,
+            ),
+            HostEvent::QuestionResolved(resolved) => self
+                .resolutions()
+                .resolve(format!("question:{}", resolved.id), None),
             HostEvent::SessionStarted(started) => {
                 if let Some(session) = started.session
                     && let Some(me) = self.me()

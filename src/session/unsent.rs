@@ -235,5 +235,6 @@ fn notice(unsent: &Unsent) -> Question<()> {
         timeout: OFFER_FOR,
         terminal: Terminal::No,
         timeout_outcome: "⌛ Not sent again".into(),
+        elsewhere: None,
     }
 }
