@@ -162,6 +162,23 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `agent-relay codex [args…]`: Codex's TUI with the relay beside it; exits
+/// with the TUI's code.
+pub fn codex(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
+    // The terminal is the TUI's: problems go to the log, and to stderr only
+    // before the TUI starts.
+    let Sidecar {
+        paths,
+        config,
+        rt,
+        _log,
+    } = sidecar(false, |e| matches!(e, ConfigError::Untrusted(_)))?;
+    let program = crate::codex::wrapper::program();
+    let code = rt.block_on(crate::codex::wrapper::run(paths, config, &program, args))?;
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
 /// How long a hook waits for its input to end (Claude Code writes it at
 /// once).
 const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

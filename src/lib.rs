@@ -52,6 +52,7 @@ mod bus;
 mod claude;
 pub mod cli;
 pub mod cluster;
+pub mod codex;
 mod commands;
 mod config;
 mod demo;

@@ -32,6 +32,13 @@ enum Cmd {
         #[arg(long)]
         log_stderr: bool,
     },
+    /// Run Codex's terminal UI with the relay beside it on the same thread (arguments go to `codex`,
+    /// e.g. `agent-relay codex resume --last`).
+    Codex {
+        /// What `codex` gets, after `--remote` on the relay's private app-server.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Handle one Claude Code hook event (its JSON on stdin); what Claude Code's hooks run.
     Hook {
         /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
@@ -106,6 +113,7 @@ fn main() -> ExitCode {
         command,
         Cmd::Stdio { .. }
             | Cmd::Mcp { .. }
+            | Cmd::Codex { .. }
             | Cmd::Hook { .. }
             | Cmd::Status
             | Cmd::Doctor
@@ -117,6 +125,7 @@ fn main() -> ExitCode {
     let result = match command {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
+        Cmd::Codex { args } => cli::codex(&args),
         Cmd::Hook { event } => cli::hook(&event),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
