@@ -73,6 +73,7 @@ mod redact;
 mod render;
 pub mod schema;
 mod session;
+mod settings_file;
 mod setup;
 mod store;
 mod telegram;

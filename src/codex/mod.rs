@@ -23,6 +23,8 @@
 
 mod app_server;
 mod bridge;
+pub mod hook;
+pub mod install;
 mod wire;
 pub mod wrapper;
 
@@ -60,28 +62,16 @@ pub fn start(
     config: Result<Config, ConfigError>,
     mode: Mode,
 ) -> Running {
-    let (session_side, bridge_side) = tokio::io::duplex(1 << 16);
-    let (session_in, session_out) = tokio::io::split(session_side);
-    let (bridge_in, bridge_out) = tokio::io::split(bridge_side);
-    let sessions: Arc<OnceLock<Arc<Session>>> = Arc::default();
-    let slot = sessions.clone();
-    tokio::spawn(async move {
-        let served = crate::host::serve(session_in, session_out, move |link| {
-            let session = Session::new(link, paths, config);
-            let _ = slot.set(session.clone());
-            session
-        })
-        .await;
-        if let Err(e) = served {
-            tracing::warn!("the in-process session's transport failed: {e}");
-        }
-    });
-    let (link, from_session) = crate::host_client::Link::over(bridge_in, bridge_out, false);
+    let crate::session::InProcess {
+        link,
+        from_session,
+        session,
+    } = crate::session::InProcess::start(paths, config);
     let bridge = Bridge::new(codex, link, mode);
     let bridged = tokio::spawn(bridge.clone().run(incoming, from_session));
     Running {
         bridge,
-        session: sessions,
+        session,
         bridged,
     }
 }
@@ -102,8 +92,6 @@ impl Running {
     pub async fn stop(self) {
         self.bridge.finish();
         let _ = self.bridged.await;
-        if let Some(session) = self.session.get() {
-            session.close().await;
-        }
+        crate::session::InProcess::close(&self.session).await;
     }
 }

@@ -21,6 +21,8 @@ pub mod method {
     pub const THREAD_READ: &str = "thread/read";
     pub const TURN_START: &str = "turn/start";
     pub const TURN_INTERRUPT: &str = "turn/interrupt";
+    pub const HOOKS_LIST: &str = "hooks/list";
+    pub const CONFIG_BATCH_WRITE: &str = "config/batchWrite";
 
     // The app-server's notifications.
     pub const THREAD_STARTED: &str = "thread/started";
@@ -426,6 +428,54 @@ pub struct UserInputAnswer {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Answers {
     pub answers: Vec<String>,
+}
+
+/// `hooks/list` params and result (`agent-relay install codex`).
+#[derive(Debug, Clone, Serialize)]
+pub struct HooksListParams {
+    pub cwds: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct HooksList {
+    #[serde(default)]
+    pub data: Vec<HooksOfFolder>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct HooksOfFolder {
+    #[serde(default)]
+    pub hooks: Vec<HookEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookEntry {
+    pub key: String,
+    pub current_hash: String,
+    /// `trusted`, `untrusted`, `modified` or `managed`.
+    #[serde(default)]
+    pub trust_status: String,
+    #[serde(default)]
+    pub command: Option<String>,
+}
+
+/// `config/batchWrite` params: edits to the user's `config.toml`, made by
+/// Codex itself.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigBatchWrite {
+    pub edits: Vec<ConfigEdit>,
+    pub reload_user_config: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigEdit {
+    pub key_path: String,
+    pub value: Value,
+    /// `replace` or `upsert`.
+    pub merge_strategy: &'static str,
 }
 
 #[cfg(test)]

@@ -133,6 +133,9 @@ async fn beside(
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
+            // Its hooks (plain codex's, if installed too) leave the
+            // session to the bridge.
+            .env(super::hook::WRAPPED, std::process::id().to_string())
             .process_group(0),
         program,
     )?;

@@ -132,6 +132,55 @@ pub struct Session {
     this: std::sync::Weak<Session>,
 }
 
+/// A session served in this process, for a host played by the relay
+/// itself (Claude Code's MCP server, Codex's bridge, a Codex hook): the
+/// host protocol runs over an in-memory pipe, so the session is exactly
+/// the one `agent-relay stdio` serves.
+pub struct InProcess {
+    /// The host's end: requests and notifications to the session.
+    pub link: crate::host_client::Link,
+    /// What the session says to its host on its own.
+    pub from_session: tokio::sync::mpsc::UnboundedReceiver<crate::host_client::Said>,
+    /// The session, once the transport made it (at once).
+    pub session: Arc<std::sync::OnceLock<Arc<Session>>>,
+}
+
+impl InProcess {
+    /// Starts the session's transport; the session exists once the host
+    /// says `initialize`.
+    pub fn start(paths: Paths, config: Result<Config, ConfigError>) -> Self {
+        let (session_side, host_side) = tokio::io::duplex(1 << 16);
+        let (session_in, session_out) = tokio::io::split(session_side);
+        let (host_in, host_out) = tokio::io::split(host_side);
+        let sessions: Arc<std::sync::OnceLock<Arc<Session>>> = Arc::default();
+        let slot = sessions.clone();
+        tokio::spawn(async move {
+            let served = crate::host::serve(session_in, session_out, move |link| {
+                let session = Session::new(link, paths, config);
+                let _ = slot.set(session.clone());
+                session
+            })
+            .await;
+            if let Err(e) = served {
+                tracing::warn!("the in-process session's transport failed: {e}");
+            }
+        });
+        let (link, from_session) = crate::host_client::Link::over(host_in, host_out, false);
+        Self {
+            link,
+            from_session,
+            session: sessions,
+        }
+    }
+
+    /// Closes the session (see [`Session::close`]), if there is one.
+    pub async fn close(session: &std::sync::OnceLock<Arc<Session>>) {
+        if let Some(session) = session.get() {
+            session.close().await;
+        }
+    }
+}
+
 impl Session {
     pub fn new(host: HostLink, paths: Paths, config: Result<Config, ConfigError>) -> Arc<Self> {
         let binding = match &config {
