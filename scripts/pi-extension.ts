@@ -52,6 +52,8 @@ const DEFAULT_CONFIRM_TIMEOUT_MS = 2 * 60_000;
 const APPROVAL_TIMEOUT_MS = 25 * 3600_000;
 /** Arguments sent with `tool/started`, clipped: enough to show what a call does. */
 const MAX_ARGS_UNITS = 2_000;
+/** How long pi waits for the answer of a turn to be the relay's. */
+const ENDED_REPLY_MS = 5_000;
 const SHUTDOWN_REPLY_MS = 1_000;
 const EXIT_GRACE_MS = 1_500;
 /** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
@@ -491,6 +493,19 @@ class Bridge {
 		this.sidecar = sidecar;
 		this.ready = this.initialize(sidecar, ctx);
 		return this.ready;
+	}
+
+	/**
+	 * `agent/ended`, asked rather than told once the handshake is done: the
+	 * answer comes when the turn's answer is the relay's (on disk), so pi may
+	 * exit right after it (`pi -p`) without losing it.
+	 */
+	async ended(params: JsonValue): Promise<void> {
+		if (!this.sidecar?.alive || !this.initialized) {
+			this.notify("agent/ended", params);
+			return;
+		}
+		await this.sidecar.request("agent/ended", params, ENDED_REPLY_MS).catch(() => undefined);
 	}
 
 	/** Send a notification, in order, after the handshake. */
@@ -1003,13 +1018,13 @@ export default function agentRelay(pi: ExtensionAPI): void {
 	});
 
 	pi.on("agent_start", () => relay.notify("agent/started", {}));
-	pi.on("agent_end", (event) => {
+	pi.on("agent_end", async (event) => {
 		let lastAssistantText: string | undefined;
 		for (let i = event.messages.length - 1; i >= 0 && lastAssistantText === undefined; i--) {
 			lastAssistantText = assistantText(event.messages[i]);
 		}
 		const last = event.messages[event.messages.length - 1];
-		relay.notify("agent/ended", {
+		await relay.ended({
 			...(lastAssistantText === undefined ? {} : { lastAssistantText: clip(lastAssistantText) }),
 			...(aborted(last) ? { aborted: true } : {}),
 		});

@@ -101,14 +101,31 @@ fn sidecar(log_stderr: bool, on_stderr: fn(&ConfigError) -> bool) -> anyhow::Res
 /// Serves until `serve` ends (the host closed stdin) or SIGTERM or SIGINT
 /// arrives; then `serve` is dropped.
 async fn until_stopped(serve: impl Future<Output = std::io::Result<()>>) -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot watch SIGTERM")?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signalled = stop_on_signal(stop.clone())?;
     tokio::select! {
         served = serve => served.context("stdio transport failed")?,
-        _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
+        () = stop.cancelled() => {}
     }
+    signalled.abort();
     Ok(())
+}
+
+/// Cancels `stop` on the first SIGTERM or SIGINT.
+fn stop_on_signal(
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot watch SIGTERM")?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("cannot watch SIGINT")?;
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: leaving"),
+        }
+        stop.cancel();
+    }))
 }
 
 pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
@@ -150,15 +167,42 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
         _log,
     } = sidecar(log_stderr, |_| true)?;
     let env = crate::claude::ClaudeEnv::from_env();
-    // Claude Code ends its MCP servers with SIGINT (stdin still open).
-    rt.block_on(until_stopped(crate::claude::serve(
-        tokio::io::stdin(),
-        tokio::io::stdout(),
+    // Claude Code ends its MCP servers with SIGINT (stdin still open): the
+    // server leaves in its own time, bounded (`claude::LEAVE_WITHIN`).
+    rt.block_on(async {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let signalled = stop_on_signal(stop.clone())?;
+        let served = crate::claude::serve(
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+            paths,
+            config,
+            env,
+            stop,
+        )
+        .await;
+        signalled.abort();
+        served.context("stdio transport failed")
+    })?;
+    // The blocking stdin reader may still sit in read(2); do not wait for it.
+    rt.shutdown_background();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay drain`: a leader for as long as the messages the last
+/// relay process left take to go (`leader::drain`). Started by a relay
+/// process, detached; what it does goes to the log.
+pub fn drain() -> anyhow::Result<ExitCode> {
+    let Sidecar {
         paths,
         config,
-        env,
-    )))?;
-    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+        rt,
+        _log,
+    } = sidecar(false, |_| false)?;
+    let config = config.context("the configuration cannot be used")?;
+    let drained = rt.block_on(crate::leader::drain(&paths, &config))?;
+    tracing::info!(?drained, "the drain ends");
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(ExitCode::SUCCESS)
 }
 

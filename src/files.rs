@@ -1,8 +1,8 @@
 //! The file rules both sides of the relay agree on: Telegram's size limits,
 //! how a size reads to a person, file names made safe, and what counts as
 //! a picture. Pure functions; the leader saves and sends files
-//! (`bus::leader::inbox`, `bus::leader::outbox`), the session builds
-//! prompts from them.
+//! (`leader::inbox`, `leader::files`, `leader::outbox`), the session
+//! builds prompts from them.
 
 /// The public Bot API downloads files up to 20 MB (`getFile`).
 pub const DOWNLOAD_MAX: u64 = 20 * 1024 * 1024;

@@ -47,6 +47,9 @@ enum Cmd {
         /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
         event: String,
     },
+    /// Send what the last relay process left to go, then exit (a relay process starts this itself).
+    #[command(hide = true)]
+    Drain,
     /// Add the relay to a coding agent's configuration.
     Install {
         #[command(subcommand)]
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
             | Cmd::Mcp { .. }
             | Cmd::Codex { .. }
             | Cmd::Hook { .. }
+            | Cmd::Drain
             | Cmd::Status
             | Cmd::Doctor
             | Cmd::Setup
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Codex { args } => cli::codex(&args),
         Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
+        Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),

@@ -51,6 +51,7 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::QuestionParams>("host/question-ask.params"),
         file::<h::QuestionResult>("host/question-ask.result"),
         file::<h::QuestionResolvedParams>("host/question-resolved.params"),
+        file::<h::TakenParams>("host/agent-taken.params"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),
         file::<h::NotifyParams>("host/ui-notify.params"),
@@ -70,6 +71,8 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::BusStatus>("bus/status.result"),
         file::<b::PairingLink>("bus/pair.result"),
         file::<b::Fetched>("bus/fetch.result"),
+        file::<b::Posted>("bus/post.result"),
+        file::<b::Resent>("bus/resend.result"),
         // Claude Code: agent-relay hook ⇄ agent-relay mcp
         file::<crate::protocol::claude::HookCall>("claude/hook-call"),
         file::<crate::protocol::claude::HookAnswer>("claude/hook-answer"),

@@ -524,7 +524,8 @@ async fn a_second_restart_while_one_converges_joins_it() {
 }
 
 /// A host that exits right after its last answer (`claude -p`, `pi -p`)
-/// does not lose it: closing sends what is queued for the topic first.
+/// does not lose it: closing hands what is queued for the topic to the
+/// leader first, which sends it.
 #[tokio::test]
 async fn the_last_answer_reaches_the_topic_when_the_host_exits_right_after_it() {
     let home = common::home();
@@ -541,12 +542,7 @@ async fn the_last_answer_reaches_the_topic_when_the_host_exits_right_after_it() 
     );
     s.close_stdin();
     assert!(s.wait_exit().await.is_some(), "the sidecar exits on EOF");
-    let said: Vec<String> = fake
-        .api()
-        .messages(common::CHAT, Some(thread))
-        .into_iter()
-        .map(|m| m.plain_text)
-        .collect();
+    let said = common::wait_topic_text(&fake, thread, "the very last words").await;
     assert!(
         said.iter().any(|t| t.contains("the very last words")),
         "the answer was lost when the host exited: {said:?}"

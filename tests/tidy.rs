@@ -1,11 +1,36 @@
-//! Keeps ARCHITECTURE.md true, the way rust-analyzer's tidy tests do: the
-//! code map's "must not depend on" column is checked against every
-//! `crate::` path each module names, and every module of `src/` must be on
-//! the map.
+//! Keeps ARCHITECTURE.md and the other documents true, the way
+//! rust-analyzer's tidy tests do.
 //!
-//! The column reads `anything` (the module names nothing of the crate),
-//! `anything but a, b` (only those), a list of module paths (`bus::leader`,
-//! `telegram`), or `—` (no rule).
+//! * **The code map.** Its "must not depend on" column is checked against
+//!   every `crate::` path each module names, and every module of `src/`
+//!   must be on the map. The column reads `anything` (the module names
+//!   nothing of the crate), `anything but a, b` (only those), a list of
+//!   module paths (`leader`, `telegram`), or `—` (no rule). The short file
+//!   names a row gives (`conn.rs`, `asks/`) are the row's own files.
+//! * **Cited paths.** Every path a Markdown file of the repository cites
+//!   exists, and so does every path a comment in `src/` or a fuzz target
+//!   cites. A path is cited when it starts with a folder of the repository
+//!   (`src/`, `tests/`, `scripts/`, `schema/`, `docs/`, `fuzz/`,
+//!   `claude-plugin/`), or, in backticks, is a module file named from a
+//!   folder of modules (`session/dialog.rs`, read under `src/`; in a
+//!   comment, under the commenting file's folder first). A `::name` suffix
+//!   (`src/x.rs::a_test`) names an item the Rust file must define (`fn`,
+//!   `struct`, `enum`, `trait`, `type`, `const`, `static`, `mod` or
+//!   `impl`), and so does each bare backticked name listed right after it
+//!   (`` `tests/x.rs::a`, `b` ``): RELIABILITY.md's proofs are test names,
+//!   and a renamed test fails here. Not paths: a citation with `…`, `<`,
+//!   `>`, `*`, `{` or `}` in it is a pattern (`src/…`,
+//!   `tests/<file>.rs::<test>`, `src/framing.rs::*`), and one through a
+//!   folder tools make (`target/`, `node_modules/`, `corpus/`) names no
+//!   file of the repository. A bare file name (`outbox.rs`) outside the
+//!   code map is left to the reader.
+//! * **No import circles between the files of one module.** Per folder
+//!   module, its files (a subfolder counts as one) and the `super::` and
+//!   `crate::` paths between them form a graph that must have no circle.
+//!   The folder's `mod.rs` (or the crate's root) is no node: it is every
+//!   file's parent, and what it re-exports is not followed. A circle may be
+//!   allowed by name ([`ALLOWED_CIRCLES`]) when the module's doc says why
+//!   the two files are one pair.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -73,7 +98,7 @@ fn code_map() -> Vec<Row> {
     rows
 }
 
-/// `src/bus/leader/` → `bus::leader`; `src/config.rs` → `config`.
+/// `src/leader/cluster/` → `leader::cluster`; `src/config.rs` → `config`.
 fn module_of(path: &str) -> String {
     path.trim_start_matches("src/")
         .trim_end_matches('/')
@@ -265,19 +290,19 @@ fn every_module_is_on_the_code_map() {
 
 #[test]
 fn the_path_parser_sees_groups_and_inline_paths() {
-    let source = "use crate::{config::{BotId, Config}, ids::Slot};\n\
+    let source = "use crate::{ids::{BotId, Slot}, config::Config};\n\
                   use crate::store::Store;\n\
                   fn f() { crate::redact::redact(\"x\"); $crate::nope::x; }\n\
                   // crate::commented::out\n\
-                  use crate::bus::{self, wire::Incoming};";
+                  use crate::bus::{self, wire::Received};";
     let found: Vec<String> = crate_paths(source).into_iter().collect();
     assert_eq!(
         found,
         [
             "bus",
-            "bus::wire::Incoming",
-            "config::BotId",
+            "bus::wire::Received",
             "config::Config",
+            "ids::BotId",
             "ids::Slot",
             "redact::redact",
             "store::Store"
@@ -287,43 +312,570 @@ fn the_path_parser_sees_groups_and_inline_paths() {
 
 /// The design the code cites is the repository's own: a reference names a
 /// file that exists (`docs/DESIGN.md`), never a section number of a plan
-/// that is not in the clone.
+/// that is not in the clone; and what a comment cites (`outbox.rs` citing
+/// `cluster/calls.rs`, read from its own folder first) is there.
 #[test]
 fn design_references_point_into_the_repository() {
     let mut stale = Vec::new();
-    for file in rust_files(&root().join("src")) {
-        let text = std::fs::read_to_string(&file).unwrap();
+    let sources = [root().join("src"), root().join("fuzz/fuzz_targets")];
+    for file in sources.iter().flat_map(|s| rust_files(s)) {
+        let text = std::fs::read_to_string(&file).expect("read source");
         for (n, line) in text.lines().enumerate() {
             if line.contains("DESIGN §") {
-                stale.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                stale.push(format!("{}:{}: {}", shown(&file), n + 1, line.trim()));
             }
         }
         // In comments only: tests and fixtures may name made-up files.
         let comments = text
             .lines()
-            .filter(|l| l.trim_start().starts_with("//"))
+            .map(|l| {
+                if l.trim_start().starts_with("//") {
+                    l
+                } else {
+                    ""
+                }
+            })
             .collect::<Vec<_>>()
             .join("\n");
-        for cited in comments
-            .match_indices("docs/")
-            .map(|(at, _)| &comments[at..])
-        {
-            let path: String = cited
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || "/._-".contains(*c))
-                .collect();
-            let path = path.trim_end_matches('.');
-            if path.ends_with(".md") && !root().join(path).exists() {
-                stale.push(format!(
-                    "{}: cites {path}, which is not in the repository",
-                    file.display()
-                ));
-            }
-        }
+        let own = file.parent().map(shown).unwrap_or_default();
+        stale.extend(stale_citations(
+            &comments,
+            &[own, "src".into()],
+            &shown(&file),
+        ));
     }
     assert!(
         stale.is_empty(),
         "stale design references:\n{}",
         stale.join("\n")
+    );
+}
+
+/// The folders a document's citations start from.
+const CITED_ROOTS: [&str; 7] = [
+    "src/",
+    "tests/",
+    "scripts/",
+    "schema/",
+    "docs/",
+    "fuzz/",
+    "claude-plugin/",
+];
+
+/// Folders of what tools make (git ignores them): a path through one is
+/// not the repository's.
+const MADE_BY_TOOLS: [&str; 5] = ["target", "node_modules", "corpus", "artifacts", "coverage"];
+
+/// Characters that make a citation a pattern rather than a path.
+const PATTERN_MARKS: [char; 6] = ['…', '<', '>', '*', '{', '}'];
+
+/// One path a document cites, and the item it names in that file, if any.
+#[derive(Debug)]
+struct Citation {
+    line: usize,
+    path: String,
+    item: Option<String>,
+}
+
+fn is_identifier(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The path cited at the start of `rest`, if one starts there, and how
+/// long its text is: `(path, item, len)`.
+fn cited_at(
+    before: Option<char>,
+    rest: &str,
+    bases: &[String],
+) -> Option<(String, Option<String>, usize)> {
+    let rooted = CITED_ROOTS.iter().any(|r| rest.starts_with(r))
+        && !before.is_some_and(|c| c.is_alphanumeric() || "_./-~$".contains(c));
+    let len = rest
+        .find(|c: char| c.is_whitespace() || "`)]\"',;|".contains(c))
+        .unwrap_or(rest.len());
+    let token = rest[..len].trim_end_matches(['.', ':']);
+    let token = token.split('#').next().unwrap_or_default();
+    let (path, item) = match token.split_once("::") {
+        Some((path, item)) => (path, is_identifier(item).then(|| item.to_string())),
+        None => (token.split(':').next().unwrap_or_default(), None),
+    };
+    // A module file named from a folder of modules (`session/dialog.rs`),
+    // in backticks.
+    let in_backticks = before == Some('`') && rest[len..].starts_with('`');
+    let module_base = match path.split_once('/') {
+        Some((folder, _)) if in_backticks && path.ends_with(".rs") => bases
+            .iter()
+            .find(|base| root().join(base).join(folder).is_dir()),
+        _ => None,
+    };
+    let made_by_tools = path.split('/').any(|part| MADE_BY_TOOLS.contains(&part));
+    if token.contains(PATTERN_MARKS) || made_by_tools {
+        return None;
+    }
+    let path = match module_base {
+        _ if rooted => path.to_string(),
+        Some(base) => format!("{base}/{path}"),
+        None => return None,
+    };
+    Some((path, item, len))
+}
+
+/// Every path a text cites (see the module's doc), with its `::item`
+/// suffix, and the bare backticked names listed right after it
+/// (`` `tests/x.rs::a`, `b` `` cites `a` and `b` in `tests/x.rs`). A module
+/// file is looked for in the folders of modules `bases` names, in order.
+fn citations(text: &str, bases: &[String]) -> Vec<Citation> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        // The file whose item was the last thing cited, and where it ended.
+        let mut listing: Option<(String, usize)> = None;
+        let mut at = 0;
+        while let Some(c) = line[at..].chars().next() {
+            let rest = &line[at..];
+            if let Some((file, end)) = &listing
+                && *end == at
+                && let Some(listed) = rest.strip_prefix(", `")
+                && let Some(close) = listed.find('`')
+                && is_identifier(&listed[..close])
+            {
+                let end = at + ", `".len() + close + 1;
+                found.push(Citation {
+                    line: n + 1,
+                    path: file.clone(),
+                    item: Some(listed[..close].to_string()),
+                });
+                listing = Some((file.clone(), end));
+                at = end;
+                continue;
+            }
+            let Some((path, item, len)) = cited_at(line[..at].chars().last(), rest, bases) else {
+                at += c.len_utf8();
+                continue;
+            };
+            at += len;
+            if item.is_some() && line[at..].starts_with('`') {
+                listing = Some((path.clone(), at + 1));
+            }
+            found.push(Citation {
+                line: n + 1,
+                path,
+                item,
+            });
+        }
+    }
+    found
+}
+
+/// Whether a Rust source defines `name` as an item.
+fn defines(source: &str, name: &str) -> bool {
+    [
+        "fn", "struct", "enum", "trait", "type", "const", "static", "mod", "impl",
+    ]
+    .iter()
+    .any(|kind| {
+        source
+            .match_indices(&format!("{kind} {name}"))
+            .any(|(at, found)| {
+                let before = source[..at].chars().last();
+                let after = source[at + found.len()..].chars().next();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+    })
+}
+
+/// The repository's Markdown files, outside what git ignores.
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() && !name.starts_with('.') && !MADE_BY_TOOLS.contains(&name.as_str()) {
+                dirs.push(entry.path());
+            } else if kind.is_file() && name.ends_with(".md") {
+                files.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// What `text` (shown as `shown`) cites that is not there: a path that
+/// does not exist, or an item its Rust file does not define.
+fn stale_citations(text: &str, bases: &[String], shown: &str) -> Vec<String> {
+    let mut stale = Vec::new();
+    for cited in citations(text, bases) {
+        let file = root().join(&cited.path);
+        let at = format!("{shown}:{}", cited.line);
+        if !file.exists() {
+            stale.push(format!("{at}: {} does not exist", cited.path));
+            continue;
+        }
+        let Some(item) = &cited.item else { continue };
+        if !cited.path.ends_with(".rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        if !defines(&source, item) {
+            stale.push(format!("{at}: {} has no `{item}`", cited.path));
+        }
+    }
+    stale
+}
+
+fn shown(path: &Path) -> String {
+    path.strip_prefix(root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn every_path_a_document_cites_exists() {
+    let mut stale = Vec::new();
+    for doc in markdown_files() {
+        let text = std::fs::read_to_string(&doc).expect("read document");
+        stale.extend(stale_citations(&text, &["src".to_string()], &shown(&doc)));
+    }
+    assert!(
+        stale.is_empty(),
+        "documents cite what is not there:\n{}",
+        stale.join("\n")
+    );
+}
+
+/// A code-map row names its own files short (`conn.rs`, `asks/`): each is
+/// in a folder the row is about (`src/leader/`), beside a file it is about
+/// (`src/cli.rs` → `main.rs`), or at the repository's root (`schema/`).
+#[test]
+fn the_code_map_names_files_that_exist() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let mut missing = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [paths, what, ..] = cells[..] else {
+            continue;
+        };
+        let mut folders: Vec<PathBuf> = ticked(paths)
+            .iter()
+            .map(|p| match p.strip_suffix('/') {
+                Some(folder) => root().join(folder),
+                None => root()
+                    .join(p)
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(root),
+            })
+            .collect();
+        folders.push(root());
+        for short in ticked(what) {
+            let name = short.trim_end_matches('/');
+            let is_file = short.ends_with(".rs") || short.ends_with('/');
+            if !is_file || name.contains(['/', ' ']) || short.contains(PATTERN_MARKS) {
+                continue;
+            }
+            if !folders.iter().any(|f| f.join(name).exists()) {
+                missing.push(format!("{short} (row {})", ticked(paths).join(", ")));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's code map names files that are not there:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Circles allowed by name: a handle and the actor it talks to, documented
+/// as one pair in their module's doc (`src/member/mod.rs`).
+const ALLOWED_CIRCLES: [(&str, [&str; 2]); 1] = [("src/member", ["actor", "handle"])];
+
+/// The folders whose files are modules from a crate's root: the library's
+/// (its binaries aside) and the benchmark's.
+fn crate_folders() -> [PathBuf; 2] {
+    [root().join("src"), root().join("src/bin/relay-bench")]
+}
+
+/// The module path of a file of a crate: `leader/cluster/poll.rs` →
+/// `[leader, cluster, poll]`; a `mod.rs` is its folder's module.
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The modules a file names through `crate::` and `super::`, as paths from
+/// the crate's root.
+fn named_modules(source: &str, own: &[String]) -> BTreeSet<Vec<String>> {
+    let mut named = BTreeSet::new();
+    for path in crate_paths(source) {
+        named.insert(path.split("::").map(str::to_string).collect());
+    }
+    let code: String = source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (at, _) in code.match_indices("super::") {
+        let preceded = code[..at]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        if preceded {
+            continue; // the second `super` of `super::super::`
+        }
+        let mut found = BTreeSet::new();
+        expand("", &code[at + "super::".len()..], &mut found);
+        for path in found {
+            let mut parts: Vec<&str> = path.split("::").collect();
+            let mut up = 1;
+            while parts.first() == Some(&"super") {
+                parts.remove(0);
+                up += 1;
+            }
+            let Some(base) = own.len().checked_sub(up) else {
+                continue;
+            };
+            let mut full = own[..base].to_vec();
+            full.extend(parts.iter().map(|p| p.to_string()));
+            named.insert(full);
+        }
+    }
+    named
+}
+
+/// The names of a folder module's children: its files but `mod.rs`, and
+/// its subfolders (one node each).
+fn children(folder: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for entry in std::fs::read_dir(folder).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            names.insert(name);
+        } else if let Some(stem) = name.strip_suffix(".rs")
+            && stem != "mod"
+        {
+            names.insert(stem.to_string());
+        }
+    }
+    names
+}
+
+/// Per folder module, the edges between its children: from → to, with
+/// the file and path that make each.
+type Graphs =
+    std::collections::BTreeMap<PathBuf, std::collections::BTreeMap<(String, String), String>>;
+
+fn sibling_imports() -> Graphs {
+    let mut graphs = Graphs::new();
+    for crate_folder in crate_folders() {
+        for file in rust_files(&crate_folder) {
+            let relative = file.strip_prefix(&crate_folder).expect("under the crate");
+            if relative.starts_with("bin") {
+                continue;
+            }
+            let own = module_path(relative);
+            let source = without_tests(&std::fs::read_to_string(&file).expect("read source"));
+            for named in named_modules(&source, &own) {
+                let shared = own.iter().zip(&named).take_while(|(a, b)| a == b).count();
+                // The hub (the crate's root, a `mod.rs`) is no node; a
+                // path into the file's own module is no edge.
+                let (Some(from), Some(to)) = (own.get(shared), named.get(shared)) else {
+                    continue;
+                };
+                let folder = own[..shared]
+                    .iter()
+                    .fold(crate_folder.clone(), |f, p| f.join(p));
+                if !children(&folder).contains(to) {
+                    continue; // an item of the hub
+                }
+                let shown = file.strip_prefix(root()).unwrap_or(&file).display();
+                graphs
+                    .entry(folder)
+                    .or_default()
+                    .entry((from.clone(), to.clone()))
+                    .or_insert_with(|| format!("{shown} names {}", named.join("::")));
+            }
+        }
+    }
+    graphs
+}
+
+/// The shortest circle through `start`, if there is one.
+fn circle_through(edges: &BTreeSet<(String, String)>, start: &str) -> Option<Vec<String>> {
+    let mut paths = std::collections::VecDeque::from([vec![start.to_string()]]);
+    let mut seen = BTreeSet::new();
+    while let Some(path) = paths.pop_front() {
+        let last = path.last().expect("a path is never empty");
+        for (_, to) in edges.iter().filter(|(from, _)| from == last) {
+            if to == start {
+                let mut circle = path.clone();
+                circle.push(to.clone());
+                return Some(circle);
+            }
+            if seen.insert(to.clone()) {
+                let mut longer = path.clone();
+                longer.push(to.clone());
+                paths.push_back(longer);
+            }
+        }
+    }
+    None
+}
+
+fn circles(graphs: &Graphs) -> Vec<String> {
+    let mut found = Vec::new();
+    for (folder, edges) in graphs {
+        let shown = folder
+            .strip_prefix(root())
+            .unwrap_or(folder)
+            .display()
+            .to_string();
+        let allowed: Vec<&[&str; 2]> = ALLOWED_CIRCLES
+            .iter()
+            .filter(|(f, _)| *f == shown)
+            .map(|(_, pair)| pair)
+            .collect();
+        let graph: BTreeSet<(String, String)> = edges
+            .keys()
+            .filter(|(from, to)| {
+                !allowed
+                    .iter()
+                    .any(|pair| pair.contains(&from.as_str()) && pair.contains(&to.as_str()))
+            })
+            .cloned()
+            .collect();
+        let mut reported = BTreeSet::new();
+        let nodes: BTreeSet<&String> = graph.iter().map(|(from, _)| from).collect();
+        for node in nodes {
+            let Some(circle) = circle_through(&graph, node) else {
+                continue;
+            };
+            let mut members: Vec<String> = circle.iter().skip(1).cloned().collect();
+            members.sort();
+            if !reported.insert(members) {
+                continue;
+            }
+            let why: Vec<&str> = circle
+                .windows(2)
+                .map(|w| edges[&(w[0].clone(), w[1].clone())].as_str())
+                .collect();
+            found.push(format!(
+                "{shown}/: {} ({})",
+                circle.join(" → "),
+                why.join("; ")
+            ));
+        }
+    }
+    found
+}
+
+/// Files of one module form no circle: a module's files are layered, so
+/// each can be read knowing only the ones below it.
+#[test]
+fn no_import_circle_between_the_files_of_a_module() {
+    let found = circles(&sibling_imports());
+    assert!(
+        found.is_empty(),
+        "import circles between the files of one module:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn citations_are_paths_with_their_items_and_patterns_are_not() {
+    let text = "See `src/leader/outbox.rs::call` and (docs/CLUSTER.md).\n\
+                | x | `tests/bus.rs::a`, `b`; `tests/host.rs` |\n\
+                `src/…`, `src/<module>.rs::<test>`, `src/framing.rs::*`, fuzz/corpus/x\n\
+                `session/dialog.rs::Options`, `nowhere/x.rs`, `outbox.rs`, a/src/x.rs";
+    let found: Vec<(usize, String, Option<String>)> = citations(text, &["src".into()])
+        .into_iter()
+        .map(|c| (c.line, c.path, c.item))
+        .collect();
+    let item = |s: &str| Some(s.to_string());
+    assert_eq!(
+        found,
+        [
+            (1, "src/leader/outbox.rs".into(), item("call")),
+            (1, "docs/CLUSTER.md".into(), None),
+            (2, "tests/bus.rs".into(), item("a")),
+            (2, "tests/bus.rs".into(), item("b")),
+            (2, "tests/host.rs".into(), None),
+            (4, "src/session/dialog.rs".into(), item("Options")),
+        ]
+    );
+}
+
+#[test]
+fn an_item_is_defined_only_by_its_own_name() {
+    let source = "pub(crate) async fn call_here() {}\nstruct Batch;\nimpl Leader {}";
+    assert!(defines(source, "call_here"));
+    assert!(defines(source, "Batch") && defines(source, "Leader"));
+    assert!(!defines(source, "call") && !defines(source, "Bat"));
+}
+
+#[test]
+fn super_and_crate_paths_name_modules_from_the_crates_root() {
+    let own: Vec<String> = ["leader", "cluster", "poll"].map(String::from).into();
+    let source = "use super::super::batch::Batch;\n\
+                  use super::{node::ClusterNode, Leader};\n\
+                  use crate::store::Store;\n\
+                  pub(super) fn f() {}";
+    let named: Vec<String> = named_modules(source, &own)
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            "leader::batch::Batch",
+            "leader::cluster::Leader",
+            "leader::cluster::node::ClusterNode",
+            "store::Store"
+        ]
+    );
+}
+
+#[test]
+fn a_circle_is_found_and_an_allowed_pair_is_not_one() {
+    let edge = |from: &str, to: &str| ((from.to_string(), to.to_string()), format!("{from}→{to}"));
+    let folder = |name: &str| root().join(name);
+    let graphs: Graphs = [
+        (
+            folder("src/session"),
+            [
+                edge("outbound", "unsent"),
+                edge("unsent", "outbound"),
+                edge("mod_a", "unsent"),
+            ]
+            .into(),
+        ),
+        (
+            folder("src/member"),
+            [edge("handle", "actor"), edge("actor", "handle")].into(),
+        ),
+        (
+            folder("src/leader"),
+            [edge("batch", "triage"), edge("poller", "batch")].into(),
+        ),
+    ]
+    .into();
+    let found = circles(&graphs);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("src/session/: outbound → unsent → outbound"),
+        "{found:?}"
     );
 }

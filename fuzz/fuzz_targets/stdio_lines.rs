@@ -1,8 +1,9 @@
 //! The stdio transport: arbitrary bytes as the host's stdin, read in
 //! arbitrary chunks by the real `host::serve` with a handler that answers at
 //! once. Nothing may panic, stdout must carry JSON-RPC only, and every line
-//! gets what DESIGN §3 promises: a request exactly one answer with its own
-//! id, a notification or a response nothing, anything else one error.
+//! gets what docs/DESIGN.md ("The host protocol") promises: a request
+//! exactly one answer with its own id, a notification or a response
+//! nothing, anything else one error.
 
 #![no_main]
 
@@ -76,7 +77,8 @@ enum Owed {
     Nothing,
 }
 
-/// The spec of DESIGN §3 written out independently of `host::message`.
+/// The spec of docs/DESIGN.md, "The host protocol", written out
+/// independently of `host::message`.
 fn owed(frame: &Frame) -> Owed {
     let Frame::Line(line) = frame else {
         return Owed::Error;

@@ -303,7 +303,9 @@ impl Bridge {
                 let params: SendUserMessageParams = serde_json::from_value(params)
                     .map_err(|e| (-32602, format!("Invalid params: {e}")))?;
                 self.deliver(params);
-                Ok(json!({"accepted": true}))
+                // Taken when a turn takes it (a channel turn, or
+                // `telegram_inbox`): until then the relay keeps it.
+                Ok(json!({"accepted": true, "queued": true}))
             }
             method::AGENT_ABORT => Err((
                 -32000,
@@ -370,22 +372,38 @@ impl Bridge {
         }
     }
 
-    /// The messages no turn has taken yet; they are taken now.
+    /// The messages no turn has taken yet; a turn takes them now.
     pub(super) fn take_inbox(&self) -> Vec<Waiting> {
-        let mut state = self.state();
-        state.told_waiting = false;
-        state.inbox.drain(..).collect()
+        let taken: Vec<Waiting> = {
+            let mut state = self.state();
+            state.told_waiting = false;
+            state.inbox.drain(..).collect()
+        };
+        self.taken(taken.iter().map(|w| w.origin.update_id).collect());
+        taken
     }
 
-    /// Says in the topic what nobody read, before the session ends.
+    /// Tells the session a turn took these messages: the relay may forget
+    /// them now.
+    fn taken(&self, update_ids: Vec<i64>) {
+        if !update_ids.is_empty() {
+            self.tell_session(method::AGENT_TAKEN, json!({"updateIds": update_ids}));
+        }
+    }
+
+    /// Says in the topic what nobody read, before the session ends: the
+    /// relay keeps it for this session, which gets it when it is resumed.
     pub(super) async fn finish(&self) {
         self.stop.cancel();
-        let unread = self.take_inbox();
+        let unread: Vec<Waiting> = {
+            let mut state = self.state();
+            state.inbox.drain(..).collect()
+        };
         if unread.is_empty() {
             return;
         }
         let mut text = format!(
-            "⚠️ This Claude Code session ended before it read {} message(s) sent here:",
+            "⏸ This Claude Code session ended before it read {} message(s) sent here; they are kept and reach it when it is resumed (claude --resume or --continue):",
             unread.len()
         );
         for waiting in &unread {
@@ -561,10 +579,19 @@ impl Bridge {
             }
             "Stop" => {
                 self.state().from_telegram = false;
-                self.tell_session(
-                    method::AGENT_ENDED,
-                    json!({"lastAssistantText": input.last_assistant_message}),
-                );
+                // Asked, not told: the hook returns once the answer is the
+                // relay's, on disk, and Claude Code may exit at once.
+                let ended = self
+                    .session
+                    .request(
+                        method::AGENT_ENDED,
+                        json!({"lastAssistantText": input.last_assistant_message}),
+                        QUICK,
+                    )
+                    .await;
+                if let Err(e) = ended {
+                    tracing::warn!("the answer may not have reached the relay: {e}");
+                }
                 HookAnswer::default()
             }
             "SessionEnd" => HookAnswer::default(),
@@ -590,6 +617,7 @@ impl Bridge {
         self.state()
             .inbox
             .retain(|w| !ids.contains(&w.origin.update_id));
+        self.taken(ids.into_iter().collect());
         true
     }
 }

@@ -28,8 +28,10 @@ use crate::framing::{Frame, LineCodec, MAX_FRAME_BYTES};
 use crate::paths::Paths;
 use crate::protocol::claude::{HookAnswer, HookCall};
 
-/// How long a hook looks for its server: at startup the server may still
-/// be binding its socket while SessionStart already runs.
+/// How long SessionStart looks for its server: Claude Code starts its MCP
+/// servers and its first hook at once, so the server may still be binding
+/// its socket. Every later hook finds the server at once or not at all
+/// (Claude Code stops it before SessionEnd): it decides at once.
 const FIND_SERVER: Duration = Duration::from_secs(5);
 /// Hook connections served at once (hooks of one event run in parallel).
 const MAX_HOOKS: usize = 32;
@@ -201,7 +203,12 @@ pub async fn run(
         shrink(&mut call.input);
         line = serde_json::to_string(&call).unwrap_or_default();
     }
-    let Some(stream) = find_server(name).await else {
+    let patience = if event == "SessionStart" {
+        FIND_SERVER
+    } else {
+        Duration::ZERO
+    };
+    let Some(stream) = find_server(name, patience).await else {
         return (None, not_running());
     };
     let mut framed = Framed::new(stream, LineCodec::default());
@@ -223,10 +230,13 @@ pub async fn run(
     }
 }
 
-/// Connects to the server's socket, waiting for it a little (it may still
-/// be starting), to a process of this user only.
-async fn find_server(name: interprocess::local_socket::Name<'static>) -> Option<Stream> {
-    let deadline = tokio::time::Instant::now() + FIND_SERVER;
+/// Connects to the server's socket, waiting for it up to `patience` (it
+/// may still be starting), to a process of this user only.
+async fn find_server(
+    name: interprocess::local_socket::Name<'static>,
+    patience: Duration,
+) -> Option<Stream> {
+    let deadline = tokio::time::Instant::now() + patience;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
     loop {
         match Stream::connect(name.clone()).await {

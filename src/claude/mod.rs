@@ -89,13 +89,18 @@ fn hook_socket_file(process_key: &str) -> String {
     format!("claude-{hash:016x}.sock")
 }
 
-/// `agent-relay mcp`: serves Claude Code on `input`/`output` until EOF.
+/// `agent-relay mcp`: serves Claude Code on `input`/`output` until EOF or
+/// `stop` (Claude Code ends its MCP servers with SIGINT, then SIGTERM 0.1 s
+/// later and SIGKILL 0.4 s after that, stdin still open), then leaves: what
+/// nobody read is said in the topic, what the session holds is handed to
+/// the relay, and the session leaves the bus — within [`LEAVE_WITHIN`].
 pub async fn serve<R, W>(
     input: R,
     output: W,
     paths: Paths,
     config: Result<Config, ConfigError>,
     env: ClaudeEnv,
+    stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
@@ -111,12 +116,25 @@ where
     bridge.clone().spawn_session_loop(from_session);
     bridge.clone().spawn_hook_socket(&paths, &config);
     let service = bridge.clone();
-    let served =
-        crate::host::serve_service(input, output, move |mcp| mcp::Mcp::new(service, mcp)).await;
-    bridge.finish().await;
-    crate::session::InProcess::close(&session).await;
+    let serving = crate::host::serve_service(input, output, move |mcp| mcp::Mcp::new(service, mcp));
+    let served = tokio::select! {
+        served = serving => served,
+        () = stop.cancelled() => Ok(()),
+    };
+    let leave = async {
+        bridge.finish().await;
+        crate::session::InProcess::close(&session).await;
+    };
+    if tokio::time::timeout(LEAVE_WITHIN, leave).await.is_err() {
+        tracing::warn!("leaving took longer than {LEAVE_WITHIN:?}; exiting anyway");
+    }
     served
 }
+
+/// How long `agent-relay mcp` takes to leave at most: inside Claude Code's
+/// window between SIGINT and SIGKILL (0.5 s). What it handed over is the
+/// relay's already; a lock it held is the kernel's to release.
+pub const LEAVE_WITHIN: std::time::Duration = std::time::Duration::from_millis(350);
 
 #[cfg(test)]
 mod tests {

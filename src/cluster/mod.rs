@@ -1,6 +1,6 @@
 //! One bot across several machines, over NATS JetStream (docs/CLUSTER.md).
 //!
-//! This is the NATS layer the leader will use, behind a small typed API;
+//! This is the NATS layer the leader uses, behind a small typed API;
 //! it knows nothing of the bus, sessions, hosts or Telegram, and carries
 //! whatever the leader gives it as opaque JSON or bytes:
 //!
@@ -18,9 +18,10 @@
 //! * [`nodes`] — questions to every machine at once (`/relay status`,
 //!   `/relay restart`), and forgetting a machine for good.
 //! * [`server`] — the one request/reply server both answer with.
+//! * `buckets` — every write to a key-value bucket, by compare-and-set.
 //!
-//! The leader uses it at the seams docs/CLUSTER.md names (*Where it plugs
-//! in*; `bus/leader/cluster.rs` and `bus/leader/remote.rs`). The module is
+//! The leader uses it from `src/leader/cluster/`, at the seams
+//! docs/CLUSTER.md names (*Where it plugs in*). The module is
 //! public so that its own tests (`tests/cluster.rs`, against a real
 //! `nats-server -js`) use it as the leader does.
 

@@ -12,8 +12,9 @@ use axum::routing::{any, get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::error::ApiError;
 use super::files::{self, Upload};
-use super::methods::{self, ApiError, Hearing, Uploads};
+use super::methods::{self, Hearing, Uploads};
 use super::{
     BotRights, CallRecord, CallbackInject, DownloadRecord, FakeBotApi, FakeError, Fault,
     UserMessage,

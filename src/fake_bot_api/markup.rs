@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::methods::ApiError;
+use super::error::ApiError;
 
 /// Longest `callback_data`, in bytes.
 const MAX_CALLBACK_DATA: usize = 64;

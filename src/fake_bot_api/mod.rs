@@ -5,12 +5,13 @@
 //! It is a real HTTP server (axum, on 127.0.0.1) so the relay's client is exercised
 //! end to end. Start one in-process with [`FakeBotApi::start`], or run the
 //! `fake-bot-api` binary and drive it from another process over the control routes.
-//! The Telegram facts it reproduces are listed in `shared/TELEGRAM.md`.
+//! The Telegram facts it reproduces are listed below; those the relay relies
+//! on are in docs/DESIGN.md, *Telegram*.
 //!
-//! Layout: `methods` (the Bot API methods), `markup` (`reply_markup`), `files`
-//! (media in and out), `html` (HTML parse mode), `state` (chats, messages, the
-//! update queue), `http` (routes, faults, uploads, downloads), `records` (what
-//! tests inject and read back).
+//! Layout: `methods` (the Bot API methods), `error` (their error answers),
+//! `markup` (`reply_markup`), `files` (media in and out), `html` (HTML parse
+//! mode), `state` (chats, messages, the update queue), `http` (routes,
+//! faults, uploads, downloads), `records` (what tests inject and read back).
 //!
 //! # Bot API (`{url}/bot<token>/<method>`, GET or POST; JSON, form, query or multipart)
 //!
@@ -48,9 +49,9 @@
 //!   In supergroups `createForumTopic` needs `can_manage_topics` (400 `Bad
 //!   Request: not enough rights to create a topic`), `deleteForumTopic`
 //!   `can_delete_messages`.
-//! * HTML parse mode is validated (the tags of TELEGRAM.md plus their documented
-//!   synonyms); 4096 (text) and 1024 (caption) are counted in UTF-16 units after
-//!   parsing (`message is too long`, `message caption is too long`).
+//! * HTML parse mode is validated (the tags the Bot API documents, and their
+//!   documented synonyms); 4096 (text) and 1024 (caption) are counted in UTF-16
+//!   units after parsing (`message is too long`, `message caption is too long`).
 //! * `reply_markup` (object, or JSON in a string) is validated as the Bot API server
 //!   does (see `markup`): `callback_data` 1–64 bytes (`BUTTON_DATA_INVALID`), a
 //!   button with `url` and `callback_data` keeps the url, unparsable JSON → `can't
@@ -135,6 +136,7 @@
 //! | `POST delete_topic` | `{chat_id, thread_id}` | `{}` or 400 |
 //! | `POST chat` | `{kind:"forum_supergroup"\|"supergroup", chat_id, title, can_manage_topics, can_delete_messages}` or `{kind:"private", user_id, first_name}` | `{}` |
 
+mod error;
 mod files;
 mod html;
 mod http;

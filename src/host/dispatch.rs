@@ -24,6 +24,10 @@ use super::outbound::ToHost;
 use super::{Handler, RpcError, Service};
 use crate::protocol::host::method;
 
+/// The empty answer of a request that only says it is done.
+#[derive(Serialize)]
+struct Ack {}
+
 impl From<ErrorObjectOwned> for RpcError {
     fn from(error: ErrorObjectOwned) -> Self {
         RpcError {
@@ -83,6 +87,9 @@ pub(crate) async fn call<H: Handler>(
         method::QUESTION_ASK => run(&params, |p| handler.ask(p).map(Ok)).await,
         method::FILE_SEND => run(&params, |p| handler.send_file(p)).await,
         method::TOPIC_SEND => run(&params, |p| handler.send_text(p).map(Ok)).await,
+        // Usually a notification; as a request, answered once the turn's
+        // answer is the relay's (a host that exits next waits for it).
+        method::AGENT_ENDED => run(&params, |p| handler.agent_ended(p).map(|()| Ok(Ack {}))).await,
         method::SHUTDOWN => {
             handler.shutdown(or_default(&params)?).await;
             encode_result(&())

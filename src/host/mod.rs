@@ -69,6 +69,13 @@ pub trait Handler: Send + Sync + 'static {
     /// A notification from the host. Must not block.
     fn notify(&self, event: HostEvent);
 
+    /// `agent/ended` sent as a request (a host about to exit waits for
+    /// it): by default the notification, answered at once.
+    fn agent_ended(&self, params: AgentEndedParams) -> impl Future<Output = ()> + Send {
+        self.notify(HostEvent::AgentEnded(params));
+        std::future::ready(())
+    }
+
     /// `shutdown`: leave cleanly; the host closes stdin next.
     fn shutdown(&self, params: ShutdownParams) -> impl Future<Output = ()> + Send;
 
@@ -182,6 +189,7 @@ pub enum HostEvent {
     Notice(NoticeParams),
     ApprovalResolved(ApprovalResolvedParams),
     QuestionResolved(QuestionResolvedParams),
+    Taken(TakenParams),
 }
 
 /// Why an outbound request to the host failed.
@@ -231,6 +239,7 @@ impl HostEvent {
             method::AGENT_NOTICE => Self::Notice(serde_json::from_str(params)?),
             method::APPROVAL_RESOLVED => Self::ApprovalResolved(serde_json::from_str(params)?),
             method::QUESTION_RESOLVED => Self::QuestionResolved(serde_json::from_str(params)?),
+            method::AGENT_TAKEN => Self::Taken(serde_json::from_str(params)?),
             _ => return Ok(None),
         }))
     }

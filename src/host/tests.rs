@@ -519,7 +519,13 @@ async fn outbound_request_answered() {
     host.send_json(json!({"jsonrpc":"2.0","id":request["id"],"result":{"accepted":true}}))
         .await;
     let answer = tokio::time::timeout(WAIT, asked).await.unwrap().unwrap();
-    assert_eq!(answer, Ok(SendUserMessageResult { accepted: true }));
+    assert_eq!(
+        answer,
+        Ok(SendUserMessageResult {
+            accepted: true,
+            queued: false
+        })
+    );
     assert_eq!(host.link().pending_len(), 0);
     host.close_input().await.unwrap();
 }

@@ -8,7 +8,7 @@
 
 use tokio::sync::mpsc;
 
-use super::triage::{Entry, Notice};
+use super::triage::{Entry, Notice, Triage, Triaged};
 use crate::store::{StoreError, Unflushed};
 use crate::telegram::Update;
 
@@ -22,6 +22,26 @@ pub(super) struct Batch {
     pub notices: Vec<Notice>,
     /// Decoded updates the triage did not journal (pairing, General, …).
     pub others: Vec<Update>,
+}
+
+impl Batch {
+    /// Sorts `updates` by the triage: each is journaled, told in its
+    /// topic, or left to the leader. `first` says whether an update is seen
+    /// for the first time: a repeat (a stream's redelivery) journals again
+    /// — the journal drops it — but is not told or answered twice.
+    pub fn sorted(triage: &mut Triage, updates: impl IntoIterator<Item = (Update, bool)>) -> Self {
+        triage.prepare();
+        let mut batch = Self::default();
+        for (update, first) in updates {
+            match triage.triage(&update) {
+                Triaged::Journal(entry) => batch.journaled.push(entry),
+                Triaged::Notice(notice) if first => batch.notices.push(notice),
+                Triaged::Leader if first => batch.others.push(update),
+                Triaged::Notice(_) | Triaged::Leader => {}
+            }
+        }
+        batch
+    }
 }
 
 /// Hands what the journal newly wrote (`inserted`) to the router with the

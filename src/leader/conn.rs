@@ -157,6 +157,12 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
         ToLeader::Topic(req) => later(Box::pin(async move {
             this.ack(Some(req.id), this.topic(conn, &req).await)
         })),
+        ToLeader::Post(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.post(conn, &req).await)
+        })),
+        ToLeader::Resend(req) => later(Box::pin(async move {
+            this.ack(Some(req.id), this.resend(conn, &req).await)
+        })),
     }
 }
 
@@ -175,5 +181,10 @@ async fn register(leader: Arc<Leader>, conn: ConnId, req: Register) {
             leader.registry.send(conn, frame);
         }
         leader.go_live(conn, generation);
+        // What waited for this session's topic may go now.
+        leader.courier.wake();
+        if let Ok(session) = leader.registry.session(conn, generation) {
+            leader.report_outbox(&session.route.profile_key);
+        }
     }
 }

@@ -114,6 +114,17 @@ impl Leader {
                     binding.chat_id = None;
                     binding.thread_id = None;
                     store.upsert_binding(&binding).map_err(store_error)?;
+                    // Its topic is gone with it: what still waited to go
+                    // there does not go.
+                    let abandoned = store
+                        .posts_abandoned(&session.route.profile_key, "its session was disconnected")
+                        .map_err(store_error)?;
+                    if abandoned > 0 {
+                        tracing::info!(
+                            abandoned,
+                            "messages for a disconnected session's topic are given up"
+                        );
+                    }
                 }
                 None => tracing::warn!("disconnecting a session without a stored binding"),
             }

@@ -7,29 +7,37 @@
 //! * [`registry::Registry`] — connections, registrations, the generation
 //!   check, who owns which profile. Bookkeeping only.
 //! * [`router::Router`] — delivery: journaled updates to their sessions (one
-//!   path for a new batch and for a backlog), acknowledgements, taps, and
-//!   the leader's own answers off the routing path.
-//! * [`outbox::Outbox`] — every Bot API call, typed and paced, and the one
-//!   decision of what a failure means. Never touches the store.
+//!   path for a new batch and for a backlog), acknowledgements, and the
+//!   leader's own answers off the routing path ([`replies`]).
+//! * [`outbox::Outbox`] — every Bot API call, typed and paced, each failure
+//!   decided once ([`failure`]). Never touches the store.
 //! * [`access::Access`] — who may drive sessions, and pairing.
+//! * [`asks::Asks`] — the questions open on the phone.
+//! * [`inbox::FileInbox`] — the sessions' inboxes, where files users send
+//!   are saved.
 //! * the store, behind a mutex, written by the leader alone.
 //!
-//! The flows that combine them (register, disconnect, a topic request, the
-//! status table) live in [`sessions`]; one connection's reader and writer in
-//! [`conn`]. The lock order is written where the locks are
-//! ([`registry::Registry`]).
+//! The flows that combine them have a file each, named for the flow:
+//! registration in three steps ([`register`]), leaving for good
+//! ([`disconnect`]), a session's request in its topic ([`topic`]), the
+//! questions and their taps ([`asks`]), files both ways ([`files`]), the
+//! status ([`status`]) and `/relay restart` ([`restart`]); inbound, the
+//! poll ([`poller`]), the [`triage`] and the [`batch`] on its way to the
+//! router; one connection's reader and writer in [`conn`]. The lock order
+//! is written where the locks are ([`registry::Registry`]).
 //!
 //! When the relay spans machines (`[cluster]`, docs/CLUSTER.md), the
 //! leader is also one machine of the cluster ([`cluster`]): it polls only
 //! while it holds the bot-wide lease, reads its own updates from the
 //! cluster's stream, and makes its Bot API calls through the machine that
-//! polls ([`remote`]).
+//! polls (chosen in [`outbox::Outbox::call`]).
 
 mod access;
 mod asks;
 mod batch;
 mod cluster;
 mod conn;
+mod courier;
 mod disconnect;
 mod failure;
 mod files;
@@ -98,6 +106,8 @@ pub(super) struct Leader {
     outbox: Outbox,
     access: Arc<Access>,
     asks: asks::Asks,
+    /// Sends what sessions handed over, from the store.
+    courier: courier::Courier,
     /// Where the files users send are saved, one folder per session.
     inbox: FileInbox,
     /// `[files]`: the folders files may be sent from besides a session's own.
@@ -112,6 +122,8 @@ pub(super) struct Leader {
     cleanup: Arc<tokio::sync::Mutex<()>>,
     /// This machine in the cluster; `None` for a single machine.
     cluster: Option<Arc<ClusterNode>>,
+    /// A drain (`drain.rs`): it leads only to send what waits.
+    draining: bool,
     stop: CancellationToken,
 }
 
@@ -192,6 +204,9 @@ pub(crate) struct LeaderHandle {
     lock: LeaderLock,
 }
 
+mod drain;
+pub(crate) use drain::drain;
+
 /// Starts leading: opens the store, bumps the epoch, binds the socket,
 /// writes `leader.json` and starts polling Telegram. The lock is held until
 /// [`LeaderHandle::stop`].
@@ -200,6 +215,17 @@ pub(crate) async fn start(
     paths: &Paths,
     instance_id: String,
     config: &Config,
+) -> Result<LeaderHandle, LeaderError> {
+    start_with(lock, paths, instance_id, config, false).await
+}
+
+/// [`start`], for a drain too (`draining`: it never starts another).
+async fn start_with(
+    lock: LeaderLock,
+    paths: &Paths,
+    instance_id: String,
+    config: &Config,
+    draining: bool,
 ) -> Result<LeaderHandle, LeaderError> {
     let bot = config.bot_id().ok_or(SetupError::Http {
         message: "no bot token".into(),
@@ -243,6 +269,7 @@ pub(crate) async fn start(
         outbox,
         access: Arc::new(access),
         asks: asks::Asks::default(),
+        courier: courier::Courier::default(),
         inbox: FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
         files: config.files.clone(),
         health,
@@ -250,6 +277,7 @@ pub(crate) async fn start(
         restarting: OnceLock::new(),
         cleanup: Arc::default(),
         cluster,
+        draining,
         stop: CancellationToken::new(),
     });
     let task = tokio::spawn(run(leader.clone(), listener, acks));
@@ -260,6 +288,18 @@ impl LeaderHandle {
     /// Whether the leader is still serving.
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// Steps down because this process leaves the bus for good. When no
+    /// other session is on the bus to lead next and messages still wait to
+    /// go, a drain takes over (`drain.rs`): a process of its own, detached,
+    /// that leads until they went.
+    pub async fn leave(self) {
+        if self.leader.wants_drain() {
+            drain::spawn(&self.leader);
+        }
+        self.leader.courier.land().await;
+        self.stop().await;
     }
 
     /// Steps down: stops the poller, closes every connection and the socket,
@@ -293,6 +333,7 @@ async fn run(
     mut acks: mpsc::UnboundedReceiver<(String, i64)>,
 ) {
     leader.start_cleanups();
+    let mut courier = tokio::spawn(courier::run(leader.clone()));
     let (batches_tx, mut batches) = mpsc::channel(64);
     let mut poller = leader.start_poll(batches_tx);
     // A single machine's link never changes (its sender lives as long).
@@ -359,6 +400,7 @@ async fn run(
     if !poller.is_finished() {
         let _ = poller.await;
     }
+    let _ = (&mut courier).await;
     leader.registry.close_all();
     while conns.join_next().await.is_some() {}
     drop(listener);

@@ -107,9 +107,14 @@ pub(super) struct Pace<'a> {
     pub priority: Priority,
     pub deadline: Duration,
     pub waiting: &'a (dyn Fn(Duration) + Sync),
+    /// Called just before the request leaves for Telegram (or for the
+    /// machine that makes it): from then on, it may have been posted.
+    pub departing: &'a (dyn Fn() + Sync),
 }
 
 fn nobody(_: Duration) {}
+
+fn unwatched() {}
 
 impl Pace<'static> {
     /// The leader's own messages: first in line, nobody to tell.
@@ -123,6 +128,7 @@ impl Pace<'static> {
             priority,
             deadline: TOPIC_DEADLINE,
             waiting: &nobody,
+            departing: &unwatched,
         }
     }
 
@@ -132,6 +138,7 @@ impl Pace<'static> {
             priority: Priority::High,
             deadline: MANAGE_DEADLINE,
             waiting: &nobody,
+            departing: &unwatched,
         }
     }
 }
@@ -194,6 +201,9 @@ impl Outbox {
     /// lease when another one does. The one place that chooses.
     pub async fn call(&self, call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
         if let Some(node) = &self.cluster {
+            // Whether it goes through another machine is known only once it
+            // went: count it as leaving now.
+            (pace.departing)();
             match cluster::calls::through(node, &call, pace.priority, pace.deadline).await {
                 cluster::calls::Where::Here => {}
                 cluster::calls::Where::There(answer) => return answer,
@@ -202,9 +212,26 @@ impl Outbox {
         self.call_here(call, pace).await
     }
 
+    /// Makes a call another machine sent to this one, which holds the
+    /// bot-wide lease: paced at the caller's priority, within its deadline.
+    /// A wait for the chat's budget is told to nobody: the session that
+    /// asked is on the other machine.
+    pub async fn call_for_another_machine(
+        &self,
+        call: BotCall,
+        priority: Priority,
+        deadline: Duration,
+    ) -> Result<Performed, Failure> {
+        let pace = Pace {
+            deadline,
+            ..Pace::of(priority)
+        };
+        self.call_here(call, pace).await
+    }
+
     /// Makes `call` with this machine's client and limiter, with the
     /// retries and fallbacks of the module's table.
-    pub async fn call_here(&self, mut call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
+    async fn call_here(&self, mut call: BotCall, pace: Pace<'_>) -> Result<Performed, Failure> {
         let deadline = Instant::now() + pace.deadline;
         let mut plain = false;
         let mut reopened = false;
@@ -542,6 +569,7 @@ impl Outbox {
                 Ok(booked) => booked,
                 Err(wait) => return Err(TelegramError::RateLimited { retry_after: wait }),
             };
+            (pace.departing)();
             let answered = call().await;
             self.limiter.answered(chat, method, booked);
             let error = match answered {

@@ -123,7 +123,7 @@ impl Journal for LocalJournal {
             }
             return Ok(Step::Confirm);
         };
-        let batch = self.triage.sort(decoded(&raw).map(|update| (update, true)));
+        let batch = Batch::sorted(&mut self.triage, decoded(&raw).map(|update| (update, true)));
         // Committed at once, flushed after routing: routing does not wait
         // for the disk. The next getUpdates confirms this batch to Telegram,
         // which then forgets it: it must be on disk first. A flush the

@@ -539,6 +539,9 @@ impl Leader {
                 store
                     .remove_binding(&holder.profile_key)
                     .map_err(store_error)?;
+                store
+                    .posts_abandoned(&holder.profile_key, "its session's slot went to another")
+                    .map_err(store_error)?;
                 orphaned = Some((left_behind, holder.target().is_some()));
             }
             store.upsert_binding(record).map_err(store_error)?;

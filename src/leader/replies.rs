@@ -60,11 +60,20 @@ impl Replies {
         *count == 1
     }
 
+    /// Says `text` in `chat` (in `thread`, or outside topics): handed to
+    /// the outbox, so it is said even when this leader ends next.
     pub fn say(&self, leader: &Arc<Leader>, chat: i64, thread: Option<i64>, text: String) {
-        self.spawn(leader, move |leader| async move {
-            if let Err(e) = leader.outbox.say(chat, thread, &text).await {
+        let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
+            tracing::warn!("too many answers waiting; dropping one");
+            return;
+        };
+        let leader = leader.clone();
+        // Not cancelled with the leader: the hand-over takes a moment.
+        tokio::spawn(async move {
+            if let Err(e) = leader.say_later(chat, thread, text).await {
                 tracing::warn!(chat, "cannot answer: {e}");
             }
+            drop(permit);
         });
     }
 

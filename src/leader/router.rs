@@ -233,13 +233,12 @@ impl Leader {
         }
     }
 
-    /// [`Leader::give_up`], telling before it returns: for a flow after
-    /// which this leader may step down (a disconnect of its own session),
-    /// when a reply still on its way would be cancelled with the leader and
-    /// the messages, already dropped, would go without a word.
+    /// [`Leader::give_up`], the notices handed to the outbox before it
+    /// returns: for a flow after which this leader may step down (a
+    /// disconnect of its own session).
     pub(super) async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
         for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
-            if let Err(e) = self.outbox.say(chat, thread, &text).await {
+            if let Err(e) = self.say_later(chat, thread, text).await {
                 tracing::warn!(chat, "cannot tell that messages were given up: {e}");
             }
         }
@@ -330,7 +329,7 @@ impl Leader {
             let (chat, thread) = (message.chat.id, message.topic());
             self.router.replies.spawn(self, move |leader| async move {
                 let reply = format!("{prefix}{}", leader.sessions_overview().await);
-                if let Err(e) = leader.outbox.say(chat, thread, &reply).await {
+                if let Err(e) = leader.say_later(chat, thread, reply).await {
                     tracing::warn!(chat, "cannot answer: {e}");
                 }
             });

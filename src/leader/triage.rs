@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::access::Access;
-use super::batch::Batch;
 use crate::files::{DOWNLOAD_MAX, describe_against};
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
@@ -110,7 +109,7 @@ pub(super) struct Notice {
 
 /// What the leader makes of one update.
 #[derive(Debug)]
-enum Triaged {
+pub(super) enum Triaged {
     /// A message for a session: journaled, then routed.
     Journal(Entry),
     /// The topic is told why the message goes nowhere; nothing else happens.
@@ -140,26 +139,9 @@ impl Triage {
         }
     }
 
-    /// Sorts a batch: each update is journaled, told in its topic, or left
-    /// to the leader. `first` says whether an update is seen for the first
-    /// time: a repeat (a stream's redelivery) journals again — the journal
-    /// drops it — but is not told or answered twice.
-    pub fn sort(&mut self, updates: impl IntoIterator<Item = (Update, bool)>) -> Batch {
-        self.prepare();
-        let mut batch = Batch::default();
-        for (update, first) in updates {
-            match self.triage(&update) {
-                Triaged::Journal(entry) => batch.journaled.push(entry),
-                Triaged::Notice(notice) if first => batch.notices.push(notice),
-                Triaged::Leader if first => batch.others.push(update),
-                Triaged::Notice(_) | Triaged::Leader => {}
-            }
-        }
-        batch
-    }
-
-    /// Reads what the decisions need once per batch, not once per update.
-    fn prepare(&mut self) {
+    /// Reads what the decisions need once per batch, not once per update:
+    /// before a batch's first [`Triage::triage`].
+    pub fn prepare(&mut self) {
         self.allowed = self.access.snapshot();
         self.owners.clear();
         let bindings = self
@@ -180,7 +162,7 @@ impl Triage {
 
     /// What becomes of `update`: a journal entry, a notice in its topic, or
     /// the leader's to answer.
-    fn triage(&self, update: &Update) -> Triaged {
+    pub fn triage(&self, update: &Update) -> Triaged {
         let (message, edited) = match &update.kind {
             UpdateKind::Message(message) => (message, false),
             UpdateKind::EditedMessage(message) => (message, true),

@@ -63,6 +63,8 @@ pub(super) struct Actor {
     left: Option<Route>,
     /// Requests waiting for their chat's budget, and until when.
     paced: HashMap<u64, Instant>,
+    /// When the next message the leader holds for this session may go.
+    outbox_paced: Option<Instant>,
     retry_provisioning: bool,
     leader: Option<LeaderHandle>,
     state: watch::Sender<MemberState>,
@@ -92,6 +94,7 @@ impl Actor {
             carried: None,
             left: None,
             paced: HashMap::new(),
+            outbox_paced: None,
             retry_provisioning: false,
             leader: None,
             state,
@@ -156,7 +159,9 @@ impl Actor {
         }
         self.set(|s| s.role = Role::Stopped);
         if let Some(leader) = self.leader.take() {
-            leader.stop().await;
+            // Leaving for good: what only this leader would have sent goes
+            // on without it (`leader::drain`).
+            leader.leave().await;
         }
     }
 
@@ -337,7 +342,21 @@ impl Actor {
         };
         let ended = loop {
             tokio::select! {
-                () = self.stop.cancelled() => break Ended::Stopped,
+                () = self.stop.cancelled() => {
+                    // Acknowledgements still queued go out first: a message
+                    // the host took must not come to it again.
+                    let generation = self.generation;
+                    let mut frames = Vec::new();
+                    while let Ok(delivery_id) = self.acks.try_recv() {
+                        frames.push(ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id }));
+                    }
+                    if !frames.is_empty()
+                        && let Err(e) = writer.send_all(&frames).await
+                    {
+                        tracing::debug!("acknowledgements not sent while leaving: {e}");
+                    }
+                    break Ended::Stopped;
+                }
                 frame = reader.recv::<FromLeader>() => match frame {
                     Ok(Some(Received::Envelope(frame))) => {
                         last_heard = Instant::now();
@@ -371,14 +390,7 @@ impl Actor {
                             let _ = call.reply.send(Ok(Value::Null));
                             break Ended::Reregister;
                         }
-                        Call::Pair => ToLeader::Pair(Pair { id, generation }),
-                        Call::Status { cluster } => ToLeader::Status(StatusQuery { id, cluster }),
-                        Call::Disconnect => ToLeader::Disconnect(Disconnect { id, generation }),
-                        Call::Restart => ToLeader::Restart(Restart { id, generation }),
-                        Call::Topic { op, background } => {
-                            ToLeader::Topic(TopicRequest { id, generation, op, background })
-                        }
-                        Call::Fetch(update_id) => ToLeader::Fetch(Fetch { id, generation, update_id }),
+                        Call::Request(envelope) => envelope(id, generation),
                     };
                     if let Err(e) = writer.send(&envelope).await {
                         let _ = call.reply.send(Err(MemberError::NotConnected));
@@ -412,6 +424,7 @@ impl Actor {
             let _ = reply.send(Err(MemberError::NotConnected));
         }
         self.paced.clear();
+        self.outbox_paced = None;
         self.set(|s| s.paced_until = None);
         ended
     }
@@ -515,6 +528,21 @@ impl Actor {
                     return Next::Reregister;
                 }
             }
+            FromLeader::Outbox(report) => {
+                let until = report
+                    .paced_ms
+                    .map(|wait| Instant::now() + Duration::from_millis(wait));
+                self.outbox_paced = until;
+                self.set(|s| s.outbox = report);
+                self.show_pacing();
+            }
+            FromLeader::TopicGone(gone) => {
+                tracing::info!(
+                    thread = gone.thread_id,
+                    "the topic is gone; registering for a new one"
+                );
+                return Next::Reregister;
+            }
             FromLeader::Paired(_) => {
                 self.set(|s| s.needs_pairing = false);
                 // Paired while this session had no topic: register again so
@@ -535,7 +563,13 @@ impl Actor {
 
     /// The latest of the waits for the chat's budget, for the status line.
     fn show_pacing(&self) {
-        let until = self.paced.values().max().copied();
+        let until = self
+            .paced
+            .values()
+            .copied()
+            .chain(self.outbox_paced)
+            .filter(|until| *until > Instant::now())
+            .max();
         self.set(|s| s.paced_until = until);
     }
 

@@ -92,6 +92,8 @@ pub struct MemberState {
     pub paced_until: Option<Instant>,
     /// This machine's link to the others, when the relay spans machines.
     pub cluster: Option<ClusterLink>,
+    /// What the leader holds of this session's messages.
+    pub outbox: OutboxReport,
 }
 
 impl MemberState {
@@ -109,6 +111,7 @@ impl MemberState {
             blocker: None,
             paced_until: None,
             cluster: None,
+            outbox: OutboxReport::default(),
         }
     }
 }
@@ -137,7 +140,9 @@ impl MemberError {
     }
 }
 
-/// What the session asks its actor for.
+/// What the session asks its actor for: to register again (a matter of
+/// the actor's own), or a request to the leader, made with the id and the
+/// registration's generation of the moment it is sent.
 pub(super) enum Call {
     /// Register again on a fresh connection, retrying topic creation.
     Reregister,
@@ -146,18 +151,15 @@ pub(super) enum Call {
         profile_key: String,
         session_name: String,
     },
-    Status {
-        /// With every other machine's sessions.
-        cluster: bool,
-    },
-    Disconnect,
-    Restart,
-    Pair,
-    Topic {
-        op: TopicOp,
-        background: bool,
-    },
-    Fetch(i64),
+    Request(Box<dyn FnOnce(u64, Generation) -> ToLeader + Send>),
+}
+
+impl Call {
+    pub(super) fn request(
+        envelope: impl FnOnce(u64, Generation) -> ToLeader + Send + 'static,
+    ) -> Self {
+        Call::Request(Box::new(envelope))
+    }
 }
 
 pub(super) struct Pending {
@@ -269,25 +271,27 @@ impl Member {
     }
 
     pub async fn status(&self) -> Result<BusStatus, MemberError> {
-        self.call(Call::Status { cluster: false }, REQUEST_TIMEOUT)
-            .await
+        let status = |id, _| ToLeader::Status(StatusQuery { id, cluster: false });
+        self.call(Call::request(status), REQUEST_TIMEOUT).await
     }
 
     /// The status with every machine's sessions when the relay spans
     /// machines (the leader asks them, up to 2 s); else [`Member::status`].
     pub async fn cluster_status(&self) -> Result<BusStatus, MemberError> {
-        self.call(Call::Status { cluster: true }, REQUEST_TIMEOUT)
-            .await
+        let status = |id, _| ToLeader::Status(StatusQuery { id, cluster: true });
+        self.call(Call::request(status), REQUEST_TIMEOUT).await
     }
 
     /// Deletes this session's topic through the leader (generation-fenced).
     pub async fn disconnect(&self) -> Result<Disconnected, MemberError> {
-        self.call(Call::Disconnect, REQUEST_TIMEOUT).await
+        let disconnect = |id, generation| ToLeader::Disconnect(Disconnect { id, generation });
+        self.call(Call::request(disconnect), REQUEST_TIMEOUT).await
     }
 
     /// A one-time pairing link (when nobody is paired yet).
     pub async fn pair(&self) -> Result<PairingLink, MemberError> {
-        self.call(Call::Pair, REQUEST_TIMEOUT).await
+        let pair = |id, generation| ToLeader::Pair(Pair { id, generation });
+        self.call(Call::request(pair), REQUEST_TIMEOUT).await
     }
 
     /// Does `op` in this session's topic. It may wait at the leader for the
@@ -301,14 +305,7 @@ impl Member {
     /// a progress edit): it never waits for the chat's budget, and fails
     /// with [`BusErrorCode::Paced`] when the budget is spent.
     pub async fn topic_background(&self, op: TopicOp) -> Result<TopicDone, MemberError> {
-        self.call(
-            Call::Topic {
-                op,
-                background: true,
-            },
-            TOPIC_TIMEOUT,
-        )
-        .await
+        self.topic_request(op, true, TOPIC_TIMEOUT).await
     }
 
     /// Like [`Member::topic`], for a request that waits longer than sending
@@ -318,20 +315,76 @@ impl Member {
         op: TopicOp,
         timeout: Duration,
     ) -> Result<TopicDone, MemberError> {
-        self.call(
-            Call::Topic {
-                op,
-                background: false,
-            },
-            timeout,
-        )
-        .await
+        self.topic_request(op, false, timeout).await
     }
 
     /// Downloads the files of delivery `update_id` (one of this session's)
     /// into its inbox, or finds them there; answers with their paths.
     pub async fn fetch(&self, update_id: i64) -> Result<Fetched, MemberError> {
-        self.call(Call::Fetch(update_id), FETCH_TIMEOUT).await
+        let fetch = move |id, generation| {
+            ToLeader::Fetch(Fetch {
+                id,
+                generation,
+                update_id,
+            })
+        };
+        self.call(Call::request(fetch), FETCH_TIMEOUT).await
+    }
+
+    async fn topic_request(
+        &self,
+        op: TopicOp,
+        background: bool,
+        timeout: Duration,
+    ) -> Result<TopicDone, MemberError> {
+        let topic = move |id, generation| {
+            ToLeader::Topic(TopicRequest {
+                id,
+                generation,
+                op,
+                background,
+            })
+        };
+        self.call(Call::request(topic), timeout).await
+    }
+
+    /// Hands `items` over for this session's topic: they are the leader's,
+    /// on disk, when this returns, and go out from there (a failure to go
+    /// is offered again in the topic by the leader). Waits for the relay
+    /// while it is between leaders, up to `patience`.
+    pub async fn post(
+        &self,
+        items: Vec<PostItem>,
+        patience: Duration,
+    ) -> Result<Posted, MemberError> {
+        let give_up = Instant::now() + patience;
+        loop {
+            let items = items.clone();
+            let post = move |id, generation| {
+                ToLeader::Post(Post {
+                    id,
+                    generation,
+                    items,
+                })
+            };
+            match self.call(Call::request(post), REQUEST_TIMEOUT).await {
+                Err(MemberError::NotConnected) if Instant::now() < give_up => {
+                    let left = give_up.saturating_duration_since(Instant::now());
+                    let mut state = self.state.clone();
+                    let back = state.wait_for(|s| s.role.is_connected() && s.route.is_some());
+                    if tokio::time::timeout(left, back).await.is_err() {
+                        return Err(MemberError::NotConnected);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// `/resend`: what did not reach the topic goes again.
+    pub async fn resend(&self) -> Result<Resent, MemberError> {
+        let resend = |id, generation| ToLeader::Resend(Resend { id, generation });
+        self.call(Call::request(resend), REQUEST_TIMEOUT).await
     }
 
     /// Tells the leader a delivery reached the host. Best effort: an ack lost

@@ -8,7 +8,8 @@
 //!   the peer, register, serve, reconnect. The leader's own session
 //!   registers through the socket like every other one, so there is exactly
 //!   one registration path and the leader is an ordinary session. The
-//!   handle and the actor are one pair: each names the other's types.
+//!   handle and the actor are one pair: each names the other's types (the
+//!   one import circle `tests/tidy.rs` allows).
 //! * [`restart`] — `/relay restart` as its caller sees it.
 //! * [`status`] — the bus status without joining (`agent-relay status`).
 

@@ -29,7 +29,10 @@ impl Member {
                 break plan;
             }
             match self
-                .call::<RestartPlan>(Call::Restart, REQUEST_TIMEOUT)
+                .call::<RestartPlan>(
+                    Call::request(|id, generation| ToLeader::Restart(Restart { id, generation })),
+                    REQUEST_TIMEOUT,
+                )
                 .await
             {
                 Ok(plan) => break plan,

@@ -16,7 +16,10 @@ use serde_json::Value;
 /// 3: deliveries carry files, fetched with `fetch`; `sendFile` (a follower
 /// of 2 would hand its host an empty prompt for a photo); the `paced` and
 /// blocker frames, background topic requests.
-pub const BUS_PROTOCOL_VERSION: u32 = 3;
+/// 4: answers are handed over (`post`), kept by the leader and sent from
+/// its store; `resend`; the `outbox` and `topicGone` frames (a follower of
+/// 3 would wait for answers to be sent, and lose them with its process).
+pub const BUS_PROTOCOL_VERSION: u32 = 4;
 
 pub use super::host::{AttachmentKind, SendAs};
 pub use crate::ids::{Epoch, Generation, Slot, Target};
@@ -49,6 +52,8 @@ pub enum ToLeader {
     Status(StatusQuery),
     Pair(Pair),
     Fetch(Fetch),
+    Post(Post),
+    Resend(Resend),
 }
 
 /// Join the bus as a session (or rejoin it after a reconnect).
@@ -241,6 +246,77 @@ pub enum FileSource {
 
 /// The most bytes a [`FileSource::Text`] may carry: well inside a frame.
 pub const MAX_INLINE_FILE: usize = 512 * 1024;
+
+/// Hand messages over for the session's topic. The leader writes them to
+/// its store, on disk, before it answers ([`Posted`]), and sends them from
+/// there in order, pacing and merging them with what else waits: the
+/// session never waits for Telegram, and a process that dies right after
+/// the answer loses nothing. What does not arrive is offered again in the
+/// topic by the leader (docs/DESIGN.md, *Outbound*).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Post {
+    pub id: u64,
+    pub generation: Generation,
+    pub items: Vec<PostItem>,
+}
+
+/// One thing to post into the topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum PostItem {
+    /// A message of at most one message's worth (4096 UTF-16 units after
+    /// parsing). `merge`: it may share a message with the texts around it
+    /// that may too (an answer, where several wait for the chat's budget).
+    #[serde(rename_all = "camelCase")]
+    Text {
+        text: String,
+        format: TextFormat,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to: Option<i64>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        merge: bool,
+    },
+    /// A new text for a message this session posted; its buttons go.
+    #[serde(rename_all = "camelCase")]
+    Edit {
+        message_id: i64,
+        text: String,
+        format: TextFormat,
+    },
+    /// A short text as a document (at most [`MAX_INLINE_FILE`] bytes).
+    #[serde(rename_all = "camelCase")]
+    Document {
+        name: String,
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caption: Option<String>,
+    },
+}
+
+/// `post` result: the items are the leader's now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Posted {
+    /// The outbox entries, in the items' order.
+    pub ids: Vec<i64>,
+}
+
+/// `/resend`: every message of this session that did not reach the topic,
+/// or may not have, goes again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resend {
+    pub id: u64,
+    pub generation: Generation,
+}
+
+/// `resend` result.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resent {
+    pub count: u32,
+}
 
 /// Download the files of a delivery into the session's inbox. Asked by the
 /// session when it takes the delivery, so the files arrive in the order of
@@ -466,6 +542,32 @@ pub enum FromLeader {
     Paired(Paired),
     Paced(Paced),
     Cluster(ClusterLink),
+    Outbox(OutboxReport),
+    TopicGone(TopicGone),
+}
+
+/// What the leader holds of this session's messages (`post`); pushed on
+/// every change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxReport {
+    /// Messages still to go.
+    pub waiting: u32,
+    /// The next one waits this long for the chat's budget, as far as the
+    /// leader knows now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paced_ms: Option<u64>,
+    /// Messages that reached neither the topic nor a notice about them.
+    #[serde(default)]
+    pub undelivered: u32,
+}
+
+/// The session's topic is gone (Telegram said so while the leader sent
+/// into it): register again for a new one; what waits goes there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicGone {
+    pub thread_id: i64,
 }
 
 /// This machine's link to the other machines of the relay (docs/CLUSTER.md);
@@ -614,7 +716,7 @@ impl JsonSchema for Ack {
 
 /// Why a request failed. For topic requests the code is the leader's
 /// decision about a Telegram failure, made in one place
-/// (`bus::leader::outbox`): the session acts on the code alone.
+/// (`leader::failure`): the session acts on the code alone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
 #[serde(rename_all = "camelCase")]
 #[error("{message}")]

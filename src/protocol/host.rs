@@ -41,6 +41,7 @@ pub mod method {
     pub const AGENT_NOTICE: &str = "agent/notice";
     pub const APPROVAL_RESOLVED: &str = "approval/resolved";
     pub const QUESTION_RESOLVED: &str = "question/resolved";
+    pub const AGENT_TAKEN: &str = "agent/taken";
 }
 
 // ---------------------------------------------------------------- host → sidecar
@@ -412,6 +413,21 @@ pub struct SendFileResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SendUserMessageResult {
     pub accepted: bool,
+    /// Accepted, but no turn took it yet (a host whose turns fetch their
+    /// messages, as Claude Code's `telegram_inbox`): the relay keeps it
+    /// until the host says `agent/taken`, so a session that ends first
+    /// gets it again when it is resumed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queued: bool,
+}
+
+/// `agent/taken` params (host → sidecar, notification): messages a turn
+/// took, which the host had answered `queued`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TakenParams {
+    /// Their `origin.updateId`s.
+    pub update_ids: Vec<i64>,
 }
 
 /// `agent/abort` params and result (both empty objects).

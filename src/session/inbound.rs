@@ -92,9 +92,20 @@ fn topic_command(text: &str) -> Option<&str> {
 /// in journal order without waiting for each answer (see the module docs).
 const WINDOW: usize = 64;
 
-/// A prompt on its way, with the deliveries it was made of: settled
-/// (`true`) once the host answered.
-type Answered = Pin<Box<dyn Future<Output = (Vec<Deliver>, bool)> + Send>>;
+/// A prompt on its way, with the deliveries it was made of, and what the
+/// host's answer made of it.
+type Answered = Pin<Box<dyn Future<Output = (Vec<Deliver>, Taken)> + Send>>;
+
+/// What the host's answer to a prompt means for its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// Taken (or refused for good, and the topic told): settled.
+    Yes,
+    /// Accepted, waiting for a turn to take it: settled when one does.
+    Queued,
+    /// No answer: it stays in the journal and comes again.
+    No,
+}
 
 pub async fn run(
     session: Weak<Session>,
@@ -108,12 +119,22 @@ pub async fn run(
     // A delivery read ahead while an album waited for its parts.
     let mut held: VecDeque<Deliver> = VecDeque::new();
     let settle =
-        |(parts, settled): (Vec<Deliver>, bool), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
+        |(parts, taken): (Vec<Deliver>, Taken), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
             for deliver in parts {
                 on_the_way.remove(&deliver.update_id);
-                if settled {
-                    seen.insert(deliver.update_id);
-                    member.ack_delivery(deliver.delivery_id);
+                match taken {
+                    Taken::Yes => {
+                        seen.insert(deliver.update_id);
+                        member.ack_delivery(deliver.delivery_id);
+                    }
+                    // Acknowledged when a turn takes it (`agent/taken`).
+                    Taken::Queued => {
+                        seen.insert(deliver.update_id);
+                        if let Some(session) = session.upgrade() {
+                            session.awaits_turn(deliver.update_id, deliver.delivery_id);
+                        }
+                    }
+                    Taken::No => {}
                 }
             }
         };
@@ -135,11 +156,15 @@ pub async fn run(
                 if let Some(group) = parts[0].message.media_group_id.clone() {
                     gather_album(&group, &mut parts, &mut held, &mut deliveries).await;
                 }
-                // Repeats: settled ones are acknowledged again, ones the
-                // host has not answered yet are settled by that answer.
+                // Repeats: settled ones are acknowledged again (but for one
+                // still waiting for a turn), ones the host has not answered
+                // yet are settled by that answer.
+                let waiting = session.upgrade().map(|s| s.awaiting_turn()).unwrap_or_default();
                 parts.retain(|deliver| {
                     if seen.contains(deliver.update_id) {
-                        member.ack_delivery(deliver.delivery_id);
+                        if !waiting.contains(&deliver.update_id) {
+                            member.ack_delivery(deliver.delivery_id);
+                        }
                         return false;
                     }
                     !on_the_way.contains(&deliver.update_id)
@@ -157,9 +182,8 @@ pub async fn run(
                     while let Some(answered) = in_flight.next().await {
                         settle(answered, &mut seen, &mut on_the_way);
                     }
-                    if handle(&session, &parts[0]).await {
-                        settle((parts, true), &mut seen, &mut on_the_way);
-                    }
+                    run_command(&session, &parts[0]).await;
+                    settle((parts, Taken::Yes), &mut seen, &mut on_the_way);
                     continue;
                 }
                 let (text, attachments) = if has_files {
@@ -170,7 +194,7 @@ pub async fn run(
                     match prepared {
                         Prepared::Prompt { text, attachments } => (text, attachments),
                         Prepared::Nothing => {
-                            settle((parts, true), &mut seen, &mut on_the_way);
+                            settle((parts, Taken::Yes), &mut seen, &mut on_the_way);
                             continue;
                         }
                         Prepared::Later => continue,
@@ -250,33 +274,36 @@ fn prompt(
     }
 }
 
-/// Whether the host's answer settles the delivery: taken, or refused for
-/// good (the topic is told); an error leaves it in the journal.
+/// What the host's answer makes of a delivery: taken, or refused for good
+/// (the topic is told); waiting for a turn; or, on an error, left in the
+/// journal.
 fn accepted(
     session: &Session,
     deliver: &Deliver,
     answer: Result<SendUserMessageResult, OutboundError>,
-) -> bool {
+) -> Taken {
     match answer {
-        Ok(result) if result.accepted => true,
+        Ok(result) if result.accepted && result.queued => Taken::Queued,
+        Ok(result) if result.accepted => Taken::Yes,
         Ok(_) => {
             session.send_out(ToTopic::Plain(
                 "⚠️ The session did not accept this message.".into(),
             ));
-            true
+            Taken::Yes
         }
         Err(e) => {
             tracing::warn!(
                 update_id = deliver.update_id,
                 "the host did not take a message: {e}"
             );
-            false
+            Taken::No
         }
     }
 }
 
-/// Handles a command typed in the topic. True when it is settled.
-async fn handle(session: &Session, deliver: &Deliver) -> bool {
+/// Runs a command typed in the topic. Whatever it came to, the person
+/// hears of it in the topic, so the command is settled once it ran.
+async fn run_command(session: &Session, deliver: &Deliver) {
     match topic_command(&deliver.message.text) {
         Some("status") => {
             let report = session.status_report(false).await;
@@ -292,17 +319,17 @@ async fn handle(session: &Session, deliver: &Deliver) -> bool {
             };
             session.send_out(ToTopic::Plain(reply));
         }
-        Some("resend") => {
-            let offered = session.resend_all();
-            if offered == 0 {
-                session.send_out(ToTopic::Plain(
-                    "Nothing to send again: every answer arrived.".into(),
-                ));
-            }
-        }
+        Some("resend") => match session.resend().await {
+            Ok(0) => session.send_out(ToTopic::Plain(
+                "Nothing to send again: every answer arrived.".into(),
+            )),
+            Ok(_) => {}
+            Err(e) => session.send_out(ToTopic::Plain(format!(
+                "⚠️ Could not send the answers again: {e}"
+            ))),
+        },
         _ => {}
     }
-    true
 }
 
 #[cfg(test)]

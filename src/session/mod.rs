@@ -1,7 +1,7 @@
 //! One agent session: what the host told us about it, its three status facts
 //! (binding, transport, sync), and the translation of host requests and
 //! events into relay actions. It sees neither bytes nor sockets: the host
-//! side is a [`HostLink`], the relay is a [`bus::Member`].
+//! side is a [`HostLink`], the relay is a [`Member`] of the bus.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,10 +124,17 @@ pub struct Session {
     grants: Mutex<approvals::Grants>,
     /// The topic was told how to have voice notes transcribed.
     told_about_voice: AtomicBool,
-    /// Answers that did not reach the topic, offered again.
-    held: Mutex<unsent::Held>,
     /// Answers of the host's own dialogs, for the questions they close.
     resolutions: Mutex<dialog::Resolutions>,
+    /// Deliveries the host holds for a turn to take (`queued`), by update
+    /// id: acknowledged when a turn takes them (`agent/taken`), else they
+    /// stay the leader's for when the session is resumed.
+    untaken: Mutex<Untaken>,
+    /// Messages the relay would not take at all (`unsent.rs`).
+    not_taken: std::sync::atomic::AtomicU32,
+    /// The leader's count of messages that reached neither the topic nor
+    /// a notice about them.
+    leader_undelivered: std::sync::atomic::AtomicU32,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -181,6 +188,49 @@ impl InProcess {
     }
 }
 
+/// Deliveries a host holds for a turn to take. The host's "a turn took
+/// it" may overtake its own answer to the delivery (they travel apart), so
+/// a take that finds nothing held is remembered, a bounded few.
+#[derive(Default)]
+struct Untaken {
+    /// Update id → delivery id.
+    held: std::collections::HashMap<i64, u64>,
+    /// Updates taken before the host's answer said it holds them.
+    taken_early: std::collections::VecDeque<i64>,
+}
+
+impl Untaken {
+    /// How many early takes are remembered.
+    const EARLY: usize = 64;
+
+    /// Holds a delivery; true when a turn already took it.
+    fn hold(&mut self, update_id: i64, delivery_id: u64) -> bool {
+        if let Some(at) = self.taken_early.iter().position(|&id| id == update_id) {
+            self.taken_early.remove(at);
+            return true;
+        }
+        self.held.insert(update_id, delivery_id);
+        false
+    }
+
+    /// The deliveries a turn took.
+    fn took(&mut self, update_ids: &[i64]) -> Vec<u64> {
+        let mut taken = Vec::new();
+        for id in update_ids {
+            match self.held.remove(id) {
+                Some(delivery_id) => taken.push(delivery_id),
+                None => {
+                    if self.taken_early.len() == Self::EARLY {
+                        self.taken_early.pop_front();
+                    }
+                    self.taken_early.push_back(*id);
+                }
+            }
+        }
+        taken
+    }
+}
+
 impl Session {
     pub fn new(host: HostLink, paths: Paths, config: Result<Config, ConfigError>) -> Arc<Self> {
         let binding = match &config {
@@ -217,8 +267,10 @@ impl Session {
             stopped: AtomicBool::new(false),
             grants: Mutex::default(),
             told_about_voice: AtomicBool::new(false),
-            held: Mutex::default(),
             resolutions: Mutex::default(),
+            untaken: Mutex::default(),
+            not_taken: Default::default(),
+            leader_undelivered: Default::default(),
         })
     }
 
@@ -409,6 +461,7 @@ impl Session {
         if self.state().disconnected {
             return;
         }
+        self.leader_reports_undelivered(member.outbox.undelivered);
         self.facts.send_modify(|f| {
             let blocked = member
                 .route
@@ -819,7 +872,6 @@ impl Handler for Session {
             HostEvent::AgentEnded(ended) => {
                 self.busy.store(false, Ordering::Relaxed);
                 let stopped = self.stopped.swap(false, Ordering::Relaxed);
-                self.send_out(ToTopic::Busy(false));
                 let last = ended.last_assistant_text.as_deref().map(str::trim);
                 if let Some(text) = last.filter(|t| !t.is_empty()) {
                     let already = self.state().last_answer.as_deref() == Some(text);
@@ -830,6 +882,8 @@ impl Handler for Session {
                         });
                     }
                 }
+                // After the answer: the progress message's summary follows it.
+                self.send_out(ToTopic::Busy(false));
                 self.state().last_answer = None;
             }
             HostEvent::InputReceived(input) => {
@@ -864,6 +918,7 @@ impl Handler for Session {
                     tokio::spawn(async move { me.switch_session(session).await });
                 }
             }
+            HostEvent::Taken(taken) => self.turn_took(&taken.update_ids),
             other => tracing::trace!(?other, "host event"),
         }
     }
@@ -913,6 +968,13 @@ impl Handler for Session {
             Ok(Err(_)) => not_sent("the session left the relay"),
             Err(_) => not_sent("Telegram did not take the message in time"),
         }
+    }
+
+    /// `agent/ended` sent as a request: answered once the turn's answer is
+    /// the leader's (on disk), so a host may exit right after it.
+    async fn agent_ended(&self, params: AgentEndedParams) {
+        self.notify(HostEvent::AgentEnded(params));
+        self.flushed(FLUSH_WAIT).await;
     }
 
     async fn shutdown(&self, params: ShutdownParams) {
@@ -1010,6 +1072,54 @@ impl Session {
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     fn me(&self) -> Option<Arc<Self>> {
         self.this.upgrade()
+    }
+
+    /// The host holds delivery `delivery_id` (update `update_id`) until a
+    /// turn takes it (at once if the host said so before its answer came).
+    fn awaits_turn(&self, update_id: i64, delivery_id: u64) {
+        let taken = self
+            .untaken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .hold(update_id, delivery_id);
+        if let (true, Some(member)) = (taken, self.member()) {
+            member.ack_delivery(delivery_id);
+        }
+    }
+
+    /// The updates the host holds for a turn.
+    fn awaiting_turn(&self) -> std::collections::HashSet<i64> {
+        self.untaken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .held
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// A turn took these messages: now they are settled.
+    fn turn_took(&self, update_ids: &[i64]) {
+        let taken = self
+            .untaken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .took(update_ids);
+        if let Some(member) = self.member() {
+            for delivery_id in taken {
+                member.ack_delivery(delivery_id);
+            }
+        }
+    }
+
+    /// Waits (up to `wait`) until everything queued for the topic so far
+    /// is the leader's.
+    async fn flushed(&self, wait: Duration) {
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        self.send_out(ToTopic::Flush(done));
+        if tokio::time::timeout(wait, flushed).await.is_err() {
+            tracing::warn!("what was queued for the topic did not reach the relay within {wait:?}");
+        }
     }
 
     /// Leaves the bus and stops background tasks, after what was queued

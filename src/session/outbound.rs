@@ -3,32 +3,26 @@
 //! `typing` while the agent works, and one progress message per turn. One
 //! task per session keeps the order of messages and never blocks the host.
 //!
-//! Telegram allows a group about 20 messages a minute, shared by every
-//! topic, so this task spends the budget well:
-//!
-//! * **Merged while waiting.** A send may wait at the leader for the chat's
-//!   budget; whatever text the agent produces meanwhile queues up here and
-//!   goes out together, as few messages as the limit allows, in order.
-//! * **Answers first.** Answers are sent at the leader's highest priority;
-//!   the progress message and `typing` are background requests that never
-//!   wait (a later state supersedes them), and the turn's summary edit runs
-//!   on its own after the answer.
+//! Answers and everything else the agent or the user wrote are *handed
+//! over* to the leader (`post`), which has them on disk before it answers
+//! and sends them from there (`leader::courier`): the session never waits
+//! for Telegram, and nothing it handed over is lost with its process. The
+//! leader paces them with every other topic's, merges answers that wait
+//! together into as few messages as the limit allows, and offers again in
+//! the topic what did not arrive (`/resend`).
 //!
 //! The progress message appears with the turn's first tool call and is
 //! edited in place (the current tool and its argument in short, how many
 //! ran, the time so far) at most every [`EDIT_EVERY_GROUP`] in a group and
-//! every [`EDIT_EVERY_PRIVATE`] in a private chat; states in between are
-//! superseded, never queued. When the answer comes, the message says how
-//! the turn went, and the answer follows as a message of its own, so the
-//! phone is notified.
+//! every [`EDIT_EVERY_PRIVATE`] in a private chat; these are background
+//! requests that never wait (a later state supersedes them). When the
+//! answer comes, the message says how the turn went — handed over after
+//! the answer, so it follows it — and the answer is a message of its own,
+//! so the phone is notified.
 //!
 //! An answer that is mostly one long code block, or a bare diff, goes as
 //! its prose plus the block as a file (`render::long_block`), when
 //! `long_answers_as_file` is on.
-//!
-//! An answer that could not be sent, or whose fate Telegram left open
-//! ([`BusErrorCode::CommitUnknown`], never replayed blindly), is handed to
-//! the session, which offers it again in the topic (`unsent.rs`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -40,68 +34,57 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
-use super::unsent::Unsent;
-use crate::member::{Member, MemberError};
+use crate::member::Member;
 use crate::protocol::bus::{
-    BusErrorCode, EditText, FileSource, MAX_INLINE_FILE, SendAs, SendFile, SendText, Target,
-    TextFormat, TopicOp,
+    BusErrorCode, EditText, MAX_INLINE_FILE, PostItem, SendText, Target, TextFormat, TopicOp,
 };
 use crate::render;
 
 /// Telegram shows `typing` for about 5 s; renew a little before.
 const TYPING_EVERY: Duration = Duration::from_secs(4);
-/// How long a new topic may take to appear after the old one vanished.
-const REPROVISION_WAIT: Duration = Duration::from_secs(30);
+/// How long a hand-over waits for the relay while it is between leaders.
+const HAND_OVER_PATIENCE: Duration = Duration::from_secs(30);
 /// The progress message is edited at most this often in a group…
 const EDIT_EVERY_GROUP: Duration = Duration::from_secs(10);
 /// …and this often in a private chat (about one message a second there).
 const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
 /// How much of a tool's argument the progress message shows.
 const TOOL_ARGUMENT: usize = 80;
-/// What stands between texts that went out as one message.
-const MERGED: &str = "\n\n";
-
 #[derive(Debug)]
 pub enum ToTopic {
     /// The agent's answer, as Markdown; `cut` when the turn was stopped.
     Answer { markdown: String, cut: bool },
     /// Plain text (status replies, mirrored prompts).
     Plain(String),
-    /// Telegram HTML offered again (an answer that may be missing).
-    Again(String),
     /// The agent started (true) or stopped (false) working.
     Busy(bool),
     /// A tool call started: its name and what it works on, in short.
     Tool { name: String, argument: String },
-    /// The agent's own message (a tool such as `reply`), as Markdown, sent
-    /// in order but never merged; `done` hears how many messages went out,
-    /// or why none did (the agent is told, so it is not offered again).
+    /// The agent's own message (a tool such as `reply`), as Markdown,
+    /// handed over in order but never merged; `done` hears how many
+    /// messages the leader took, or why it took none (the agent is told).
     Reply {
         markdown: String,
         done: tokio::sync::oneshot::Sender<Result<u32, String>>,
     },
+    /// Answered once everything queued before it is the leader's (the
+    /// host waits for this before it exits).
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 impl ToTopic {
-    fn is_text(&self) -> bool {
-        matches!(
-            self,
-            ToTopic::Answer { .. } | ToTopic::Plain(_) | ToTopic::Again(_)
-        )
-    }
-
-    /// The text as Telegram HTML.
-    fn html(self) -> String {
+    /// The text as Telegram HTML, for an answer or a plain text.
+    fn html(&self) -> Option<String> {
         match self {
-            ToTopic::Answer { mut markdown, cut } => {
-                if cut {
+            ToTopic::Answer { markdown, cut } => {
+                let mut markdown = markdown.clone();
+                if *cut {
                     markdown.push_str("\n\n⏹ *Stopped: this answer is cut off.*");
                 }
-                render::render(&markdown)
+                Some(render::render(&markdown))
             }
-            ToTopic::Plain(text) => render::escape(&text),
-            ToTopic::Again(html) => html,
-            ToTopic::Busy(_) | ToTopic::Tool { .. } | ToTopic::Reply { .. } => String::new(),
+            ToTopic::Plain(text) => Some(render::escape(text)),
+            _ => None,
         }
     }
 }
@@ -221,24 +204,16 @@ impl TopicPoster {
         }
     }
 
-    /// Sends what queued up: its texts merged into as few messages as the
-    /// limit allows, the rest in order after them. A reply of the agent's
-    /// tools and an answer that goes as a file are not merged: the texts
-    /// before them go first.
+    /// Hands what queued up over, in order; the progress message follows
+    /// the tool calls and the answers.
     async fn work_off(
         &mut self,
         queue: &mut VecDeque<ToTopic>,
         typing: &mut Option<tokio::time::Interval>,
     ) {
-        let items: Vec<ToTopic> = queue.drain(..).collect();
-        let mut texts = Vec::new();
-        let mut rest = Vec::new();
-        for item in items {
+        for item in queue.drain(..) {
             match item {
                 ToTopic::Reply { markdown, done } => {
-                    if !texts.is_empty() {
-                        self.send_texts(std::mem::take(&mut texts)).await;
-                    }
                     let _ = done.send(self.reply(&markdown).await);
                 }
                 ToTopic::Answer { markdown, cut } => {
@@ -248,32 +223,25 @@ impl TopicPoster {
                         .flatten()
                         .filter(|block| block.code.len() <= MAX_INLINE_FILE);
                     match block {
-                        Some(block) => {
-                            if !texts.is_empty() {
-                                self.send_texts(std::mem::take(&mut texts)).await;
-                            }
-                            self.send_block(&block, cut).await;
-                            self.finish_turn(cut);
+                        Some(block) => self.hand_over_block(&block, cut).await,
+                        None => {
+                            let html = ToTopic::Answer { markdown, cut }.html().unwrap_or_default();
+                            self.hand_over_text(&html).await;
                         }
-                        None => texts.push(ToTopic::Answer { markdown, cut }),
                     }
+                    self.finish_turn(cut).await;
                 }
-                text if text.is_text() => texts.push(text),
-                other => rest.push(other),
-            }
-        }
-        if !texts.is_empty() {
-            self.send_texts(texts).await;
-        }
-        for item in rest {
-            match item {
+                ToTopic::Plain(text) => {
+                    let html = render::escape(&text);
+                    self.hand_over_text(&html).await;
+                }
                 ToTopic::Busy(busy) => {
                     *typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
                     match (busy, self.progress.take()) {
                         (true, _) => self.progress = Some(Progress::new()),
                         // The turn ended without an answer: say how it went.
                         (false, Some(done)) if done.message_id.is_some() => {
-                            self.finish(&done, false);
+                            self.finish(&done, false).await;
                         }
                         (false, _) => {}
                     }
@@ -292,47 +260,17 @@ impl TopicPoster {
                     }
                     self.progress = Some(p);
                 }
-                text => unreachable!("texts were sent first: {text:?}"),
+                ToTopic::Flush(done) => {
+                    let _ = done.send(());
+                }
             }
         }
     }
 
-    async fn send_texts(&mut self, texts: Vec<ToTopic>) {
-        let count = texts.len();
-        let cut = texts
-            .iter()
-            .any(|t| matches!(t, ToTopic::Answer { cut: true, .. }));
-        let chunks = match texts.as_slice() {
-            // One plain text goes as it is (no markup to refuse).
-            [ToTopic::Plain(text)] => plain_chunks(text)
-                .into_iter()
-                .map(|c| (c, TextFormat::Plain))
-                .collect::<Vec<_>>(),
-            _ => {
-                let html: Vec<String> = texts.into_iter().map(ToTopic::html).collect();
-                render::split(&html.join(MERGED), render::MESSAGE_LIMIT)
-                    .into_iter()
-                    .map(|c| (c, TextFormat::Html))
-                    .collect()
-            }
-        };
-        if count > 1 {
-            tracing::debug!(
-                texts = count,
-                messages = chunks.len(),
-                "merged what queued up while the chat was paced"
-            );
-        }
-        for (chunk, format) in chunks {
-            self.send(&chunk, format).await;
-        }
-        self.finish_turn(cut);
-    }
-
-    /// The answer went first; the turn's summary follows on its own.
-    fn finish_turn(&mut self, cut: bool) {
+    /// The answer went first; the turn's summary follows it.
+    async fn finish_turn(&mut self, cut: bool) {
         if let Some(done) = self.progress.take() {
-            self.finish(&done, cut);
+            self.finish(&done, cut).await;
             self.progress = Some(Progress {
                 message_id: None,
                 ..done
@@ -340,37 +278,32 @@ impl TopicPoster {
         }
     }
 
-    /// The agent's own message: sent in order, counted; the first chunk
-    /// that fails ends it, and the agent hears why (nothing is held for the
-    /// topic to offer again: the agent decides).
+    /// The agent's own message: handed over in order; the agent hears how
+    /// many messages the leader took, or why it took none.
     async fn reply(&self, markdown: &str) -> Result<u32, String> {
-        let mut sent = 0;
-        for chunk in render::split(&render::render(markdown), render::MESSAGE_LIMIT) {
-            match self.try_send(&chunk, TextFormat::Html).await {
-                Ok(_) => sent += 1,
-                Err(e) => {
-                    return Err(match sent {
-                        0 => format!("Telegram did not take it: {e}"),
-                        n => {
-                            format!("{n} message(s) sent, then Telegram did not take the rest: {e}")
-                        }
-                    });
-                }
-            }
-        }
-        if let Some(session) = self.session.upgrade() {
-            session.topic_reachable();
-        }
-        Ok(sent)
+        let items: Vec<PostItem> = render::split(&render::render(markdown), render::MESSAGE_LIMIT)
+            .into_iter()
+            .map(|chunk| PostItem::Text {
+                text: chunk,
+                format: TextFormat::Html,
+                reply_to: None,
+                merge: false,
+            })
+            .collect();
+        let count = items.len() as u32;
+        self.member
+            .post(items, HAND_OVER_PATIENCE)
+            .await
+            .map(|_| count)
+            .map_err(|e| format!("the relay did not take it: {e}"))
     }
 
-    /// Sends an answer as its prose, then its long code block as a file; a
-    /// file Telegram does not take goes as messages after all.
-    async fn send_block(&self, block: &render::LongBlock, cut: bool) {
+    /// Hands an answer over as its prose, then its long code block as a
+    /// file.
+    async fn hand_over_block(&self, block: &render::LongBlock, cut: bool) {
+        let mut items = Vec::new();
         if !block.prose.is_empty() {
-            for chunk in render::split(&render::render(&block.prose), render::MESSAGE_LIMIT) {
-                self.send(&chunk, TextFormat::Html).await;
-            }
+            items.extend(text_items(&render::render(&block.prose)));
         }
         let lines = block.code.lines().count();
         let what = if block.file_name.ends_with(".diff") {
@@ -382,25 +315,40 @@ impl TopicPoster {
         if cut {
             caption.push_str(" ⏹ Stopped: this answer is cut off.");
         }
-        let op = TopicOp::SendFile(SendFile {
-            source: FileSource::Text {
-                name: block.file_name.clone(),
-                text: block.code.clone(),
-            },
+        items.push(PostItem::Document {
+            name: block.file_name.clone(),
+            text: block.code.clone(),
             caption: Some(caption),
-            send_as: Some(SendAs::Document),
         });
-        if let Err(e) = self
-            .member
-            .topic_within(op, crate::member::UPLOAD_TIMEOUT)
-            .await
-        {
-            tracing::warn!("cannot send the answer's code as a file ({e}); sending messages");
-            let fenced = format!("```\n{}\n```", block.code.trim_end());
-            for chunk in render::split(&render::render(&fenced), render::MESSAGE_LIMIT) {
-                self.send(&chunk, TextFormat::Html).await;
-            }
+        self.hand_over(items, &block.prose).await;
+    }
+
+    /// Hands a text (Telegram HTML) over, split under the message limit;
+    /// answers waiting together may share a message at the leader.
+    async fn hand_over_text(&self, html: &str) {
+        self.hand_over(text_items(html), html).await;
+    }
+
+    /// Hands `items` over. One the relay would not take (no topic, or no
+    /// relay for [`HAND_OVER_PATIENCE`]) is said to the host, never lost
+    /// without a word.
+    async fn hand_over(&self, items: Vec<PostItem>, shown: &str) {
+        if items.is_empty() {
+            return;
         }
+        let Err(e) = self.member.post(items, HAND_OVER_PATIENCE).await else {
+            return;
+        };
+        let Some(session) = self.session.upgrade() else {
+            return;
+        };
+        if e.code() == Some(BusErrorCode::NoTopic) {
+            // No topic to send it to; the status line says why.
+            tracing::info!("not sent: this session has no topic ({e})");
+            return;
+        }
+        tracing::warn!("cannot hand a message to the relay: {e}");
+        session.not_handed_over(shown, &e.to_string());
     }
 
     /// Posts or edits the progress message with its current state. A
@@ -440,91 +388,35 @@ impl TopicPoster {
         }
     }
 
-    /// Turns the progress message into the turn's summary, on its own: an
-    /// edit waits behind the answers for the chat's budget.
-    fn finish(&self, p: &Progress, cut: bool) {
+    /// Turns the progress message into the turn's summary: handed over
+    /// after the answer, so it follows it.
+    async fn finish(&self, p: &Progress, cut: bool) {
         let Some(message_id) = p.message_id else {
             return;
         };
-        let edit = TopicOp::EditText(EditText {
+        let edit = PostItem::Edit {
             message_id,
             text: render::escape(&p.summary(cut)),
             format: TextFormat::Html,
-            buttons: None,
-        });
-        let member = self.member.clone();
-        tokio::spawn(async move {
-            if let Err(e) = member.topic(edit).await {
-                tracing::debug!("cannot finish the progress message: {e}");
-            }
-        });
-    }
-
-    /// Sends one chunk into the session's topic. The leader paces it, falls
-    /// back to plain text and retries what can be retried; a topic that is
-    /// gone makes the session register once for a new one. What still
-    /// fails goes to the session, which offers it again in the topic.
-    async fn send(&self, text: &str, format: TextFormat) {
-        let result = self.try_send(text, format).await;
-        let Some(session) = self.session.upgrade() else {
-            return;
         };
-        match result {
-            Ok(_) => session.topic_reachable(),
-            // No topic to offer it in either; the status line says why.
-            Err(e) if e.code() == Some(BusErrorCode::NoTopic) => {
-                tracing::info!("not sent: this session has no topic ({e})");
-            }
-            Err(e) => {
-                // Ambiguous failures are not replayed: a duplicate answer is
-                // worse than a gap the user is told of and can fill.
-                tracing::warn!("cannot send into the topic: {e}");
-                let html = match format {
-                    TextFormat::Html => text.to_string(),
-                    TextFormat::Plain => render::escape(text),
-                };
-                session.hold_unsent(Unsent {
-                    html,
-                    maybe_sent: e.code() == Some(BusErrorCode::CommitUnknown),
-                    why: e.to_string(),
-                });
-            }
+        if let Err(e) = self.member.post(vec![edit], HAND_OVER_PATIENCE).await {
+            tracing::debug!("cannot finish the progress message: {e}");
         }
     }
+}
 
-    /// One chunk into the topic, registering once for a new topic when the
-    /// old one is gone; the posted message's id.
-    async fn try_send(&self, text: &str, format: TextFormat) -> Result<Option<i64>, MemberError> {
-        let op = || {
-            TopicOp::SendText(SendText {
-                text: text.to_string(),
-                format,
-                buttons: None,
-                reply_to: None,
-            })
-        };
-        let mut result = self.member.topic(op()).await;
-        if result.as_ref().err().and_then(MemberError::code) == Some(BusErrorCode::TopicGone) {
-            tracing::info!("the topic is gone; asking for a new one");
-            let old = target(&self.member);
-            if let Err(e) = self.member.reregister().await {
-                tracing::warn!("cannot register again: {e}");
-            }
-            let mut states = self.member.watch();
-            let fresh = states.wait_for(|s| {
-                s.role.is_connected()
-                    && s.route
-                        .as_ref()
-                        .and_then(|r| r.target)
-                        .is_some_and(|t| Some(t) != old)
-            });
-            if tokio::time::timeout(REPROVISION_WAIT, fresh).await.is_err() {
-                tracing::warn!("no new topic appeared");
-            }
-            result = self.member.topic(op()).await;
-        }
-        result.map(|done| done.message_id)
-    }
+/// A text (Telegram HTML) as items for the topic, split under the message
+/// limit; each may share a message with its neighbours.
+fn text_items(html: &str) -> Vec<PostItem> {
+    render::split(html, render::MESSAGE_LIMIT)
+        .into_iter()
+        .map(|chunk| PostItem::Text {
+            text: chunk,
+            format: TextFormat::Html,
+            reply_to: None,
+            merge: true,
+        })
+        .collect()
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -551,33 +443,9 @@ fn target(member: &Member) -> Option<Target> {
         .and_then(|r| r.target)
 }
 
-/// Plain text split the same way as HTML (escaping first keeps the splitter
-/// honest about what Telegram will count).
-fn plain_chunks(text: &str) -> Vec<String> {
-    render::split(&render::escape(text), render::MESSAGE_LIMIT)
-        .iter()
-        .map(|chunk| render::to_plain(chunk))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plain_chunks_keep_the_text_and_the_limit() {
-        let text = "a < b & c\n".repeat(1000);
-        let chunks = plain_chunks(&text);
-        assert!(chunks.len() > 1);
-        for chunk in &chunks {
-            assert!(chunk.encode_utf16().count() <= render::MESSAGE_LIMIT);
-        }
-        let joined: String = chunks.concat();
-        assert_eq!(
-            joined.split_whitespace().collect::<Vec<_>>(),
-            text.split_whitespace().collect::<Vec<_>>()
-        );
-    }
 
     #[test]
     fn a_stopped_answer_says_it_is_cut_off_and_plain_text_is_escaped() {
@@ -585,12 +453,13 @@ mod tests {
             markdown: "half an".into(),
             cut: true,
         }
-        .html();
+        .html()
+        .unwrap();
         assert!(cut.starts_with("half an"), "{cut}");
         assert!(
             cut.contains("⏹ <i>Stopped: this answer is cut off.</i>"),
             "{cut}"
         );
-        assert_eq!(ToTopic::Plain("a < b".into()).html(), "a &lt; b");
+        assert_eq!(ToTopic::Plain("a < b".into()).html().unwrap(), "a &lt; b");
     }
 }

@@ -1,13 +1,15 @@
 //! The leader's durable state (docs/DESIGN.md, "State"): one SQLite file per
 //! bot holding the epoch, topic bindings, the `getUpdates` offset, the
-//! inbound journal, unfinished topic cleanups, the paired users and which
-//! session posted which message.
+//! inbound journal, the outbox of record (`outbox.rs`), unfinished topic
+//! cleanups, the paired users and which session posted which message.
 //!
 //! Every table is bounded ([`Store::prune`] runs on a timer in the leader):
 //! settled journal entries beyond the newest [`KEEP_SETTLED`] go, pending
 //! ones never; `sent` keeps [`KEEP_SENT_DAYS`] days; bindings are one per
 //! slot (26 at most); a cleanup intent is one per topic and is given up
-//! after [`MAX_CLEANUP_ATTEMPTS`] leaders failed it.
+//! after [`MAX_CLEANUP_ATTEMPTS`] leaders failed it; the outbox keeps the
+//! newest [`KEEP_SENT_POSTS`] sent entries and the ones that did not arrive
+//! for [`KEEP_KEPT_DAYS`] days, those still to go always.
 //!
 //! Only the leader writes; followers may open the file read-only for
 //! diagnostics. The API is synchronous and every call is one short
@@ -19,6 +21,7 @@
 //! never rewritten, renamed or reset. Losing the bindings would orphan every
 //! topic and losing the journal would drop messages, so a person has to look.
 
+mod outbox;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -34,6 +37,7 @@ use rusqlite::{
 };
 
 use crate::ids::{Epoch, Slot, Target};
+pub use outbox::{EntryKind, EntryState, NewOutboxEntry, OutboxEntry, Place};
 use schema::{APPLICATION_ID, CURRENT_VERSION, MIGRATIONS};
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -262,6 +266,7 @@ pub struct Pruned {
     pub journal: usize,
     pub sent: usize,
     pub cleanups: usize,
+    pub posts: usize,
 }
 
 /// A journal commit that may not be on disk yet. Nothing may tell Telegram
@@ -738,10 +743,12 @@ impl Store {
             let cleanups = tx
                 .prepare_cached("DELETE FROM cleanups WHERE attempts >= ?1")?
                 .execute([MAX_CLEANUP_ATTEMPTS])?;
+            let posts = Store::prune_posts(tx, now)?;
             Ok(Pruned {
                 journal,
                 sent,
                 cleanups,
+                posts,
             })
         })
     }

@@ -112,6 +112,44 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE bindings ADD COLUMN closed INTEGER NOT NULL DEFAULT 0
         CHECK (closed IN (0, 1));
     ",
+    // 4: the outbox of record. What a session hands over for its topic (an
+    // answer, an edit, a short file) is written here, durably, before the
+    // session hears it was taken, and the leader sends it from here: a
+    // process that dies right after handing over loses nothing. `sending`
+    // is written (durably) before the call goes out, so a leader that dies
+    // mid-call leaves an entry of unknown fate, which is never replayed
+    // blindly. `profile_key` places an entry in its session's topic as it
+    // is when it goes; `chat_id`/`thread_id` place the leader's own notices.
+    r"
+    CREATE TABLE outbox (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        profile_key TEXT,
+        chat_id     INTEGER,
+        thread_id   INTEGER,
+        kind        TEXT NOT NULL CHECK (kind IN ('text', 'edit', 'document')),
+        -- text and edit: the message's text; document: the file's content.
+        body        TEXT NOT NULL,
+        html        INTEGER NOT NULL CHECK (html IN (0, 1)),
+        -- text: the message replied to; edit: the message edited.
+        message_ref INTEGER,
+        -- text: it may share a message with its neighbours (an answer).
+        merge       INTEGER NOT NULL DEFAULT 0 CHECK (merge IN (0, 1)),
+        -- document: its name and the caption under it.
+        file_name   TEXT,
+        caption     TEXT,
+        state       TEXT NOT NULL DEFAULT 'pending' CHECK (state IN
+                    ('pending', 'sending', 'sent', 'unknown', 'failed')),
+        why         TEXT,
+        offered     INTEGER NOT NULL DEFAULT 0 CHECK (offered IN (0, 1)),
+        message_id  INTEGER,
+        created_ms  INTEGER NOT NULL CHECK (created_ms >= 0),
+        settled_ms  INTEGER,
+        CHECK (profile_key IS NOT NULL OR chat_id IS NOT NULL)
+    ) STRICT;
+    CREATE INDEX outbox_due ON outbox (id) WHERE state IN ('pending', 'sending');
+    CREATE INDEX outbox_kept ON outbox (profile_key, id) WHERE state IN ('unknown', 'failed');
+    CREATE INDEX outbox_settled ON outbox (id) WHERE state NOT IN ('pending', 'sending');
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

@@ -1,4 +1,7 @@
-//! Everything that speaks to the Telegram Bot API. Only the leader uses it.
+//! Everything that speaks to the Telegram Bot API. The leader makes every
+//! call a session needs; besides it, only `doctor` and `setup` (their read
+//! calls) and `agent-relay cluster forget` (its word in the topics of a
+//! forgotten machine) call Telegram.
 //!
 //! * [`call`] — [`BotCall`], every call the relay makes for sessions and
 //!   for itself as one type, and [`BotReply`], what it answered.

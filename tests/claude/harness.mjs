@@ -188,7 +188,7 @@ export class World {
 			HOME: this.home,
 			ANTHROPIC_BASE_URL: this.fake.url,
 			ANTHROPIC_API_KEY: "dummy",
-			// CLAUDE-CODE.md: without it Claude Code looks up api.anthropic.com and probes the base URL.
+			// Without it Claude Code looks up api.anthropic.com and probes the base URL.
 			CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
 			CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL: "1",
 			DISABLE_TELEMETRY: "1",

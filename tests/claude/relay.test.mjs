@@ -129,3 +129,23 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 	assert.equal(out2.result.permission_denials?.length, 1, JSON.stringify(out2.result));
 	assert.equal((await topicOf(telegram)).thread_id, topic.thread_id, "the resumed session kept its topic");
 });
+
+test("with Telegram taking 1 s a message, claude -p exits at once and its answer still lands", async (t) => {
+	const { world, telegram, run } = await relayWorld(t);
+	// Warm: the topic exists, so what is slow below is the answer alone.
+	const first = await run("say hello");
+	assert.equal(first.code, 0, first.stderr);
+	const topic = await topicOf(telegram);
+	await telegram.control("POST", "fault", { method: "sendMessage", fault: { kind: "delay", ms: 1000 }, until_cleared: true });
+	const out = await run("the slow one", ["--resume", first.result.session_id]);
+	assert.equal(out.code, 0, out.stderr);
+	assert.doesNotMatch(out.stderr, /Hook cancelled/, "every hook ended in its time");
+	// Claude Code SIGKILLs its MCP server 0.5 s after its answer; the answer
+	// was handed over before, and a drain sends it.
+	await telegram.said(topic.thread_id, (text) => text.includes("echo: the slow one"), {
+		what: "the answer of a session that exited while Telegram was slow",
+	});
+	await telegram.control("POST", "clear_faults");
+	t.diagnostic(`claude -p took ${out.ms} ms with the relay (the warm run ${first.ms} ms)`);
+	assert.deepEqual(world.fake.unknown ?? [], []);
+});

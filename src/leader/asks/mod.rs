@@ -33,7 +33,8 @@ use super::triage::Entry;
 use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::render;
-use crate::telegram::{CallbackQuery, Priority};
+use crate::store::{EntryKind, NewOutboxEntry, Place};
+use crate::telegram::CallbackQuery;
 
 /// The time of day, as shown under an answered question.
 fn clock() -> String {
@@ -155,22 +156,25 @@ impl Leader {
     }
 
     /// Shows how a question ended (`outcome`, HTML) under its text and
-    /// takes its buttons away. Best effort: the decision stands either way.
+    /// takes its buttons away: handed to the outbox (`courier.rs`), so it
+    /// happens even when this process ends next, and nobody waits for the
+    /// chat's budget meanwhile. The decision stands either way.
     async fn settle_ask(&self, target: Target, message_id: i64, text: &str, outcome: &str) {
-        let edit = super::topic::edit_text(
-            target,
-            &EditText {
-                message_id,
-                text: if text.is_empty() {
-                    outcome.to_string()
-                } else {
-                    format!("{text}\n\n{outcome}")
-                },
-                format: TextFormat::Html,
-                buttons: None,
+        let body = if text.is_empty() {
+            outcome.to_string()
+        } else {
+            format!("{text}\n\n{outcome}")
+        };
+        let edit = NewOutboxEntry {
+            place: Place::Chat {
+                chat_id: target.chat_id,
+                thread_id: Some(target.thread_id),
             },
-        );
-        if let Err(e) = self.outbox.call(edit, Pace::of(Priority::Normal)).await {
+            kind: EntryKind::Edit { message_id },
+            body,
+            html: true,
+        };
+        if let Err(e) = self.hand_over(vec![edit]).await {
             tracing::warn!(message_id, "cannot show how a question ended: {e}");
         }
     }

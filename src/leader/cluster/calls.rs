@@ -23,7 +23,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::Leader;
 use super::super::failure::{Failure, FailureKind, Performed};
-use super::super::outbox::Pace;
 use super::node::ClusterNode;
 use crate::backoff::Backoff;
 use crate::cluster::Cluster;
@@ -215,11 +214,11 @@ pub(in crate::leader) async fn serve(
                 priority,
                 deadline_ms,
             } = incoming.request.clone();
-            let pace = Pace {
-                deadline: Duration::from_millis(deadline_ms),
-                ..Pace::of(priority)
-            };
-            let answer: RemoteAnswer = leader.outbox.call_here(call, pace).await;
+            let deadline = Duration::from_millis(deadline_ms);
+            let answer: RemoteAnswer = leader
+                .outbox
+                .call_for_another_machine(call, priority, deadline)
+                .await;
             if let Err(e) = incoming.answer(&answer).await {
                 tracing::debug!("cannot answer a call: {e}");
             }

@@ -157,7 +157,7 @@ impl Reading {
                 }
             }
         });
-        let batch = self.triage.sort(updates);
+        let batch = Batch::sorted(&mut self.triage, updates);
         let written = self
             .leader
             .store()
