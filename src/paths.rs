@@ -188,6 +188,12 @@ impl Paths {
         self.state_dir.join(format!("{bot}.sqlite3"))
     }
 
+    /// What the last leader of one bot spent of Telegram's message budget
+    /// (`leader/budget.rs`).
+    pub fn budget_file(&self, bot: BotId) -> PathBuf {
+        self.state_dir.join(format!("{bot}.budget.json"))
+    }
+
     /// Where the files users send to one bot's sessions are saved, one
     /// folder per session.
     pub fn inbox_dir(&self, bot: BotId) -> PathBuf {

@@ -150,6 +150,7 @@ impl Policy {
             return Some(Reason::Command(pattern.as_str().to_owned()));
         }
         if self.outside_project
+            && !sends_a_file_to_telegram(tool)
             && let Some(path) = path_of(input)
         {
             let full = normalize(&cwd.join(path));
@@ -164,6 +165,15 @@ impl Policy {
     pub fn tools(&self) -> &[String] {
         &self.tools
     }
+}
+
+/// The relay's own tool that sends a file into the topic (pi's extension,
+/// the MCP server). Where its file may come from is the relay's own check
+/// (the project, or `[files] send_from`), made before anything is sent; a
+/// path outside the project is refused by it with the reason, so asking
+/// first would only ask for something that is refused anyway.
+fn sends_a_file_to_telegram(tool: &str) -> bool {
+    tool == "telegram_send_file" || tool.ends_with("agent-relay__send_file")
 }
 
 /// The shell command of a call, by the names hosts give it.
@@ -352,6 +362,31 @@ pub fn clip(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn the_relays_own_file_tool_is_refused_by_its_check_not_asked_about() {
+        let policy = Policy::from_file(ApprovalsFile {
+            outside_project: Some(true),
+            ..ApprovalsFile::default()
+        })
+        .unwrap();
+        let cwd = Path::new("/home/u/project");
+        let passwd = json!({"path": "/etc/passwd"});
+        assert!(
+            policy
+                .needs_approval("telegram_send_file", &passwd, cwd)
+                .is_none()
+        );
+        assert!(
+            policy
+                .needs_approval("mcp__agent-relay__send_file", &passwd, cwd)
+                .is_none()
+        );
+        assert!(matches!(
+            policy.needs_approval("read", &passwd, cwd),
+            Some(Reason::OutsideProject(_))
+        ));
+    }
 
     use super::*;
 

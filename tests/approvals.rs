@@ -668,3 +668,101 @@ async fn a_long_commands_end_is_shown_and_the_whole_arrives_as_a_file() {
     tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
     answered(decision).await;
 }
+
+/// Holds the chat's messages back: Telegram answers the next `sendMessage`
+/// with a 429 of `seconds`, and the relay waits that long for the chat.
+fn hold_the_chat(fake: &FakeServer, seconds: u64) {
+    fake.api().inject_fault(
+        "sendMessage",
+        agent_relay::fake_bot_api::Fault::TooManyRequests {
+            retry_after: seconds,
+        },
+        1,
+    );
+}
+
+/// Issue 28: the terminal never waits for Telegram. With the chat held
+/// back, the terminal's dialog opens while the phone's message still
+/// waits, and its answer decides.
+#[tokio::test]
+async fn the_terminal_is_asked_at_once_while_the_phones_message_is_paced() {
+    let home = common::home();
+    write_config(home.path(), "mode = \"both\"");
+    let fake = common::fake().await;
+    // The terminal allows as soon as it is asked.
+    let mut s = session_with(home.path(), &fake, "api", Some(json!({"choice": 0}))).await;
+    let thread = topic(&fake, "api").thread_id;
+    hold_the_chat(&fake, 20);
+    let decision = s.call_later("approval/request", bash("make release", true));
+    let result = answered(decision).await;
+    assert_eq!(
+        (result["decision"].as_str(), result["by"].as_str()),
+        (Some("allow"), Some("terminal"))
+    );
+    assert!(
+        fake.api()
+            .messages(CHAT, Some(thread))
+            .iter()
+            .all(|m| !m.plain_text.contains("make release")),
+        "the terminal decided while the phone's message was still held back"
+    );
+    let closed = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.contains("make release") && m.reply_markup.is_none())
+            },
+            Duration::from_secs(40),
+        )
+        .await
+        .expect("the phone's message goes out later, closed");
+    assert!(
+        closed.plain_text.contains("at the terminal"),
+        "{}",
+        closed.plain_text
+    );
+}
+
+/// Issue 28: a timeout decides on time, whatever the phone's message waits
+/// for; the message, once out, says how it ended.
+#[tokio::test]
+async fn a_timed_out_approval_is_decided_on_time_while_its_message_is_paced() {
+    let home = common::home();
+    write_config(home.path(), "timeout_s = 5");
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    hold_the_chat(&fake, 12);
+    let decision = s.call_later("approval/request", bash("make deploy", true));
+    let result = answered(decision).await;
+    assert_eq!(
+        (result["decision"].as_str(), result["by"].as_str()),
+        (Some("deny"), Some("timeout"))
+    );
+    assert!(
+        fake.api()
+            .messages(CHAT, Some(thread))
+            .iter()
+            .all(|m| !m.plain_text.contains("make deploy")),
+        "decided before the held-back message even went"
+    );
+    let closed = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.contains("make deploy") && m.reply_markup.is_none())
+            },
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the message goes out later, closed");
+    assert!(
+        closed.plain_text.contains("No answer within 5 s"),
+        "{}",
+        closed.plain_text
+    );
+}

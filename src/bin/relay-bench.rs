@@ -9,7 +9,8 @@
 //! Modules, one per figure family: `failover`, `restart`, `inbound`
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
 //! leader), `files` (a photo in, a file out), `footprint` (cold start, idle
-//! RSS), `cluster` (one bot across machines over NATS); `reference` holds
+//! RSS), `cluster` (one bot across machines over NATS), `turns` (what a
+//! turn costs in Telegram's budget, the limits on); `reference` holds
 //! the same-run floors; `world`, `host`, `stats` and `report` are the
 //! harness.
 
@@ -35,6 +36,8 @@ mod report;
 mod restart;
 #[path = "relay-bench/stats.rs"]
 mod stats;
+#[path = "relay-bench/turns.rs"]
+mod turns;
 #[path = "relay-bench/world.rs"]
 mod world;
 
@@ -57,6 +60,7 @@ enum Figure {
     Idle,
     Cold,
     Cluster,
+    Turns,
 }
 
 /// Benchmarks agent-relay against the fake Bot API and prints a table.
@@ -65,6 +69,10 @@ struct Args {
     /// The `agent-relay` binary (default: next to this one).
     #[arg(long)]
     relay: Option<PathBuf>,
+    /// A second binary (the `dist` profile's) whose idle memory is shown
+    /// beside the first's.
+    #[arg(long)]
+    dist_relay: Option<PathBuf>,
     /// Where results.json goes.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -94,6 +102,7 @@ struct Plan {
     upload_bytes: usize,
     cluster_trials: usize,
     cluster_messages: usize,
+    turn_rounds: usize,
 }
 
 impl Plan {
@@ -116,6 +125,7 @@ impl Plan {
                 upload_bytes: 5 * 1024 * 1024,
                 cluster_trials: 1,
                 cluster_messages: 10,
+                turn_rounds: 1,
             }
         } else {
             Plan {
@@ -135,6 +145,7 @@ impl Plan {
                 upload_bytes: 20 * 1024 * 1024,
                 cluster_trials: 5,
                 cluster_messages: 100,
+                turn_rounds: 3,
             }
         }
     }
@@ -305,6 +316,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    if wanted(Figure::Turns) {
+        // One session turn after turn; five sessions each with one turn
+        // at the same moment (their answers share the group's minute).
+        for (sessions, rounds) in [(1, plan.turn_rounds), (5, 1)] {
+            step(&format!(
+                "turns: {sessions} session(s), {rounds} round(s), Telegram's limits on"
+            ));
+            let value = Measure::from_result(turns::measure(&relay, sessions, rounds).await);
+            rows.push(Row::new(
+                format!("a turn's cost, {sessions} session(s) at once"),
+                "a line before each of 3 tools, then the answer; group limits on in the fake and the relay: sendMessage and edits into the topics per turn, 429s, longest agent/ended → answer in the topic",
+                value,
+            ));
+        }
+    }
+
     if wanted(Figure::Idle) {
         step(&format!("idle RSS after {:?}", plan.idle));
         match footprint::idle_rss(&relay, plan.idle).await {
@@ -334,6 +361,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             Err(e) => rows.push(Row::new("idle RSS", "", Measure::na(format!("{e:#}")))),
+        }
+        if let Some(dist) = &args.dist_relay {
+            step("idle RSS of the dist build");
+            match footprint::idle_rss(dist, plan.idle).await {
+                Ok(idle) => {
+                    rows.push(Row::new(
+                        "idle RSS, follower (dist build)",
+                        "the `dist` profile (opt-level s, fat LTO): VmRSS after the idle period",
+                        idle.follower,
+                    ));
+                    rows.push(Row::new(
+                        "idle private memory, follower (dist build)",
+                        "the `dist` profile: Private_Clean + Private_Dirty",
+                        idle.follower_private,
+                    ));
+                    rows.push(Row::new(
+                        "idle RSS, leader (dist build)",
+                        "the `dist` profile: VmRSS after the idle period",
+                        idle.leader,
+                    ));
+                }
+                Err(e) => rows.push(Row::new(
+                    "idle RSS (dist build)",
+                    "",
+                    Measure::na(format!("{e:#}")),
+                )),
+            }
         }
     }
 

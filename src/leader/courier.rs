@@ -65,15 +65,23 @@ pub(super) struct Courier {
     /// The leader leaves: no call starts any more, and one still waiting
     /// for the chat's budget is given up (its entries wait in the store).
     leaving: CancellationToken,
+    /// The lanes stop, whatever they were doing (after [`Courier::land`]).
+    halt: CancellationToken,
     /// Calls on their way to Telegram now.
     flying: AtomicUsize,
     landed: Notify,
 }
 
 impl Courier {
-    /// Stops starting calls and waits (up to [`LAND_WITHIN`]) until those
-    /// on their way were answered.
+    /// Stops starting calls, waits (up to [`LAND_WITHIN`]) until those on
+    /// their way were answered, and stops the lanes. Calls that had not
+    /// left yet are pending again for the next leader.
     pub async fn land(&self) {
+        self.land_within(LAND_WITHIN).await;
+        self.halt.cancel();
+    }
+
+    async fn land_within(&self, within: Duration) {
         self.leaving.cancel();
         let all_landed = async {
             loop {
@@ -84,7 +92,7 @@ impl Courier {
                 landed.await;
             }
         };
-        if tokio::time::timeout(LAND_WITHIN, all_landed).await.is_err() {
+        if tokio::time::timeout(within, all_landed).await.is_err() {
             tracing::warn!(
                 "a message was still on its way to Telegram when this leader left; the next leader offers it"
             );
@@ -351,7 +359,7 @@ pub(super) async fn run(leader: Arc<Leader>) {
 /// cannot be reached now (the courier comes back to it).
 async fn lane(leader: Arc<Leader>, place: Place) {
     tokio::select! {
-        () = leader.stop.cancelled() => {}
+        () = leader.courier.halt.cancelled() => {}
         () = drain_lane(&leader, &place) => {}
     }
     leader.courier.busy().remove(&place);

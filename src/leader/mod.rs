@@ -35,6 +35,7 @@
 mod access;
 mod asks;
 mod batch;
+mod budget;
 mod cluster;
 mod conn;
 mod courier;
@@ -108,6 +109,8 @@ pub(super) struct Leader {
     asks: asks::Asks,
     /// Sends what sessions handed over, from the store.
     courier: courier::Courier,
+    /// What the message budget was, for the next leader.
+    budget: budget::Kept,
     /// Where the files users send are saved, one folder per session.
     inbox: FileInbox,
     /// `[files]`: the folders files may be sent from besides a session's own.
@@ -236,6 +239,8 @@ async fn start_with(
         .as_ref()
         .map(|cluster| Arc::new(ClusterNode::new(cluster.clone(), bot, &store_path)));
     let outbox = Outbox::new(config, cluster.clone())?;
+    let (budget, spent) = budget::Kept::read(paths.budget_file(bot));
+    outbox.go_on_from(&spent);
     let configured = config.allowed_users.clone();
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
@@ -270,6 +275,7 @@ async fn start_with(
         access: Arc::new(access),
         asks: asks::Asks::default(),
         courier: courier::Courier::default(),
+        budget,
         inbox: FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
         files: config.files.clone(),
         health,
@@ -298,7 +304,6 @@ impl LeaderHandle {
         if self.leader.wants_drain() {
             drain::spawn(&self.leader);
         }
-        self.leader.courier.land().await;
         self.stop().await;
     }
 
@@ -348,6 +353,7 @@ async fn run(
     let mut conns = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
     let mut prune = tokio::time::interval(PRUNE_EVERY);
+    let mut keep_budget = tokio::time::interval(budget::KEEP_EVERY);
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
     let mut settled_since_prune = 0;
     loop {
@@ -384,6 +390,7 @@ async fn run(
                 leader.expire_asks();
             }
             _ = prune.tick() => leader.prune(),
+            _ = keep_budget.tick() => leader.keep_budget(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller (and a cluster's side) only returns on a store
@@ -401,6 +408,9 @@ async fn run(
         let _ = poller.await;
     }
     let _ = (&mut courier).await;
+    // Calls on their way to Telegram may land; cut off, their messages
+    // would be of unknown fate for the next leader.
+    leader.courier.land().await;
     leader.registry.close_all();
     while conns.join_next().await.is_some() {}
     drop(listener);
@@ -410,6 +420,7 @@ async fn run(
         rest.push(ack);
     }
     leader.settle(&rest);
+    leader.keep_budget();
 }
 
 impl Leader {

@@ -192,6 +192,16 @@ impl Outbox {
         &self.api
     }
 
+    /// What this machine's limiter spent, for the next leader.
+    pub fn spent(&self) -> crate::telegram::Spent {
+        self.limiter.spent()
+    }
+
+    /// Goes on from what the last leader's limiter spent.
+    pub fn go_on_from(&self, spent: &crate::telegram::Spent) {
+        self.limiter.go_on_from(spent);
+    }
+
     /// The chats' message budgets of this machine's limiter.
     pub fn budgets(&self) -> Vec<ChatBudget> {
         self.limiter.snapshot()

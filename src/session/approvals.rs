@@ -164,6 +164,18 @@ impl Session {
         match self.ask_person(question).await {
             Answer::Choice { choice, by } => {
                 let by_whom = who(&by);
+                // Who denied, said so that it cannot read as whose call it was.
+                let denied = match &by {
+                    Who::Phone { name } => {
+                        format!("{name} denied this {} call on the phone.", request.tool)
+                    }
+                    Who::Terminal => {
+                        format!(
+                            "The user denied this {} call at the terminal.",
+                            request.tool
+                        )
+                    }
+                };
                 let by = decided_by(&by);
                 match choice {
                     Approval::Allow => {
@@ -180,14 +192,7 @@ impl Session {
                             )
                         }
                     }
-                    Approval::Deny => result(
-                        Decision::Deny,
-                        by,
-                        Some(format!(
-                            "The user denied this {} call {by_whom}.",
-                            request.tool
-                        )),
-                    ),
+                    Approval::Deny => result(Decision::Deny, by, Some(denied)),
                 }
             }
             Answer::Text { by, .. } => result(

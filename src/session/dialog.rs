@@ -10,6 +10,7 @@
 //! question as [`Question::elsewhere`], and counts like the terminal's.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -210,6 +211,7 @@ impl Session {
 }
 
 /// A question on the phone, once posted.
+#[derive(Clone)]
 pub(super) struct Posted {
     token: String,
     message_id: i64,
@@ -282,7 +284,10 @@ impl Session {
     }
 
     /// Asks `question` on the phone and, if wanted and possible, at the
-    /// terminal; returns the first answer.
+    /// terminal; returns the first answer. The terminal's dialog opens at
+    /// once, whatever the phone's message waits for (the chat's budget may
+    /// hold it a minute), and the deadline decides on time: a phone message
+    /// still on its way then is closed when it is out, by a task of its own.
     pub(super) async fn ask_person<C: Copy + PartialEq>(
         &self,
         mut question: Question<C>,
@@ -290,31 +295,59 @@ impl Session {
         let deadline = Instant::now() + question.timeout;
         let mut elsewhere = question.elsewhere.take();
         let member = self.member();
-        let (posted, why_not_phone) = match &member {
-            Some(member) => match post(member, &question, deadline).await {
-                Ok(posted) => (Some(posted), None),
-                Err(e) => (None, Some(format!("the phone cannot be asked: {e}"))),
-            },
-            None => (None, Some("this session is not on the relay".to_string())),
-        };
+        let mut posting = member.clone().map(|member| {
+            let ask = ask_of(&question);
+            tokio::spawn(async move { post(&member, ask, deadline).await })
+        });
+        let mut why_not_phone = member
+            .is_none()
+            .then(|| "this session is not on the relay".to_string());
         let mut terminal = if self.has_ui() {
             self.ask_terminal(&question).await
         } else {
             None
         };
-        let (Some(member), Some(posted)) = (member, posted) else {
-            let Some(terminal) = terminal else {
-                let why = why_not_phone.unwrap_or_default();
-                return Answer::Nothing(DecidedBy::Unavailable, why);
-            };
-            return from_terminal(&question.options, terminal.said.await, deadline);
+        let mut phone: Option<(Posted, PhoneAnswer)> = None;
+        // Closes the phone's message with `outcome` once it is out; the
+        // phone's answer when it came first.
+        let close_now_or_later = |posting: &mut Option<tokio::task::JoinHandle<_>>,
+                                  phone: &mut Option<(Posted, PhoneAnswer)>,
+                                  outcome: String| {
+            let member = member.clone();
+            let posting = posting.take();
+            let posted = phone.take().map(|(posted, _)| posted);
+            async move {
+                let member = member?;
+                if let Some(posted) = posted {
+                    return close(&member, &posted, &outcome).await;
+                }
+                let posting = posting?;
+                tokio::spawn(async move {
+                    if let Ok(Ok(posted)) = posting.await {
+                        close(&member, &posted, &outcome).await;
+                    }
+                });
+                None
+            }
         };
-
-        let phone = wait_phone(&member, &posted, deadline);
-        tokio::pin!(phone);
         loop {
+            if posting.is_none() && phone.is_none() && terminal.is_none() {
+                let why = why_not_phone.take().unwrap_or_default();
+                return Answer::Nothing(DecidedBy::Unavailable, why);
+            }
             tokio::select! {
-                answered = &mut phone => match answered {
+                posted = async { posting.as_mut().expect("guarded").await }, if posting.is_some() => {
+                    posting = None;
+                    match posted {
+                        Ok(Ok(posted)) => {
+                            let waiting = wait_phone_owned(member.clone(), &posted, deadline);
+                            phone = Some((posted, waiting));
+                        }
+                        Ok(Err(e)) => why_not_phone = Some(format!("the phone cannot be asked: {e}")),
+                        Err(e) => why_not_phone = Some(format!("the phone cannot be asked: {e}")),
+                    }
+                },
+                answered = async { (&mut phone.as_mut().expect("guarded").1).await }, if phone.is_some() => match answered {
                     Ok(answer) => {
                         if let Some(t) = terminal.take() {
                             self.host.cancel(t.id);
@@ -325,10 +358,8 @@ impl Session {
                     // still answer.
                     Err(e) => {
                         tracing::warn!("waiting for the phone's answer failed: {e}");
-                        match terminal.take() {
-                            Some(t) => break from_terminal(&question.options, t.said.await, deadline),
-                            None => break Answer::Nothing(DecidedBy::Unavailable, e.to_string()),
-                        }
+                        phone = None;
+                        why_not_phone = Some(e.to_string());
                     }
                 },
                 said = async { (&mut terminal.as_mut().expect("guarded").said).await }, if terminal.is_some() => {
@@ -349,7 +380,7 @@ impl Session {
                     };
                     // The phone may have answered a moment earlier: then
                     // its answer stands, and the close says so.
-                    match close(&member, &posted, &outcome).await {
+                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
                         Some(phone) => break from_phone(&question.options, phone),
                         None => break at_terminal,
                     }
@@ -362,7 +393,7 @@ impl Session {
                         Some(label) => format!("⌨️ {label} — at the terminal"),
                         None => "⌨️ Answered at the terminal".to_string(),
                     };
-                    match close(&member, &posted, &outcome).await {
+                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
                         Some(phone) => break from_phone(&question.options, phone),
                         None => break Answer::Elsewhere(resolved),
                     }
@@ -371,13 +402,42 @@ impl Session {
                     if let Some(t) = terminal.take() {
                         self.host.cancel(t.id);
                     }
-                    match close(&member, &posted, &question.timeout_outcome).await {
+                    let outcome = question.timeout_outcome.clone();
+                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
                         Some(phone) => break from_phone(&question.options, phone),
                         None => break Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into()),
                     }
                 },
             }
         }
+    }
+}
+
+/// The phone's answer to a posted question, awaited.
+type PhoneAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<AskAnswer, MemberError>> + Send>>;
+
+fn wait_phone_owned(
+    member: Option<Arc<Member>>,
+    posted: &Posted,
+    deadline: Instant,
+) -> PhoneAnswer {
+    let posted = posted.clone();
+    Box::pin(async move {
+        let member = member.ok_or(MemberError::NotConnected)?;
+        wait_phone(&member, &posted, deadline).await
+    })
+}
+
+/// The ask that posts `question` on the phone: a fresh token each time.
+fn ask_of<C: Copy + PartialEq>(question: &Question<C>) -> Ask {
+    Ask {
+        // 128 bits from the OS's CSPRNG: a tap must not be guessable.
+        token: uuid::Uuid::new_v4().simple().to_string(),
+        text: question.html.clone(),
+        options: question.options.labels(),
+        free_text: question.free_text,
+        expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
     }
 }
 
@@ -389,22 +449,14 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(10);
 /// cannot ask, and says so at once). A connection lost meanwhile may or may
 /// not have posted it: it is asked again with the same token, which finds
 /// the message if it was.
-pub(super) async fn post<C: Copy + PartialEq>(
+pub(super) async fn post(
     member: &Member,
-    question: &Question<C>,
+    ask: Ask,
     deadline: Instant,
 ) -> Result<Posted, MemberError> {
     if !member.watch().borrow().role.is_connected() {
         return Err(MemberError::NotConnected);
     }
-    let ask = Ask {
-        // 128 bits from the OS's CSPRNG: a tap must not be guessable.
-        token: uuid::Uuid::new_v4().simple().to_string(),
-        text: question.html.clone(),
-        options: question.options.labels(),
-        free_text: question.free_text,
-        expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
-    };
     loop {
         match member.topic(TopicOp::Ask(ask.clone())).await {
             Ok(TopicDone {

@@ -849,7 +849,11 @@ impl Handler for Session {
             }
             HostEvent::TurnEnded(turn) => {
                 let text = turn.assistant_text.trim();
-                if !text.is_empty() {
+                if !text.is_empty() && !turn.tool_calls.is_empty() && !turn.aborted {
+                    // The agent goes on: what it said on its way joins the
+                    // progress message.
+                    self.send_out(ToTopic::Interim(text.to_string()));
+                } else if !text.is_empty() {
                     self.state().last_answer = Some(text.to_string());
                     self.send_out(ToTopic::Answer {
                         markdown: text.to_string(),
@@ -858,12 +862,7 @@ impl Handler for Session {
                 }
             }
             HostEvent::ToolStarted(tool) => {
-                let argument = tool
-                    .args
-                    .as_ref()
-                    .map(crate::policy::preview)
-                    .map(|p| p.text.lines().next().unwrap_or_default().to_string())
-                    .unwrap_or_default();
+                let argument = tool.args.as_ref().map(in_short).unwrap_or_default();
                 self.send_out(ToTopic::Tool {
                     name: tool.tool_name,
                     argument,
@@ -980,6 +979,24 @@ impl Handler for Session {
     async fn shutdown(&self, params: ShutdownParams) {
         tracing::info!(reason = ?params.reason, "host asked to shut down");
         self.close().await;
+    }
+}
+
+/// A tool's argument in one line for the progress message: the first
+/// line of its preview, or, where that says nothing (a tool of the agent's
+/// own whose preview is its JSON, `{`), its first text field.
+fn in_short(args: &serde_json::Value) -> String {
+    let preview = crate::policy::preview(args);
+    let first = preview.text.lines().next().unwrap_or_default().trim();
+    if first.chars().any(char::is_alphanumeric) {
+        return first.to_string();
+    }
+    let text = args
+        .as_object()
+        .and_then(|fields| fields.values().find_map(serde_json::Value::as_str));
+    match text {
+        Some(text) => text.lines().next().unwrap_or_default().trim().to_string(),
+        None => serde_json::to_string(args).unwrap_or_default(),
     }
 }
 
@@ -1170,6 +1187,17 @@ fn transport_fact(role: Role, telegram: &Health, cluster_down: bool) -> Transpor
 #[cfg(test)]
 mod transport_tests {
     use super::*;
+
+    #[test]
+    fn a_tools_argument_in_short_says_something() {
+        let ask = serde_json::json!({"question": "Which database?\nOr none?", "options": ["a"]});
+        assert_eq!(in_short(&ask), "Which database?");
+        assert_eq!(
+            in_short(&serde_json::json!({"command": "ls -l"})),
+            "$ ls -l"
+        );
+        assert_eq!(in_short(&serde_json::json!({"n": 3})), "{\"n\":3}");
+    }
 
     #[test]
     fn registered_with_a_new_leader_is_connected_before_its_poll_answers() {

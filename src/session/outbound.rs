@@ -60,6 +60,10 @@ pub enum ToTopic {
     Busy(bool),
     /// A tool call started: its name and what it works on, in short.
     Tool { name: String, argument: String },
+    /// What the agent wrote on its way (the text of a turn that goes on
+    /// with tool calls): folded into the progress message, not a message
+    /// of its own, so a turn costs two messages whatever the model says.
+    Interim(String),
     /// The agent's own message (a tool such as `reply`), as Markdown,
     /// handed over in order but never merged; `done` hears how many
     /// messages the leader took, or why it took none (the agent is told).
@@ -89,12 +93,21 @@ impl ToTopic {
     }
 }
 
+/// How much of one interim line the progress message shows while the
+/// agent works (the summary keeps more of each).
+const INTERIM_SHOWN: usize = 200;
+/// How much of the interim lines the summary keeps, all told: the oldest
+/// give way first, and the summary says so.
+const INTERIM_KEPT: usize = 3_000;
+
 /// The turn's progress message.
 struct Progress {
     message_id: Option<i64>,
     started: Instant,
     tools: u32,
     current: String,
+    /// What the agent wrote on its way, in order.
+    said: Vec<String>,
     last_shown: Option<Instant>,
     /// Something changed since the message was last edited.
     stale: bool,
@@ -107,23 +120,54 @@ impl Progress {
             started: Instant::now(),
             tools: 0,
             current: String::new(),
+            said: Vec::new(),
             last_shown: None,
             stale: false,
         }
     }
 
     fn text(&self) -> String {
-        format!(
-            "⚙️ Working · {} · {}\n▸ {}",
+        let mut text = format!(
+            "⚙️ Working · {} · {}",
             self.tool_count(),
-            elapsed(self.started),
-            self.current
-        )
+            elapsed(self.started)
+        );
+        if let Some(said) = self.said.last() {
+            text.push_str("\n💬 ");
+            text.push_str(&crate::policy::clip(said, INTERIM_SHOWN));
+        }
+        if !self.current.is_empty() {
+            text.push_str("\n▸ ");
+            text.push_str(&self.current);
+        }
+        text
     }
 
+    /// How the turn went, and what the agent said on its way (the oldest
+    /// lines elided when they are long).
     fn summary(&self, cut: bool) -> String {
         let how = if cut { "⏹ Stopped" } else { "✓" };
-        format!("{how} · {} · {}", self.tool_count(), elapsed(self.started))
+        let mut summary = format!("{how} · {} · {}", self.tool_count(), elapsed(self.started));
+        let mut kept: Vec<String> = Vec::new();
+        let mut room = INTERIM_KEPT;
+        for said in self.said.iter().rev() {
+            if said.len() > room {
+                if kept.is_empty() {
+                    kept.push(crate::policy::clip(said, room));
+                }
+                break;
+            }
+            room -= said.len();
+            kept.push(said.clone());
+        }
+        if kept.len() < self.said.len() {
+            summary.push_str("\n💬 …");
+        }
+        for said in kept.iter().rev() {
+            summary.push_str("\n💬 ");
+            summary.push_str(said);
+        }
+        summary
     }
 
     fn tool_count(&self) -> String {
@@ -236,11 +280,19 @@ impl TopicPoster {
                     self.hand_over_text(&html).await;
                 }
                 ToTopic::Busy(busy) => {
-                    *typing = busy.then(|| tokio::time::interval(TYPING_EVERY));
+                    *typing = busy.then(|| {
+                        let mut every = tokio::time::interval(TYPING_EVERY);
+                        // After a long wait, one indicator, not one per
+                        // missed tick.
+                        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                        every
+                    });
                     match (busy, self.progress.take()) {
                         (true, _) => self.progress = Some(Progress::new()),
                         // The turn ended without an answer: say how it went.
-                        (false, Some(done)) if done.message_id.is_some() => {
+                        (false, Some(done))
+                            if done.message_id.is_some() || !done.said.is_empty() =>
+                        {
                             self.finish(&done, false).await;
                         }
                         (false, _) => {}
@@ -260,6 +312,15 @@ impl TopicPoster {
                     }
                     self.progress = Some(p);
                 }
+                ToTopic::Interim(text) => {
+                    let mut p = self.progress.take().unwrap_or_else(Progress::new);
+                    p.said.push(text);
+                    p.stale = true;
+                    if p.message_id.is_none() {
+                        self.show(&mut p).await;
+                    }
+                    self.progress = Some(p);
+                }
                 ToTopic::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -273,6 +334,7 @@ impl TopicPoster {
             self.finish(&done, cut).await;
             self.progress = Some(Progress {
                 message_id: None,
+                said: Vec::new(),
                 ..done
             });
         }
@@ -389,17 +451,26 @@ impl TopicPoster {
     }
 
     /// Turns the progress message into the turn's summary: handed over
-    /// after the answer, so it follows it.
+    /// after the answer, so it follows it. What the agent said on its way
+    /// is kept there; when the progress message never got out (the budget
+    /// was spent), the summary is a message of its own if it holds any.
     async fn finish(&self, p: &Progress, cut: bool) {
-        let Some(message_id) = p.message_id else {
-            return;
+        let text = render::escape(&p.summary(cut));
+        let item = match p.message_id {
+            Some(message_id) => PostItem::Edit {
+                message_id,
+                text,
+                format: TextFormat::Html,
+            },
+            None if !p.said.is_empty() => PostItem::Text {
+                text,
+                format: TextFormat::Html,
+                reply_to: None,
+                merge: true,
+            },
+            None => return,
         };
-        let edit = PostItem::Edit {
-            message_id,
-            text: render::escape(&p.summary(cut)),
-            format: TextFormat::Html,
-        };
-        if let Err(e) = self.member.post(vec![edit], HAND_OVER_PATIENCE).await {
+        if let Err(e) = self.member.post(vec![item], HAND_OVER_PATIENCE).await {
             tracing::debug!("cannot finish the progress message: {e}");
         }
     }
@@ -461,5 +532,29 @@ mod tests {
             "{cut}"
         );
         assert_eq!(ToTopic::Plain("a < b".into()).html().unwrap(), "a &lt; b");
+    }
+
+    #[test]
+    fn the_summary_keeps_what_the_agent_said_on_its_way_newest_first_to_go_last() {
+        let mut p = Progress::new();
+        p.tools = 3;
+        assert_eq!(p.summary(false), "✓ · 3 tools · 0:00");
+        p.said = vec!["Looking at the tests.".into(), "Now the build.".into()];
+        assert_eq!(
+            p.summary(false),
+            "✓ · 3 tools · 0:00\n💬 Looking at the tests.\n💬 Now the build."
+        );
+        p.said = vec!["x".repeat(INTERIM_KEPT), "the last word".into()];
+        let summary = p.summary(true);
+        assert!(summary.starts_with("⏹ Stopped · 3 tools"), "{summary}");
+        assert!(summary.contains("\n💬 …\n💬 the last word"), "{summary}");
+        p.said = vec!["y".repeat(INTERIM_KEPT * 2)];
+        assert!(p.summary(false).len() < INTERIM_KEPT + 100);
+        p.current = "bash: ls".into();
+        let shown = format!(
+            "\n💬 {}\n▸ bash: ls",
+            crate::policy::clip(&p.said[0], INTERIM_SHOWN)
+        );
+        assert!(p.text().ends_with(&shown), "{}", p.text());
     }
 }

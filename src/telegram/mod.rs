@@ -29,7 +29,7 @@ pub mod types;
 pub use call::{BotCall, BotReply};
 pub use client::{BotApi, DownloadError, SendFile, SetupError, UploadSource};
 pub use error::TelegramError;
-pub use ratelimit::{ChatBudget, Priority, RateLimiter};
+pub use ratelimit::{ChatBudget, Priority, RateLimiter, Spent};
 /// How a user gives the bot topics in private chats (`has_topics_enabled`),
 /// as doctor, setup and the leader say it.
 pub const TOPICS_SWITCH: &str = "in @BotFather, open your bot's settings (the Open button, or /mybots → your bot → Bot Settings) and turn on Threaded Mode (topics in private chats)";

@@ -247,6 +247,103 @@ impl RateLimiter {
     }
 }
 
+/// What was spent of each chat's window, and the penalties still running,
+/// in wall-clock milliseconds: Telegram's budget is the bot's, not a
+/// process's, so a leader that takes over goes on from where the last one
+/// stopped instead of drawing 429s at the edge of a window it forgot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    /// Each chat with sends in its window: when they counted.
+    pub chats: Vec<(i64, Vec<u64>)>,
+    /// Penalties still running: the chat (none: every call), and until when.
+    pub penalties: Vec<(Option<i64>, u64)>,
+}
+
+impl RateLimiter {
+    /// What this limiter spent, as of now.
+    pub fn spent(&self) -> Spent {
+        let (wall, now) = (wall_ms(), Instant::now());
+        let at = |instant: Instant| {
+            let ago =
+                u64::try_from(now.saturating_duration_since(instant).as_millis()).unwrap_or(0);
+            let ahead =
+                u64::try_from(instant.saturating_duration_since(now).as_millis()).unwrap_or(0);
+            wall.saturating_sub(ago).saturating_add(ahead)
+        };
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut chats: Vec<(i64, Vec<u64>)> = state
+            .chats
+            .iter_mut()
+            .filter_map(|(chat, window)| {
+                window.expire(now);
+                (!window.grants.is_empty())
+                    .then(|| (*chat, window.grants.iter().map(|g| at(*g)).collect()))
+            })
+            .collect();
+        chats.sort_unstable();
+        let mut penalties: Vec<(Option<i64>, u64)> = state
+            .chat_penalties
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(chat, until)| (Some(*chat), at(*until)))
+            .collect();
+        if let Some(until) = state.global_penalty.filter(|until| *until > now) {
+            penalties.push((None, at(until)));
+        }
+        penalties.sort_unstable();
+        Spent { chats, penalties }
+    }
+
+    /// Goes on from what another limiter (the last leader's) spent: its
+    /// sends still in their windows count here, its penalties hold.
+    pub fn go_on_from(&self, spent: &Spent) {
+        let (wall, now) = (wall_ms(), Instant::now());
+        let instant = |ms: u64| {
+            if ms <= wall {
+                now.checked_sub(Duration::from_millis(wall - ms))
+            } else {
+                Some(now + Duration::from_millis(ms - wall))
+            }
+        };
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        for (chat, grants) in &spent.chats {
+            let window = state
+                .chats
+                .entry(*chat)
+                .or_insert_with(|| Window::for_chat(*chat));
+            let mut all: Vec<Instant> = window.grants.iter().copied().collect();
+            // Never more than a window holds, and only what is still in it.
+            all.extend(
+                grants
+                    .iter()
+                    .filter_map(|ms| instant(*ms))
+                    .filter(|g| *g <= now),
+            );
+            all.sort_unstable();
+            window.grants = all.into_iter().collect();
+            window.expire(now);
+            while window.grants.len() > window.capacity {
+                window.grants.pop_front();
+            }
+        }
+        for (chat, until) in &spent.penalties {
+            if let Some(until) = instant(*until).filter(|until| *until > now) {
+                let slot = match chat {
+                    Some(chat) => state.chat_penalties.entry(*chat).or_insert(until),
+                    None => state.global_penalty.get_or_insert(until),
+                };
+                *slot = (*slot).max(until);
+            }
+        }
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Methods that put a message into a chat, the ones Telegram's message
 /// limits are about.
 fn produces_message(method: &str) -> bool {
@@ -857,5 +954,52 @@ mod tests {
             assert!(state.chats.len() <= IDLE_SWEEP_THRESHOLD + 1);
             assert!(state.chat_penalties.len() <= IDLE_SWEEP_THRESHOLD + 1);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_limiter_goes_on_from_what_the_last_one_spent() {
+        let group = -100;
+        let old = RateLimiter::new();
+        for _ in 0..GROUP_CAPACITY {
+            old.acquire(Some(group), "sendMessage").await;
+        }
+        old.penalize(Some(7), Duration::from_secs(30));
+        let spent = old.spent();
+        assert_eq!(spent.chats.len(), 1);
+        assert_eq!(spent.chats[0].1.len(), GROUP_CAPACITY);
+        assert_eq!(spent.penalties.len(), 1);
+
+        let new = RateLimiter::new();
+        new.go_on_from(&spent);
+        let penalty = new
+            .acquire_until(
+                Some(7),
+                "sendMessage",
+                Instant::now(),
+                Priority::High,
+                |_| {},
+            )
+            .await;
+        assert!(penalty.is_err(), "the penalty holds");
+        let far = Instant::now() + Duration::from_secs(600);
+        let waits = new
+            .acquire_until(
+                Some(group),
+                "sendMessage",
+                Instant::now(),
+                Priority::High,
+                |_| {},
+            )
+            .await;
+        assert!(
+            waits.is_err(),
+            "the group's window is full for the new limiter too"
+        );
+        let start = Instant::now();
+        new.acquire_until(Some(group), "sendMessage", far, Priority::High, |_| {})
+            .await
+            .unwrap();
+        assert!(Instant::now() - start >= GROUP_PERIOD - Duration::from_secs(1));
+        assert_eq!(RateLimiter::new().spent(), Spent::default());
     }
 }

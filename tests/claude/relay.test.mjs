@@ -6,7 +6,11 @@
 //   in it (Stop), and the `reply` tool posts into it;
 // * a Bash call that needs permission waits for the tap on the phone
 //   (PermissionRequest) and runs only on Allow; Deny reaches the model;
-// * `--resume` brings the session back into its old topic.
+// * `--resume` brings the session back into its old topic;
+// * nothing is lost when a session ends: with Telegram slow, the answer lands
+//   though Claude Code kills its MCP server right after it; two sessions ending
+//   together both land; a message written while the last turn runs is announced
+//   and read by the resumed session.
 //
 // Not testable offline: channel delivery into a turn. Print mode ignores
 // `notifications/claude/channel`, and the terminal UI's channels sit behind a
@@ -148,4 +152,49 @@ test("with Telegram taking 1 s a message, claude -p exits at once and its answer
 	await telegram.control("POST", "clear_faults");
 	t.diagnostic(`claude -p took ${out.ms} ms with the relay (the warm run ${first.ms} ms)`);
 	assert.deepEqual(world.fake.unknown ?? [], []);
+});
+
+test("two sessions ending together both get their answers, Telegram slow", async (t) => {
+	const { world, telegram, run } = await relayWorld(t);
+	await telegram.control("POST", "fault", { method: "sendMessage", fault: { kind: "delay", ms: 300 }, until_cleared: true });
+	const [one, two] = await Promise.all([run("first of two"), run("second of two")]);
+	assert.equal(one.code, 0, one.stderr);
+	assert.equal(two.code, 0, two.stderr);
+	const topics = await eventually(async () => {
+		const live = (await telegram.topics()).filter((x) => !x.deleted);
+		return live.length === 2 && live;
+	}, 20_000, "two topics");
+	for (const text of ["echo: first of two", "echo: second of two"]) {
+		const found = await eventually(async () => {
+			for (const tp of topics) {
+				const here = (await telegram.messages(tp.thread_id)).filter((m) => m.plain_text.includes(text));
+				if (here.length > 0) return { tp, here };
+			}
+			return false;
+		}, 30_000, `${text} in a topic`);
+		assert.equal(found.here.length, 1, `${text} exactly once`);
+	}
+	await telegram.control("POST", "clear_faults");
+});
+
+test("a message written while the last turn runs is kept: the topic says so, and the resumed session reads it", async (t) => {
+	const { telegram, run } = await relayWorld(t);
+	const running = run(`take your time [[tool:Bash {"command":"sleep 4 && echo slept"}]]`, ["--allowedTools", "Bash"]);
+	const topic = await topicOf(telegram);
+	// Written while the turn runs: print mode never starts a turn on it.
+	await telegram.said(topic.thread_id, (text) => text.includes("take your time"), { what: "the prompt's echo" });
+	await telegram.injectMessage(topic.thread_id, "read me after you wake");
+	const out = await running;
+	assert.equal(out.code, 0, out.stderr);
+	await telegram.said(topic.thread_id, (text) => text.includes("ended before it read 1 message"), {
+		what: "the topic told that the message waits",
+	});
+	const resumed = await run("[[tool:mcp__agent-relay__telegram_inbox {}]]", [
+		"--resume",
+		out.result.session_id,
+		"--allowedTools",
+		"mcp__agent-relay__telegram_inbox",
+	]);
+	assert.equal(resumed.code, 0, resumed.stderr);
+	assert.match(resumed.result.result, /read me after you wake/, "the resumed session read it");
 });

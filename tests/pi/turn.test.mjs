@@ -6,7 +6,8 @@
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
-import { World } from "./harness.mjs";
+import { join } from "node:path";
+import { EXTENSION, World } from "./harness.mjs";
 
 const TEST_MS = 120_000;
 
@@ -135,4 +136,27 @@ test("a model error ends the turn with stopReason error, asked once (retries are
 	assert.equal(answer.stopReason, "error");
 	assert.equal(answer.errorMessage, "500 the fake model is down");
 	assert.equal(world.model.completions.length, 1);
+});
+
+test("pi -p exits right after its answer and the answer still lands, Telegram slow", { timeout: TEST_MS }, async (t) => {
+	const world = await World.create(t);
+	// A session first, so the topic and the relay exist; then Telegram slows down.
+	const { pi } = await boundPi(world, "gamma");
+	await pi.close();
+	await world.bot.control("POST", "fault", { method: "sendMessage", fault: { kind: "delay", ms: 1000 }, until_cleared: true });
+	const text = `one shot ${randomUUID()}`;
+	const started = Date.now();
+	const out = await world.piCommand(
+		["-p", text, "--no-session", "--offline", "--provider", "fake", "--model", "echo", "-e", EXTENSION],
+		{ cwd: join(world.root, "gamma") },
+	);
+	const took = Date.now() - started;
+	assert.equal(out.code, 0, out.stderr);
+	assert.match(out.stdout, new RegExp(`echo: ${text}`));
+	const topic = await world.topicOf("gamma");
+	await world.bot.said(topic.thread_id, (plain) => plain.includes(`echo: ${text}`), {
+		what: "the answer of a pi -p that exited while Telegram was slow",
+	});
+	await world.bot.control("POST", "clear_faults");
+	t.diagnostic(`pi -p took ${took} ms with Telegram taking 1 s a message`);
 });

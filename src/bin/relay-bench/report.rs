@@ -27,6 +27,14 @@ pub enum Measure {
         messages: f64,
         bytes: f64,
     },
+    /// What turns cost in Telegram's budget, per turn, and the longest
+    /// wait from an agent's answer to its topic.
+    Turns {
+        sends: f64,
+        edits: f64,
+        too_many: u64,
+        longest_wait_ms: f64,
+    },
     NotAvailable {
         why: String,
     },
@@ -73,6 +81,15 @@ impl Measure {
             Measure::Traffic { messages, bytes } => {
                 format!("{messages:.1} messages · {bytes:.0} bytes")
             }
+            Measure::Turns {
+                sends,
+                edits,
+                too_many,
+                longest_wait_ms,
+            } => format!(
+                "{sends:.1} sends · {edits:.1} edits a turn · {too_many} × 429 · longest wait {}",
+                fmt_ms(*longest_wait_ms)
+            ),
             Measure::NotAvailable { why } => format!("n/a: {why}"),
             Measure::None => "—".into(),
         }

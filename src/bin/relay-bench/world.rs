@@ -53,6 +53,7 @@ pub struct World {
     pub hosts: Vec<Host>,
     relay: PathBuf,
     bus: BusDir,
+    paced: bool,
     // Last, so the sidecars are killed before their home goes.
     home: TempHome,
 }
@@ -60,9 +61,18 @@ pub struct World {
 impl World {
     /// A fake Bot API and `sessions` sidecars, all on the bus.
     pub async fn start(relay: &Path, sessions: usize) -> anyhow::Result<World> {
-        let fake = FakeBotApi::start(FakeConfig::default())
-            .await
-            .context("starting the fake Bot API")?;
+        World::start_with(relay, sessions, false).await
+    }
+
+    /// [`World::start`]; `paced`: Telegram's limits on, in the fake and in
+    /// the relay (the budget figures).
+    pub async fn start_with(relay: &Path, sessions: usize, paced: bool) -> anyhow::Result<World> {
+        let fake = FakeBotApi::start(FakeConfig {
+            rate_limits: paced,
+            ..FakeConfig::default()
+        })
+        .await
+        .context("starting the fake Bot API")?;
         fake.api().add_default_chats();
         let home = TempHome::new("home")?;
         let bot = fake.api().bot_id();
@@ -72,6 +82,7 @@ impl World {
             hosts: Vec::new(),
             relay: relay.to_path_buf(),
             bus,
+            paced,
             home,
         };
         for i in 0..sessions {
@@ -89,8 +100,8 @@ impl World {
     }
 
     /// The environment of a sidecar configured for the fake's bot. The
-    /// relay's own pacing is switched off: the fake does not rate-limit and
-    /// the figures are about the relay's overhead, not Telegram's limits.
+    /// relay's own pacing is switched off unless the world is paced: the
+    /// figures are about the relay's overhead, not Telegram's limits.
     pub fn env(&self) -> Vec<(String, String)> {
         let api = self.fake.api();
         [
@@ -102,6 +113,7 @@ impl World {
             ("AGENT_RELAY_UNLIMITED", "1".into()),
         ]
         .into_iter()
+        .filter(|(k, _)| !(self.paced && *k == "AGENT_RELAY_UNLIMITED"))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
