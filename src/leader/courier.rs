@@ -52,7 +52,7 @@ const MERGED: &str = "\n\n";
 
 /// How long a leader that leaves lets the calls already on their way to
 /// Telegram finish: cut off, their messages would be of unknown fate.
-const LAND_WITHIN: Duration = Duration::from_secs(2);
+const LAND_WITHIN: Duration = Duration::from_secs(5);
 
 /// The courier's own state; the entries are in the store.
 #[derive(Default)]
@@ -626,6 +626,10 @@ impl Leader {
                         return false;
                     }
                 };
+                tracing::warn!(
+                    messages = ids.len(),
+                    "Telegram did not take a message ({f}); it is offered in its topic"
+                );
                 if let Err(e) = self.store().posts_missing(ids, missing, &f.message) {
                     return store_failed(e);
                 }
