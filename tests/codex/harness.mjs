@@ -214,10 +214,16 @@ export class World {
 	}
 
 	async stop() {
+		// The wrapper's tree, before tmux goes (its SIGHUP ends the TUI, and
+		// the wrapper then stops its app-server, which still writes to
+		// CODEX_HOME for a moment).
+		const tree = this.wrapperPid ? treeOf(this.wrapperPid) : [];
 		await this.tmuxRun(["kill-server"]).catch(() => {});
-		if (this.wrapperPid && isRunning(this.wrapperPid)) process.kill(this.wrapperPid, "SIGKILL");
+		await eventually(() => tree.every((pid) => !isRunning(pid)), 15_000, "the wrapper's processes to end").catch(() => {
+			for (const pid of tree.filter(isRunning)) process.kill(pid, "SIGKILL");
+		});
 		await this.fake.stop();
 		await this.telegram.stop();
-		if (!process.env.KEEP_WORLD) await rm(this.root, { recursive: true, force: true });
+		if (!process.env.KEEP_WORLD) await rm(this.root, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 });
 	}
 }
