@@ -32,9 +32,19 @@ enum Cmd {
         #[arg(long)]
         log_stderr: bool,
     },
-    /// Handle one Claude Code hook event (its JSON on stdin); what Claude Code's hooks run.
+    /// Run Codex's terminal UI with the relay beside it on the same thread (arguments go to `codex`,
+    /// e.g. `agent-relay codex resume --last`).
+    Codex {
+        /// What `codex` gets, after `--remote` on the relay's private app-server.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Handle one hook event (its JSON on stdin); what Claude Code's hooks, and plain Codex's, run.
     Hook {
-        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
+        /// Whose hook it is.
+        #[arg(long, value_enum, default_value = "claude-code")]
+        host: HookHost,
+        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
         event: String,
     },
     /// Send what the last relay process left to go, then exit (a relay process starts this itself).
@@ -78,6 +88,12 @@ enum Cmd {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum HookHost {
+    ClaudeCode,
+    Codex,
+}
+
 #[derive(Subcommand)]
 enum InstallHost {
     /// The MCP server in ~/.claude.json and the hooks in ~/.claude/settings.json (user scope),
@@ -87,6 +103,17 @@ enum InstallHost {
         #[arg(long)]
         dry_run: bool,
         /// Take out what an earlier `install claude-code` added (to use the plugin instead).
+        #[arg(long)]
+        remove: bool,
+    },
+    /// The hooks for plain `codex` in $CODEX_HOME/hooks.json (~/.codex), trusted in Codex's
+    /// config.toml: a topic per session, the answers, approvals on the phone. `agent-relay codex`
+    /// does all that and more (the phone starts turns) without them.
+    Codex {
+        /// Show what would change, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Take out what an earlier `install codex` added.
         #[arg(long)]
         remove: bool,
     },
@@ -109,6 +136,7 @@ fn main() -> ExitCode {
         command,
         Cmd::Stdio { .. }
             | Cmd::Mcp { .. }
+            | Cmd::Codex { .. }
             | Cmd::Hook { .. }
             | Cmd::Drain
             | Cmd::Status
@@ -121,11 +149,15 @@ fn main() -> ExitCode {
     let result = match command {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
-        Cmd::Hook { event } => cli::hook(&event),
+        Cmd::Codex { args } => cli::codex(&args),
+        Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),
+        Cmd::Install {
+            host: InstallHost::Codex { dry_run, remove },
+        } => cli::install_codex(dry_run, remove),
         Cmd::Status => cli::status(),
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),
