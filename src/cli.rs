@@ -329,14 +329,31 @@ pub fn install_service(
     })
 }
 
+/// `agent-relay codex [args…]`: Codex's TUI with the relay beside it; exits
+/// with the TUI's code.
+pub fn codex(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
+    // The terminal is the TUI's: problems go to the log, and to stderr only
+    // before the TUI starts.
+    let Sidecar {
+        paths,
+        config,
+        rt,
+        _log,
+    } = sidecar(false, |e| matches!(e, ConfigError::Untrusted(_)))?;
+    let program = crate::codex::wrapper::program();
+    let code = rt.block_on(crate::codex::wrapper::run(paths, config, &program, args))?;
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
 /// How long a hook waits for its input to end (Claude Code writes it at
 /// once).
 const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// `agent-relay hook <event>`: one Claude Code hook. It always exits 0: a
-/// hook that fails must not block Claude Code, and deciding nothing lets
-/// Claude Code go on as without it.
-pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
+/// `agent-relay hook [--host codex] <event>`: one Claude Code (or Codex)
+/// hook. It always exits 0: a hook that fails must not block its host, and
+/// deciding nothing lets the host go on as without it.
+pub fn hook(codex: bool, event: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Write};
     if launched_by_serve() {
         // serve plays this Claude Code's host: nothing for a hook to do.
@@ -364,9 +381,25 @@ pub fn hook(event: &str) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
-    let (output, note) =
-        runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config));
+    let (output, note) = if codex {
+        // The hook joins the relay itself (there is nothing else to hand
+        // the event to): it logs, and creates what a session needs.
+        let Sidecar {
+            paths,
+            config,
+            rt,
+            _log,
+        } = sidecar(false, |_| false)?;
+        let wrapped = std::env::var_os(crate::codex::hook::WRAPPED).is_some();
+        let answer = rt.block_on(crate::codex::hook::run(
+            event, &input, paths, config, wrapped,
+        ));
+        rt.shutdown_timeout(std::time::Duration::from_millis(500));
+        (answer.output, answer.note)
+    } else {
+        let Setup { paths, config, .. } = Setup::from_env(Missing::Leave)?;
+        runtime()?.block_on(crate::claude::hook::run(event, &input, &paths, config))
+    };
     if let Some(note) = note {
         eprintln!("{}", crate::redact::redact(&note));
     }
@@ -388,6 +421,24 @@ pub fn install_claude_code(dry_run: bool, remove: bool) -> anyhow::Result<ExitCo
         let exe = std::env::current_exe().context("cannot find this program's own path")?;
         let exe = exe.to_str().context("this program's path is not UTF-8")?;
         crate::claude::install::install(&targets, exe, dry_run)?
+    };
+    print!("{said}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay install codex [--remove]`.
+pub fn install_codex(dry_run: bool, remove: bool) -> anyhow::Result<ExitCode> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let targets = crate::codex::install::Targets::from_env(std::path::Path::new(&home));
+    let said = if remove {
+        crate::codex::install::remove(&targets, dry_run)?
+    } else {
+        let exe = std::env::current_exe().context("cannot find this program's own path")?;
+        let exe = exe.to_str().context("this program's path is not UTF-8")?;
+        let codex = crate::codex::wrapper::program();
+        runtime()?.block_on(crate::codex::install::install(
+            &targets, exe, &codex, dry_run,
+        ))?
     };
     print!("{said}");
     Ok(ExitCode::SUCCESS)

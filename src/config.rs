@@ -671,6 +671,20 @@ pub enum ConfigError {
     Untrusted(#[from] UntrustedPath),
 }
 
+/// The environment of a program the relay starts for the user (a
+/// transcriber, Codex): `parent` without the relay's own variables
+/// (`TELEGRAM_BOT_TOKEN`, `AGENT_RELAY_*`, which may hold the bot token and
+/// a NATS password). The program may need the user's `PATH`, `HOME` or an
+/// API key of its own, but none of the relay's secrets.
+pub fn child_env(
+    parent: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+    parent.filter(|(key, _)| {
+        let key = key.to_string_lossy();
+        key != "TELEGRAM_BOT_TOKEN" && !key.starts_with("AGENT_RELAY_")
+    })
+}
+
 /// How every command that uses the relay's files starts (all but `schema`
 /// and `demo`): the directories resolved and checked, and the configuration
 /// read from them, or why it cannot be used.
@@ -996,6 +1010,26 @@ mod tests {
         Config::load_with(&file, |k| {
             env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn a_program_the_relay_starts_gets_the_users_environment_without_the_relays_secrets() {
+        let parent = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/ada"),
+            ("OPENAI_API_KEY", "sk-the-users-own"),
+            (
+                "TELEGRAM_BOT_TOKEN",
+                "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
+            ),
+            ("AGENT_RELAY_NATS_URL", "nats://relay:secret@h"),
+            ("AGENT_RELAY_HOME", "/h"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let kept: Vec<String> = child_env(parent.into_iter())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["PATH", "HOME", "OPENAI_API_KEY"]);
     }
 
     #[test]

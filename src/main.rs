@@ -38,9 +38,19 @@ enum Cmd {
         #[arg(long)]
         log_stderr: bool,
     },
-    /// Handle one Claude Code hook event (its JSON on stdin); what Claude Code's hooks run.
+    /// Run Codex's terminal UI with the relay beside it on the same thread (arguments go to `codex`,
+    /// e.g. `agent-relay codex resume --last`).
+    Codex {
+        /// What `codex` gets, after `--remote` on the relay's private app-server.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Handle one hook event (its JSON on stdin); what Claude Code's hooks, and plain Codex's, run.
     Hook {
-        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd.
+        /// Whose hook it is.
+        #[arg(long, value_enum, default_value = "claude-code")]
+        host: HookHost,
+        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
         event: String,
     },
     /// Send what the last relay process left to go, then exit (a relay process starts this itself).
@@ -84,6 +94,12 @@ enum Cmd {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum HookHost {
+    ClaudeCode,
+    Codex,
+}
+
 #[derive(Subcommand)]
 enum InstallHost {
     /// Keep `agent-relay serve` running: a systemd user unit (enabled and started), or a
@@ -112,6 +128,17 @@ enum InstallHost {
         #[arg(long)]
         remove: bool,
     },
+    /// The hooks for plain `codex` in $CODEX_HOME/hooks.json (~/.codex), trusted in Codex's
+    /// config.toml: a topic per session, the answers, approvals on the phone. `agent-relay codex`
+    /// does all that and more (the phone starts turns) without them.
+    Codex {
+        /// Show what would change, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Take out what an earlier `install codex` added.
+        #[arg(long)]
+        remove: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -132,6 +159,7 @@ fn main() -> ExitCode {
         Cmd::Stdio { .. }
             | Cmd::Mcp { .. }
             | Cmd::Serve { .. }
+            | Cmd::Codex { .. }
             | Cmd::Hook { .. }
             | Cmd::Drain
             | Cmd::Status
@@ -146,7 +174,8 @@ fn main() -> ExitCode {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Serve { log_stderr } => cli::serve(log_stderr),
-        Cmd::Hook { event } => cli::hook(&event),
+        Cmd::Codex { args } => cli::codex(&args),
+        Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
@@ -160,6 +189,9 @@ fn main() -> ExitCode {
                     systemd,
                 },
         } => cli::install_service(dry_run, remove, launchd, systemd),
+        Cmd::Install {
+            host: InstallHost::Codex { dry_run, remove },
+        } => cli::install_codex(dry_run, remove),
         Cmd::Status => cli::status(),
         Cmd::Demo => cli::demo(),
         Cmd::Doctor => cli::doctor(),

@@ -270,6 +270,10 @@ pub fn preview(input: &Value) -> Preview {
                 }
             }
         }
+        // A unified diff as it is (Codex's file changes).
+        if let Some(diff) = input.get("diff").and_then(Value::as_str) {
+            out = diff.to_string();
+        }
         (out, "change", "change.diff")
     } else {
         (

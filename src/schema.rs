@@ -45,6 +45,12 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::TopicSendParams>("host/topic-send.params"),
         file::<h::TopicSendResult>("host/topic-send.result"),
         file::<h::NoticeParams>("host/agent-notice.params"),
+        file::<h::ApprovalParams>("host/approval-request.params"),
+        file::<h::ApprovalResult>("host/approval-request.result"),
+        file::<h::ApprovalResolvedParams>("host/approval-resolved.params"),
+        file::<h::QuestionParams>("host/question-ask.params"),
+        file::<h::QuestionResult>("host/question-ask.result"),
+        file::<h::QuestionResolvedParams>("host/question-resolved.params"),
         file::<h::TakenParams>("host/agent-taken.params"),
         // sidecar → host
         file::<h::SetStatusParams>("host/ui-set-status.params"),

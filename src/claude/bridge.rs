@@ -463,6 +463,7 @@ impl Bridge {
                 decision: Decision::Deny,
                 reason: Some(format!("Denied: the relay could not ask ({why}).")),
                 by: DecidedBy::Unavailable,
+                for_session: false,
             },
         }
     }

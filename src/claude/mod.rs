@@ -25,11 +25,8 @@ pub mod hook;
 pub mod install;
 mod mcp;
 
-use std::sync::Arc;
-
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
-use crate::session::Session;
 
 /// The profile key's session file for a Claude Code session: its
 /// `session_id` names it across `--resume` and `--continue`.
@@ -110,25 +107,11 @@ where
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     // The session, in this process, behind the host protocol.
-    let (session_side, bridge_side) = tokio::io::duplex(1 << 16);
-    let (session_in, session_out) = tokio::io::split(session_side);
-    let (bridge_in, bridge_out) = tokio::io::split(bridge_side);
-    let session_paths = paths.clone();
-    let session_config = config.clone();
-    let sessions: Arc<std::sync::OnceLock<Arc<Session>>> = Arc::default();
-    let slot = sessions.clone();
-    tokio::spawn(async move {
-        let served = crate::host::serve(session_in, session_out, move |link| {
-            let session = Session::new(link, session_paths, session_config);
-            let _ = slot.set(session.clone());
-            session
-        })
-        .await;
-        if let Err(e) = served {
-            tracing::warn!("the in-process session's transport failed: {e}");
-        }
-    });
-    let (link, from_session) = crate::host_client::Link::over(bridge_in, bridge_out, false);
+    let crate::session::InProcess {
+        link,
+        from_session,
+        session,
+    } = crate::session::InProcess::start(paths.clone(), config.clone());
     let bridge = bridge::Bridge::new(link, &config, env);
     bridge.clone().spawn_session_loop(from_session);
     bridge.clone().spawn_hook_socket(&paths, &config);
@@ -140,9 +123,7 @@ where
     };
     let leave = async {
         bridge.finish().await;
-        if let Some(session) = sessions.get() {
-            session.close().await;
-        }
+        crate::session::InProcess::close(&session).await;
     };
     if tokio::time::timeout(LEAVE_WITHIN, leave).await.is_err() {
         tracing::warn!("leaving took longer than {LEAVE_WITHIN:?}; exiting anyway");

@@ -87,6 +87,7 @@ pub trait Handler: Send + Sync + 'static {
             decision: Decision::Defer,
             reason: None,
             by: DecidedBy::Policy,
+            for_session: false,
         })
     }
 
@@ -186,6 +187,8 @@ pub enum HostEvent {
     ToolEnded(ToolParams),
     InputReceived(InputReceivedParams),
     Notice(NoticeParams),
+    ApprovalResolved(ApprovalResolvedParams),
+    QuestionResolved(QuestionResolvedParams),
     Taken(TakenParams),
 }
 
@@ -234,6 +237,8 @@ impl HostEvent {
             method::TOOL_ENDED => Self::ToolEnded(serde_json::from_str(params)?),
             method::INPUT_RECEIVED => Self::InputReceived(serde_json::from_str(params)?),
             method::AGENT_NOTICE => Self::Notice(serde_json::from_str(params)?),
+            method::APPROVAL_RESOLVED => Self::ApprovalResolved(serde_json::from_str(params)?),
+            method::QUESTION_RESOLVED => Self::QuestionResolved(serde_json::from_str(params)?),
             method::AGENT_TAKEN => Self::Taken(serde_json::from_str(params)?),
             _ => return Ok(None),
         }))

@@ -39,6 +39,8 @@ pub mod method {
     pub const FILE_SEND: &str = "file/send";
     pub const TOPIC_SEND: &str = "topic/send";
     pub const AGENT_NOTICE: &str = "agent/notice";
+    pub const APPROVAL_RESOLVED: &str = "approval/resolved";
+    pub const QUESTION_RESOLVED: &str = "question/resolved";
     pub const AGENT_TAKEN: &str = "agent/taken";
 }
 
@@ -460,6 +462,32 @@ pub struct ApprovalResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub by: DecidedBy,
+    /// The person allowed it for the rest of the session ("Allow for this
+    /// session"): a host that can remember that itself (Codex's
+    /// `acceptForSession`) does; the relay's own grant holds either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub for_session: bool,
+}
+
+/// `approval/resolved` params (host → sidecar, a notification): the host
+/// asked at its own terminal too (Codex's TUI always does), and the answer
+/// there came first. The phone's question for `toolCallId` closes, saying
+/// so; the `approval/request` still gets its answer, which the host then
+/// ignores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalResolvedParams {
+    pub tool_call_id: String,
+    /// What the terminal decided, when the host knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+}
+
+/// `question/resolved` params (host → sidecar, a notification): the
+/// question `id` was answered at the host's own terminal first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct QuestionResolvedParams {
+    pub id: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -499,6 +527,10 @@ pub struct QuestionParams {
     pub allow_text: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Names the question for a later `question/resolved`, when the host
+    /// asks at its own terminal too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// `question/ask` result: the answer, or none (`by` says why).

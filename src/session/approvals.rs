@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+
 use super::Session;
 use super::dialog::{Answer, Options, Question, Terminal, Who};
 use crate::policy::{self, Mode, Reason};
@@ -88,6 +90,7 @@ impl Session {
             decision,
             reason,
             by,
+            for_session: false,
         };
         let Ok(config) = &self.config else {
             return result(Decision::Defer, DecidedBy::Policy, None);
@@ -149,6 +152,14 @@ impl Session {
                 Terminal::No
             },
             timeout_outcome: format!("⌛ No answer within {wait}: denied"),
+            elsewhere: Some(Box::pin(
+                self.answered_elsewhere(format!("approval:{}", request.tool_call_id))
+                    .map(|decision| match decision {
+                        Some(Decision::Allow) => Some(Approval::Allow),
+                        Some(Decision::Deny) => Some(Approval::Deny),
+                        Some(Decision::Defer) | None => None,
+                    }),
+            )),
         };
         match self.ask_person(question).await {
             Answer::Choice { choice, by } => {
@@ -172,11 +183,14 @@ impl Session {
                     }
                     Approval::AllowForSession => {
                         self.grants().grant(&request.tool, policy.grant);
-                        result(
-                            Decision::Allow,
-                            by,
-                            Some(format!("allowed for {grant_minutes} min {by_whom}")),
-                        )
+                        ApprovalResult {
+                            for_session: true,
+                            ..result(
+                                Decision::Allow,
+                                by,
+                                Some(format!("allowed for {grant_minutes} min {by_whom}")),
+                            )
+                        }
                     }
                     Approval::Deny => result(Decision::Deny, by, Some(denied)),
                 }
@@ -190,6 +204,16 @@ impl Session {
                 Decision::Deny,
                 DecidedBy::Terminal,
                 Some("The user dismissed the approval dialog.".into()),
+            ),
+            // The host's own dialog decided; the host knows what.
+            Answer::Elsewhere(choice) => result(
+                match choice {
+                    Some(Approval::Deny) => Decision::Deny,
+                    Some(Approval::Allow | Approval::AllowForSession) => Decision::Allow,
+                    None => Decision::Defer,
+                },
+                DecidedBy::Terminal,
+                Some("answered at the terminal".into()),
             ),
             Answer::Nothing(by, why) => result(
                 Decision::Deny,
@@ -278,6 +302,13 @@ impl Session {
             timeout,
             terminal: Terminal::Select,
             timeout_outcome: "⌛ No answer in time".into(),
+            elsewhere: request.id.as_ref().map(|id| {
+                let answered: super::dialog::Elsewhere<u32> = Box::pin(
+                    self.answered_elsewhere(format!("question:{id}"))
+                        .map(|_| None),
+                );
+                answered
+            }),
         };
         let answered = self.ask_person(question).await;
         tracing::info!(target: "audit", question = %request.question, answer = ?answered, "question answered");
@@ -292,7 +323,7 @@ impl Session {
                 answer: Some(text),
                 by: decided_by(&by),
             },
-            Answer::Dismissed => QuestionResult {
+            Answer::Dismissed | Answer::Elsewhere(_) => QuestionResult {
                 choice: None,
                 answer: None,
                 by: DecidedBy::Terminal,

@@ -4,17 +4,23 @@
 //! at the terminal (`ui/select`). The first answer wins; the other side is
 //! closed and shows how it ended. Tool approvals, the agent's own questions
 //! and the relay's confirmations all go through [`Session::ask_person`].
+//!
+//! A host may also ask at its own terminal, in a dialog the relay does not
+//! open (Codex's TUI shows every approval itself): its answer reaches the
+//! question as [`Question::elsewhere`], and counts like the terminal's.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Session;
 use crate::member::{Member, MemberError};
 use crate::protocol::bus::*;
 use crate::protocol::host::{
-    ConfirmParams, ConfirmResult, DecidedBy, SelectParams, SelectResult, method,
+    ConfirmParams, ConfirmResult, DecidedBy, Decision, SelectParams, SelectResult, method,
 };
 
 /// What the terminal gets on top of the phone's timeout, so the host's own
@@ -77,7 +83,15 @@ pub(super) struct Question<C> {
     pub terminal: Terminal,
     /// What the phone's message shows when nobody answered in time.
     pub timeout_outcome: String,
+    /// The answer of the host's own dialog for this question, if it has
+    /// one (see the module doc).
+    pub elsewhere: Option<Elsewhere<C>>,
 }
+
+/// The host's own dialog, answered: the choice it stands for, or `None`
+/// when the host knows that it was answered but not how.
+pub(super) type Elsewhere<C> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<C>> + Send + Sync>>;
 
 /// The terminal's side of a question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,8 +123,91 @@ pub(super) enum Answer<C> {
     },
     /// The terminal's dialog was dismissed.
     Dismissed,
+    /// The host's own dialog was answered first ([`Question::elsewhere`]):
+    /// with this choice, or in a way the host did not say.
+    Elsewhere(Option<C>),
     /// Nobody answered (`Timeout`) or nobody could be asked (`Unavailable`).
     Nothing(DecidedBy, String),
+}
+
+/// Answers given in the host's own dialogs (`approval/resolved`,
+/// `question/resolved`), by key, for the questions waiting for them. One
+/// that comes before its question is asked (the host's dialog was quick)
+/// is kept for it, among the last [`EARLY`].
+#[derive(Default)]
+pub(super) struct Resolutions {
+    waiting: HashMap<String, oneshot::Sender<Option<Decision>>>,
+    early: VecDeque<(String, Option<Decision>)>,
+}
+
+/// Early answers kept, at most: one per request the host may have open.
+const EARLY: usize = 64;
+
+impl Resolutions {
+    pub fn resolve(&mut self, key: String, decision: Option<Decision>) {
+        match self.waiting.remove(&key) {
+            Some(waiting) => {
+                let _ = waiting.send(decision);
+            }
+            None => {
+                self.early.push_back((key, decision));
+                if self.early.len() > EARLY {
+                    self.early.pop_front();
+                }
+            }
+        }
+    }
+
+    fn wait(&mut self, key: String) -> oneshot::Receiver<Option<Decision>> {
+        let (tx, rx) = oneshot::channel();
+        match self.early.iter().position(|(k, _)| *k == key) {
+            Some(at) => {
+                if let Some((_, decision)) = self.early.remove(at) {
+                    let _ = tx.send(decision);
+                }
+            }
+            None => {
+                self.waiting.insert(key, tx);
+            }
+        }
+        rx
+    }
+}
+
+/// Takes a key out of [`Resolutions`] when its question is done.
+struct Forget {
+    session: std::sync::Weak<Session>,
+    key: String,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.upgrade() {
+            session.resolutions().waiting.remove(&self.key);
+        }
+    }
+}
+
+impl Session {
+    /// The answer of the host's own dialog `key`, when it comes (never,
+    /// if it does not). Listens from now on.
+    pub(super) fn answered_elsewhere(
+        &self,
+        key: String,
+    ) -> impl std::future::Future<Output = Option<Decision>> + Send + Sync + 'static {
+        let answered = self.resolutions().wait(key.clone());
+        let forget = Forget {
+            session: self.this.clone(),
+            key,
+        };
+        async move {
+            let _forget = forget;
+            match answered.await {
+                Ok(decision) => decision,
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
 }
 
 /// A question on the phone, once posted.
@@ -191,8 +288,12 @@ impl Session {
     /// once, whatever the phone's message waits for (the chat's budget may
     /// hold it a minute), and the deadline decides on time: a phone message
     /// still on its way then is closed when it is out, by a task of its own.
-    pub(super) async fn ask_person<C: Copy + PartialEq>(&self, question: Question<C>) -> Answer<C> {
+    pub(super) async fn ask_person<C: Copy + PartialEq>(
+        &self,
+        mut question: Question<C>,
+    ) -> Answer<C> {
         let deadline = Instant::now() + question.timeout;
+        let mut elsewhere = question.elsewhere.take();
         let member = self.member();
         let mut posting = member.clone().map(|member| {
             let ask = ask_of(&question);
@@ -282,6 +383,19 @@ impl Session {
                     match close_now_or_later(&mut posting, &mut phone, outcome).await {
                         Some(phone) => break from_phone(&question.options, phone),
                         None => break at_terminal,
+                    }
+                },
+                resolved = async { elsewhere.as_mut().expect("guarded").await }, if elsewhere.is_some() => {
+                    if let Some(t) = terminal.take() {
+                        self.host.cancel(t.id);
+                    }
+                    let outcome = match resolved.and_then(|c| question.options.label(c)) {
+                        Some(label) => format!("⌨️ {label} — at the terminal"),
+                        None => "⌨️ Answered at the terminal".to_string(),
+                    };
+                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
+                        Some(phone) => break from_phone(&question.options, phone),
+                        None => break Answer::Elsewhere(resolved),
                     }
                 },
                 () = tokio::time::sleep_until(deadline) => {

@@ -129,6 +129,8 @@ pub struct Session {
     grants: Mutex<approvals::Grants>,
     /// The topic was told how to have voice notes transcribed.
     told_about_voice: AtomicBool,
+    /// Answers of the host's own dialogs, for the questions they close.
+    resolutions: Mutex<dialog::Resolutions>,
     /// Deliveries the host holds for a turn to take (`queued`), by update
     /// id: acknowledged when a turn takes them (`agent/taken`), else they
     /// stay the leader's for when the session is resumed.
@@ -142,6 +144,55 @@ pub struct Session {
     launch: std::sync::OnceLock<String>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
+}
+
+/// A session served in this process, for a host played by the relay
+/// itself (Claude Code's MCP server, Codex's bridge, a Codex hook): the
+/// host protocol runs over an in-memory pipe, so the session is exactly
+/// the one `agent-relay stdio` serves.
+pub struct InProcess {
+    /// The host's end: requests and notifications to the session.
+    pub link: crate::host_client::Link,
+    /// What the session says to its host on its own.
+    pub from_session: tokio::sync::mpsc::UnboundedReceiver<crate::host_client::Said>,
+    /// The session, once the transport made it (at once).
+    pub session: Arc<std::sync::OnceLock<Arc<Session>>>,
+}
+
+impl InProcess {
+    /// Starts the session's transport; the session exists once the host
+    /// says `initialize`.
+    pub fn start(paths: Paths, config: Result<Config, ConfigError>) -> Self {
+        let (session_side, host_side) = tokio::io::duplex(1 << 16);
+        let (session_in, session_out) = tokio::io::split(session_side);
+        let (host_in, host_out) = tokio::io::split(host_side);
+        let sessions: Arc<std::sync::OnceLock<Arc<Session>>> = Arc::default();
+        let slot = sessions.clone();
+        tokio::spawn(async move {
+            let served = crate::host::serve(session_in, session_out, move |link| {
+                let session = Session::new(link, paths, config);
+                let _ = slot.set(session.clone());
+                session
+            })
+            .await;
+            if let Err(e) = served {
+                tracing::warn!("the in-process session's transport failed: {e}");
+            }
+        });
+        let (link, from_session) = crate::host_client::Link::over(host_in, host_out, false);
+        Self {
+            link,
+            from_session,
+            session: sessions,
+        }
+    }
+
+    /// Closes the session (see [`Session::close`]), if there is one.
+    pub async fn close(session: &std::sync::OnceLock<Arc<Session>>) {
+        if let Some(session) = session.get() {
+            session.close().await;
+        }
+    }
 }
 
 /// Deliveries a host holds for a turn to take. The host's "a turn took
@@ -223,6 +274,7 @@ impl Session {
             stopped: AtomicBool::new(false),
             grants: Mutex::default(),
             told_about_voice: AtomicBool::new(false),
+            resolutions: Mutex::default(),
             untaken: Mutex::default(),
             not_taken: Default::default(),
             leader_undelivered: Default::default(),
@@ -240,6 +292,10 @@ impl Session {
 
     fn grants(&self) -> std::sync::MutexGuard<'_, approvals::Grants> {
         self.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn resolutions(&self) -> std::sync::MutexGuard<'_, dialog::Resolutions> {
+        self.resolutions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn has_ui(&self) -> bool {
@@ -575,6 +631,7 @@ impl Session {
                 timeout: CONFIRM_TIMEOUT,
                 terminal: dialog::Terminal::Confirm,
                 timeout_outcome: "⌛ No answer: nothing changed".into(),
+                elsewhere: None,
             };
             match self.ask_person(question).await {
                 dialog::Answer::Choice {
@@ -863,6 +920,13 @@ impl Handler for Session {
                     )));
                 }
             }
+            HostEvent::ApprovalResolved(resolved) => self.resolutions().resolve(
+                format!("approval:{}", resolved.tool_call_id),
+                resolved.decision,
+            ),
+            HostEvent::QuestionResolved(resolved) => self
+                .resolutions()
+                .resolve(format!("question:{}", resolved.id), None),
             HostEvent::SessionStarted(started) => {
                 if let Some(session) = started.session
                     && let Some(me) = self.me()

@@ -36,17 +36,6 @@ pub enum TranscribeError {
     TimedOut(u64),
 }
 
-/// The environment the program gets: `parent` without the relay's own
-/// variables (see the module doc).
-fn child_env(
-    parent: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
-    parent.filter(|(key, _)| {
-        let key = key.to_string_lossy();
-        key != "TELEGRAM_BOT_TOKEN" && !key.starts_with("AGENT_RELAY_")
-    })
-}
-
 /// The transcript of the audio file at `audio`; empty when nothing was
 /// heard.
 pub async fn transcribe(
@@ -66,7 +55,7 @@ pub async fn transcribe(
     let mut command = Command::new(&program);
     command
         .env_clear()
-        .envs(child_env(std::env::vars_os()))
+        .envs(crate::config::child_env(std::env::vars_os()))
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -137,26 +126,6 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-
-    #[test]
-    fn the_program_gets_the_users_environment_without_the_relays_secrets() {
-        let parent = [
-            ("PATH", "/usr/bin"),
-            ("HOME", "/home/ada"),
-            ("OPENAI_API_KEY", "sk-the-users-own"),
-            (
-                "TELEGRAM_BOT_TOKEN",
-                "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_",
-            ),
-            ("AGENT_RELAY_NATS_URL", "nats://relay:secret@h"),
-            ("AGENT_RELAY_HOME", "/h"),
-        ]
-        .map(|(k, v)| (k.into(), v.into()));
-        let kept: Vec<String> = child_env(parent.into_iter())
-            .map(|(k, _)| k.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(kept, ["PATH", "HOME", "OPENAI_API_KEY"]);
-    }
 
     fn shell(script: &str, timeout: Duration) -> Transcriber {
         Transcriber {

@@ -1,0 +1,97 @@
+//! Codex as a host (docs/DESIGN.md, "Codex"; docs/CODEX.md has what the
+//! relay relies on, checked on the pinned Codex).
+//!
+//! Codex's app-server lets several clients share one thread: its own TUI
+//! and another program each see every turn, and either may start one or
+//! answer an approval. The relay is such a client. Inside it runs an
+//! ordinary [`Session`] — the same bus member `agent-relay stdio` runs for
+//! pi — driven over the host protocol by a [`bridge::Bridge`] that plays
+//! its host, as `claude/bridge.rs` does for Claude Code:
+//!
+//! * [`app_server`] is the client itself, over either transport of the
+//!   app-server (WebSocket on a unix socket, or stdio);
+//! * [`bridge`] maps Codex's threads, turns, items and requests to the
+//!   session and back, in one place;
+//! * [`wrapper`] is `agent-relay codex [codex args…]`: a private app-server,
+//!   the user's TUI on it in the foreground, the relay beside it;
+//! * [`hook`] and [`install`] are the other way in, for plain `codex`:
+//!   `agent-relay install codex` writes hooks that run `agent-relay hook
+//!   --host codex <event>`, each of which joins the relay for a moment.
+//!
+//! A session started from the phone (the launcher) needs [`start`] with
+//! [`Mode::Alone`] on an app-server it runs on stdio.
+
+mod app_server;
+mod bridge;
+pub mod hook;
+pub mod install;
+mod wire;
+pub mod wrapper;
+
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc;
+
+pub use app_server::{AppServer, AppServerError, Incoming, Transport};
+pub use bridge::{Bridge, Mode, Opening};
+
+use crate::config::{Config, ConfigError};
+use crate::paths::Paths;
+use crate::session::Session;
+
+/// The profile key's session file for a Codex thread: its id names it
+/// across `codex resume`.
+fn session_file(thread_id: &str) -> String {
+    format!("codex:{thread_id}")
+}
+
+/// A session of the relay on one Codex connection, running.
+pub struct Running {
+    bridge: Arc<Bridge>,
+    session: Arc<OnceLock<Arc<Session>>>,
+    bridged: tokio::task::JoinHandle<()>,
+}
+
+/// Starts a session in process, its host played by a bridge on `codex`
+/// (initialized already; `incoming` is what it says). It runs until the
+/// connection ends or [`Running::stop`].
+pub fn start(
+    codex: AppServer,
+    incoming: mpsc::UnboundedReceiver<Incoming>,
+    paths: Paths,
+    config: Result<Config, ConfigError>,
+    mode: Mode,
+) -> Running {
+    let crate::session::InProcess {
+        link,
+        from_session,
+        session,
+    } = crate::session::InProcess::start(paths, config);
+    let bridge = Bridge::new(codex, link, mode);
+    let bridged = tokio::spawn(bridge.clone().run(incoming, from_session));
+    Running {
+        bridge,
+        session,
+        bridged,
+    }
+}
+
+impl Running {
+    pub fn bridge(&self) -> &Arc<Bridge> {
+        &self.bridge
+    }
+
+    /// Waits until Codex's connection ends.
+    pub async fn finished(&mut self) {
+        let _ = (&mut self.bridged).await;
+    }
+
+    /// Stops the bridge, then closes the session: what it queued for the
+    /// topic goes out first (the session waits a few seconds at most), and
+    /// it leaves the relay.
+    pub async fn stop(self) {
+        self.bridge.finish();
+        let _ = self.bridged.await;
+        crate::session::InProcess::close(&self.session).await;
+    }
+}

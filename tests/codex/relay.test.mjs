@@ -1,0 +1,172 @@
+// `agent-relay codex` with the real Codex TUI in a tmux pseudo-terminal (not a
+// stand-in client): the TUI and the relay are two clients of the wrapper's
+// private app-server, the fake Bot API is Telegram, the fake Responses API the
+// model. Then plain `codex exec` with the hooks `agent-relay install codex` wrote.
+
+import assert from "node:assert/strict";
+import { existsSync, readdirSync, watch } from "node:fs";
+import { performance } from "node:perf_hooks";
+import { join } from "node:path";
+import { test } from "node:test";
+import { CODEX, eventually, isRunning, processesOf, SIDECAR, treeOf, World } from "./harness.mjs";
+
+/** The approval message in `threadId` that mentions `text`. */
+function asked(world, threadId, text) {
+	return eventually(
+		async () => (await world.telegram.messages(threadId)).find((m) => m.reply_markup && m.plain_text.includes(text)),
+		30_000,
+		`the approval message about ${text}`,
+	);
+}
+
+function button(message, label) {
+	const found = message.reply_markup.inline_keyboard.flat().find((b) => b.text.includes(label));
+	assert.ok(found, `no ${label} in ${JSON.stringify(message.reply_markup)}`);
+	return found.callback_data;
+}
+
+function settled(world, messageId) {
+	return eventually(async () => {
+		const m = await world.telegram.message(messageId);
+		return !m.reply_markup && m;
+	}, 20_000, "the approval message to close");
+}
+
+/** What of the wrapper is still running, the app-server included. */
+function leftOver(world, wrapperTree) {
+	const stillThere = wrapperTree.filter(isRunning);
+	const servers = processesOf(CODEX).filter((p) => p.cmdline.includes("app-server") && p.cmdline.includes(world.relayHome));
+	return { stillThere, servers };
+}
+
+test("the TUI's thread gets a topic, a phone message starts a turn the TUI shows, the answer lands, and nothing outlives the TUI", async (t) => {
+	const world = await World.create(t);
+	const wrapper = await world.wrapper();
+	const topic = await world.topic();
+	assert.match(topic.name, /project/);
+	await world.telegram.injectMessage(topic.thread_id, "hello from the phone");
+	await world.shows(/hello from the phone/, 30_000, "the phone's message");
+	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: hello from the phone"), { what: "the answer" });
+	await world.shows(/echo: hello from the phone[\s\S]*Worked for/, 30_000, "the answer in the TUI, the turn done");
+	const tree = treeOf(wrapper);
+	assert.ok(tree.length >= 3, `the wrapper, the TUI, the app-server: ${tree}`);
+	// The TUI quits (Ctrl-C twice on an idle composer); the wrapper follows.
+	await world.keys("C-c");
+	await world.keys("C-c");
+	assert.equal(await world.exited(), 0);
+	await eventually(() => {
+		const { stillThere, servers } = leftOver(world, tree);
+		return stillThere.length === 0 && servers.length === 0;
+	}, 15_000, "nothing of the wrapper to be running");
+	assert.deepEqual(readdirSync(join(world.relayHome)).filter((n) => n.startsWith("codex-")), [], "the private folder is gone");
+});
+
+test("a command asks on the phone: Allow runs it, Deny does not, and the terminal answering first closes the phone's message", async (t) => {
+	const world = await World.create(t);
+	await world.wrapper();
+	const topic = await world.topic();
+	const escalated = (cmd) => `[[exec ${JSON.stringify({ cmd, sandbox_permissions: "require_escalated", justification: "the test asks" })}]]`;
+
+	await world.telegram.injectMessage(topic.thread_id, `make it ${escalated("touch allowed-by-phone")}`);
+	const allow = await asked(world, topic.thread_id, "allowed-by-phone");
+	assert.ok(!existsSync(join(world.project, "allowed-by-phone")), "nothing runs before the tap");
+	// The command's file appearing, seen by inotify: the tap-to-run time.
+	const ran = new Promise((done) => {
+		const watcher = watch(world.project, (_, name) => {
+			if (name === "allowed-by-phone") {
+				done(performance.now());
+				watcher.close();
+			}
+		});
+		t.after(() => watcher.close());
+	});
+	const tapped = performance.now();
+	await world.telegram.tap(topic.thread_id, allow.message_id, button(allow, "Allow"));
+	const ranAt = await Promise.race([ran, new Promise((_, fail) => setTimeout(() => fail(new Error("the allowed command did not run")), 20_000))]);
+	t.diagnostic(`tap → command ran: ${(ranAt - tapped).toFixed(0)} ms (the tap injected into the fake Bot API → the command's file created)`);
+	assert.ok(existsSync(join(world.project, "allowed-by-phone")));
+	const allowed = await settled(world, allow.message_id);
+	t.diagnostic(`the phone asked:\n${allow.plain_text}\nbuttons: ${allow.reply_markup.inline_keyboard.flat().map((b) => b.text).join(" | ")}\nand after the tap:\n${allowed.plain_text}`);
+	assert.match(allowed.plain_text, /Allow/);
+	await world.telegram.said(topic.thread_id, (text) => text.includes("tool exec_command returned"), { what: "the turn's answer" });
+
+	await world.telegram.injectMessage(topic.thread_id, `now this ${escalated("touch denied-by-phone")}`);
+	const deny = await asked(world, topic.thread_id, "denied-by-phone");
+	await world.telegram.tap(topic.thread_id, deny.message_id, button(deny, "Deny"));
+	assert.match((await settled(world, deny.message_id)).plain_text, /Deny/);
+	const refused = await world.fake.next((r) => r.toolOutput && r.lastUserText.includes("now this"));
+	t.diagnostic(`the model heard: ${JSON.stringify(refused.toolOutput.output)}`);
+	assert.ok(!existsSync(join(world.project, "denied-by-phone")), "Deny blocked the command");
+
+	await world.telegram.injectMessage(topic.thread_id, `and this ${escalated("touch allowed-at-terminal")}`);
+	const third = await asked(world, topic.thread_id, "allowed-at-terminal");
+	await world.shows(/allowed-at-terminal/, 30_000, "the TUI's own approval dialog");
+	t.diagnostic(`the terminal showed:\n${await world.screen()}`);
+	await world.keys("y");
+	await eventually(() => existsSync(join(world.project, "allowed-at-terminal")), 20_000, "the command the terminal allowed");
+	const closed = await settled(world, third.message_id);
+	t.diagnostic(`the phone's message after the terminal answered:\n${closed.plain_text}`);
+	assert.match(closed.plain_text, /terminal/i, "the phone's message says the terminal answered");
+});
+
+test("/stop interrupts the running turn", async (t) => {
+	const world = await World.create(t);
+	await world.wrapper();
+	const topic = await world.topic();
+	let release;
+	world.fake.queue({ hold: new Promise((done) => (release = done)), text: "too late" });
+	t.after(() => release?.());
+	await world.telegram.injectMessage(topic.thread_id, "a long one");
+	await world.fake.next((r) => r.lastUserText.includes("a long one"));
+	await world.telegram.injectMessage(topic.thread_id, "/stop");
+	await world.shows(/[Ii]nterrupted|Conversation interrupted/, 30_000, "the TUI to show the interrupt");
+	release();
+	const messages = await world.telegram.messages(topic.thread_id);
+	assert.ok(!messages.some((m) => m.plain_text.includes("too late")), "the interrupted turn's answer is not posted");
+});
+
+test("resume keeps the topic", async (t) => {
+	const world = await World.create(t);
+	await world.wrapper();
+	const topic = await world.topic();
+	await world.telegram.injectMessage(topic.thread_id, "first");
+	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: first"), { what: "the first answer" });
+	// Quit once the TUI is idle too (Ctrl-C during a turn interrupts it).
+	await world.shows(/Worked for/, 30_000, "the turn done in the TUI");
+	await world.keys("C-c");
+	await world.keys("C-c");
+	assert.equal(await world.exited(), 0);
+	await world.wrapper(["resume", "--last"]);
+	await world.shows(/echo: first/, 30_000, "the resumed thread");
+	await world.telegram.injectMessage(topic.thread_id, "second");
+	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: second"), { what: "the resumed session's answer" });
+	assert.equal((await world.topic()).thread_id, topic.thread_id, "the same topic");
+});
+
+for (const signal of ["SIGINT", "SIGTERM"]) {
+	test(`${signal} to the wrapper leaves nothing running`, async (t) => {
+		const world = await World.create(t);
+		const wrapper = await world.wrapper();
+		await world.topic();
+		const tree = treeOf(wrapper);
+		process.kill(wrapper, signal);
+		await world.exited();
+		await eventually(() => {
+			const { stillThere, servers } = leftOver(world, tree);
+			return stillThere.length === 0 && servers.length === 0;
+		}, 15_000, "nothing of the wrapper to be running");
+	});
+}
+
+test("plain codex with the installed hooks: the session gets a topic and its answer", async (t) => {
+	const world = await World.create(t);
+	const install = await world.exec(SIDECAR, ["install", "codex"]);
+	assert.equal(install.code, 0, install.stderr);
+	assert.match(install.stdout, /trusts the relay's 3 hooks/);
+	const again = await world.exec(SIDECAR, ["install", "codex"]);
+	assert.match(again.stdout, /Nothing to change/, "install is idempotent");
+	const out = await world.exec(CODEX, ["exec", "--skip-git-repo-check", "hello from the terminal"]);
+	assert.equal(out.code, 0, out.stderr);
+	const topic = await world.topic();
+	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: hello from the terminal"), { what: "the answer, by the Stop hook" });
+});
