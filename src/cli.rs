@@ -16,9 +16,15 @@ use crate::{commands, host, logging, member};
 /// Whatever the relay or a library it uses creates (log files, SQLite's
 /// -wal and -shm) is for the user alone, whatever umask the host passed
 /// down. Call it before any thread exists, so nothing races it.
-pub fn private_umask() {
+pub fn private_umask() -> u32 {
     // SAFETY: umask has no preconditions and cannot fail.
-    unsafe { libc::umask(0o077) };
+    (unsafe { libc::umask(0o077) }) as u32
+}
+
+/// The umask the agents `serve` starts get: the one it was started with
+/// (an agent's files are its project's, not the relay's).
+pub fn agents_umask(mask: u32) {
+    crate::launch::set_agent_umask(mask);
 }
 
 /// How an error leaves the binary: one line on stderr, redacted.
@@ -140,8 +146,15 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let session: Arc<OnceLock<Arc<Session>>> = Arc::default();
         let slot = session.clone();
+        // `agent-relay serve` names the launch a sidecar's host is.
+        let launch = std::env::var(crate::session::LAUNCH_ENV)
+            .ok()
+            .filter(|id| !id.is_empty());
         let serve = host::serve(tokio::io::stdin(), tokio::io::stdout(), move |link| {
             let s = Session::new(link, paths, config);
+            if let Some(id) = launch {
+                s.set_launch(id);
+            }
             let _ = slot.set(s.clone());
             s
         });
@@ -156,8 +169,21 @@ pub fn stdio(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether this process runs inside an agent `agent-relay serve` started,
+/// which relays that agent itself: the Claude Code plugin's MCP server and
+/// hooks step aside there, or the session would register twice.
+fn launched_by_serve() -> bool {
+    std::env::var_os(crate::session::LAUNCH_ENV).is_some_and(|id| !id.is_empty())
+}
+
 /// `agent-relay mcp`: Claude Code's MCP server, a session of the relay.
 pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    if launched_by_serve() {
+        eprintln!(
+            "agent-relay: this Claude Code was started by agent-relay serve, which relays it itself; the MCP server steps aside"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     // Claude Code has no status line for the MCP server: every problem
     // goes to stderr, which it keeps in its MCP log.
     let Sidecar {
@@ -206,6 +232,103 @@ pub fn drain() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `agent-relay serve`: the machine's launcher, until SIGTERM or SIGINT
+/// (docs/DESIGN.md, *Launching*).
+pub fn serve(log_stderr: bool) -> anyhow::Result<ExitCode> {
+    let Setup {
+        paths,
+        dirs_trusted,
+        config,
+    } = Setup::from_env(Missing::Create)?;
+    let config = config.context("agent-relay serve cannot start")?;
+    let _log = if dirs_trusted {
+        logging::init(&paths.log_dir(), log_stderr)
+            .map_err(|e| eprintln!("agent-relay: logging disabled: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    if config.launch.roots.is_empty() {
+        eprintln!(
+            "agent-relay serve: no [launch] roots in {}: /new is refused until you name the folders agents may work in",
+            config.file.display()
+        );
+    }
+    if std::env::var_os("TELEGRAM_BOT_TOKEN").is_some() && config.launch.commands.contains_key("pi")
+    {
+        eprintln!(
+            "agent-relay serve: TELEGRAM_BOT_TOKEN is not passed to the agents it starts; a pi session's sidecar reads bot_token from {}",
+            config.file.display()
+        );
+    }
+    eprintln!(
+        "agent-relay serve: pid {}, starting agents asked for from Telegram (stop with Ctrl-C)",
+        std::process::id()
+    );
+    runtime()?.block_on(async move {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopping = stop.clone();
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot watch SIGTERM")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => tracing::info!("SIGTERM: serve stops"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: serve stops"),
+            }
+            stopping.cancel();
+        });
+        crate::launch::serve::run(paths, config, stop)
+            .await
+            .context("agent-relay serve")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agent-relay install service [--remove] [--dry-run] [--launchd|--systemd]`.
+pub fn install_service(
+    dry_run: bool,
+    remove: bool,
+    launchd: bool,
+    systemd: bool,
+) -> anyhow::Result<ExitCode> {
+    use crate::launch::service::{self, Manager};
+    let home = std::path::PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
+    let config_home = std::env::var_os("XDG_CONFIG_HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home.join(".config"));
+    let manager = match (launchd, systemd) {
+        (true, _) => Manager::Launchd,
+        (_, true) => Manager::Systemd,
+        _ => Manager::native(),
+    };
+    let exe = std::env::current_exe().context("cannot find this program's own path")?;
+    let mut env: Vec<(String, String)> = Vec::new();
+    for key in ["PATH", "AGENT_RELAY_HOME"] {
+        if let Ok(value) = std::env::var(key) {
+            env.push((key.to_string(), value));
+        }
+    }
+    let unit = service::unit(manager, &exe, &home, &config_home, &env);
+    let done = if remove {
+        service::remove(&unit, dry_run)?
+    } else {
+        service::install(&unit, dry_run)?
+    };
+    print!("{}", done.said);
+    if !remove && std::env::var_os("TELEGRAM_BOT_TOKEN").is_some() {
+        println!(
+            "note: the service does not carry TELEGRAM_BOT_TOKEN; it reads bot_token from config.toml"
+        );
+    }
+    Ok(if done.failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// `agent-relay codex [args…]`: Codex's TUI with the relay beside it; exits
 /// with the TUI's code.
 pub fn codex(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
@@ -232,6 +355,10 @@ const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// deciding nothing lets the host go on as without it.
 pub fn hook(codex: bool, event: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Write};
+    if launched_by_serve() {
+        // serve plays this Claude Code's host: nothing for a hook to do.
+        return Ok(ExitCode::SUCCESS);
+    }
     // Claude Code writes the event and closes stdin at once; a stdin that
     // never ends must not keep the hook (and Claude Code) waiting.
     let (tx, rx) = std::sync::mpsc::channel();

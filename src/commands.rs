@@ -178,10 +178,10 @@ fn session_table(out: &mut String, sessions: &[SessionStatus]) {
     }
     out.push_str("slot  topic                     health        cwd\n");
     for s in sessions {
-        let health = if s.live {
-            format!("live {:.1}s", s.heartbeat_age_ms as f64 / 1000.0)
-        } else {
-            "offline".into()
+        let health = match (&s.launch, s.live) {
+            (_, true) => format!("live {:.1}s", s.heartbeat_age_ms as f64 / 1000.0),
+            (Some(launch), false) => launch.state.clone(),
+            (None, false) => "offline".into(),
         };
         out.push_str(&format!(
             "{:<5} {:<25} {:<13} {}\n",
@@ -200,6 +200,14 @@ fn leader_lines(out: &mut String, status: &BusStatus) {
     }
     for chat in &status.pacing {
         out.push_str(&format!("pacing: {}\n", pacing_text(chat)));
+    }
+    match &status.serve {
+        Some(serve) => out.push_str(&format!(
+            "serve: pid {} · starts {}\n",
+            serve.pid,
+            serve.engines.join(", ")
+        )),
+        None => out.push_str("serve: not running (/new needs agent-relay serve)\n"),
     }
 }
 

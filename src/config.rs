@@ -26,7 +26,7 @@ pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 
 /// The contents of `config.toml`. Every key is optional; unknown keys are an
 /// error so that a typo does not silently do nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "agent-relay config.toml")]
 pub struct ConfigFile {
@@ -60,6 +60,30 @@ pub struct ConfigFile {
     pub transcribe_timeout_s: Option<u64>,
     /// Files, photos and voice notes both ways.
     pub files: Option<FilesFile>,
+    /// Sessions the relay starts itself (`agent-relay serve`, `/new` from
+    /// the phone).
+    pub launch: Option<LaunchFile>,
+}
+
+/// `[launch]` in `config.toml`: where `/new` may start agents, and how.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchFile {
+    /// Folders agents may be started in from the phone, with everything
+    /// beneath them (absolute, or starting with `~/`). None by default:
+    /// `/new` then says how to allow one.
+    pub roots: Option<Vec<String>>,
+    /// End a launched session that had no turn for this many hours; the
+    /// next message resumes it (default: never).
+    pub idle_end_hours: Option<f64>,
+    /// The engine `/new` starts when none is named: `pi` or `claude`
+    /// (default `pi`).
+    pub engine: Option<String>,
+    /// How to run each engine, as a list of arguments (no shell); the relay
+    /// adds what makes it headless. Default: `pi = ["pi"]`,
+    /// `claude = ["claude"]`. pi must load the relay's extension: install
+    /// the package (`pi install`), or add `"-e", "<path>/scripts/pi-extension.ts"`.
+    pub commands: Option<std::collections::BTreeMap<String, CommandLine>>,
 }
 
 /// A command line as a list of arguments. A single string is refused with a
@@ -86,6 +110,124 @@ pub struct FilesFile {
     /// Send an answer that is mostly one long code block or diff as a file
     /// instead of many messages (default true).
     pub long_answers_as_file: Option<bool>,
+}
+
+/// What `[launch]` comes to (docs/DESIGN.md, *Launching*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchPolicy {
+    /// Absolute folders, `~` expanded; links are resolved where they are
+    /// used, since a root may not exist yet.
+    pub roots: Vec<PathBuf>,
+    pub idle_end: Option<std::time::Duration>,
+    pub default_engine: String,
+    /// Engine name → program and arguments.
+    pub commands: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Default for LaunchPolicy {
+    fn default() -> Self {
+        Self {
+            roots: Vec::new(),
+            idle_end: None,
+            default_engine: "pi".into(),
+            commands: [("pi", "pi"), ("claude", "claude")]
+                .into_iter()
+                .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
+                .collect(),
+        }
+    }
+}
+
+impl LaunchPolicy {
+    /// Checks the keys; an error names the key. `home` expands `~/`.
+    fn from_file(file: LaunchFile, home: Option<&Path>) -> Result<Self, (&'static str, String)> {
+        let mut policy = Self::default();
+        for root in file.roots.unwrap_or_default() {
+            policy
+                .roots
+                .push(absolute(&root, home).map_err(|m| ("launch.roots", m))?);
+        }
+        if let Some(hours) = file.idle_end_hours {
+            if !(hours > 0.0 && hours <= 24.0 * 365.0) {
+                return Err((
+                    "launch.idle_end_hours",
+                    format!("must be more than 0 and at most a year of hours, found {hours}"),
+                ));
+            }
+            policy.idle_end = Some(std::time::Duration::from_secs_f64(hours * 3600.0));
+        }
+        for (engine, command) in file.commands.unwrap_or_default() {
+            let argv = match command {
+                CommandLine::Arguments(argv)
+                    if argv.first().is_some_and(|p| !p.trim().is_empty()) =>
+                {
+                    argv
+                }
+                CommandLine::Arguments(_) => {
+                    return Err((
+                        "launch.commands",
+                        format!("{engine}: needs a program first"),
+                    ));
+                }
+                CommandLine::Text(text) => {
+                    return Err((
+                        "launch.commands",
+                        format!(
+                            "{engine}: must be a list of arguments, e.g. {:?}: it runs without a shell",
+                            text.split_whitespace().collect::<Vec<_>>()
+                        ),
+                    ));
+                }
+            };
+            if !engine_name(&engine) {
+                return Err((
+                    "launch.commands",
+                    format!("{engine:?} is not an engine name (a-z, at most 16)"),
+                ));
+            }
+            policy.commands.insert(engine, argv);
+        }
+        if let Some(engine) = file.engine {
+            if !policy.commands.contains_key(&engine) {
+                return Err((
+                    "launch.engine",
+                    format!(
+                        "{engine:?} is none of the engines: {}",
+                        policy
+                            .commands
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            policy.default_engine = engine;
+        }
+        Ok(policy)
+    }
+}
+
+/// An engine's name as configuration and commands spell it.
+fn engine_name(name: &str) -> bool {
+    (1..=16).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_lowercase())
+}
+
+/// `folder` as an absolute path: `~/` expanded with `home`.
+fn absolute(folder: &str, home: Option<&Path>) -> Result<PathBuf, String> {
+    let path = match folder.strip_prefix("~/").or((folder == "~").then_some("")) {
+        Some(rest) => match home {
+            Some(home) => home.join(rest),
+            None => return Err(format!("{folder:?}: no home directory to expand ~ with")),
+        },
+        None => PathBuf::from(folder),
+    };
+    if !path.is_absolute() {
+        return Err(format!(
+            "{folder:?} must be an absolute path (or start with ~/)"
+        ));
+    }
+    Ok(path)
 }
 
 /// How voice notes are transcribed.
@@ -144,25 +286,7 @@ impl FilesPolicy {
         }
         let mut send_from = Vec::new();
         for folder in files.send_from.unwrap_or_default() {
-            let path = match folder.strip_prefix("~/") {
-                Some(rest) => match home {
-                    Some(home) => home.join(rest),
-                    None => {
-                        return Err((
-                            "files.send_from",
-                            format!("{folder:?}: no home directory to expand ~ with"),
-                        ));
-                    }
-                },
-                None => PathBuf::from(&folder),
-            };
-            if !path.is_absolute() {
-                return Err((
-                    "files.send_from",
-                    format!("{folder:?} must be an absolute path (or start with ~/)"),
-                ));
-            }
-            send_from.push(path);
+            send_from.push(absolute(&folder, home).map_err(|m| ("files.send_from", m))?);
         }
         let timeout_s = timeout_s.unwrap_or(TRANSCRIBE_DEFAULT_S);
         if !(1..=TRANSCRIBE_MAX_S).contains(&timeout_s) {
@@ -520,6 +644,8 @@ pub struct Config {
     /// Files both ways: the inbox cap, where files may be sent from, voice
     /// transcription.
     pub files: FilesPolicy,
+    /// `[launch]`: where and how `agent-relay serve` starts agents.
+    pub launch: LaunchPolicy,
     /// The file that was read (it may not exist).
     pub file: PathBuf,
 }
@@ -715,9 +841,12 @@ impl Config {
             home.as_deref(),
         )
         .map_err(|(key, message)| invalid(&from_file, key, message))?;
+        let launch = LaunchPolicy::from_file(parsed.launch.unwrap_or_default(), home.as_deref())
+            .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
         Ok(Self {
             files,
+            launch,
             token,
             chat_id,
             allowed_users,
@@ -1277,6 +1406,63 @@ mod tests {
             load("[files]\ninbox_max = 5", &[]),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn launch_keys_with_their_defaults_and_errors() {
+        let c = load("", &[]).unwrap();
+        assert!(c.launch.roots.is_empty(), "no roots by default");
+        assert_eq!(c.launch.idle_end, None);
+        assert_eq!(c.launch.default_engine, "pi");
+        assert_eq!(c.launch.commands["claude"], ["claude"]);
+
+        let text = "[launch]\nroots = [\"~/code\", \"/srv/work\"]\nidle_end_hours = 0.5\n\
+                    engine = \"claude\"\n[launch.commands]\npi = [\"node\", \"/opt/pi/cli.js\"]\n";
+        let c = load(text, &[("HOME", "/home/ada")]).unwrap();
+        assert_eq!(
+            c.launch.roots,
+            [PathBuf::from("/home/ada/code"), PathBuf::from("/srv/work")]
+        );
+        assert_eq!(
+            c.launch.idle_end,
+            Some(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(c.launch.default_engine, "claude");
+        assert_eq!(c.launch.commands["pi"], ["node", "/opt/pi/cli.js"]);
+
+        for (text, key, says) in [
+            ("[launch]\nroots = [\"code\"]", "launch.roots", "absolute"),
+            (
+                "[launch]\nidle_end_hours = 0",
+                "launch.idle_end_hours",
+                "more than 0",
+            ),
+            (
+                "[launch]\nengine = \"vim\"",
+                "launch.engine",
+                "none of the engines",
+            ),
+            (
+                "[launch.commands]\npi = \"pi -e x\"",
+                "launch.commands",
+                "list of arguments",
+            ),
+            (
+                "[launch.commands]\nPi = [\"pi\"]",
+                "launch.commands",
+                "engine name",
+            ),
+        ] {
+            match load(text, &[]) {
+                Err(ConfigError::Invalid {
+                    key: k, message, ..
+                }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(message.contains(says), "{text}: {message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
     }
 
     #[test]

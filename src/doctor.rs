@@ -194,7 +194,8 @@ async fn diagnose_relay(report: &mut Report, paths: &Paths, config: Result<Confi
     }
     check_users(report, &config.allowed_users);
     check_transcriber(report, &config, std::env::var_os("PATH"));
-    check_leader(report, paths, bot_id).await;
+    let serve = check_leader(report, paths, bot_id).await;
+    check_serve(report, serve, &config.launch);
 }
 
 /// Whether `transcribe_command`'s program can be run: a path must be an
@@ -488,7 +489,51 @@ fn check_users(report: &mut Report, users: &[i64]) {
     }
 }
 
-async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId) {
+/// Whether `agent-relay serve` runs (the leader knows: `serve` is a member
+/// of the bus), and where it may start agents.
+fn check_serve(
+    report: &mut Report,
+    serve: Option<crate::protocol::bus::ServeStatus>,
+    launch: &crate::config::LaunchPolicy,
+) {
+    match serve {
+        Some(serve) => report.pass(
+            "serve",
+            format!(
+                "running: pid {}, starts {} (/new from the phone)",
+                serve.pid,
+                serve.engines.join(", ")
+            ),
+        ),
+        None => report.note(
+            "serve",
+            "not running: /new from the phone needs it; run `agent-relay serve`, or `agent-relay install service` to keep it running",
+        ),
+    }
+    if launch.roots.is_empty() {
+        report.note(
+            "launch",
+            "no [launch] roots: starting agents from the phone is off until you name the folders they may work in",
+        );
+    } else {
+        let roots: Vec<String> = launch
+            .roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect();
+        report.pass(
+            "launch",
+            format!("agents may be started in {}", roots.join(", ")),
+        );
+    }
+}
+
+/// Whether a leader answers; answers the `serve` it knows of.
+async fn check_leader(
+    report: &mut Report,
+    paths: &Paths,
+    bot: crate::ids::BotId,
+) -> Option<crate::protocol::bus::ServeStatus> {
     // leader.json is for people only; the socket answering is the truth.
     let LeaderReport {
         status,
@@ -504,6 +549,7 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId
                     status.leader_pid, status.epoch
                 ),
             );
+            return status.serve;
         }
         Ok(None) => match recorded_pid {
             Some(pid) => report.note(
@@ -524,6 +570,7 @@ async fn check_leader(report: &mut Report, paths: &Paths, bot: crate::ids::BotId
             );
         }
     }
+    None
 }
 
 /// How the relay is added to Claude Code: the plugin, or the entries

@@ -36,6 +36,7 @@ pub mod framing;
 pub mod host;
 pub mod host_client;
 mod ids;
+mod launch;
 mod leader;
 mod logging;
 mod member;

@@ -32,6 +32,12 @@ enum Cmd {
         #[arg(long)]
         log_stderr: bool,
     },
+    /// Run the machine's launcher: start and keep agent sessions asked for from Telegram (`/new`).
+    Serve {
+        /// Also log to stderr.
+        #[arg(long)]
+        log_stderr: bool,
+    },
     /// Run Codex's terminal UI with the relay beside it on the same thread (arguments go to `codex`,
     /// e.g. `agent-relay codex resume --last`).
     Codex {
@@ -96,6 +102,22 @@ enum HookHost {
 
 #[derive(Subcommand)]
 enum InstallHost {
+    /// Keep `agent-relay serve` running: a systemd user unit (enabled and started), or a
+    /// launchd agent on macOS (loaded).
+    Service {
+        /// Show the file and the commands, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop the service and take its file away.
+        #[arg(long)]
+        remove: bool,
+        /// A launchd agent even where launchd is not (written, not loaded).
+        #[arg(long, conflicts_with = "systemd")]
+        launchd: bool,
+        /// A systemd user unit even where systemd is not (written, not loaded).
+        #[arg(long)]
+        systemd: bool,
+    },
     /// The MCP server in ~/.claude.json and the hooks in ~/.claude/settings.json (user scope),
     /// for those who keep their own settings files rather than use the plugin.
     ClaudeCode {
@@ -136,6 +158,7 @@ fn main() -> ExitCode {
         command,
         Cmd::Stdio { .. }
             | Cmd::Mcp { .. }
+            | Cmd::Serve { .. }
             | Cmd::Codex { .. }
             | Cmd::Hook { .. }
             | Cmd::Drain
@@ -144,17 +167,28 @@ fn main() -> ExitCode {
             | Cmd::Setup
             | Cmd::Cluster { .. }
     ) {
-        cli::private_umask();
+        let started_with = cli::private_umask();
+        cli::agents_umask(started_with);
     }
     let result = match command {
         Cmd::Stdio { log_stderr } => cli::stdio(log_stderr),
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
+        Cmd::Serve { log_stderr } => cli::serve(log_stderr),
         Cmd::Codex { args } => cli::codex(&args),
         Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),
+        Cmd::Install {
+            host:
+                InstallHost::Service {
+                    dry_run,
+                    remove,
+                    launchd,
+                    systemd,
+                },
+        } => cli::install_service(dry_run, remove, launchd, systemd),
         Cmd::Install {
             host: InstallHost::Codex { dry_run, remove },
         } => cli::install_codex(dry_run, remove),

@@ -73,6 +73,10 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<b::Fetched>("bus/fetch.result"),
         file::<b::Posted>("bus/post.result"),
         file::<b::Resent>("bus/resend.result"),
+        file::<b::ServeWelcome>("bus/serve.result"),
+        // agent-relay serve across machines (the cluster's launch question)
+        file::<crate::protocol::launch::RemoteOrder>("cluster/launch.question"),
+        file::<crate::protocol::launch::RemoteDone>("cluster/launch.answer"),
         // Claude Code: agent-relay hook ⇄ agent-relay mcp
         file::<crate::protocol::claude::HookCall>("claude/hook-call"),
         file::<crate::protocol::claude::HookAnswer>("claude/hook-answer"),

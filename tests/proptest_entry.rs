@@ -201,6 +201,7 @@ fn to_leader() -> impl Strategy<Value = ToLeader> {
                     protocol_version: BUS_PROTOCOL_VERSION,
                     retry_provisioning: retry,
                     left: None,
+                    launch: None,
                 })
             },
         );

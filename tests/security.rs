@@ -382,6 +382,7 @@ impl RawFollower {
                     protocol_version: BUS_PROTOCOL_VERSION,
                     retry_provisioning: false,
                     left: None,
+                    launch: None,
                 })
             })
             .await;
@@ -656,6 +657,7 @@ async fn a_generation_jump_cannot_take_over_another_session() {
                 protocol_version: BUS_PROTOCOL_VERSION,
                 retry_provisioning: false,
                 left: None,
+                launch: None,
             })
         })
         .await;

@@ -43,6 +43,12 @@ pub struct LeaderLock {
     dir: BusDir,
 }
 
+/// `serve.lock`, held for as long as `agent-relay serve` runs.
+#[derive(Debug)]
+pub struct ServeLock {
+    _file: File,
+}
+
 /// What `leader.json` says. For people and `doctor` only: nothing decides
 /// anything from it (the lock is the only truth).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +158,48 @@ impl BusDir {
             })),
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    /// `serve.lock`: held by `agent-relay serve` while it runs, so there
+    /// is one per bus (docs/DESIGN.md, *Launching*).
+    pub fn serve_lock_path(&self) -> PathBuf {
+        self.dir.join("serve.lock")
+    }
+
+    /// Takes `serve.lock` and writes this process's id into it. `Ok(None)`:
+    /// another `serve` holds it (its pid in the second value of
+    /// [`BusDir::serve_running`]).
+    pub fn try_lock_serve(&self) -> io::Result<Option<ServeLock>> {
+        use std::io::{Seek, Write};
+        self.check(Missing::Create)?;
+        let mut file = open_private_rw(&self.serve_lock_path())?;
+        match file.try_lock() {
+            Ok(()) => {
+                file.set_len(0)?;
+                file.seek(io::SeekFrom::Start(0))?;
+                write!(file, "{}", std::process::id())?;
+                file.flush()?;
+                Ok(Some(ServeLock { _file: file }))
+            }
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    /// Whether an `agent-relay serve` holds `serve.lock`, and the pid it
+    /// wrote there. Asked by `doctor`; takes the lock for a moment when
+    /// nobody holds it.
+    pub fn serve_running(&self) -> Option<u32> {
+        if !self.check(Missing::Leave).ok()? {
+            return None;
+        }
+        let mut file = open_private_file(&self.serve_lock_path()).ok()??;
+        let mut text = String::new();
+        file.read_to_string(&mut text).ok()?;
+        match file.try_lock_shared() {
+            Ok(()) => None,
+            Err(_) => Some(text.trim().parse().unwrap_or(0)),
         }
     }
 

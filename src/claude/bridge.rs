@@ -43,8 +43,12 @@ pub(super) const CHANNEL: &str = "notifications/claude/channel";
 /// How long a channel message may wait for a turn before the topic hears
 /// where it waits.
 const CHANNEL_GRACE: Duration = Duration::from_secs(15);
-/// What the topic hears about a message no turn took.
-const WAITING_NOTICE: &str = "📥 Claude Code has not taken this yet: it reads messages from here when the agent next checks its inbox (the telegram_inbox tool), or at once where Claude Code's channels are on.";
+/// What the topic hears about a message no turn took (no turn runs, so no
+/// Stop hook will hand it over).
+const WAITING_NOTICE: &str = "📥 Claude Code has not taken this yet: no turn is running at its terminal. It reads messages from here when a turn ends (or the agent checks its inbox, the telegram_inbox tool), or at once where Claude Code's channels are on. To have every message start a turn, start the session from here instead: /new <folder> claude.";
+/// What the model reads when a turn would end with messages from the phone
+/// waiting: the Stop hook's reason, and the turn goes on with them.
+const STOP_REASON: &str = "The user sent these messages from Telegram while you were working. Answer them now, in this turn:";
 /// How the bridge answers a channel permission request.
 pub(super) const CHANNEL_PERMISSION: &str = "notifications/claude/channel/permission";
 
@@ -76,6 +80,9 @@ struct State {
     from_telegram: bool,
     /// Approvals waiting for the phone right now.
     approvals_open: u32,
+    /// A turn runs at Claude Code's terminal (UserPromptSubmit to Stop): a
+    /// message from the phone waits for its Stop hook, which hands it over.
+    turn_running: bool,
 }
 
 pub struct Bridge {
@@ -324,7 +331,7 @@ impl Bridge {
             attachments: params.attachments,
             at_ms: now_ms(),
         };
-        let (channel, dropped, update_id) = {
+        let (channel, dropped, update_id, turn_running) = {
             let mut state = self.state();
             let id = waiting.origin.update_id;
             if !state.seen_set.insert(id) {
@@ -338,7 +345,7 @@ impl Bridge {
             }
             state.inbox.push_back(waiting.clone());
             let dropped = (state.inbox.len() > INBOX).then(|| state.inbox.pop_front());
-            (state.channel, dropped.flatten(), id)
+            (state.channel, dropped.flatten(), id, state.turn_running)
         };
         // Only a channel message can start a turn, and Claude Code may
         // ignore channels (print mode, or channels off): when no turn took
@@ -352,6 +359,11 @@ impl Bridge {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
+            // A running turn's Stop hook hands the message over; only a
+            // message still waiting once no turn runs is one to tell of.
+            if turn_running && !channel {
+                return;
+            }
             let tell = {
                 let mut state = me.state();
                 let waiting = state.inbox.iter().any(|w| w.origin.update_id == update_id);
@@ -516,7 +528,11 @@ impl Bridge {
             "UserPromptSubmit" => {
                 let prompt = input.prompt.unwrap_or_default();
                 let from_telegram = self.took_from_inbox(&prompt);
-                self.state().from_telegram = from_telegram;
+                {
+                    let mut state = self.state();
+                    state.from_telegram = from_telegram;
+                    state.turn_running = true;
+                }
                 self.tell_session(method::AGENT_STARTED, json!({}));
                 let source = if from_telegram {
                     "extension"
@@ -577,27 +593,55 @@ impl Bridge {
                 }
                 HookAnswer::default()
             }
-            "Stop" => {
-                self.state().from_telegram = false;
-                // Asked, not told: the hook returns once the answer is the
-                // relay's, on disk, and Claude Code may exit at once.
-                let ended = self
-                    .session
-                    .request(
-                        method::AGENT_ENDED,
-                        json!({"lastAssistantText": input.last_assistant_message}),
-                        QUICK,
-                    )
-                    .await;
-                if let Err(e) = ended {
-                    tracing::warn!("the answer may not have reached the relay: {e}");
-                }
-                HookAnswer::default()
-            }
+            "Stop" => self.stop(input.last_assistant_message).await,
             "SessionEnd" => HookAnswer::default(),
             other => note(format!(
                 "agent-relay: the {other} hook is not one the relay uses"
             )),
+        }
+    }
+
+    /// A turn would end. Messages from the phone waiting meanwhile go on
+    /// with it: the Stop hook blocks the stop with them as its reason, as
+    /// Claude Code documents, so a session at a keyboard takes a message
+    /// from the phone without channels. Otherwise the turn ends.
+    async fn stop(&self, last: Option<String>) -> HookAnswer {
+        let waiting = self.take_inbox();
+        if waiting.is_empty() {
+            {
+                let mut state = self.state();
+                state.from_telegram = false;
+                state.turn_running = false;
+            }
+            // Asked, not told: the hook returns once the answer is the
+            // relay's, on disk, and Claude Code may exit at once.
+            let ended = self
+                .session
+                .request(
+                    method::AGENT_ENDED,
+                    json!({"lastAssistantText": last}),
+                    QUICK,
+                )
+                .await;
+            if let Err(e) = ended {
+                tracing::warn!("the answer may not have reached the relay: {e}");
+            }
+            return HookAnswer::default();
+        }
+        // What the turn said so far is an answer of its own; the turn goes
+        // on, driven from the phone now.
+        self.state().from_telegram = true;
+        if let Some(text) = last.filter(|t| !t.trim().is_empty()) {
+            self.tell_session(method::TURN_ENDED, json!({"assistantText": text}));
+        }
+        let mut reason = STOP_REASON.to_string();
+        for message in &waiting {
+            reason.push_str("\n\n");
+            reason.push_str(&message.text);
+        }
+        HookAnswer {
+            output: Some(json!({"decision": "block", "reason": reason})),
+            note: None,
         }
     }
 

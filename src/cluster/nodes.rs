@@ -28,6 +28,9 @@ pub enum Question {
     Status,
     /// Restart every machine's relay with a plan.
     Restart,
+    /// An order for one machine's `agent-relay serve` (`/new box:…`): the
+    /// machine named answers, the others stay silent.
+    Launch,
 }
 
 impl Question {
@@ -35,6 +38,7 @@ impl Question {
         match self {
             Self::Status => "status",
             Self::Restart => "restart",
+            Self::Launch => "launch",
         }
     }
 }
@@ -48,6 +52,19 @@ impl Cluster {
         question: Question,
         request: &Req,
         expected: &[NodeName],
+    ) -> Result<Vec<(NodeName, Resp)>, ClusterError> {
+        self.ask_nodes_within(question, request, expected, ANSWER_WINDOW)
+            .await
+    }
+
+    /// [`Cluster::ask_nodes`] with a window of its own: a question whose
+    /// answer takes a while (an agent started on another machine).
+    pub async fn ask_nodes_within<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        question: Question,
+        request: &Req,
+        expected: &[NodeName],
+        window: Duration,
     ) -> Result<Vec<(NodeName, Resp)>, ClusterError> {
         let payload: Bytes = serde_json::to_vec(&Envelope {
             from: self.node.name.clone(),
@@ -67,7 +84,7 @@ impl Cluster {
             .await
             .map_err(ClusterError::unreachable)?;
         let mut out: Vec<(NodeName, Resp)> = Vec::new();
-        let window = tokio::time::sleep(ANSWER_WINDOW);
+        let window = tokio::time::sleep(window);
         tokio::pin!(window);
         while !expected.iter().all(|n| out.iter().any(|(m, _)| m == n)) {
             let message = tokio::select! {

@@ -79,6 +79,7 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     if let Some(session) = leader.registry.remove(id) {
         tracing::info!(slot = %session.route.slot, "session left the bus; its binding stays");
     }
+    leader.launcher_gone(id);
     // Removing the registry entry dropped the outbox sender: the writer
     // drains what is queued (an ack, an error) and ends.
     let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
@@ -116,12 +117,21 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
     };
     let this = leader.clone();
     match envelope {
-        ToLeader::Heartbeat(hb) => reply(
-            hb.id,
-            leader
-                .registry
-                .session(conn, hb.generation)
-                .map(|_| Value::Null),
+        ToLeader::Heartbeat(hb) => {
+            let alive = leader.registry.lock().alive(conn, hb.generation);
+            reply(hb.id, alive.map(|()| Value::Null))
+        }
+        ToLeader::Serve(hello) => reply(
+            hello.id,
+            leader.serve_hello(conn, &hello).and_then(to_value),
+        ),
+        ToLeader::OrderDone(done) => reply(
+            done.id,
+            leader.order_done(conn, &done).map(|()| Value::Null),
+        ),
+        ToLeader::LaunchReport(report) => reply(
+            report.id,
+            leader.launch_report(conn, &report).map(|()| Value::Null),
         ),
         // Every machine is asked: up to 2 s.
         ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
@@ -164,6 +174,10 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
             this.ack(Some(req.id), this.resend(conn, &req).await)
         })),
     }
+}
+
+fn to_value<T: serde::Serialize>(value: T) -> Result<Value, BusError> {
+    serde_json::to_value(value).map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
 }
 
 /// Registers, answers, and only then starts deliveries: the session knows

@@ -37,12 +37,15 @@ mod asks;
 mod batch;
 mod budget;
 mod cluster;
+mod command;
 mod conn;
+mod control;
 mod courier;
 mod disconnect;
 mod failure;
 mod files;
 mod inbox;
+mod launches;
 mod outbox;
 mod poller;
 mod register;
@@ -50,6 +53,7 @@ mod registry;
 mod replies;
 mod restart;
 mod router;
+mod schedules;
 mod status;
 mod topic;
 mod triage;
@@ -125,6 +129,13 @@ pub(super) struct Leader {
     cleanup: Arc<tokio::sync::Mutex<()>>,
     /// This machine in the cluster; `None` for a single machine.
     cluster: Option<Arc<ClusterNode>>,
+    /// Sessions `agent-relay serve` launches: orders on their way, and who
+    /// waits for a launch's session.
+    launches: launches::Launches,
+    /// The control place's state: what its buttons offer.
+    control: control::Control,
+    /// `[launch]`: where agents may be started, and how.
+    launch_policy: crate::config::LaunchPolicy,
     /// A drain (`drain.rs`): it leads only to send what waits.
     draining: bool,
     stop: CancellationToken,
@@ -150,6 +161,9 @@ impl Leader {
         match self.store().prune() {
             Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
             Err(e) => tracing::warn!("cannot prune the store: {e}"),
+        }
+        if let Err(e) = self.store().prune_launches() {
+            tracing::warn!("cannot prune the launches: {e}");
         }
         // The inboxes of sessions whose binding is gone go too.
         match self.store().bindings() {
@@ -283,6 +297,9 @@ async fn start_with(
         restarting: OnceLock::new(),
         cleanup: Arc::default(),
         cluster,
+        launches: launches::Launches::default(),
+        control: control::Control::default(),
+        launch_policy: config.launch.clone(),
         draining,
         stop: CancellationToken::new(),
     });
@@ -353,6 +370,8 @@ async fn run(
     let mut conns = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
     let mut prune = tokio::time::interval(PRUNE_EVERY);
+    let mut schedules = tokio::time::interval(schedules::TICK);
+    schedules.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut keep_budget = tokio::time::interval(budget::KEEP_EVERY);
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
     let mut settled_since_prune = 0;
@@ -390,6 +409,7 @@ async fn run(
                 leader.expire_asks();
             }
             _ = prune.tick() => leader.prune(),
+            _ = schedules.tick() => leader.fire_schedules(),
             _ = keep_budget.tick() => leader.keep_budget(),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {

@@ -39,6 +39,8 @@ struct Registering<'a> {
     req: &'a Register,
     /// Every stored binding, read once when the registration began.
     stored: Vec<Binding>,
+    /// What a new topic's notice says of the launch this session is.
+    launch_note: Option<String>,
 }
 
 /// What the claim step reserved.
@@ -87,15 +89,21 @@ impl Leader {
             .vouch(&req.instance_id, &req.instance_secret)?;
         let lock = self.registry.profile_lock(&req.profile_key);
         let _serialized = lock.lock().await;
+        let launch_note = req.launch.as_deref().and_then(|id| self.launch_note(id));
+        let stored = self.store().bindings().map_err(store_error)?;
         let registering = Registering {
             leader: self,
             conn,
             req: &req,
-            stored: self.store().bindings().map_err(store_error)?,
+            stored,
+            launch_note,
         };
         let result = registering.run().await;
         match &result {
             Ok(registered) => {
+                if let Some(launch) = &req.launch {
+                    self.launched_registered(launch, &registered.route, 0);
+                }
                 if let Some(left) = req
                     .left
                     .clone()
@@ -437,7 +445,13 @@ impl Registering<'_> {
         if let Some(target) = outcome.target
             && !record.announced
         {
-            leader.announce(target, &claim.profile_key, &record.topic_name, &req.cwd);
+            leader.announce(
+                target,
+                &claim.profile_key,
+                &record.topic_name,
+                &req.cwd,
+                self.launch_note.as_deref(),
+            );
         }
         tracing::info!(slot = %claim.slot, profile = %claim.profile_key, "session registered");
         Ok(Registered {
@@ -604,10 +618,21 @@ impl Leader {
     }
 
     /// Posts the "connected" notice in a topic that was just bound.
-    fn announce(self: &Arc<Self>, target: Target, profile_key: &str, topic_name: &str, cwd: &str) {
+    fn announce(
+        self: &Arc<Self>,
+        target: Target,
+        profile_key: &str,
+        topic_name: &str,
+        cwd: &str,
+        launch_note: Option<&str>,
+    ) {
         let leader = self.clone();
         let profile_key = profile_key.to_string();
-        let text = format!("🟢 {topic_name} connected\n{cwd}");
+        let mut text = format!("🟢 {topic_name} connected\n{cwd}");
+        if let Some(note) = launch_note {
+            text.push('\n');
+            text.push_str(note);
+        }
         tokio::spawn(async move {
             match leader
                 .outbox

@@ -33,6 +33,14 @@ pub(super) struct Registration {
     pub reconciled: bool,
 }
 
+/// `agent-relay serve` on this connection: the machine's launcher.
+#[derive(Debug, Clone)]
+pub(super) struct LauncherReg {
+    pub generation: Generation,
+    pub pid: u32,
+    pub engines: Vec<String>,
+}
+
 pub(super) struct Conn {
     outbox: mpsc::Sender<FromLeader>,
     pub last_seen: Instant,
@@ -41,10 +49,17 @@ pub(super) struct Conn {
     /// at once, an idle connection never.
     spoke: bool,
     pub session: Option<Registration>,
+    /// Set instead of `session` when `serve` registered here.
+    pub launcher: Option<LauncherReg>,
     close: CancellationToken,
 }
 
 impl Conn {
+    /// Whether anything registered on this connection.
+    fn registered(&self) -> bool {
+        self.session.is_some() || self.launcher.is_some()
+    }
+
     /// Queues a frame; a follower that does not read is dropped rather than
     /// allowed to stall the leader. False when the frame was not queued.
     pub fn push(&self, id: ConnId, frame: FromLeader) -> bool {
@@ -140,6 +155,45 @@ impl Conns {
         self.map.get(&conn).is_some_and(|c| c.push(conn, frame))
     }
 
+    /// The connection of this machine's `serve`, if it is on the bus.
+    pub fn launcher(&self) -> Option<(ConnId, &LauncherReg)> {
+        self.map
+            .iter()
+            .find_map(|(id, c)| c.launcher.as_ref().map(|l| (*id, l)))
+    }
+
+    /// The launcher registration of `conn`, if `generation` is its current
+    /// one.
+    pub fn launcher_of(
+        &self,
+        conn: ConnId,
+        generation: Generation,
+    ) -> Result<&LauncherReg, BusError> {
+        match self.map.get(&conn).and_then(|c| c.launcher.as_ref()) {
+            Some(l) if l.generation == generation => Ok(l),
+            Some(l) => Err(BusError::new(
+                BusErrorCode::StaleGeneration,
+                format!(
+                    "generation {generation} is stale: the current registration is generation {}",
+                    l.generation
+                ),
+            )),
+            None => Err(BusError::new(
+                BusErrorCode::NotRegistered,
+                "this connection has no registration",
+            )),
+        }
+    }
+
+    /// Whether `conn` holds a registration (a session's or a launcher's)
+    /// at `generation`: what a heartbeat checks.
+    pub fn alive(&self, conn: ConnId, generation: Generation) -> Result<(), BusError> {
+        if self.map.get(&conn).is_some_and(|c| c.launcher.is_some()) {
+            return self.launcher_of(conn, generation).map(drop);
+        }
+        self.session(conn, generation).map(drop)
+    }
+
     /// An instance that registers again replaces its previous registration
     /// (on another connection, which is closed, or on this one), but only
     /// with a newer generation: an old duplicate must not win.
@@ -201,12 +255,12 @@ impl Registry {
         if conns.map.len() >= MAX_CONNECTIONS {
             return Err("too many bus connections");
         }
-        let unregistered = conns.map.values().filter(|c| c.session.is_none()).count();
+        let unregistered = conns.map.values().filter(|c| !c.registered()).count();
         if unregistered >= MAX_UNREGISTERED {
             let oldest_idle = conns
                 .map
                 .iter()
-                .filter(|(_, c)| c.session.is_none() && !c.spoke)
+                .filter(|(_, c)| !c.registered() && !c.spoke)
                 .min_by_key(|(_, c)| c.opened)
                 .map(|(id, _)| *id);
             let Some(idle) = oldest_idle.and_then(|id| conns.map.remove(&id).map(|c| (id, c)))
@@ -227,6 +281,7 @@ impl Registry {
                 opened: now,
                 spoke: false,
                 session: None,
+                launcher: None,
                 close,
             },
         );
@@ -276,14 +331,15 @@ impl Registry {
     pub fn sweep(&self, silent: Duration) {
         let conns = self.lock();
         for (id, c) in &conns.map {
-            let expired = match c.session {
-                Some(_) => c.last_seen.elapsed() > silent,
-                None => c.opened.elapsed() > UNREGISTERED_TIMEOUT,
+            let expired = if c.registered() {
+                c.last_seen.elapsed() > silent
+            } else {
+                c.opened.elapsed() > UNREGISTERED_TIMEOUT
             };
             if expired && !c.close.is_cancelled() {
                 tracing::info!(
                     conn = id,
-                    registered = c.session.is_some(),
+                    registered = c.registered(),
                     "closing a silent bus connection"
                 );
                 c.close.cancel();

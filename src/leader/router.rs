@@ -29,6 +29,9 @@ const AWAY_NOTICE: &str =
 /// …and when its host switched to another session and closed the topic.
 const SWITCHED_NOTICE: &str = "⏸ This session is not the one running now (its topic is closed). Your message is kept and reaches it when the session is resumed.";
 
+/// …and when it is a launched session that is started again for it.
+const RESUMING_NOTICE: &str = "▶ Starting this session again for your message…";
+
 /// Deliveries of one message that were never acknowledged before the
 /// relay gives it up (a message the host keeps failing on).
 pub(super) const MAX_ATTEMPTS: u32 = 10;
@@ -206,6 +209,17 @@ impl Leader {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(owner.clone());
         if first {
+            // A launched session that does not run is started again for
+            // the message, which waits in the journal meanwhile.
+            if self.resume_for_message(&owner, update.user_id) {
+                self.router.replies.say(
+                    self,
+                    update.chat_id,
+                    update.thread_id,
+                    RESUMING_NOTICE.into(),
+                );
+                return;
+            }
             let switched = self
                 .store()
                 .binding(&owner)
@@ -288,6 +302,11 @@ impl Leader {
             UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
                 self.answer_message(&message)
             }
+            UpdateKind::CallbackQuery(query)
+                if query.data.as_deref().is_some_and(|d| d.starts_with("c:")) =>
+            {
+                self.control_tap(&query)
+            }
             UpdateKind::CallbackQuery(query) => self.tap(&query),
             UpdateKind::Unknown { .. } => {}
         }
@@ -321,18 +340,21 @@ impl Leader {
         // never in some other group an allowed user happens to be in.
         let ours = private || Some(message.chat.id) == self.chat_id;
         let mut prefix = greeting.to_string();
-        if message.topic().is_some() {
+        let owned = message.topic().is_some_and(|thread| {
+            self.store()
+                .binding_by_thread(message.chat.id, thread)
+                .ok()
+                .flatten()
+                .is_some()
+        });
+        if message.topic().is_some() && !owned {
             prefix
                 .push_str("This topic belongs to no session, so your message reached no agent.\n");
         }
         if ours {
-            let (chat, thread) = (message.chat.id, message.topic());
-            self.router.replies.spawn(self, move |leader| async move {
-                let reply = format!("{prefix}{}", leader.sessions_overview().await);
-                if let Err(e) = leader.say_later(chat, thread, reply).await {
-                    tracing::warn!(chat, "cannot answer: {e}");
-                }
-            });
+            // The control place's commands, the commands about a session in
+            // its topic, and the session list for anything else.
+            self.control_message(message, prefix);
         }
     }
 

@@ -1,7 +1,7 @@
 //! What the leader says about itself: the bus status (`/relay status`,
 //! `agent-relay status`, a restart's convergence), the health of its poll
-//! as the status line shows it, and the session list a message outside
-//! every topic gets.
+//! as the status line shows it. The session list a message outside every
+//! topic gets is the control place's (`control.rs`).
 
 use std::sync::PoisonError;
 
@@ -15,6 +15,7 @@ impl Leader {
     /// stored one that is away.
     pub(super) fn status(&self) -> Result<BusStatus, BusError> {
         let stored = self.store().bindings().map_err(store_error)?;
+        let launches = self.session_launches();
         let conns = self.registry.lock();
         let mut sessions: Vec<SessionStatus> = conns
             .map
@@ -32,12 +33,14 @@ impl Leader {
                 heartbeat_age_ms: c.last_seen.elapsed().as_millis() as u64,
                 live: true,
                 reconciled: s.reconciled,
+                launch: launches.get(&s.route.profile_key).cloned(),
             })
             .collect();
         drop(conns);
         for b in stored {
             let live = sessions.iter().any(|s| s.profile_key == b.profile_key);
             if !live && b.status != BindingStatus::Offline {
+                let launch = launches.get(&b.profile_key).cloned();
                 sessions.push(SessionStatus {
                     slot: b.slot,
                     topic_name: b.topic_name.clone(),
@@ -50,6 +53,7 @@ impl Leader {
                     heartbeat_age_ms: now_ms().saturating_sub(b.updated_ms),
                     live: false,
                     reconciled: false,
+                    launch,
                 });
             }
         }
@@ -63,6 +67,7 @@ impl Leader {
             poll: Some(self.poll_report()),
             pacing: self.pacing(),
             cluster: None,
+            serve: self.serve_status(),
         })
     }
 
@@ -108,42 +113,4 @@ impl Leader {
             restarts: facts.restarts,
         }
     }
-
-    /// The session list a message outside every topic gets: every
-    /// machine's sessions when the relay spans machines.
-    pub(super) async fn sessions_overview(&self) -> String {
-        let status = match self.cluster_status().await {
-            Ok(status) => status,
-            Err(e) => return format!("The relay cannot list its sessions: {}", e.message),
-        };
-        let machines = match status.cluster {
-            Some(cluster) => cluster.machines,
-            None => vec![MachineStatus {
-                node: String::new(),
-                answered: true,
-                epoch: Some(status.epoch),
-                sessions: status.sessions,
-            }],
-        };
-        overview(&machines)
-    }
-}
-
-/// The lines of a session list: one per session, and one per machine that
-/// did not answer.
-fn overview(machines: &[MachineStatus]) -> String {
-    if machines.iter().all(|m| m.sessions.is_empty()) {
-        return "No agent sessions are connected. Run /telegram-connect in one.".into();
-    }
-    let mut out = String::from("Write in a session's topic to talk to it:\n");
-    for m in machines {
-        if !m.answered {
-            out.push_str(&format!("• machine {} is not answering\n", m.node));
-        }
-        for s in &m.sessions {
-            let state = if s.live { "live" } else { "offline" };
-            out.push_str(&format!("• {} — {state} — {}\n", s.topic_name, s.cwd));
-        }
-    }
-    out.trim_end().to_string()
 }

@@ -202,7 +202,7 @@ fn check_buttons(keyboard: Option<&Keyboard>) -> Result<(), BusError> {
 }
 
 /// Buttons as Telegram takes them.
-fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
+pub(super) fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
     InlineKeyboardMarkup {
         inline_keyboard: keyboard
             .rows

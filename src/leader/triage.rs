@@ -191,6 +191,11 @@ impl Triage {
             }
             Err(None) => return Triaged::Leader,
         };
+        // `/end`, `/model`, `/every`… are about the session, not prompts
+        // for its agent: the leader answers them (`control.rs`).
+        if !edited && files.is_empty() && super::command::is_topic_command(&text) {
+            return Triaged::Leader;
+        }
         let text = if edited {
             format!("(edited) {text}")
         } else {

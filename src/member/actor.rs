@@ -49,6 +49,28 @@ enum Next {
 
 type Waiting = HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>;
 
+/// What the handle and the actor share, whatever the membership.
+pub(super) struct Channels {
+    pub request: JoinRequest,
+    pub state: watch::Sender<MemberState>,
+    pub calls: mpsc::Receiver<Pending>,
+    pub acks: mpsc::UnboundedReceiver<u64>,
+    pub stop: CancellationToken,
+}
+
+/// What this member is on the bus.
+pub(super) enum Membership {
+    /// A session: it registers a profile, gets a topic and deliveries.
+    Session { deliveries: mpsc::Sender<Deliver> },
+    /// `agent-relay serve`, this machine's launcher: no topic; the
+    /// leader's orders, and a welcome per registration.
+    Launcher {
+        engines: Vec<String>,
+        orders: mpsc::Sender<crate::protocol::launch::Order>,
+        welcomes: watch::Sender<Option<ServeWelcome>>,
+    },
+}
+
 pub(super) struct Actor {
     request: JoinRequest,
     bus: BusDir,
@@ -70,19 +92,19 @@ pub(super) struct Actor {
     state: watch::Sender<MemberState>,
     calls: mpsc::Receiver<Pending>,
     acks: mpsc::UnboundedReceiver<u64>,
-    deliveries: mpsc::Sender<Deliver>,
+    membership: Membership,
     stop: CancellationToken,
 }
 
 impl Actor {
-    pub fn new(
-        request: JoinRequest,
-        state: watch::Sender<MemberState>,
-        calls: mpsc::Receiver<Pending>,
-        acks: mpsc::UnboundedReceiver<u64>,
-        deliveries: mpsc::Sender<Deliver>,
-        stop: CancellationToken,
-    ) -> Self {
+    pub fn new(channels: Channels, membership: Membership) -> Self {
+        let Channels {
+            request,
+            state,
+            calls,
+            acks,
+            stop,
+        } = channels;
         let bot = request.config.bot_id().unwrap_or(BotId(0));
         Self {
             bus: BusDir::new(request.paths.bus_dir(bot)),
@@ -100,9 +122,13 @@ impl Actor {
             state,
             calls,
             acks,
-            deliveries,
+            membership,
             stop,
         }
+    }
+
+    fn is_launcher(&self) -> bool {
+        matches!(self.membership, Membership::Launcher { .. })
     }
 
     pub async fn run(mut self) {
@@ -255,6 +281,12 @@ impl Actor {
     /// Registers on `stream` and serves it until it breaks or we stop.
     async fn serve(&mut self, stream: Stream) -> Ended {
         let (mut reader, mut writer) = wire::split(stream);
+        if self.is_launcher() {
+            return match self.hello(&mut reader, &mut writer).await {
+                Ok(()) => self.serve_registered(reader, writer).await,
+                Err(ended) => ended,
+            };
+        }
         match self.register(&mut reader, &mut writer).await {
             Ok(registered) => {
                 let role = if self.leader.is_some() {
@@ -281,29 +313,58 @@ impl Actor {
         self.serve_registered(reader, writer).await
     }
 
-    async fn register(
+    /// A launcher's registration: `serve` says hello, the leader welcomes
+    /// it with the sessions that should be running.
+    async fn hello(
         &mut self,
         reader: &mut WireReader,
         writer: &mut WireWriter,
-    ) -> Result<Registered, Ended> {
+    ) -> Result<(), Ended> {
+        let Membership::Launcher { engines, .. } = &self.membership else {
+            return Err(Ended::Refused("not a launcher".into()));
+        };
+        let engines = engines.clone();
         self.generation += 1;
         let id = self.next_id();
-        let register = ToLeader::Register(Register {
+        let hello = ToLeader::Serve(ServeHello {
             id,
             instance_id: self.instance_id.clone(),
             instance_secret: self.instance_secret.clone(),
             registration_generation: self.generation,
-            profile_key: self.request.profile_key.clone(),
-            session_name: self.request.session_name.clone(),
-            cwd: self.request.cwd.clone(),
             pid: self.request.pid,
-            carried: self.carried.clone(),
             protocol_version: BUS_PROTOCOL_VERSION,
-            retry_provisioning: self.retry_provisioning,
-            left: self.left.clone(),
+            engines,
         });
+        let welcome: ServeWelcome = self.answer(id, &hello, reader, writer).await?;
+        let role = if self.leader.is_some() {
+            Role::Leader
+        } else {
+            Role::Follower
+        };
+        let leader_pid = self.bus.leader_info().map(|i| i.pid);
+        self.set(|s| {
+            s.role = role;
+            s.epoch = Some(welcome.epoch);
+            s.leader_pid = leader_pid;
+            s.problem = None;
+            s.synced = true;
+        });
+        if let Membership::Launcher { welcomes, .. } = &self.membership {
+            welcomes.send_replace(Some(welcome));
+        }
+        Ok(())
+    }
+
+    /// Sends a registration and waits for its answer.
+    async fn answer<T: serde::de::DeserializeOwned>(
+        &mut self,
+        id: u64,
+        frame: &ToLeader,
+        reader: &mut WireReader,
+        writer: &mut WireWriter,
+    ) -> Result<T, Ended> {
         writer
-            .send(&register)
+            .send(frame)
             .await
             .map_err(|e| Ended::Lost(format!("register: {e}")))?;
         let deadline = tokio::time::sleep(REGISTER_TIMEOUT);
@@ -327,6 +388,31 @@ impl Actor {
         }
     }
 
+    async fn register(
+        &mut self,
+        reader: &mut WireReader,
+        writer: &mut WireWriter,
+    ) -> Result<Registered, Ended> {
+        self.generation += 1;
+        let id = self.next_id();
+        let register = ToLeader::Register(Register {
+            id,
+            instance_id: self.instance_id.clone(),
+            instance_secret: self.instance_secret.clone(),
+            registration_generation: self.generation,
+            profile_key: self.request.profile_key.clone(),
+            session_name: self.request.session_name.clone(),
+            cwd: self.request.cwd.clone(),
+            pid: self.request.pid,
+            carried: self.carried.clone(),
+            protocol_version: BUS_PROTOCOL_VERSION,
+            retry_provisioning: self.retry_provisioning,
+            left: self.left.clone(),
+            launch: self.request.launch.clone(),
+        });
+        self.answer(id, &register, reader, writer).await
+    }
+
     async fn serve_registered(&mut self, mut reader: WireReader, mut writer: WireWriter) -> Ended {
         let mut waiting = Waiting::new();
         let interval = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
@@ -335,11 +421,14 @@ impl Actor {
         let silent_limit = interval * HEARTBEAT_MISSES;
         let mut last_heard = Instant::now();
         let mut acks = Vec::with_capacity(ACK_BURST);
-        // Every (re)connect starts with the route snapshot.
-        let mut reconcile = match self.send_reconcile(&mut writer).await {
-            Ok(id) => Some(id),
-            Err(e) => return Ended::Lost(e.to_string()),
-        };
+        // Every (re)connect of a session starts with the route snapshot.
+        let mut reconcile = None;
+        if !self.is_launcher() {
+            match self.send_reconcile(&mut writer).await {
+                Ok(id) => reconcile = Some(id),
+                Err(e) => return Ended::Lost(e.to_string()),
+            }
+        }
         let ended = loop {
             tokio::select! {
                 () = self.stop.cancelled() => {
@@ -484,15 +573,26 @@ impl Actor {
                         }
                     }
                 }
-                if moved && reconcile.is_none() {
+                if moved && reconcile.is_none() && !self.is_launcher() {
                     return Next::Reconcile;
                 }
             }
-            FromLeader::Deliver(deliver) => {
-                if self.deliveries.send(deliver).await.is_err() {
-                    tracing::debug!("no session listens for deliveries");
+            FromLeader::Deliver(deliver) => match &self.membership {
+                Membership::Session { deliveries } => {
+                    if deliveries.send(deliver).await.is_err() {
+                        tracing::debug!("no session listens for deliveries");
+                    }
                 }
-            }
+                Membership::Launcher { .. } => tracing::warn!("a delivery to serve ignored"),
+            },
+            FromLeader::Order(order) => match &self.membership {
+                Membership::Launcher { orders, .. } => {
+                    if orders.send(order).await.is_err() {
+                        tracing::debug!("nobody takes the leader's orders");
+                    }
+                }
+                Membership::Session { .. } => tracing::warn!("an order to a session ignored"),
+            },
             FromLeader::Restarting(plan) => {
                 tracing::info!(epoch = plan.epoch, "the leader is restarting the relay");
                 self.set(|s| {

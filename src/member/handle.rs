@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::actor::Actor;
+use super::actor::{Actor, Channels, Membership};
 use crate::config::Config;
 use crate::paths::Paths;
 use crate::protocol::bus::*;
@@ -35,6 +35,28 @@ pub struct JoinRequest {
     pub session_name: String,
     pub cwd: String,
     pub pid: u32,
+    /// The launch this session is, when `agent-relay serve` started it.
+    pub launch: Option<String>,
+}
+
+/// What `agent-relay serve` needs to join its bot's bus as the machine's
+/// launcher (docs/DESIGN.md, *Launching*): no topic, no deliveries; orders
+/// from the leader instead.
+#[derive(Debug, Clone)]
+pub struct LauncherRequest {
+    pub paths: Paths,
+    pub config: Config,
+    pub pid: u32,
+    /// The engines it can start.
+    pub engines: Vec<String>,
+}
+
+/// What a launcher membership hands its owner: the leader's orders, and
+/// every welcome (one per registration: after a failover the new leader
+/// says again which sessions should be running).
+pub struct LauncherLink {
+    pub orders: mpsc::Receiver<Order>,
+    pub welcomes: watch::Receiver<Option<ServeWelcome>>,
 }
 
 /// This member's place on the bus.
@@ -182,30 +204,103 @@ impl Member {
     /// Starts the member actor. Deliveries for this session arrive on the
     /// returned channel.
     pub fn join(request: JoinRequest) -> (Member, mpsc::Receiver<Deliver>) {
+        let (deliveries_tx, deliveries_rx) = mpsc::channel(1024);
+        let member = Self::start(request, |channels| {
+            Actor::new(
+                channels,
+                Membership::Session {
+                    deliveries: deliveries_tx,
+                },
+            )
+        });
+        (member, deliveries_rx)
+    }
+
+    /// Starts the membership of `agent-relay serve`: it may lead like any
+    /// member, and takes the leader's orders for the sessions it launches.
+    pub fn join_launcher(request: LauncherRequest) -> (Member, LauncherLink) {
+        let (orders_tx, orders) = mpsc::channel(64);
+        let (welcomes_tx, welcomes) = watch::channel(None);
+        let join = JoinRequest {
+            paths: request.paths,
+            config: request.config,
+            profile_key: String::new(),
+            session_name: String::new(),
+            cwd: String::new(),
+            pid: request.pid,
+            launch: None,
+        };
+        let member = Self::start(join, |channels| {
+            Actor::new(
+                channels,
+                Membership::Launcher {
+                    engines: request.engines,
+                    orders: orders_tx,
+                    welcomes: welcomes_tx,
+                },
+            )
+        });
+        (member, LauncherLink { orders, welcomes })
+    }
+
+    fn start(request: JoinRequest, actor: impl FnOnce(Channels) -> Actor) -> Member {
         let (calls_tx, calls_rx) = mpsc::channel(64);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
-        let (deliveries_tx, deliveries_rx) = mpsc::channel(1024);
         let (state_tx, state_rx) = watch::channel(MemberState::joining());
         let stop = CancellationToken::new();
-        let actor = Actor::new(
+        let actor = actor(Channels {
             request,
-            state_tx,
-            calls_rx,
-            acks_rx,
-            deliveries_tx,
-            stop.clone(),
-        );
+            state: state_tx,
+            calls: calls_rx,
+            acks: acks_rx,
+            stop: stop.clone(),
+        });
         let task = tokio::spawn(actor.run());
-        (
-            Member {
-                calls: calls_tx,
-                acks: acks_tx,
-                state: state_rx,
-                stop,
-                task: tokio::sync::Mutex::new(Some(task)),
-            },
-            deliveries_rx,
-        )
+        Member {
+            calls: calls_tx,
+            acks: acks_tx,
+            state: state_rx,
+            stop,
+            task: tokio::sync::Mutex::new(Some(task)),
+        }
+    }
+
+    /// A launcher answers an order of the leader's.
+    pub async fn order_done(
+        &self,
+        order_id: u64,
+        outcome: crate::protocol::launch::OrderOutcome,
+    ) -> Result<(), MemberError> {
+        let done = move |id, generation| {
+            ToLeader::OrderDone(crate::protocol::launch::OrderDone {
+                id,
+                generation,
+                order_id,
+                outcome,
+            })
+        };
+        self.call::<Value>(Call::request(done), REQUEST_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// A launcher tells the leader what happened to one of its sessions.
+    pub async fn report(
+        &self,
+        launch_id: String,
+        event: crate::protocol::launch::LaunchEvent,
+    ) -> Result<(), MemberError> {
+        let report = move |id, generation| {
+            ToLeader::LaunchReport(crate::protocol::launch::LaunchReport {
+                id,
+                generation,
+                launch_id,
+                event,
+            })
+        };
+        self.call::<Value>(Call::request(report), REQUEST_TIMEOUT)
+            .await
+            .map(drop)
     }
 
     pub fn watch(&self) -> watch::Receiver<MemberState> {

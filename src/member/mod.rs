@@ -18,5 +18,7 @@ mod handle;
 mod restart;
 mod status;
 
-pub use handle::{JoinRequest, Member, MemberError, MemberState, Role, UPLOAD_TIMEOUT};
+pub use handle::{
+    JoinRequest, LauncherRequest, Member, MemberError, MemberState, Role, UPLOAD_TIMEOUT,
+};
 pub use status::{LeaderReport, leader_report, query_status};

@@ -19,9 +19,15 @@ use serde_json::Value;
 /// 4: answers are handed over (`post`), kept by the leader and sent from
 /// its store; `resend`; the `outbox` and `topicGone` frames (a follower of
 /// 3 would wait for answers to be sent, and lose them with its process).
-pub const BUS_PROTOCOL_VERSION: u32 = 4;
+/// 5: `agent-relay serve` joins (`serve`, `orderDone`, `launchReport`; the
+/// leader's `order`), and `register` says which launch a session is (a
+/// leader of 4 would take serve for a session and never start anything).
+pub const BUS_PROTOCOL_VERSION: u32 = 5;
 
 pub use super::host::{AttachmentKind, SendAs};
+pub use super::launch::{
+    LaunchReport, Order, OrderDone, ServeHello, ServeStatus, ServeWelcome, SessionLaunch,
+};
 pub use crate::ids::{Epoch, Generation, Slot, Target};
 
 /// A session's route as the follower remembers it; carried on re-register so
@@ -52,6 +58,12 @@ pub enum ToLeader {
     Status(StatusQuery),
     Pair(Pair),
     Fetch(Fetch),
+    /// `agent-relay serve` joins as this machine's launcher.
+    Serve(ServeHello),
+    /// `serve` answers an order.
+    OrderDone(OrderDone),
+    /// `serve` says what happened to a launched session.
+    LaunchReport(LaunchReport),
     Post(Post),
     Resend(Resend),
 }
@@ -88,6 +100,10 @@ pub struct Register {
     /// again when the session is resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left: Option<Route>,
+    /// The launch this session is, when `agent-relay serve` started it
+    /// (docs/DESIGN.md, *Launching*).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
 }
 
 /// The result of a successful [`Register`].
@@ -542,6 +558,8 @@ pub enum FromLeader {
     Paired(Paired),
     Paced(Paced),
     Cluster(ClusterLink),
+    /// To `serve`: something to do with a launched session.
+    Order(Order),
     Outbox(OutboxReport),
     TopicGone(TopicGone),
 }
@@ -875,6 +893,9 @@ pub struct BusStatus {
     /// asked for them (`StatusQuery::cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// This machine's `agent-relay serve`, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeStatus>,
 }
 
 /// The leader's poll, for `/relay status`.
@@ -943,6 +964,9 @@ pub struct MachineStatus {
     pub epoch: Option<Epoch>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sessions: Vec<SessionStatus>,
+    /// Its `agent-relay serve`, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -964,6 +988,9 @@ pub struct SessionStatus {
     /// Whether its route snapshot was reconciled with this leader.
     #[serde(default)]
     pub reconciled: bool,
+    /// When `agent-relay serve` started it: its launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<SessionLaunch>,
 }
 
 /// What a restart means to do. The leader answers `restart` with it

@@ -51,6 +51,11 @@ const SEND_WAIT: Duration = Duration::from_secs(300);
 /// How long the user has to answer a confirmation dialog.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The environment variable `agent-relay serve` names a launched agent's
+/// launch in (docs/DESIGN.md, *Launching*): the sidecar its host spawns
+/// registers as that launch, so the leader links the two without guessing.
+pub const LAUNCH_ENV: &str = "AGENT_RELAY_LAUNCH_ID";
+
 /// What `initialize` told us.
 #[derive(Debug, Clone)]
 struct Identity {
@@ -135,6 +140,8 @@ pub struct Session {
     /// The leader's count of messages that reached neither the topic nor
     /// a notice about them.
     leader_undelivered: std::sync::atomic::AtomicU32,
+    /// The launch this session is, when `agent-relay serve` started it.
+    launch: std::sync::OnceLock<String>,
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     this: std::sync::Weak<Session>,
 }
@@ -271,7 +278,16 @@ impl Session {
             untaken: Mutex::default(),
             not_taken: Default::default(),
             leader_undelivered: Default::default(),
+            launch: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Marks this session as launch `id` of `agent-relay serve`; call it
+    /// before the session joins the bus.
+    pub fn set_launch(&self, id: String) {
+        if self.launch.set(id).is_err() {
+            tracing::warn!("the session's launch was set twice");
+        }
     }
 
     fn grants(&self) -> std::sync::MutexGuard<'_, approvals::Grants> {
@@ -407,6 +423,7 @@ impl Session {
             session_name: identity.session_name(),
             cwd: identity.cwd.clone(),
             pid: std::process::id(),
+            launch: self.launch.get().cloned(),
         });
         let member = Arc::new(member);
         let membership = self.stop.child_token();

@@ -21,10 +21,13 @@
 //! never rewritten, renamed or reset. Losing the bindings would orphan every
 //! topic and losing the journal would drop messages, so a person has to look.
 
+mod launches;
 mod outbox;
 mod schema;
 #[cfg(test)]
 mod tests;
+
+pub use launches::{Launch, LaunchState, MAX_SCHEDULES, NewSchedule, Schedule};
 
 use std::io;
 use std::path::{Path, PathBuf};

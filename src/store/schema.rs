@@ -150,6 +150,46 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX outbox_kept ON outbox (profile_key, id) WHERE state IN ('unknown', 'failed');
     CREATE INDEX outbox_settled ON outbox (id) WHERE state NOT IN ('pending', 'sending');
     ",
+    // 5: sessions `agent-relay serve` started (docs/DESIGN.md, *Launching*)
+    // and prompts on a schedule. A launch is known by its id before its
+    // session says which profile it is; the engine's own session id
+    // (`resume_id`) is what starts it again. The engine is a name, not a
+    // CHECKed list, so another engine needs no migration.
+    r"
+    CREATE TABLE launches (
+        id           TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 32),
+        engine       TEXT NOT NULL CHECK (length(engine) BETWEEN 1 AND 16),
+        folder       TEXT NOT NULL,
+        profile_key  TEXT UNIQUE,
+        resume_id    TEXT,
+        model        TEXT,
+        state        TEXT NOT NULL CHECK (state IN
+                     ('new', 'starting', 'running', 'ended', 'crashed', 'idle')),
+        note         TEXT,
+        first_prompt TEXT,
+        by_user      INTEGER NOT NULL,
+        created_ms   INTEGER NOT NULL CHECK (created_ms >= 0),
+        updated_ms   INTEGER NOT NULL CHECK (updated_ms >= 0)
+    ) STRICT;
+
+    CREATE TABLE schedules (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        profile_key TEXT,
+        launch_id   TEXT,
+        every_s     INTEGER CHECK (every_s IS NULL OR every_s > 0),
+        cron        TEXT,
+        once        INTEGER NOT NULL CHECK (once IN (0, 1)),
+        prompt      TEXT NOT NULL,
+        next_ms     INTEGER NOT NULL CHECK (next_ms >= 0),
+        chat_id     INTEGER NOT NULL,
+        thread_id   INTEGER,
+        by_user     INTEGER NOT NULL,
+        created_ms  INTEGER NOT NULL CHECK (created_ms >= 0),
+        CHECK (profile_key IS NOT NULL OR launch_id IS NOT NULL),
+        CHECK ((every_s IS NOT NULL) + (cron IS NOT NULL) + once = 1)
+    ) STRICT;
+    CREATE INDEX schedules_due ON schedules (next_ms);
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

@@ -134,6 +134,22 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 	assert.equal((await topicOf(telegram)).thread_id, topic.thread_id, "the resumed session kept its topic");
 });
 
+test("a message from the phone while a turn runs reaches that turn through the Stop hook", async (t) => {
+	const { world, telegram, run } = await relayWorld(t);
+	const running = run('take a while [[tool:Bash {"command":"sleep 4; echo slept"}]]', ["--allowedTools", "Bash"]);
+	const topic = await topicOf(telegram);
+	await eventually(() => world.fake.turns.length > 0, 20_000, "the turn under way");
+	await telegram.injectMessage(topic.thread_id, "and also check the logs");
+	const out = await running;
+	assert.equal(out.code, 0, out.stderr);
+	const continued = world.fake.turns.find((turn) => JSON.stringify(turn.body.messages).includes("and also check the logs"));
+	assert.ok(continued, "the turn went on with the phone's message");
+	assert.match(JSON.stringify(continued.body.messages), /sent these messages from Telegram while you were working/);
+	const said = (await telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	assert.ok(!said.some((text) => text.startsWith("📥")), `no "not taken" notice: ${JSON.stringify(said)}`);
+	assert.ok(said.some((text) => text.includes("tool Bash returned: slept")), "the answer before the message reached the topic");
+});
+
 test("with Telegram taking 1 s a message, claude -p exits at once and its answer still lands", async (t) => {
 	const { world, telegram, run } = await relayWorld(t);
 	// Warm: the topic exists, so what is slow below is the answer alone.

@@ -550,5 +550,6 @@ pub fn raw_register(
         protocol_version: agent_relay::protocol::bus::BUS_PROTOCOL_VERSION,
         retry_provisioning: false,
         left: None,
+        launch: None,
     }
 }

@@ -102,7 +102,7 @@ export class FakeModel {
 			} catch {
 				body = raw;
 			}
-			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body };
+			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body, at: Date.now() };
 			this.requests.push(record);
 			if (req.method === "POST" && record.path.endsWith("/chat/completions")) {
 				try {
@@ -212,7 +212,8 @@ export class FakeModel {
 	 * `input` is the model's input kinds: pi replaces images with a placeholder for
 	 * a model without "image" (pi-ai dist/providers/transform-messages.js).
 	 */
-	modelsJson({ input = ["text", "image"] } = {}) {
+	/** models.json for pi: provider `fake` with model `echo`, and any `more` model ids. */
+	modelsJson({ input = ["text", "image"], more = [] } = {}) {
 		return {
 			providers: {
 				fake: {
@@ -220,16 +221,14 @@ export class FakeModel {
 					api: "openai-completions",
 					apiKey: "fake-key",
 					compat: { supportsDeveloperRole: false, supportsReasoningEffort: false },
-					models: [
-						{
-							id: "echo",
-							reasoning: false,
-							input,
-							contextWindow: 32000,
-							maxTokens: 1000,
-							cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
-						},
-					],
+					models: ["echo", ...more].map((id) => ({
+						id,
+						reasoning: false,
+						input,
+						contextWindow: 32000,
+						maxTokens: 1000,
+						cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
+					})),
 				},
 			},
 		};

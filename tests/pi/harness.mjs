@@ -164,8 +164,9 @@ export class FakeBotApi {
 		return this.control("GET", "calls");
 	}
 
-	injectMessage(threadId, text) {
-		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: USER_ID, text });
+	/** The allowed user writes `text` in topic `threadId` (`null`: the General topic). */
+	injectMessage(threadId, text, userId = USER_ID) {
+		return this.control("POST", "inject_message", { chat_id: CHAT_ID, thread_id: threadId, user_id: userId, text });
 	}
 
 	/**
@@ -210,7 +211,8 @@ export class FakeBotApi {
 
 	/** What the bot sent into topic `threadId` (`[SentMessage]`: text, plain_text, edited, …). */
 	messages(threadId) {
-		return this.control("GET", `messages?chat_id=${CHAT_ID}&thread_id=${threadId}`);
+		const thread = threadId === null || threadId === undefined ? "" : `&thread_id=${threadId}`;
+		return this.control("GET", `messages?chat_id=${CHAT_ID}${thread}`);
 	}
 
 	/** The first message the bot sent into `threadId` whose displayed text satisfies `test`. */
@@ -352,6 +354,49 @@ const PI_SETTINGS = {
 	retry: { enabled: false, provider: { maxRetries: 0 } },
 };
 
+// ------------------------------------------------------------------- agent-relay serve
+
+/** One `agent-relay serve` process (the machine's launcher), its stderr kept. */
+export class Serve {
+	constructor(child) {
+		this.child = child;
+		this.stderr = "";
+		child.stderr.on("data", (c) => {
+			this.stderr = (this.stderr + c).slice(-16384);
+		});
+		child.stdout.on("data", () => {});
+		this.exited = new Promise((done) => child.once("exit", (code, signal) => done({ code, signal })));
+	}
+
+	get pid() {
+		return this.child.pid;
+	}
+
+	/** The processes serve started (its children), by pid. */
+	agents() {
+		const found = [];
+		for (const entry of readdirSync("/proc")) {
+			if (!/^\d+$/.test(entry)) continue;
+			try {
+				const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+				const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+				if (ppid === this.child.pid && isRunning(Number(entry))) found.push(Number(entry));
+			} catch {
+				// the process ended while we looked
+			}
+		}
+		return found;
+	}
+
+	/** Stops serve as systemd does (SIGTERM), killing it if it does not leave. */
+	async stop() {
+		if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
+		this.child.kill("SIGTERM");
+		if (!(await waitExit(this.child, 30_000))) this.child.kill("SIGKILL");
+		return this.exited;
+	}
+}
+
 export class World {
 	constructor(root, bot, model) {
 		this.root = root;
@@ -363,7 +408,10 @@ export class World {
 		// models.json (docs/models.md) and settings.json (docs/settings.md).
 		this.agentDir = join(this.home, ".pi", "agent");
 		this.relayHome = join(root, "relay");
+		/** Where launched agents may work (`[launch] roots`). */
+		this.work = join(root, "work");
 		this.pis = [];
+		this.serves = [];
 	}
 
 	/**
@@ -372,7 +420,7 @@ export class World {
 	 * naming it. `settings` is merged over PI_SETTINGS; `modelInput` is the fake
 	 * model's input kinds (`["text"]` makes pi drop images).
 	 */
-	static async create(t, { settings = {}, modelInput } = {}) {
+	static async create(t, { settings = {}, modelInput, models = [] } = {}) {
 		const root = await mkdtemp(join(tmpdir(), "agent-relay-pi-"));
 		const world = new World(root, null, null);
 		t.after(() => world.destroy());
@@ -382,7 +430,7 @@ export class World {
 		await mkdir(world.relayHome, { recursive: true });
 		await writeFile(
 			join(world.agentDir, "models.json"),
-			JSON.stringify(world.model.modelsJson(modelInput ? { input: modelInput } : {}), null, 2),
+			JSON.stringify(world.model.modelsJson({ ...(modelInput ? { input: modelInput } : {}), more: models }), null, 2),
 		);
 		await writeFile(join(world.agentDir, "settings.json"), JSON.stringify({ ...PI_SETTINGS, ...settings }, null, 2));
 		return world;
@@ -396,6 +444,78 @@ export class World {
 		const dir = join(this.relayHome, "config");
 		await mkdir(dir, { recursive: true, mode: 0o700 });
 		await writeFile(join(dir, "config.toml"), toml, { mode: 0o600 });
+	}
+
+	/**
+	 * config.toml for `agent-relay serve`: everything in the file, the token too (serve
+	 * passes TELEGRAM_BOT_TOKEN to no agent, and a launched pi's sidecar reads the file),
+	 * `[launch] roots` (default: the world's work folder) and how to run pi with the
+	 * relay's extension. `extra` is appended.
+	 */
+	async serveConfig({ roots = [this.work], extra = "", home = this.relayHome } = {}) {
+		await mkdir(this.work, { recursive: true });
+		const pi = [process.execPath, PI_CLI, "--offline", "-e", EXTENSION];
+		const dir = join(home, "config");
+		await mkdir(dir, { recursive: true, mode: 0o700 });
+		await writeFile(
+			join(dir, "config.toml"),
+			[
+				`bot_token = ${JSON.stringify(this.bot.token)}`,
+				`chat_id = ${CHAT_ID}`,
+				`allowed_users = [${USER_ID}]`,
+				`api_url = ${JSON.stringify(this.bot.url)}`,
+				"[launch]",
+				`roots = ${JSON.stringify(roots)}`,
+				"[launch.commands]",
+				`pi = ${JSON.stringify(pi)}`,
+				extra,
+			].join("\n"),
+			{ mode: 0o600 },
+		);
+	}
+
+	/**
+	 * The environment serve runs in: pi's (piEnv) without the relay's settings, which
+	 * config.toml holds.
+	 */
+	serveEnv(env = {}) {
+		return this.piEnv({
+			TELEGRAM_BOT_TOKEN: undefined,
+			AGENT_RELAY_CHAT_ID: undefined,
+			AGENT_RELAY_ALLOWED_USERS: undefined,
+			AGENT_RELAY_API_URL: undefined,
+			AGENT_RELAY_LOG: "debug",
+			...env,
+		});
+	}
+
+	/** Starts `agent-relay serve` and waits until it is on the relay's bus. */
+	async startServe({ env = {} } = {}) {
+		const child = spawn(SIDECAR, ["serve"], {
+			cwd: this.root,
+			stdio: ["ignore", "pipe", "pipe"],
+			env: this.serveEnv(env),
+		});
+		const serve = new Serve(child);
+		this.serves.push(serve);
+		await eventually(
+			async () => (await this.relayStatus(env)).includes(`serve: pid ${serve.pid}`),
+			STARTUP_MS,
+			`agent-relay serve (pid ${serve.pid}) on the bus; its stderr: ${serve.stderr}`,
+		);
+		return serve;
+	}
+
+	/** What `agent-relay status` prints now ("" while no leader runs). */
+	async relayStatus(env = {}) {
+		const child = spawn(SIDECAR, ["status"], { cwd: this.root, stdio: ["ignore", "pipe", "pipe"], env: this.serveEnv(env) });
+		let out = "";
+		child.stdout.on("data", (c) => {
+			out += c;
+		});
+		child.stderr.on("data", () => {});
+		await deadline(new Promise((done) => child.once("exit", done)), 15_000, "agent-relay status");
+		return out;
 	}
 
 	/** The live forum topic named `X · <name>`, if any. */
@@ -476,6 +596,7 @@ export class World {
 	}
 
 	async destroy() {
+		await Promise.allSettled(this.serves.map((serve) => serve.stop()));
 		await Promise.allSettled(this.pis.map((pi) => pi.close()));
 		for (const pi of this.pis) {
 			for (const pid of pi.sidecarPids) {

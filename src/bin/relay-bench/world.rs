@@ -271,6 +271,7 @@ impl Probe {
             protocol_version: BUS_PROTOCOL_VERSION,
             retry_provisioning: false,
             left: None,
+            launch: None,
         });
         writer.send(&register).await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;

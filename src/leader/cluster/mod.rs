@@ -37,7 +37,7 @@ use crate::store::StoreError;
 use claims::adopt;
 use consume::consume;
 use poll::ClusterPoll;
-use questions::{answer_restart, answer_status};
+use questions::{answer_launch, answer_restart, answer_status};
 
 pub(super) use claims::SlotClaim;
 pub(super) use node::ClusterNode;
@@ -63,6 +63,7 @@ pub(super) async fn run(
     ));
     helpers.spawn(answer_status(leader.clone(), cluster.clone()));
     helpers.spawn(answer_restart(leader.clone(), cluster.clone()));
+    helpers.spawn(answer_launch(leader.clone(), cluster.clone()));
     let mut consuming = tokio::spawn(consume(leader.clone(), cluster.clone(), batches.clone()));
     let result = tokio::select! {
         led = lead(&leader, &cluster, keeper.leadership(), &batches) => led,

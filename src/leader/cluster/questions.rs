@@ -12,6 +12,7 @@ use crate::cluster::Cluster;
 use crate::cluster::NodeName;
 use crate::cluster::nodes::Question;
 use crate::protocol::bus::*;
+use crate::protocol::launch::{RemoteDone, RemoteOp, RemoteOrder};
 
 impl Leader {
     /// The local status with every other machine's sessions (asked, up to
@@ -28,6 +29,7 @@ impl Leader {
             answered: true,
             epoch: Some(status.epoch),
             sessions: status.sessions.clone(),
+            serve: status.serve.clone(),
         }];
         if let Some(cluster) = node.cluster().filter(|_| node.is_up()) {
             let known: Vec<NodeName> = match cluster.claims().nodes().await {
@@ -50,6 +52,7 @@ impl Leader {
                     answered: true,
                     epoch: Some(theirs.epoch),
                     sessions: theirs.sessions,
+                    serve: theirs.serve,
                 });
             }
             for name in known {
@@ -59,6 +62,7 @@ impl Leader {
                         answered: false,
                         epoch: None,
                         sessions: Vec::new(),
+                        serve: None,
                     });
                 }
             }
@@ -119,6 +123,87 @@ impl Leader {
         );
         self.step_down_for(&plan);
         Ok(plan)
+    }
+}
+
+impl Leader {
+    /// Runs `op` with machine `node`'s `serve`, through the cluster
+    /// (`/new box:…`, a button for another machine's session).
+    pub(in crate::leader) async fn ask_machine(
+        self: &Arc<Self>,
+        node: &str,
+        op: RemoteOp,
+    ) -> RemoteDone {
+        let refused = |text: String| RemoteDone {
+            ok: false,
+            text: format!("⚠️ Not done: {}", crate::render::escape(&text)),
+        };
+        let Some(this) = &self.cluster else {
+            return refused(format!(
+                "no machine named {node}: this relay runs on one machine"
+            ));
+        };
+        let Some(cluster) = this.cluster().filter(|_| this.is_up()) else {
+            return refused(format!(
+                "{}; machine {node} cannot be asked",
+                cluster_down(this)
+            ));
+        };
+        let Ok(name) = NodeName::parse(node) else {
+            return refused(format!("{node:?} is not a machine's name"));
+        };
+        let order = RemoteOrder {
+            node: Some(node.to_string()),
+            order: op,
+        };
+        let window = crate::protocol::launch::START_WAIT + std::time::Duration::from_secs(10);
+        let answers: Vec<(NodeName, RemoteDone)> = cluster
+            .ask_nodes_within(
+                Question::Launch,
+                &order,
+                std::slice::from_ref(&name),
+                window,
+            )
+            .await
+            .unwrap_or_default();
+        answers
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, done)| done)
+            .unwrap_or_else(|| {
+                refused(format!(
+                    "machine {node} did not answer (is it on, with its relay and agent-relay serve running?)"
+                ))
+            })
+    }
+}
+
+/// Runs the orders other machines hand this machine's `serve` (`/new
+/// box:…` asked where the control place is answered); orders for another
+/// machine are left to it.
+pub(super) async fn answer_launch(leader: Arc<Leader>, cluster: Cluster) {
+    let Ok(mut questions) = cluster.answer_nodes(Question::Launch).await else {
+        tracing::warn!("cannot answer the other machines' launch orders");
+        return;
+    };
+    let me = cluster.node().name.to_string();
+    loop {
+        let asked = tokio::select! {
+            () = leader.stop.cancelled() => return,
+            asked = questions.next::<RemoteOrder>() => asked,
+        };
+        let Some(asked) = asked else { return };
+        if asked.request.node.as_deref() != Some(me.as_str()) {
+            continue;
+        }
+        tracing::info!(by = %asked.from, "an order for this machine's serve");
+        let leader = leader.clone();
+        tokio::spawn(async move {
+            let done = leader.run_here(asked.request.order.clone()).await;
+            if let Err(e) = asked.answer(&done).await {
+                tracing::warn!("cannot answer a launch order: {e}");
+            }
+        });
     }
 }
 

@@ -1,0 +1,482 @@
+//! Claude Code as an engine: headless and kept running between turns —
+//! `claude -p --input-format stream-json --output-format stream-json
+//! --verbose --permission-prompt-tool stdio` — one process, one session id
+//! for every turn (docs/DESIGN.md, *Launching*; the flags are checked
+//! against the pinned Claude Code by `tests/claude/launch.test.mjs`).
+//!
+//! Claude Code runs no relay extension here: its session is hosted in
+//! `serve` (`hosted.rs`) and this engine plays its host. A prompt from the
+//! topic (`agent/sendUserMessage`) becomes a `user` line on Claude Code's
+//! stdin (a line sent while a turn runs joins it or waits for the next, as
+//! Claude Code does); its `assistant`, `user` (tool results) and `result`
+//! lines become the session's turn and tool events; a `can_use_tool`
+//! control request becomes `approval/request` — the usual approval on the
+//! phone — and its `control_response`. `/stop` is an `interrupt`, `/model`
+//! the `initialize` answer's models and `set_model`. A new session gets
+//! `--session-id <uuid>`; resuming is `--resume <uuid>`, whose turns
+//! Claude Code keeps in its own store. The profile is Claude Code's
+//! (`claude-code:<id>`), so a launched session resumed at a keyboard finds
+//! its topic too.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::host_client::{FromSidecar, Link, Said};
+use crate::launch::child::{self, Input, Spawned};
+use crate::launch::engine::{Agent, Context, Control, EngineError, Exit, Start};
+use crate::launch::hosted::{Hosted, Identity};
+use crate::protocol::host::{ApprovalResult, Decision, method};
+use crate::protocol::launch::ModelChoice;
+
+/// How long Claude Code has to answer its `initialize`.
+const STARTUP: Duration = Duration::from_secs(60);
+/// How long a control request may take.
+const COMMAND: Duration = Duration::from_secs(30);
+/// How long an approval may wait for the phone (the session's policy
+/// decides sooner).
+const PERSON: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Default)]
+struct State {
+    /// Control requests of ours waiting for their `control_response`.
+    waiting: HashMap<String, oneshot::Sender<Value>>,
+    next: u64,
+    /// The models `initialize` named.
+    models: Vec<(ModelChoice, Option<String>)>,
+    /// The model the last turn ran with.
+    model: Option<String>,
+    /// A turn runs.
+    busy: bool,
+    /// Prompts written while it ran: Claude Code makes them its next turn.
+    queued: usize,
+}
+
+/// The engine's view of one Claude Code process.
+struct Claude {
+    input: Input,
+    link: Link,
+    state: Mutex<State>,
+    activity: watch::Sender<Instant>,
+}
+
+impl Claude {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A control request to Claude Code; answers its `response`.
+    async fn control(&self, request: Value) -> Result<Value, String> {
+        let (id, rx) = {
+            let mut state = self.state();
+            state.next += 1;
+            let id = format!("relay-{}", state.next);
+            let (tx, rx) = oneshot::channel();
+            state.waiting.insert(id.clone(), tx);
+            (id, rx)
+        };
+        let sent = self.input.send(json!({
+            "type": "control_request",
+            "request_id": id,
+            "request": request,
+        }));
+        if !sent {
+            self.state().waiting.remove(&id);
+            return Err("Claude Code's input is closed".into());
+        }
+        let answer = tokio::time::timeout(COMMAND, rx).await;
+        self.state().waiting.remove(&id);
+        let response = answer
+            .map_err(|_| format!("Claude Code did not answer within {} s", COMMAND.as_secs()))?
+            .map_err(|_| "Claude Code ended".to_string())?;
+        match response["subtype"].as_str() {
+            Some("success") => Ok(response["response"].clone()),
+            _ => Err(response["error"]
+                .as_str()
+                .unwrap_or("Claude Code refused the request")
+                .to_string()),
+        }
+    }
+
+    fn tell(&self, method: &str, params: Value) {
+        if let Err(e) = self.link.notify(method, params) {
+            tracing::debug!(method, "the hosted session is gone: {e}");
+        }
+    }
+}
+
+/// Starts Claude Code (see the module docs).
+pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineError> {
+    let session_id = start
+        .resume
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let mut argv = start.command.clone();
+    argv.extend(
+        [
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--permission-prompt-tool",
+            "stdio",
+        ]
+        .map(String::from),
+    );
+    let flag = if start.resume.is_some() {
+        "--resume"
+    } else {
+        "--session-id"
+    };
+    argv.extend([flag.to_string(), session_id.clone()]);
+    if let Some(model) = &start.model {
+        argv.extend(["--model".into(), model.clone()]);
+    }
+    let Spawned {
+        mut child,
+        pid,
+        stdin,
+        stdout,
+        stderr,
+    } = child::spawn(&argv, &start.folder, &start.env)?;
+    let input = child::writer(stdin);
+    let failed = |message: String| EngineError::Startup {
+        engine: "claude",
+        message,
+    };
+    let cwd = start.folder.display().to_string();
+    let hosted = Hosted::start(
+        ctx,
+        Identity {
+            launch_id: &start.launch_id,
+            cwd: &cwd,
+            session_id: &session_id,
+            session_file: &format!("claude-code:{session_id}"),
+            host: "claude-code",
+        },
+    )
+    .await;
+    let mut hosted = match hosted {
+        Ok(hosted) => hosted,
+        Err(why) => {
+            input.close();
+            child::end(&mut child, pid, &stderr).await;
+            return Err(failed(format!("its relay session did not start: {why}")));
+        }
+    };
+    let (activity_tx, activity) = watch::channel(Instant::now());
+    let claude = Arc::new(Claude {
+        input,
+        link: hosted.link.clone(),
+        state: Mutex::default(),
+        activity: activity_tx,
+    });
+    tokio::spawn(read(child::reader(stdout), claude.clone()));
+    let from_session = std::mem::replace(&mut hosted.from_session, mpsc::unbounded_channel().1);
+    tokio::spawn(answer_session(from_session, claude.clone()));
+    let init =
+        tokio::time::timeout(STARTUP, claude.control(json!({"subtype": "initialize"}))).await;
+    let init = match init {
+        Ok(Ok(init)) => init,
+        failure => {
+            let why = match failure {
+                Ok(Err(e)) => e,
+                _ => format!("did not answer within {} s", STARTUP.as_secs()),
+            };
+            claude.input.close();
+            let exit = child::end(&mut child, pid, &stderr).await;
+            hosted.close().await;
+            return Err(failed(format!(
+                "{why}; its stderr: {}",
+                crate::policy::clip(&exit.stderr, 800)
+            )));
+        }
+    };
+    claude.state().models = models_of(&init);
+    let (control, controls) = mpsc::channel(16);
+    let (exit_tx, exited) = oneshot::channel();
+    let served = claude.clone();
+    tokio::spawn(async move {
+        let exit = serve(&served, controls, &mut child, pid, &stderr).await;
+        hosted.close().await;
+        let _ = exit_tx.send(exit);
+    });
+    Ok(Agent {
+        pid,
+        resume_id: Some(session_id),
+        model: start.model,
+        control,
+        exited,
+        activity,
+    })
+}
+
+/// The models `initialize` answers: what switches to each, what it shows,
+/// and the model it stands for.
+fn models_of(init: &Value) -> Vec<(ModelChoice, Option<String>)> {
+    init["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let id = m["value"].as_str()?.to_string();
+            let label = m["displayName"].as_str().unwrap_or(&id).to_string();
+            let resolved = m["resolvedModel"].as_str().map(str::to_string);
+            Some((ModelChoice { id, label }, resolved))
+        })
+        .collect()
+}
+
+/// Claude Code's output: answers to our control requests, its own
+/// requests (`can_use_tool`), and the turn as host events.
+async fn read(mut events: mpsc::UnboundedReceiver<Value>, claude: Arc<Claude>) {
+    while let Some(event) = events.recv().await {
+        match event["type"].as_str() {
+            Some("control_response") => {
+                let response = event["response"].clone();
+                let id = response["request_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(waiter) = claude.state().waiting.remove(&id) {
+                    let _ = waiter.send(response);
+                }
+            }
+            Some("control_request") => {
+                let request = event["request"].clone();
+                let id = event["request_id"].clone();
+                if request["subtype"].as_str() == Some("can_use_tool") {
+                    tokio::spawn(approve(claude.clone(), id, request));
+                } else {
+                    claude
+                        .input
+                        .send(json!({"type": "control_response", "response": {
+                            "subtype": "error", "request_id": id,
+                            "error": "agent-relay does not take this request",
+                        }}));
+                }
+            }
+            Some("system") if event["subtype"].as_str() == Some("init") => {
+                claude.state().model = event["model"].as_str().map(str::to_string);
+            }
+            Some("assistant") => assistant(&claude, &event["message"]),
+            Some("user") => tool_results(&claude, &event["message"]),
+            Some("result") => turn_ended(&claude, &event),
+            _ => {}
+        }
+    }
+}
+
+/// One `assistant` line: its text as the turn's answer, its tool calls as
+/// the progress message.
+fn assistant(claude: &Claude, message: &Value) {
+    let mut text = String::new();
+    for block in message["content"].as_array().into_iter().flatten() {
+        match block["type"].as_str() {
+            Some("text") => text.push_str(block["text"].as_str().unwrap_or_default()),
+            Some("tool_use") => claude.tell(
+                method::TOOL_STARTED,
+                json!({"toolName": block["name"], "toolCallId": block["id"], "args": block["input"]}),
+            ),
+            _ => {}
+        }
+    }
+    if !text.trim().is_empty() {
+        claude.tell(method::TURN_ENDED, json!({"assistantText": text}));
+    }
+}
+
+/// The tool results of a `user` line.
+fn tool_results(claude: &Claude, message: &Value) {
+    for block in message["content"].as_array().into_iter().flatten() {
+        if block["type"].as_str() == Some("tool_result") {
+            claude.tell(
+                method::TOOL_ENDED,
+                json!({"toolCallId": block["tool_use_id"], "isError": block["is_error"].as_bool().unwrap_or(false)}),
+            );
+        }
+    }
+}
+
+/// A `result` line ends the turn; prompts written meanwhile are its next.
+fn turn_ended(claude: &Claude, result: &Value) {
+    let aborted = result["subtype"].as_str() == Some("error_during_execution");
+    claude.tell(
+        method::AGENT_ENDED,
+        json!({"lastAssistantText": result["result"], "aborted": aborted}),
+    );
+    claude.activity.send_replace(Instant::now());
+    let next = {
+        let mut state = claude.state();
+        let next = state.queued > 0;
+        state.queued = 0;
+        state.busy = next;
+        next
+    };
+    if next {
+        claude.tell(method::AGENT_STARTED, json!({}));
+    }
+}
+
+/// Asks the session (its `[approvals]` policy, the phone) whether a tool
+/// call may run, and answers Claude Code. Every turn came from Telegram:
+/// nobody sits at this Claude Code. A call the policy leaves to the host
+/// is denied, as the print mode's permission tool does: nobody else could
+/// allow it.
+async fn approve(claude: Arc<Claude>, id: Value, request: Value) {
+    let tool = request["tool_name"].as_str().unwrap_or("tool").to_string();
+    let input = request["input"].clone();
+    let asked = claude
+        .link
+        .request(
+            method::APPROVAL_REQUEST,
+            json!({
+                "toolCallId": request["tool_use_id"].as_str().unwrap_or_default(),
+                "tool": tool,
+                "input": input,
+                "fromTelegram": true,
+            }),
+            PERSON,
+        )
+        .await;
+    let decided: Result<ApprovalResult, String> = asked
+        .map_err(|e| e.to_string())
+        .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()));
+    let behavior = match decided {
+        Ok(ApprovalResult {
+            decision: Decision::Allow,
+            ..
+        }) => json!({"behavior": "allow", "updatedInput": input}),
+        Ok(ApprovalResult {
+            decision: Decision::Deny,
+            reason,
+            ..
+        }) => {
+            json!({"behavior": "deny", "message": reason.unwrap_or_else(|| "Denied from Telegram.".into())})
+        }
+        Ok(ApprovalResult {
+            decision: Decision::Defer,
+            ..
+        }) => {
+            json!({"behavior": "deny", "message": format!("agent-relay's [approvals] policy does not ask about {tool}, and nobody else can allow it here; add it to [approvals] tools to be asked on the phone.")})
+        }
+        Err(why) => {
+            json!({"behavior": "deny", "message": format!("Denied: the relay could not ask ({why}).")})
+        }
+    };
+    claude
+        .input
+        .send(json!({"type": "control_response", "response": {
+            "subtype": "success", "request_id": id, "response": behavior,
+        }}));
+}
+
+/// What the hosted session asks of its host: prompts, and `/stop`.
+async fn answer_session(mut from: mpsc::UnboundedReceiver<Said>, claude: Arc<Claude>) {
+    while let Some(Said { message, .. }) = from.recv().await {
+        let FromSidecar::Request { id, method, params } = message else {
+            continue;
+        };
+        let answer = match method.as_str() {
+            method::AGENT_SEND_USER_MESSAGE => Ok(prompt(&claude, &params)),
+            method::AGENT_ABORT => claude
+                .control(json!({"subtype": "interrupt"}))
+                .await
+                .map(|_| json!({}))
+                .map_err(|why| (-32000, why)),
+            other => Err((-32601, format!("Method not found: {other}"))),
+        };
+        let sent = match answer {
+            Ok(result) => claude.link.respond(id, result),
+            Err((code, why)) => claude.link.respond_error(id, code, &why),
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+}
+
+/// A prompt from the topic as a `user` line; a turn starts unless one runs.
+fn prompt(claude: &Claude, params: &Value) -> Value {
+    let text = params["text"].as_str().unwrap_or_default();
+    let sent = claude.input.send(json!({
+        "type": "user",
+        "message": {"role": "user", "content": text},
+    }));
+    if !sent {
+        return json!({"accepted": false});
+    }
+    let starts = {
+        let mut state = claude.state();
+        if state.busy {
+            state.queued += 1;
+            false
+        } else {
+            state.busy = true;
+            true
+        }
+    };
+    if starts {
+        claude.activity.send_replace(Instant::now());
+        claude.tell(method::AGENT_STARTED, json!({}));
+    }
+    json!({"accepted": true})
+}
+
+/// Serves `serve`'s controls until Claude Code ends.
+async fn serve(
+    claude: &Arc<Claude>,
+    mut controls: mpsc::Receiver<Control>,
+    child: &mut tokio::process::Child,
+    pid: u32,
+    stderr: &child::StderrTail,
+) -> Exit {
+    loop {
+        let control = tokio::select! {
+            exit = child::exit_of(child, stderr) => return exit,
+            control = controls.recv() => control,
+        };
+        match control {
+            Some(Control::Models(reply)) => {
+                let state = claude.state();
+                let current = state.model.clone().map(|model| {
+                    state
+                        .models
+                        .iter()
+                        .find(|(m, resolved)| m.id == model || resolved.as_deref() == Some(&model))
+                        .map_or(model, |(m, _)| m.id.clone())
+                });
+                let models = state.models.iter().map(|(m, _)| m.clone()).collect();
+                let _ = reply.send(Ok((models, current)));
+            }
+            Some(Control::SetModel(model, reply)) => {
+                let claude = claude.clone();
+                tokio::spawn(async move {
+                    let set = claude
+                        .control(json!({"subtype": "set_model", "model": model}))
+                        .await
+                        .map(|r| r["model"].as_str().unwrap_or(&model).to_string());
+                    if let Ok(set) = &set {
+                        claude.state().model = Some(set.clone());
+                    }
+                    let _ = reply.send(set);
+                });
+            }
+            Some(Control::End(done)) => {
+                claude.input.close();
+                let exit = child::end(child, pid, stderr).await;
+                let _ = done.send(());
+                return exit;
+            }
+            None => {
+                claude.input.close();
+                return child::end(child, pid, stderr).await;
+            }
+        }
+    }
+}

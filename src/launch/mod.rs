@@ -1,0 +1,33 @@
+//! `agent-relay serve`: sessions the relay starts itself (docs/DESIGN.md,
+//! *Launching*). One `serve` per machine joins the bus as its launcher —
+//! a member like any sidecar, which may lead — and keeps the agents it
+//! starts as its own children, so a leader that changes touches them no
+//! more than a keyboard session.
+//!
+//! * [`serve`] — the launcher's life: the leader's orders (start, end,
+//!   models), each agent's end reported, idle agents ended, and the
+//!   sessions that were running started again when `serve` comes back.
+//! * [`engine`] — the seam every agent host plugs into: what an engine is
+//!   given and what it gives back. One file per engine under `engines/`
+//!   (`pi.rs`, `claude.rs`).
+//! * [`place`] — where agents may run: `[launch] roots`, links and owners.
+//! * [`env`] — the environment a launched agent gets.
+//! * `child` — spawning an agent's process and ending it; `hosted` — a
+//!   relay session in `serve`'s own process for an engine whose agent has
+//!   no relay extension of its own (Claude Code), which the engine plays
+//!   host to.
+//! * [`service`] — `agent-relay install service`: the systemd user unit,
+//!   or the launchd agent on macOS.
+
+mod child;
+pub mod engine;
+mod engines;
+
+pub use engines::Engine;
+pub mod env;
+mod hosted;
+pub mod place;
+pub mod serve;
+pub mod service;
+
+pub use child::set_agent_umask;

@@ -1,0 +1,415 @@
+//! `agent-relay serve`, the machine's launcher (docs/DESIGN.md,
+//! *Launching*). It holds `serve.lock` in the bus directory (one per bot
+//! and machine), joins the bus as the launcher and then, until it is
+//! stopped:
+//!
+//! * starts what the leader orders — after checking the folder against
+//!   `[launch] roots` (`place`), with the agent's environment (`env`) —
+//!   as its own child, and ends, lists models of and switches the model
+//!   of what it started;
+//! * reports each agent that ends: on purpose (`/end`), idle (`[launch]
+//!   idle_end_hours` without a turn), or by itself (a crash, with its exit
+//!   status and last stderr lines); a report that cannot be sent now (no
+//!   leader for a moment) is sent after the next welcome;
+//! * starts again, at every welcome, the sessions the leader's store says
+//!   should be running and it does not run: after `serve` itself restarted
+//!   (a crash, an upgrade, a reboot), each comes back in its own topic,
+//!   from the agent's own session store.
+//!
+//! Stopped (SIGTERM, SIGINT), it ends its agents without reporting them
+//! ended: they should be running, and come back when `serve` does.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use super::engine::{Context, Control, Exit, Start};
+use crate::bus::election::BusDir;
+use crate::config::Config;
+use crate::member::{LauncherRequest, Member};
+use crate::paths::Paths;
+use crate::protocol::launch::{LaunchEvent, LaunchSpec, Order, OrderOp, OrderOutcome};
+
+/// How long ending every agent may take when `serve` stops.
+const STOPPING: Duration = Duration::from_secs(20);
+/// How long a control of an agent may take.
+const CONTROL: Duration = Duration::from_secs(30);
+
+/// Why `serve` cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "no bot token configured (bot_token in config.toml): agent-relay serve starts agents for a bot"
+    )]
+    NoToken,
+    #[error("agent-relay serve already runs for this bot on this machine (pid {0}); one is enough")]
+    AlreadyRunning(u32),
+    #[error("cannot take {}: {message}", path.display())]
+    Lock { path: PathBuf, message: String },
+}
+
+/// Why an agent of `serve`'s leaves.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// `/end`, by this user.
+    ByUser(i64),
+    /// Without a turn for this many seconds.
+    Idle(u64),
+    /// `serve` stops: it should come back with `serve`.
+    Shutdown,
+}
+
+/// One agent `serve` runs.
+struct Running {
+    folder: PathBuf,
+    pid: u32,
+    control: mpsc::Sender<Control>,
+    activity: watch::Receiver<Instant>,
+    ending: Option<Ending>,
+}
+
+/// `serve`'s state, shared by its tasks.
+struct Serve {
+    ctx: Context,
+    member: Member,
+    agents: Mutex<HashMap<String, Running>>,
+    /// Launches being started now (an order and a welcome may overlap).
+    starting: Mutex<HashSet<String>>,
+    /// Reports the leader has not taken yet.
+    unsent: Mutex<Vec<(String, LaunchEvent)>>,
+    exits: mpsc::UnboundedSender<(String, Exit)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `serve` until `stop` (see the module docs).
+pub async fn run(paths: Paths, config: Config, stop: CancellationToken) -> Result<(), ServeError> {
+    let bot = config.bot_id().ok_or(ServeError::NoToken)?;
+    let bus = BusDir::new(paths.bus_dir(bot));
+    let _held = match bus.try_lock_serve() {
+        Ok(Some(held)) => held,
+        Ok(None) => return Err(ServeError::AlreadyRunning(bus.serve_running().unwrap_or(0))),
+        Err(e) => {
+            return Err(ServeError::Lock {
+                path: bus.serve_lock_path(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let engines: Vec<String> = config
+        .launch
+        .commands
+        .keys()
+        .filter(|name| Engine::parse(name).is_some())
+        .cloned()
+        .collect();
+    let (member, link) = Member::join_launcher(LauncherRequest {
+        paths: paths.clone(),
+        config: config.clone(),
+        pid: std::process::id(),
+        engines,
+    });
+    let (exits, mut exited) = mpsc::unbounded_channel();
+    let serve = Arc::new(Serve {
+        ctx: Context { paths, config },
+        member,
+        agents: Mutex::default(),
+        starting: Mutex::default(),
+        unsent: Mutex::default(),
+        exits,
+    });
+    let mut orders = link.orders;
+    let mut welcomes = link.welcomes;
+    let mut idle = tokio::time::interval(idle_tick(serve.ctx.config.launch.idle_end));
+    tracing::info!(pid = std::process::id(), "agent-relay serve runs");
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            Ok(()) = welcomes.changed() => {
+                let resume = welcomes.borrow_and_update().as_ref().map(|w| w.resume.clone()).unwrap_or_default();
+                serve.clone().welcomed(resume);
+            }
+            Some(order) = orders.recv() => {
+                let serve = serve.clone();
+                tokio::spawn(async move { serve.obey(order).await });
+            }
+            Some((id, exit)) = exited.recv() => serve.clone().ended(&id, exit),
+            _ = idle.tick() => serve.end_idle(),
+        }
+    }
+    serve.stop_all().await;
+    serve.member.leave().await;
+    Ok(())
+}
+
+/// How often idle agents are looked for.
+fn idle_tick(idle: Option<Duration>) -> Duration {
+    idle.map_or(Duration::from_secs(60), |idle| {
+        (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+    })
+}
+
+impl Serve {
+    /// A (new) leader welcomed `serve`: what it could not report goes now,
+    /// and what should run and does not starts again.
+    fn welcomed(self: Arc<Self>, resume: Vec<LaunchSpec>) {
+        tokio::spawn(async move {
+            let unsent = std::mem::take(&mut *lock(&self.unsent));
+            for (id, event) in unsent {
+                self.report(id, event).await;
+            }
+            for spec in resume {
+                let running = lock(&self.agents).contains_key(&spec.launch_id)
+                    || lock(&self.starting).contains(&spec.launch_id);
+                if running {
+                    continue;
+                }
+                let id = spec.launch_id.clone();
+                if let OrderOutcome::Refused { reason } = self.start(spec, true).await {
+                    tracing::warn!(launch = %id, "cannot start a session again: {reason}");
+                    let event = LaunchEvent::Crashed {
+                        code: None,
+                        signal: None,
+                        stderr: format!("agent-relay serve could not start it again: {reason}"),
+                    };
+                    self.report(id, event).await;
+                }
+            }
+        });
+    }
+
+    /// Runs one of the leader's orders and answers it.
+    async fn obey(self: Arc<Self>, order: Order) {
+        let outcome = match order.op {
+            OrderOp::Start(spec) => self.start(spec, false).await,
+            OrderOp::End { launch_id, by_user } => {
+                self.end(&launch_id, Ending::ByUser(by_user)).await
+            }
+            OrderOp::Models { launch_id } => {
+                let asked = self.control(&launch_id, Control::Models).await;
+                match asked {
+                    Ok((models, current)) => OrderOutcome::Models { models, current },
+                    Err(reason) => OrderOutcome::Refused { reason },
+                }
+            }
+            OrderOp::SetModel { launch_id, model } => {
+                let set = self
+                    .control(&launch_id, |reply| Control::SetModel(model, reply))
+                    .await;
+                match set {
+                    Ok(model) => OrderOutcome::ModelSet { model },
+                    Err(reason) => OrderOutcome::Refused { reason },
+                }
+            }
+        };
+        if let Err(e) = self.member.order_done(order.order_id, outcome).await {
+            tracing::warn!("cannot answer an order: {e}");
+        }
+    }
+
+    /// Starts (or starts again) one session; `after_restart` when `serve`
+    /// itself came back.
+    async fn start(self: &Arc<Self>, spec: LaunchSpec, after_restart: bool) -> OrderOutcome {
+        let refused = |reason: String| OrderOutcome::Refused { reason };
+        if let Some(running) = lock(&self.agents).get(&spec.launch_id) {
+            return OrderOutcome::Started {
+                folder: running.folder.display().to_string(),
+                pid: running.pid,
+            };
+        }
+        if !lock(&self.starting).insert(spec.launch_id.clone()) {
+            return refused("it is being started already".into());
+        }
+        let outcome = self.spawn_agent(&spec, after_restart).await;
+        lock(&self.starting).remove(&spec.launch_id);
+        outcome.unwrap_or_else(refused)
+    }
+
+    async fn spawn_agent(
+        self: &Arc<Self>,
+        spec: &LaunchSpec,
+        after_restart: bool,
+    ) -> Result<OrderOutcome, String> {
+        let launch = &self.ctx.config.launch;
+        let engine = Engine::parse(&spec.engine)
+            .filter(|_| launch.commands.contains_key(&spec.engine))
+            .ok_or_else(|| {
+                format!(
+                    "{} is not an engine agent-relay serve runs here ({}); see [launch.commands] in config.toml",
+                    spec.engine,
+                    launch.commands.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            })?;
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let folder = super::place::resolve(&spec.folder, &launch.roots, home.as_deref(), &self.ctx.config.file)
+            .map_err(|e| {
+                tracing::info!(target: "audit", user = spec.by_user, folder = %spec.folder, engine = %spec.engine, "refused to start an agent: {e}");
+                e.to_string()
+            })?;
+        let start = Start {
+            launch_id: spec.launch_id.clone(),
+            folder: folder.clone(),
+            command: launch.commands[&spec.engine].clone(),
+            resume: spec.resume_id.clone(),
+            model: spec.model.clone(),
+            env: super::env::agent_env(std::env::vars_os(), &spec.launch_id),
+        };
+        let agent = engine
+            .start(start, &self.ctx)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            target: "audit",
+            user = spec.by_user,
+            launch = %spec.launch_id,
+            engine = %spec.engine,
+            folder = %folder.display(),
+            pid = agent.pid,
+            resumed = spec.resume_id.is_some(),
+            "started an agent"
+        );
+        let (pid, exited) = (agent.pid, agent.exited);
+        lock(&self.agents).insert(
+            spec.launch_id.clone(),
+            Running {
+                folder: folder.clone(),
+                pid,
+                control: agent.control,
+                activity: agent.activity,
+                ending: None,
+            },
+        );
+        let exits = self.exits.clone();
+        let id = spec.launch_id.clone();
+        tokio::spawn(async move {
+            let exit = exited.await.unwrap_or_default();
+            let _ = exits.send((id, exit));
+        });
+        let event = LaunchEvent::Started {
+            resume_id: agent.resume_id,
+            model: agent.model,
+            after_restart,
+        };
+        self.report(spec.launch_id.clone(), event).await;
+        Ok(OrderOutcome::Started {
+            folder: folder.display().to_string(),
+            pid,
+        })
+    }
+
+    /// Ends one agent for `why`; answered once its process is gone.
+    async fn end(&self, id: &str, why: Ending) -> OrderOutcome {
+        let control = {
+            let mut agents = lock(&self.agents);
+            let Some(running) = agents.get_mut(id) else {
+                return OrderOutcome::Refused {
+                    reason: "it is not running".into(),
+                };
+            };
+            running.ending = Some(why);
+            running.control.clone()
+        };
+        let (done, gone) = oneshot::channel();
+        if control.send(Control::End(done)).await.is_ok() {
+            let _ = tokio::time::timeout(STOPPING, gone).await;
+        }
+        OrderOutcome::Ended
+    }
+
+    /// Asks a running agent something.
+    async fn control<T>(
+        &self,
+        id: &str,
+        ask: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Control,
+    ) -> Result<T, String> {
+        let control = lock(&self.agents)
+            .get(id)
+            .map(|r| r.control.clone())
+            .ok_or("it is not running")?;
+        let (reply, answer) = oneshot::channel();
+        control
+            .send(ask(reply))
+            .await
+            .map_err(|_| "the agent is gone".to_string())?;
+        tokio::time::timeout(CONTROL, answer)
+            .await
+            .map_err(|_| format!("the agent did not answer within {} s", CONTROL.as_secs()))?
+            .map_err(|_| "the agent is gone".to_string())?
+    }
+
+    /// An agent's process ended: reported as what ended it.
+    fn ended(self: Arc<Self>, id: &str, exit: Exit) {
+        let Some(running) = lock(&self.agents).remove(id) else {
+            return;
+        };
+        let event = match running.ending {
+            Some(Ending::Shutdown) => return,
+            Some(Ending::ByUser(by_user)) => LaunchEvent::Ended { by_user },
+            Some(Ending::Idle(idle_s)) => LaunchEvent::Idle { idle_s },
+            None => {
+                tracing::warn!(launch = id, code = ?exit.code, signal = ?exit.signal, "an agent stopped by itself");
+                LaunchEvent::Crashed {
+                    code: exit.code,
+                    signal: exit.signal,
+                    stderr: exit.stderr,
+                }
+            }
+        };
+        let id = id.to_string();
+        tokio::spawn(async move { self.report(id, event).await });
+    }
+
+    /// Ends the agents that had no turn for `[launch] idle_end_hours`.
+    fn end_idle(self: &Arc<Self>) {
+        let Some(idle) = self.ctx.config.launch.idle_end else {
+            return;
+        };
+        let idle_ones: Vec<(String, u64)> = lock(&self.agents)
+            .iter()
+            .filter(|(_, r)| r.ending.is_none())
+            .filter_map(|(id, r)| {
+                let quiet = r.activity.borrow().elapsed();
+                (quiet >= idle).then(|| (id.clone(), quiet.as_secs()))
+            })
+            .collect();
+        for (id, quiet) in idle_ones {
+            tracing::info!(launch = %id, quiet_s = quiet, "ending an idle agent");
+            let serve = self.clone();
+            tokio::spawn(async move { serve.end(&id, Ending::Idle(quiet)).await });
+        }
+    }
+
+    /// Tells the leader; kept for the next welcome when it cannot be told.
+    async fn report(&self, id: String, event: LaunchEvent) {
+        if let Err(e) = self.member.report(id.clone(), event.clone()).await {
+            tracing::info!(launch = %id, "a report waits for the leader: {e}");
+            lock(&self.unsent).push((id, event));
+        }
+    }
+
+    /// Ends every agent as `serve` stops (they come back with it).
+    async fn stop_all(&self) {
+        let controls: Vec<mpsc::Sender<Control>> = lock(&self.agents)
+            .values_mut()
+            .map(|r| {
+                r.ending = Some(Ending::Shutdown);
+                r.control.clone()
+            })
+            .collect();
+        let mut gone = Vec::new();
+        for control in controls {
+            let (done, ended) = oneshot::channel();
+            if control.send(Control::End(done)).await.is_ok() {
+                gone.push(ended);
+            }
+        }
+        let _ = tokio::time::timeout(STOPPING, futures::future::join_all(gone)).await;
+    }
+}

@@ -1,0 +1,582 @@
+//! Sessions `agent-relay serve` launches (docs/DESIGN.md, *Launching*),
+//! as the leader sees them: this machine's `serve` on the bus (its
+//! welcome: which sessions should be running), the orders the leader hands
+//! it and their answers, what it reports about its agents (each said in
+//! the session's topic), and the link between a launch and the session
+//! that registers for it.
+//!
+//! The leader keeps the record (`store::Launch`); `serve` keeps the
+//! processes. A launch's first prompt waits in its record until its
+//! session registers, and then goes into the journal before the session
+//! goes live: it is delivered like any message, in order, once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::outbox::Pace;
+use super::registry::{ConnId, LauncherReg};
+use super::{Leader, store_error};
+use crate::protocol::bus::*;
+use crate::protocol::launch::START_WAIT;
+use crate::protocol::launch::{LaunchEvent, LaunchSpec, OrderOp, OrderOutcome};
+use crate::store::{Launch, LaunchState, NewUpdate};
+
+/// The data of a button that resumes launch `id` (`c:r:`, read by the
+/// control place).
+fn resume_button(id: &str) -> String {
+    format!("c:r:{id}")
+}
+
+/// What the person is told when this machine has no `serve`.
+pub(super) const NO_SERVE: &str = "agent-relay serve is not running on this machine: start it with `agent-relay serve` (or `agent-relay install service` to keep it running)";
+/// How long any other order may take.
+const ORDER_WAIT: Duration = Duration::from_secs(30);
+
+/// The leader's side of launching: orders on their way, and who waits for
+/// a launch's session.
+#[derive(Default)]
+pub(super) struct Launches {
+    next_order: AtomicU64,
+    /// Orders `serve` has not answered yet: its connection, and who waits.
+    orders: Mutex<HashMap<u64, (ConnId, oneshot::Sender<OrderOutcome>)>>,
+    /// Who waits for a launch's session to register: launch id → waiters.
+    registered: Mutex<HashMap<String, Vec<oneshot::Sender<Route>>>>,
+    /// Launches being started again now: one resume at a time each.
+    resuming: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A launch id: 48 random bits in hex, short enough for a button's data.
+pub(super) fn new_launch_id() -> String {
+    format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff)
+}
+
+impl Leader {
+    /// `serve` joins as this machine's launcher. A launcher registered
+    /// before is replaced: `serve` holds its own lock while it runs, so the
+    /// one before is gone. The welcome names every session that should be
+    /// running, for `serve` to start again after a restart.
+    pub(super) fn serve_hello(
+        &self,
+        conn: ConnId,
+        hello: &ServeHello,
+    ) -> Result<ServeWelcome, BusError> {
+        if hello.protocol_version != BUS_PROTOCOL_VERSION {
+            return Err(BusError::new(
+                BusErrorCode::ProtocolVersion,
+                format!(
+                    "bus protocol {} is not supported (the leader speaks {BUS_PROTOCOL_VERSION}); update agent-relay",
+                    hello.protocol_version
+                ),
+            ));
+        }
+        self.registry
+            .vouch(&hello.instance_id, &hello.instance_secret)?;
+        let resume: Vec<LaunchSpec> = self
+            .store()
+            .launches()
+            .map_err(store_error)?
+            .into_iter()
+            .filter(|l| l.state.is_running())
+            .map(|l| spec_of(&l, l.by_user))
+            .collect();
+        {
+            let mut conns = self.registry.lock();
+            let before: Vec<ConnId> = conns
+                .map
+                .iter()
+                .filter(|(id, c)| c.launcher.is_some() && **id != conn)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in before {
+                if let Some(c) = conns.map.get_mut(&id) {
+                    c.launcher = None;
+                    c.close();
+                }
+            }
+            let c = conns
+                .map
+                .get_mut(&conn)
+                .ok_or_else(|| BusError::new(BusErrorCode::Unavailable, "connection closed"))?;
+            c.launcher = Some(LauncherReg {
+                generation: hello.registration_generation,
+                pid: hello.pid,
+                engines: hello.engines.clone(),
+            });
+        }
+        tracing::info!(
+            pid = hello.pid,
+            resume = resume.len(),
+            "serve joined the bus"
+        );
+        Ok(ServeWelcome {
+            epoch: self.epoch,
+            resume,
+        })
+    }
+
+    /// `serve` as `/relay status` shows it.
+    pub(super) fn serve_status(&self) -> Option<ServeStatus> {
+        let conns = self.registry.lock();
+        conns.launcher().map(|(_, l)| ServeStatus {
+            pid: l.pid,
+            engines: l.engines.clone(),
+        })
+    }
+
+    /// Hands `op` to this machine's `serve` and waits for its answer.
+    pub(super) async fn order(
+        &self,
+        op: OrderOp,
+        wait: Duration,
+    ) -> Result<OrderOutcome, BusError> {
+        let unavailable = |why: &str| BusError::new(BusErrorCode::Unavailable, why);
+        let order_id = self.launches.next_order.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = oneshot::channel();
+        {
+            let conns = self.registry.lock();
+            let Some((conn, _)) = conns.launcher() else {
+                return Err(unavailable(NO_SERVE));
+            };
+            lock(&self.launches.orders).insert(order_id, (conn, tx));
+            if !conns.push(conn, FromLeader::Order(Order { order_id, op })) {
+                lock(&self.launches.orders).remove(&order_id);
+                return Err(unavailable("agent-relay serve is not reading its orders"));
+            }
+        }
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) => Err(unavailable(
+                "agent-relay serve left the bus before it answered",
+            )),
+            Err(_) => {
+                lock(&self.launches.orders).remove(&order_id);
+                Err(unavailable(&format!(
+                    "agent-relay serve did not answer within {} s",
+                    wait.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// `serve` answered an order.
+    pub(super) fn order_done(&self, conn: ConnId, done: &OrderDone) -> Result<(), BusError> {
+        self.registry.lock().launcher_of(conn, done.generation)?;
+        let waiting = lock(&self.launches.orders).remove(&done.order_id);
+        match waiting {
+            Some((from, answer)) if from == conn => {
+                let _ = answer.send(done.outcome.clone());
+            }
+            _ => tracing::debug!(
+                order = done.order_id,
+                "an answer to an order nobody waits for"
+            ),
+        }
+        Ok(())
+    }
+
+    /// A connection closed: the orders it had not answered fail now rather
+    /// than at their timeout.
+    pub(super) fn launcher_gone(&self, conn: ConnId) {
+        lock(&self.launches.orders).retain(|_, (from, _)| *from != conn);
+    }
+
+    /// Records a new launch and has `serve` start it; answers once its
+    /// session registered (with its route), or why not. One that did not
+    /// start stays recorded as ended ("not started"), with no session: it
+    /// is offered nowhere (`/new`'s folders, `/sessions`).
+    pub(super) async fn start_new(
+        &self,
+        spec: LaunchSpec,
+        prompt: Option<String>,
+    ) -> Result<Route, String> {
+        let launch = Launch {
+            id: spec.launch_id.clone(),
+            engine: spec.engine.clone(),
+            folder: spec.folder.clone(),
+            profile_key: None,
+            resume_id: None,
+            model: spec.model.clone(),
+            state: LaunchState::Starting,
+            note: None,
+            first_prompt: prompt,
+            by_user: spec.by_user,
+            created_ms: 0,
+            updated_ms: 0,
+        };
+        self.store()
+            .insert_launch(&launch)
+            .map_err(|e| e.to_string())?;
+        let started = self.start(spec.clone()).await;
+        if started.is_err()
+            && let Err(e) = self.store().set_launch_state(
+                &spec.launch_id,
+                LaunchState::Ended,
+                Some("not started"),
+            )
+        {
+            tracing::warn!("cannot record a launch that did not start: {e}");
+        }
+        started
+    }
+
+    /// Starts a recorded launch (new, or again) and waits for its session.
+    async fn start(&self, spec: LaunchSpec) -> Result<Route, String> {
+        let id = spec.launch_id.clone();
+        let (tx, registered) = oneshot::channel();
+        lock(&self.launches.registered)
+            .entry(id.clone())
+            .or_default()
+            .push(tx);
+        let outcome = self.order(OrderOp::Start(spec), START_WAIT).await;
+        let folder = match outcome {
+            Ok(OrderOutcome::Started { folder, .. }) => {
+                if let Err(e) = self.store().set_launch_folder(&id, &folder) {
+                    tracing::warn!("cannot record where a launch runs: {e}");
+                }
+                folder
+            }
+            Ok(OrderOutcome::Refused { reason }) => {
+                lock(&self.launches.registered).remove(&id);
+                return Err(reason);
+            }
+            Ok(other) => {
+                lock(&self.launches.registered).remove(&id);
+                return Err(format!("serve answered {other:?}"));
+            }
+            Err(e) => {
+                lock(&self.launches.registered).remove(&id);
+                return Err(e.message);
+            }
+        };
+        tracing::debug!(launch = %id, %folder, "agent started; waiting for its session");
+        match tokio::time::timeout(START_WAIT, registered).await {
+            Ok(Ok(route)) => Ok(route),
+            _ => Err(format!(
+                "the agent started in {folder}, but its session did not join the relay within {} s (for pi: is the relay's extension loaded? see [launch.commands] in config.toml)",
+                START_WAIT.as_secs()
+            )),
+        }
+    }
+
+    /// Starts launch `id` again from the engine's own session; answers its
+    /// route once it registered. A launch that runs, or is being started
+    /// again, is left alone.
+    pub(super) async fn resume(&self, id: &str, by_user: i64) -> Result<Route, String> {
+        let launch = self
+            .store()
+            .launch(id)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "no such launched session on this machine".to_string())?;
+        if launch.state == LaunchState::Running
+            && let Some(route) = self.live_route(launch.profile_key.as_deref())
+        {
+            return Ok(route);
+        }
+        if !lock(&self.launches.resuming).insert(id.to_string()) {
+            return Err("it is being started already".into());
+        }
+        tracing::info!(target: "audit", user = by_user, launch = id, engine = %launch.engine, folder = %launch.folder, "resume a launched session");
+        if let Err(e) = self
+            .store()
+            .set_launch_state(id, LaunchState::Starting, None)
+        {
+            tracing::warn!("cannot record the resume: {e}");
+        }
+        let resumed = self.start(spec_of(&launch, by_user)).await;
+        lock(&self.launches.resuming).remove(id);
+        if let Err(why) = &resumed
+            && let Err(e) = self.store().set_launch_state(id, launch.state, Some(why))
+        {
+            tracing::warn!("cannot record a failed resume: {e}");
+        }
+        resumed
+    }
+
+    /// Ends launch `id` (`/end`): `serve` ends its process, then reports,
+    /// and the report closes the topic.
+    pub(super) async fn end(&self, id: &str, by_user: i64) -> Result<(), String> {
+        match self
+            .order(
+                OrderOp::End {
+                    launch_id: id.to_string(),
+                    by_user,
+                },
+                ORDER_WAIT,
+            )
+            .await
+        {
+            Ok(OrderOutcome::Ended) => Ok(()),
+            Ok(OrderOutcome::Refused { reason }) => Err(reason),
+            Ok(other) => Err(format!("serve answered {other:?}")),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    /// The route of a live session, if `profile_key` has one.
+    fn live_route(&self, profile_key: Option<&str>) -> Option<Route> {
+        let conns = self.registry.lock();
+        conns.owner_of(profile_key?).map(|(_, s)| s.route.clone())
+    }
+
+    /// A session registered as a launch (`Register::launch`): the launch
+    /// is linked to it, its first prompt journaled (before the session goes
+    /// live, so it is delivered first), and whoever waits is told.
+    pub(super) fn launched_registered(&self, launch_id: &str, route: &Route, user_hint: i64) {
+        let linked = self.store().link_launch(launch_id, &route.profile_key);
+        let launch = match linked {
+            Ok(Some(launch)) => launch,
+            Ok(None) => {
+                tracing::warn!(
+                    launch = launch_id,
+                    "a session claimed a launch that is not its own"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::error!("cannot link a launch to its session: {e}");
+                return;
+            }
+        };
+        if let (Some(prompt), Some(target)) = (launch.first_prompt.clone(), route.target) {
+            let journaled = self.store().journal_own_prompt(NewUpdate {
+                update_id: 0,
+                owner: Some(route.profile_key.clone()),
+                chat_id: target.chat_id,
+                thread_id: Some(target.thread_id),
+                user_id: if launch.by_user != 0 {
+                    launch.by_user
+                } else {
+                    user_hint
+                },
+                message_id: 0,
+                text: prompt,
+                detail: None,
+            });
+            if let Err(e) = journaled {
+                tracing::error!("cannot hand the launch's first prompt to its session: {e}");
+            }
+        }
+        for waiter in lock(&self.launches.registered)
+            .remove(launch_id)
+            .unwrap_or_default()
+        {
+            let _ = waiter.send(route.clone());
+        }
+    }
+
+    /// What `serve` says about one of its agents: recorded, and said in the
+    /// session's topic.
+    pub(super) fn launch_report(
+        self: &Arc<Self>,
+        conn: ConnId,
+        report: &LaunchReport,
+    ) -> Result<(), BusError> {
+        self.registry.lock().launcher_of(conn, report.generation)?;
+        let id = &report.launch_id;
+        let Some(launch) = self.store().launch(id).map_err(store_error)? else {
+            return Err(BusError::new(BusErrorCode::Forbidden, "no such launch"));
+        };
+        let (state, note, said) = match &report.event {
+            LaunchEvent::Started {
+                resume_id,
+                model,
+                after_restart,
+            } => {
+                if let Err(e) =
+                    self.store()
+                        .set_launch_started(id, resume_id.as_deref(), model.as_deref())
+                {
+                    tracing::warn!("cannot record the launch's session: {e}");
+                }
+                let said = after_restart.then(|| {
+                    format!("↻ agent-relay serve restarted; this session was started again from {}'s own session store.", launch.engine)
+                });
+                (None, None, said.map(|s| (s, false)))
+            }
+            LaunchEvent::Ended { by_user } => {
+                tracing::info!(target: "audit", user = by_user, launch = %id, engine = %launch.engine, folder = %launch.folder, "a launched session ended");
+                let said = "⏹ Session ended. This topic is closed; /resume in the chat, or the button, starts it again with its history.".to_string();
+                (
+                    Some(LaunchState::Ended),
+                    Some("ended with /end".to_string()),
+                    Some((said, true)),
+                )
+            }
+            LaunchEvent::Idle { idle_s } => {
+                let hours = *idle_s as f64 / 3600.0;
+                let said = format!(
+                    "💤 Ended after {hours:.1} h without a turn ([launch] idle_end_hours). Write here to start it again with its history."
+                );
+                (
+                    Some(LaunchState::Idle),
+                    Some(format!("idle for {hours:.1} h")),
+                    Some((said, false)),
+                )
+            }
+            LaunchEvent::Crashed {
+                code,
+                signal,
+                stderr,
+            } => {
+                let how = match (code, signal) {
+                    (Some(code), _) => format!("exit code {code}"),
+                    (None, Some(signal)) => format!("signal {signal}"),
+                    (None, None) => "no exit status".into(),
+                };
+                let mut said = format!("⚠️ {} stopped by itself ({how}).", launch.engine);
+                if !stderr.trim().is_empty() {
+                    said.push_str(&format!(
+                        "\nIts last words on stderr:\n{}",
+                        crate::policy::clip(stderr.trim(), 1500)
+                    ));
+                }
+                said.push_str("\nWrite here or tap Resume to start it again with its history.");
+                (Some(LaunchState::Crashed), Some(how), Some((said, false)))
+            }
+        };
+        if let Some(state) = state
+            && let Err(e) = self.store().set_launch_state(id, state, note.as_deref())
+        {
+            tracing::warn!("cannot record what happened to a launch: {e}");
+        }
+        if let Some((text, close)) = said {
+            self.tell_launch(&launch, text, close);
+        }
+        Ok(())
+    }
+
+    /// Says `text` in a launch's topic, with a Resume button when it is not
+    /// running, and closes the topic when `close`.
+    fn tell_launch(self: &Arc<Self>, launch: &Launch, text: String, close: bool) {
+        let Some(binding) = launch
+            .profile_key
+            .as_deref()
+            .and_then(|key| self.store().binding(key).ok().flatten())
+        else {
+            return;
+        };
+        let Some(target) = binding.target() else {
+            return;
+        };
+        let resumable = !text.starts_with('↻');
+        let buttons = resumable.then(|| Keyboard {
+            rows: vec![vec![Button {
+                text: "▶ Resume".into(),
+                data: resume_button(&launch.id),
+            }]],
+        });
+        let profile = binding.profile_key.clone();
+        self.router.replies.spawn(self, move |leader| async move {
+            let send = super::topic::send_message(
+                target,
+                &SendText {
+                    text,
+                    format: TextFormat::Plain,
+                    buttons,
+                    reply_to: None,
+                },
+            );
+            if let Err(e) = leader.outbox.call(send, Pace::high()).await {
+                tracing::warn!("cannot tell a launch's topic: {e}");
+            }
+            if close {
+                match leader.outbox.close_topic(target).await {
+                    Ok(()) => {
+                        if let Err(e) = leader.store().set_topic_closed(&profile, true) {
+                            tracing::warn!("cannot remember the topic is closed: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!("cannot close an ended session's topic: {e}"),
+                }
+            }
+        });
+    }
+
+    /// A message arrived for a launched session that is not running: it
+    /// waits in the journal, and the session is started again for it (once
+    /// per absence). Answers whether the owner is such a launch.
+    pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> bool {
+        let launch = match self.store().launch_by_profile(owner) {
+            Ok(Some(launch)) if !launch.state.is_running() => launch,
+            Ok(Some(launch)) if lock(&self.launches.resuming).contains(&launch.id) => return true,
+            _ => return false,
+        };
+        let leader = self.clone();
+        self.router.replies.spawn(self, move |_| async move {
+            if let Err(why) = leader.resume(&launch.id, user).await {
+                tracing::warn!(launch = %launch.id, "cannot resume for a message: {why}");
+                let binding = leader.store().binding(owner_key(&launch));
+                if let Some(target) = binding.ok().flatten().and_then(|b| b.target()) {
+                    let text = format!(
+                        "⚠️ This session could not be started again: {why}. Your message is kept."
+                    );
+                    if let Err(e) = leader
+                        .outbox
+                        .say(target.chat_id, Some(target.thread_id), &text)
+                        .await
+                    {
+                        tracing::warn!("cannot say a resume failed: {e}");
+                    }
+                }
+            }
+        });
+        true
+    }
+
+    /// The line a launched session's new topic opens with, under its name.
+    pub(super) fn launch_note(&self, id: &str) -> Option<String> {
+        let launch = self.store().launch(id).ok().flatten()?;
+        let mut note = format!("▶ {}, started from the phone", launch.engine);
+        if let Some(prompt) = &launch.first_prompt {
+            note.push_str(&format!(": “{}”", crate::policy::clip(prompt.trim(), 300)));
+        }
+        Some(note)
+    }
+
+    /// The launch of a session, as `/sessions` and the status show it.
+    pub(super) fn session_launches(&self) -> HashMap<String, SessionLaunch> {
+        match self.store().launches() {
+            Ok(launches) => launches
+                .into_iter()
+                .filter_map(|l| {
+                    Some((
+                        l.profile_key.clone()?,
+                        SessionLaunch {
+                            launch_id: l.id,
+                            engine: l.engine,
+                            state: l.state.as_str().to_string(),
+                        },
+                    ))
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!("cannot read the launches: {e}");
+                HashMap::new()
+            }
+        }
+    }
+}
+
+fn owner_key(launch: &Launch) -> &str {
+    launch.profile_key.as_deref().unwrap_or_default()
+}
+
+/// What `serve` needs to start `launch` (again).
+fn spec_of(launch: &Launch, by_user: i64) -> LaunchSpec {
+    LaunchSpec {
+        launch_id: launch.id.clone(),
+        engine: launch.engine.clone(),
+        folder: launch.folder.clone(),
+        resume_id: launch.resume_id.clone(),
+        model: launch.model.clone(),
+        by_user,
+    }
+}

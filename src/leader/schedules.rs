@@ -1,0 +1,681 @@
+//! Scheduled prompts (docs/DESIGN.md, *Scheduled prompts*): `/every
+//! <interval or cron> <prompt>` and `/at <time> <prompt>` in a session's
+//! topic, or with a folder in the control place (the first firing starts a
+//! session there, the later ones resume it). They are kept in the store,
+//! so a leader that takes over keeps them; the leader looks for due ones
+//! every [`TICK`].
+//!
+//! A firing is a prompt of the relay's own in the journal, delivered like
+//! a message the person wrote; a launched session that is not running is
+//! started again for it. A firing more than [`LATE`] late (the machine was
+//! off, no relay ran) is not run: the topic is told what was missed, once
+//! per schedule, and the schedule goes on from now — never a burst. A
+//! firing whose previous prompt the session has not taken yet is skipped,
+//! and said.
+//!
+//! Times are the machine's wall clock in its own time zone.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Local, NaiveDate, NaiveTime, TimeZone};
+
+use super::batch::Batch;
+use super::command::{new_args, next_word};
+use super::control::Place;
+use super::failure::Failure;
+use super::launches::new_launch_id;
+use super::triage::Entry;
+use super::{Leader, now_ms};
+use crate::protocol::bus::{Button, Keyboard};
+use crate::protocol::launch::LaunchSpec;
+use crate::render::escape;
+use crate::store::{Launch, LaunchState, NewSchedule, NewUpdate, Schedule};
+
+/// How often the leader looks for due schedules.
+pub(super) const TICK: Duration = Duration::from_secs(1);
+/// A firing later than this was missed, not run.
+const LATE: Duration = Duration::from_secs(120);
+/// The shortest interval `/every` takes.
+const SHORTEST: Duration = Duration::from_secs(5);
+
+/// When a schedule fires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum When {
+    Every(Duration),
+    /// Five cron fields (or a nickname such as `@daily`).
+    Cron(String),
+    /// Once, at this Unix millisecond.
+    At(i64),
+}
+
+/// Reads `/every`'s `<interval or cron>`; answers it and what follows.
+pub(super) fn parse_every(rest: &str) -> Result<(When, &str), String> {
+    let Some((first, after)) = next_word(rest) else {
+        return Err("say how often: /every 30m <prompt>, or /every 0 9 * * 1-5 <prompt>".into());
+    };
+    // A bare number is a cron field (`0 9 * * *`), never an interval.
+    let interval = first.bytes().any(|b| b.is_ascii_alphabetic());
+    if let Some(every) = interval
+        .then(|| humantime::parse_duration(&first).ok())
+        .flatten()
+    {
+        if every < SHORTEST {
+            return Err(format!("at most once every {} s", SHORTEST.as_secs()));
+        }
+        return Ok((When::Every(every), after));
+    }
+    if first.starts_with('@') {
+        croner::Cron::from_str(&first).map_err(|e| format!("{first}: {e}"))?;
+        return Ok((When::Cron(first), after));
+    }
+    let mut fields = vec![first];
+    let mut rest = after;
+    while fields.len() < 5 {
+        let Some((word, after)) = next_word(rest) else {
+            break;
+        };
+        fields.push(word);
+        rest = after;
+    }
+    let pattern = fields.join(" ");
+    croner::Cron::from_str(&pattern).map_err(|e| {
+        format!("“{pattern}” is neither an interval (30m, 2h, 1d) nor five cron fields: {e}")
+    })?;
+    Ok((When::Cron(pattern), rest))
+}
+
+/// Reads `/at`'s `<time>`: `+30m` or `in 30m`, `14:30` (the next one), or
+/// `2026-07-01 09:00`; answers the Unix millisecond and what follows.
+pub(super) fn parse_at(rest: &str, now: DateTime<Local>) -> Result<(i64, &str), String> {
+    let usage = "say when: /at 14:30 <prompt>, /at +2h <prompt> or /at 2026-07-01 09:00 <prompt>";
+    let Some((first, after)) = next_word(rest) else {
+        return Err(usage.into());
+    };
+    let relative = match first.as_str() {
+        "in" => next_word(after),
+        word => word.strip_prefix('+').map(|d| (d.to_string(), after)),
+    };
+    if let Some((span, after)) = relative {
+        let span = humantime::parse_duration(&span).map_err(|e| format!("{span}: {e}"))?;
+        let at = now + chrono::Duration::from_std(span).map_err(|e| e.to_string())?;
+        return Ok((at.timestamp_millis(), after));
+    }
+    if let Ok(time) = NaiveTime::parse_from_str(&first, "%H:%M") {
+        let today = now.date_naive().and_time(time);
+        let mut at = local(today).ok_or("that time does not exist today here")?;
+        if at <= now {
+            at = local(today + chrono::Duration::days(1)).ok_or("that time does not exist here")?;
+        }
+        return Ok((at.timestamp_millis(), after));
+    }
+    if let Ok(date) = NaiveDate::parse_from_str(&first, "%Y-%m-%d") {
+        let (time, after) = next_word(after).ok_or(usage)?;
+        let time = NaiveTime::parse_from_str(&time, "%H:%M").map_err(|_| usage.to_string())?;
+        let at = local(date.and_time(time)).ok_or("that time does not exist here")?;
+        if at <= now {
+            return Err(format!("{} has passed", at.format("%Y-%m-%d %H:%M")));
+        }
+        return Ok((at.timestamp_millis(), after));
+    }
+    Err(usage.into())
+}
+
+fn local(naive: chrono::NaiveDateTime) -> Option<DateTime<Local>> {
+    Local.from_local_datetime(&naive).earliest()
+}
+
+/// When `schedule` fires next after `now_ms`; `None` for a one-off.
+fn next_after(schedule: &Schedule, now_ms: i64) -> Option<i64> {
+    if let Some(every) = schedule.every_s {
+        let every = (every * 1000) as i64;
+        // On its own beat: the first of its times after now.
+        let behind = (now_ms - schedule.next_ms).max(0);
+        return Some(schedule.next_ms + (behind / every + 1) * every);
+    }
+    let cron = croner::Cron::from_str(schedule.cron.as_deref()?).ok()?;
+    let now = Local.timestamp_millis_opt(now_ms).single()?;
+    Some(
+        cron.find_next_occurrence(&now, false)
+            .ok()?
+            .timestamp_millis(),
+    )
+}
+
+/// When `when` fires first.
+fn first_at(when: &When, now: DateTime<Local>) -> Result<i64, String> {
+    match when {
+        When::Every(every) => Ok(now.timestamp_millis() + every.as_millis() as i64),
+        When::At(at) => Ok(*at),
+        When::Cron(pattern) => {
+            let cron = croner::Cron::from_str(pattern).map_err(|e| e.to_string())?;
+            cron.find_next_occurrence(&now, false)
+                .map(|t| t.timestamp_millis())
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// A time as the chat reads it: the time of day, with the date when it is
+/// not today.
+fn shown(ms: i64) -> String {
+    match Local.timestamp_millis_opt(ms).single() {
+        Some(at) if at.date_naive() == Local::now().date_naive() => at.format("%H:%M").to_string(),
+        Some(at) => at.format("%Y-%m-%d %H:%M").to_string(),
+        None => "?".into(),
+    }
+}
+
+/// How a schedule repeats, in words.
+fn rhythm(schedule: &Schedule) -> String {
+    match (&schedule.every_s, &schedule.cron) {
+        (Some(every), _) => format!(
+            "every {}",
+            humantime::format_duration(Duration::from_secs(*every))
+        ),
+        (None, Some(cron)) => format!("cron {cron}"),
+        (None, None) => format!("at {}", shown(schedule.next_ms)),
+    }
+}
+
+impl Leader {
+    /// `/every` or `/at` (`once`): in a session's topic for that session,
+    /// in the control place with a folder to start one in.
+    pub(super) async fn schedule_command(
+        self: &Arc<Self>,
+        place: Place,
+        user: i64,
+        owner: Option<&str>,
+        rest: &str,
+        once: bool,
+    ) -> Result<(), Failure> {
+        let text = match self.add_schedule(place, user, owner, rest, once) {
+            Ok(text) => text,
+            Err(why) => format!("⚠️ {}", escape(&why)),
+        };
+        self.post_now(place, text, None).await.map(drop)
+    }
+
+    fn add_schedule(
+        &self,
+        place: Place,
+        user: i64,
+        owner: Option<&str>,
+        rest: &str,
+        once: bool,
+    ) -> Result<String, String> {
+        let now = Local::now();
+        let (when, rest) = if once {
+            let (at, rest) = parse_at(rest, now)?;
+            (When::At(at), rest)
+        } else {
+            parse_every(rest)?
+        };
+        let (profile_key, launch_id, prompt, what) = match owner {
+            Some(owner) => {
+                let launch = self
+                    .store()
+                    .launch_by_profile(owner)
+                    .map_err(|e| e.to_string())?;
+                (
+                    Some(owner.to_string()),
+                    launch.map(|l| l.id),
+                    rest.trim().to_string(),
+                    "this session".to_string(),
+                )
+            }
+            None => {
+                let args = new_args(
+                    rest,
+                    &self
+                        .launch_policy
+                        .commands
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+                let folder = args
+                    .folder
+                    .ok_or("say where: /every 1d ~/api [engine] <prompt>")?;
+                if args.machine.is_some() {
+                    return Err(
+                        "a schedule on another machine is made in its session's topic there".into(),
+                    );
+                }
+                if self.launch_policy.roots.is_empty() {
+                    return Err("starting agents from the phone is off on this machine: set [launch] roots in config.toml".into());
+                }
+                let engine = args
+                    .engine
+                    .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+                let launch = Launch {
+                    id: new_launch_id(),
+                    engine: engine.clone(),
+                    folder: folder.clone(),
+                    profile_key: None,
+                    resume_id: None,
+                    model: None,
+                    state: LaunchState::New,
+                    note: None,
+                    first_prompt: None,
+                    by_user: user,
+                    created_ms: 0,
+                    updated_ms: 0,
+                };
+                self.store()
+                    .insert_launch(&launch)
+                    .map_err(|e| e.to_string())?;
+                (
+                    None,
+                    Some(launch.id),
+                    args.prompt.unwrap_or_default(),
+                    format!("a new {engine} session in {folder}"),
+                )
+            }
+        };
+        if prompt.is_empty() {
+            return Err("a scheduled prompt needs its text".into());
+        }
+        let next_ms = first_at(&when, now)?;
+        let (every_s, cron) = match &when {
+            When::Every(every) => (Some(every.as_secs()), None),
+            When::Cron(pattern) => (None, Some(pattern.clone())),
+            When::At(_) => (None, None),
+        };
+        let added = self
+            .store()
+            .add_schedule(&NewSchedule {
+                profile_key,
+                launch_id,
+                every_s,
+                cron,
+                once,
+                prompt: prompt.clone(),
+                next_ms,
+                chat_id: place.chat,
+                thread_id: place.thread,
+                by_user: user,
+            })
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                format!(
+                    "{} schedules are the most the relay keeps; cancel one with /schedules",
+                    crate::store::MAX_SCHEDULES
+                )
+            })?;
+        tracing::info!(target: "audit", user, schedule = added, "a prompt was scheduled");
+        Ok(format!(
+            "⏰ #{added} scheduled for {}: “{}” — first at {}. /schedules lists and cancels.",
+            escape(&what),
+            escape(&crate::policy::clip(&prompt, 200)),
+            shown(next_ms)
+        ))
+    }
+
+    /// `/schedules`: the schedules of this topic's session, or all of this
+    /// machine's in the control place, each with a cancel button.
+    pub(super) async fn schedules_message(
+        &self,
+        place: Place,
+        owner: Option<&str>,
+    ) -> Result<(), Failure> {
+        let stored = self.store().schedules();
+        let schedules: Vec<Schedule> = match stored {
+            Ok(all) => all
+                .into_iter()
+                .filter(|s| owner.is_none() || s.profile_key.as_deref() == owner)
+                .collect(),
+            Err(e) => {
+                return self
+                    .post_now(place, format!("⚠️ {}", escape(&e.to_string())), None)
+                    .await
+                    .map(drop);
+            }
+        };
+        let (text, buttons) = schedules_text(&schedules, owner.is_some());
+        self.post_now(place, text, buttons).await.map(drop)
+    }
+
+    /// A cancel button of `/schedules`.
+    pub(super) async fn cancel_schedule(&self, place: Place, message_id: i64, id: &str) -> String {
+        let Ok(id) = id.parse::<i64>() else {
+            return "This button is no longer valid.".into();
+        };
+        let removed = self.store().remove_schedule(id);
+        match removed {
+            Ok(true) => {
+                tracing::info!(target: "audit", schedule = id, "a schedule was cancelled");
+                let stored = self.store().schedules();
+                let rest: Vec<Schedule> = stored.unwrap_or_default();
+                let thread_only = place.thread.is_some();
+                let rest: Vec<Schedule> = match place.thread {
+                    Some(thread) => rest
+                        .into_iter()
+                        .filter(|s| s.thread_id == Some(thread))
+                        .collect(),
+                    None => rest,
+                };
+                let (text, buttons) = schedules_text(&rest, thread_only);
+                if let Err(e) = self.edit(place, message_id, text, buttons).await {
+                    tracing::warn!("cannot show the schedules left: {e}");
+                }
+                format!("#{id} cancelled")
+            }
+            Ok(false) => format!("#{id} is gone already"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Fires the schedules that are due (see the module docs). Never
+    /// awaits: the firings go off the loop.
+    pub(super) fn fire_schedules(self: &Arc<Self>) {
+        let now = now_ms() as i64;
+        let due = match self.store().due_schedules(now) {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::warn!("cannot read the schedules: {e}");
+                return;
+            }
+        };
+        for schedule in due {
+            // Moved on first, so the next tick does not fire it again.
+            let next = next_after(&schedule, now);
+            let moved = match next {
+                Some(next) => self.store().set_schedule_next(schedule.id, next),
+                None => self.store().remove_schedule(schedule.id),
+            };
+            if let Err(e) = moved {
+                tracing::warn!("cannot move a schedule on: {e}");
+                continue;
+            }
+            let late = now - schedule.next_ms;
+            if late > LATE.as_millis() as i64 {
+                self.say_missed(&schedule, now, next);
+                continue;
+            }
+            let leader = self.clone();
+            self.router.replies.spawn(self, move |_| async move {
+                leader.fire(&schedule).await;
+            });
+        }
+    }
+
+    /// One firing: the prompt into the session's journal, the session
+    /// started when it is a launch that does not run.
+    async fn fire(self: &Arc<Self>, schedule: &Schedule) {
+        tracing::info!(schedule = schedule.id, "a scheduled prompt fires");
+        let Some(owner) = schedule.profile_key.clone() else {
+            return self.fire_first(schedule).await;
+        };
+        let place = Place {
+            chat: schedule.chat_id,
+            thread: schedule.thread_id,
+        };
+        if self.store().own_prompt_pending(&owner).unwrap_or(false) {
+            let text = format!(
+                "⏰ Skipped #{} (“{}”): the session has not taken the previous scheduled prompt yet.",
+                schedule.id,
+                escape(&crate::policy::clip(&schedule.prompt, 100))
+            );
+            let _ = self.post_now(place, text, None).await;
+            return;
+        }
+        let Some(target) = self
+            .store()
+            .binding(&owner)
+            .ok()
+            .flatten()
+            .and_then(|b| b.target())
+        else {
+            let text = format!(
+                "⏰ #{} could not fire: its session has no topic any more.",
+                schedule.id
+            );
+            let _ = self.post_now(place, text, None).await;
+            return;
+        };
+        let notice = format!(
+            "⏰ {} ({}, #{})",
+            escape(&schedule.prompt),
+            escape(&rhythm(schedule)),
+            schedule.id
+        );
+        let topic = Place {
+            chat: target.chat_id,
+            thread: Some(target.thread_id),
+        };
+        if let Err(e) = self.post_now(topic, notice, None).await {
+            tracing::warn!("cannot say a schedule fired: {e}");
+        }
+        let journaled = self.store().journal_own_prompt(NewUpdate {
+            update_id: 0,
+            owner: Some(owner),
+            chat_id: target.chat_id,
+            thread_id: Some(target.thread_id),
+            user_id: schedule.by_user,
+            message_id: 0,
+            text: schedule.prompt.clone(),
+            detail: None,
+        });
+        match journaled {
+            Ok(update) => self.route(Batch {
+                journaled: vec![Entry::stored(update)],
+                ..Batch::default()
+            }),
+            Err(e) => tracing::error!("cannot journal a scheduled prompt: {e}"),
+        }
+    }
+
+    /// The first firing of a schedule made in the control place: a new
+    /// session in its folder, with the prompt as its first.
+    async fn fire_first(self: &Arc<Self>, schedule: &Schedule) {
+        let place = Place {
+            chat: schedule.chat_id,
+            thread: schedule.thread_id,
+        };
+        let launch = schedule
+            .launch_id
+            .as_deref()
+            .and_then(|id| self.store().launch(id).ok().flatten());
+        let Some(launch) = launch else {
+            let _ = self
+                .post_now(
+                    place,
+                    format!(
+                        "⏰ #{} lost its session; cancel it with /schedules.",
+                        schedule.id
+                    ),
+                    None,
+                )
+                .await;
+            return;
+        };
+        if let Err(e) = self.store().forget_unstarted_launch(&launch.id) {
+            tracing::warn!("cannot renew a scheduled launch: {e}");
+        }
+        let spec = LaunchSpec {
+            launch_id: launch.id.clone(),
+            engine: launch.engine.clone(),
+            folder: launch.folder.clone(),
+            resume_id: None,
+            model: None,
+            by_user: launch.by_user,
+        };
+        let text = match self.start_new(spec, Some(schedule.prompt.clone())).await {
+            Ok(route) => format!(
+                "⏰ #{} started {} for “{}”.",
+                schedule.id,
+                escape(&route.topic_name),
+                escape(&crate::policy::clip(&schedule.prompt, 100))
+            ),
+            Err(why) => format!(
+                "⏰ #{} could not start its session: {}",
+                schedule.id,
+                escape(&why)
+            ),
+        };
+        let _ = self.post_now(place, text, None).await;
+    }
+
+    /// Says what a schedule missed while no relay ran.
+    fn say_missed(self: &Arc<Self>, schedule: &Schedule, now: i64, next: Option<i64>) {
+        let missed = match schedule.every_s {
+            Some(every) => ((now - schedule.next_ms) / (every as i64 * 1000) + 1).max(1),
+            None => 1,
+        };
+        let mut text = format!(
+            "⏰ #{} (“{}”, {}) missed {missed} firing(s) while no relay ran on this machine; they were not run",
+            schedule.id,
+            escape(&crate::policy::clip(&schedule.prompt, 100)),
+            escape(&rhythm(schedule)),
+        );
+        match next {
+            Some(next) => text.push_str(&format!(". Next: {}.", shown(next))),
+            None => text.push('.'),
+        }
+        let place = self
+            .store()
+            .binding(schedule.profile_key.as_deref().unwrap_or_default())
+            .ok()
+            .flatten()
+            .and_then(|b| b.target())
+            .map_or(
+                Place {
+                    chat: schedule.chat_id,
+                    thread: schedule.thread_id,
+                },
+                |t| Place {
+                    chat: t.chat_id,
+                    thread: Some(t.thread_id),
+                },
+            );
+        self.router.replies.spawn(self, move |leader| async move {
+            if let Err(e) = leader.post_now(place, text, None).await {
+                tracing::warn!("cannot say a schedule missed its time: {e}");
+            }
+        });
+    }
+}
+
+/// The schedules as a message, each with its cancel button.
+fn schedules_text(schedules: &[Schedule], in_topic: bool) -> (String, Option<Keyboard>) {
+    if schedules.is_empty() {
+        let text = if in_topic {
+            "No prompts are scheduled for this session. /every 1h <prompt> or /at 14:30 <prompt> schedules one."
+        } else {
+            "No prompts are scheduled on this machine. In a session's topic: /every 1h <prompt>, /at 14:30 <prompt>; here: /every 1d ~/folder <prompt>."
+        };
+        return (text.into(), None);
+    }
+    let mut text = String::from("<b>Scheduled prompts</b>");
+    let mut buttons = Vec::new();
+    for s in schedules {
+        text.push_str(&format!(
+            "\n#{} {} — “{}” — next {}",
+            s.id,
+            escape(&rhythm(s)),
+            escape(&crate::policy::clip(&s.prompt, 80)),
+            shown(s.next_ms)
+        ));
+        buttons.push(Button {
+            text: format!("✖ #{}", s.id),
+            data: format!("c:x:{}", s.id),
+        });
+    }
+    let rows = buttons.chunks(4).map(<[Button]>::to_vec).collect();
+    (text, Some(Keyboard { rows }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Local> {
+        local(chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn intervals_and_cron_patterns_are_read_with_what_follows() {
+        let (when, rest) = parse_every("90m check the queue").unwrap();
+        assert_eq!(when, When::Every(Duration::from_secs(5400)));
+        assert_eq!(rest.trim(), "check the queue");
+        let (when, rest) = parse_every("0 9 * * 1-5 standup notes").unwrap();
+        assert_eq!(when, When::Cron("0 9 * * 1-5".into()));
+        assert_eq!(rest.trim(), "standup notes");
+        let (when, _) = parse_every("@daily x").unwrap();
+        assert_eq!(when, When::Cron("@daily".into()));
+        assert!(
+            parse_every("1s spin")
+                .unwrap_err()
+                .contains("at most once every")
+        );
+        assert!(parse_every("often please").is_err());
+    }
+
+    #[test]
+    fn a_time_of_day_is_the_next_one_and_a_date_must_come() {
+        let now = at("2026-03-10 15:00");
+        let (ms, rest) = parse_at("14:30 review", now).unwrap();
+        assert_eq!(
+            ms,
+            at("2026-03-11 14:30").timestamp_millis(),
+            "passed today: tomorrow"
+        );
+        assert_eq!(rest.trim(), "review");
+        let (ms, _) = parse_at("16:00 x", now).unwrap();
+        assert_eq!(ms, at("2026-03-10 16:00").timestamp_millis());
+        let (ms, _) = parse_at("+2h x", now).unwrap();
+        assert_eq!(ms, at("2026-03-10 17:00").timestamp_millis());
+        let (ms, _) = parse_at("in 30m x", now).unwrap();
+        assert_eq!(ms, at("2026-03-10 15:30").timestamp_millis());
+        let (ms, _) = parse_at("2026-04-01 09:00 x", now).unwrap();
+        assert_eq!(ms, at("2026-04-01 09:00").timestamp_millis());
+        assert!(
+            parse_at("2026-01-01 09:00 x", now)
+                .unwrap_err()
+                .contains("passed")
+        );
+        assert!(parse_at("soon x", now).is_err());
+    }
+
+    #[test]
+    fn a_schedule_keeps_its_beat_and_skips_what_it_missed() {
+        let schedule = Schedule {
+            id: 1,
+            profile_key: Some("k".into()),
+            launch_id: None,
+            every_s: Some(60),
+            cron: None,
+            once: false,
+            prompt: "p".into(),
+            next_ms: 1_000_000,
+            chat_id: 1,
+            thread_id: None,
+            by_user: 1,
+            created_ms: 0,
+        };
+        assert_eq!(next_after(&schedule, 1_000_000), Some(1_060_000), "on time");
+        assert_eq!(
+            next_after(&schedule, 1_000_000 + 10 * 60_000 + 5),
+            Some(1_000_000 + 11 * 60_000),
+            "ten missed: the next on the beat, not ten at once"
+        );
+        let once = Schedule {
+            every_s: None,
+            once: true,
+            ..schedule.clone()
+        };
+        assert_eq!(next_after(&once, 1_000_000), None);
+        let cron = Schedule {
+            every_s: None,
+            cron: Some("0 9 * * *".into()),
+            next_ms: at("2026-03-10 09:00").timestamp_millis(),
+            ..schedule
+        };
+        assert_eq!(
+            next_after(&cron, at("2026-03-10 09:00").timestamp_millis()),
+            Some(at("2026-03-11 09:00").timestamp_millis())
+        );
+    }
+}

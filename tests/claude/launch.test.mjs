@@ -1,0 +1,128 @@
+// Claude Code launched by the relay (docs/DESIGN.md, *Launching*): `agent-relay serve`
+// runs the real Claude Code headless and kept running — `-p --input-format stream-json
+// --output-format stream-json --verbose --permission-prompt-tool stdio`, `--session-id`
+// new and `--resume` again — and plays the host of its session. `/new … claude` starts it
+// in its own topic, the first prompt is answered there, a second message is a second turn
+// of the same process, a Bash call waits for the tap on the phone (`can_use_tool`), `/model`
+// switches (the fake API sees the new model), and `/end` then Resume keep the topic and
+// the history (the fake API sees the earlier turns).
+
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { test } from "node:test";
+import { CHAT_ID, eventually, FakeBotApi, REPO, Serve, USER_ID } from "../pi/harness.mjs";
+import { claudeBin } from "./claude-bin.mjs";
+import { World } from "./harness.mjs";
+
+const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
+const WAIT = 60_000;
+
+function buttons(message) {
+	return (message.reply_markup?.inline_keyboard ?? []).flat();
+}
+
+/** A world with the fake Telegram, and `agent-relay serve` launching Claude Code. */
+async function launchWorld(t) {
+	assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
+	const world = await World.create(t);
+	const telegram = await FakeBotApi.start();
+	t.after(() => telegram.stop());
+	const relayHome = join(world.root, "relay");
+	// As if the user had the relay's Claude Code plugin: its MCP server and hooks step
+	// aside in a Claude Code serve started, or the session would register twice.
+	const hooks = {};
+	for (const event of ["SessionStart", "UserPromptSubmit", "PreToolUse", "PermissionRequest", "Stop"]) {
+		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${SIDECAR} hook ${event}`, timeout: 30 }] }];
+	}
+	const settings = await world.writeJson("user-settings.json", { hooks });
+	const mcp = await world.writeJson("user-mcp.json", {
+		mcpServers: { "agent-relay": { type: "stdio", command: SIDECAR, args: ["mcp"] } },
+	});
+	await mkdir(join(relayHome, "config"), { recursive: true, mode: 0o700 });
+	await writeFile(
+		join(relayHome, "config", "config.toml"),
+		[
+			`bot_token = ${JSON.stringify(telegram.token)}`,
+			`chat_id = ${CHAT_ID}`,
+			`allowed_users = [${USER_ID}]`,
+			`api_url = ${JSON.stringify(telegram.url)}`,
+			"[launch]",
+			`roots = ${JSON.stringify([world.root])}`,
+			`engine = "claude"`,
+			"[launch.commands]",
+			`claude = ${JSON.stringify([claudeBin(), "--settings", settings, "--mcp-config", mcp])}`,
+		].join("\n"),
+		{ mode: 0o600 },
+	);
+	const env = world.env({ AGENT_RELAY_HOME: relayHome, AGENT_RELAY_LOG: "debug", AGENT_RELAY_BIN: SIDECAR });
+	const child = spawn(SIDECAR, ["serve"], { cwd: world.root, stdio: ["ignore", "pipe", "pipe"], env });
+	const serve = new Serve(child);
+	t.after(() => serve.stop());
+	const status = () =>
+		new Promise((done) => {
+			const s = spawn(SIDECAR, ["status"], { env, stdio: ["ignore", "pipe", "ignore"] });
+			let out = "";
+			s.stdout.on("data", (c) => {
+				out += c;
+			});
+			s.once("exit", () => done(out));
+		});
+	await eventually(async () => (await status()).includes(`serve: pid ${serve.pid}`), WAIT, `serve on the bus: ${serve.stderr}`);
+	return { world, telegram, serve };
+}
+
+test("/new … claude runs Claude Code headless in its own topic: turns, an approval, /model, /end and resume", async (t) => {
+	const { world, telegram, serve } = await launchWorld(t);
+	const asked = Date.now();
+	await telegram.injectMessage(null, "/new project claude hello from the phone");
+	const started = await telegram.said(null, (text) => text.includes("started"), { ms: WAIT, what: "the /new answer" });
+	assert.match(started.plain_text, /▶ claude started: [A-Z] · project/);
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.said(topic.thread_id, (text) => text === "echo: hello from the phone", { ms: WAIT, what: "the first answer" });
+	t.diagnostic(`from /new to the first answer: ${Date.now() - asked} ms`);
+	const [pid] = serve.agents();
+	assert.ok(pid, "Claude Code is serve's child");
+
+	await telegram.injectMessage(topic.thread_id, "a second turn");
+	await telegram.said(topic.thread_id, (text) => text === "echo: a second turn", { ms: WAIT, what: "the second turn" });
+	assert.deepEqual(serve.agents(), [pid], "the same process, kept running between turns");
+	assert.ok(JSON.stringify(world.fake.turns.at(-1).body.messages).includes("hello from the phone"), "one session");
+
+	const made = join(world.root, "project", "made-by-phone");
+	await telegram.injectMessage(topic.thread_id, 'make it [[tool:Bash {"command":"touch made-by-phone && echo made"}]]');
+	const approval = await eventually(
+		async () => (await telegram.messages(topic.thread_id)).find((m) => m.reply_markup && m.plain_text.includes("wants to run")),
+		WAIT,
+		"the approval on the phone",
+	);
+	assert.ok(!existsSync(made), "nothing runs before the tap");
+	const allow = buttons(approval).find((b) => b.text.includes("Allow"));
+	await telegram.tap(topic.thread_id, approval.message_id, allow.callback_data);
+	await telegram.said(topic.thread_id, (text) => text.includes("tool Bash returned: made"), { ms: WAIT, what: "the tool's result" });
+	assert.ok(existsSync(made), "Allow ran it");
+
+	await telegram.injectMessage(topic.thread_id, "/model");
+	const list = await telegram.said(topic.thread_id, (text) => text.startsWith("🧠 Model of claude"), { ms: WAIT, what: "the models" });
+	const haiku = buttons(list).find((b) => /haiku/i.test(b.text));
+	assert.ok(haiku, JSON.stringify(buttons(list)));
+	await telegram.tap(topic.thread_id, list.message_id, haiku.callback_data);
+	await telegram.said(topic.thread_id, (text) => text.startsWith("🧠 Model:"), { ms: WAIT, what: "the switch" });
+	await telegram.injectMessage(topic.thread_id, "on haiku");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("on haiku"), { ms: WAIT, what: "a turn after the switch" });
+	assert.match(world.fake.turns.at(-1).body.model, /haiku/, "the fake API sees the new model");
+
+	await telegram.injectMessage(topic.thread_id, "/end");
+	const ended = await telegram.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), { ms: WAIT, what: "the end" });
+	await eventually(() => serve.agents().length === 0, WAIT, "Claude Code gone");
+	await telegram.tap(topic.thread_id, ended.message_id, buttons(ended).find((b) => b.text.includes("Resume")).callback_data);
+	await eventually(async () => (await telegram.topics()).find((x) => x.thread_id === topic.thread_id)?.closed === false, WAIT, "reopened");
+	await telegram.injectMessage(topic.thread_id, "after the resume");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("after the resume"), { ms: WAIT, what: "a turn after the resume" });
+	const history = JSON.stringify(world.fake.turns.at(-1).body.messages);
+	assert.ok(history.includes("hello from the phone") && history.includes("a second turn"), "the history came back");
+	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
+	assert.deepEqual(world.fake.unknown ?? [], [], "Claude Code asked for nothing the fake does not serve");
+});

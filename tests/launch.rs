@@ -1,0 +1,363 @@
+//! Starting work from the phone without a real agent (docs/DESIGN.md,
+//! *Launching* and *Scheduled prompts*): what the leader answers in the
+//! control place and in a session's topic, scheduled prompts reaching a
+//! session (a scripted host plays it), firings missed while no relay ran
+//! told and not run, `agent-relay install service` and `doctor`.
+//!
+//! The real agents under `agent-relay serve` are `tests/pi/launch.test.mjs`,
+//! `tests/pi/launch-cluster.test.mjs` and `tests/claude/launch.test.mjs`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use agent_relay::fake_bot_api::{CallbackInject, FakeServer, SentMessage};
+use common::{CHAT, USER, WAIT, inject, session, topic, wait_prompt, wait_topic_text};
+
+/// The control place's messages (the General topic).
+fn general(fake: &FakeServer) -> Vec<SentMessage> {
+    fake.api().messages(CHAT, None)
+}
+
+/// Waits for a message in the General topic containing `needle`.
+async fn wait_general(fake: &FakeServer, needle: &str) -> SentMessage {
+    let needle = needle.to_string();
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, None)
+                    .into_iter()
+                    .find(|m| m.plain_text.contains(&needle))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{needle:?} never arrived in General: {:?}",
+                general(fake)
+                    .iter()
+                    .map(|m| &m.plain_text)
+                    .collect::<Vec<_>>()
+            )
+        })
+}
+
+/// Writes `config.toml` (0600) into `home`.
+fn config(home: &Path, toml: &str) {
+    let dir = home.join("config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let file = dir.join("config.toml");
+    std::fs::write(&file, toml).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+}
+
+#[tokio::test]
+async fn new_without_roots_says_how_to_allow_folders_and_without_serve_how_to_start_it() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _s = session(home.path(), &fake, "/tmp/api", "api").await;
+    inject(&fake, None, USER, "/new ~/api fix it");
+    let off = wait_general(&fake, "Not done").await;
+    assert!(
+        off.plain_text.contains("[launch] roots = [\"~/code\"]"),
+        "{}",
+        off.plain_text
+    );
+    inject(&fake, None, USER, "/new");
+    wait_general(&fake, "⚠️ starting agents from the phone is off").await;
+    assert_eq!(
+        fake.api().topics(CHAT).len(),
+        1,
+        "no topic but the session's own"
+    );
+
+    // With roots, but no serve on this machine.
+    let home = common::home();
+    let fake = common::fake().await;
+    config(home.path(), "[launch]\nroots = [\"/tmp\"]\n");
+    let _s = session(home.path(), &fake, "/tmp/web", "web").await;
+    inject(&fake, None, USER, "/new /tmp hello");
+    let no_serve = wait_general(&fake, "Not done").await;
+    assert!(
+        no_serve
+            .plain_text
+            .contains("agent-relay serve is not running"),
+        "{}",
+        no_serve.plain_text
+    );
+
+    // `/new` alone offers the folders sessions ran in, under the roots;
+    // a tap is `/new` in that folder.
+    inject(&fake, None, USER, "/new");
+    let offer = wait_general(&fake, "in which folder?").await;
+    let markup = offer.reply_markup.clone().unwrap_or_default();
+    let buttons: Vec<&serde_json::Value> = markup["inline_keyboard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row.as_array())
+        .flatten()
+        .collect();
+    assert_eq!(buttons.len(), 1, "{markup}");
+    assert!(
+        buttons[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("web"),
+        "{markup}"
+    );
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: None,
+        user_id: USER,
+        message_id: offer.message_id,
+        data: buttons[0]["callback_data"]
+            .as_str()
+            .unwrap_or_default()
+            .into(),
+    });
+    let tapped = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, None).into_iter().find(|m| {
+                    m.plain_text.contains("Not done") && m.message_id != no_serve.message_id
+                })
+            },
+            WAIT,
+        )
+        .await
+        .expect("the tap starts /new in that folder");
+    assert!(
+        tapped.plain_text.contains("/tmp/web")
+            || tapped.plain_text.contains("serve is not running"),
+        "{}",
+        tapped.plain_text
+    );
+}
+
+#[tokio::test]
+async fn a_scheduled_prompt_reaches_its_session_and_is_cancelled_with_a_tap() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+
+    inject(&fake, Some(thread), USER, "/at +1s once only");
+    wait_topic_text(&fake, thread, "⏰ #1 scheduled for this session").await;
+    wait_prompt(&s, "once only").await;
+    wait_topic_text(&fake, thread, "⏰ once only (at ").await;
+
+    inject(&fake, Some(thread), USER, "/every 5s check the queue");
+    wait_topic_text(&fake, thread, "⏰ #2 scheduled").await;
+    wait_prompt(&s, "check the queue").await;
+    assert!(
+        !s.messages()
+            .iter()
+            .any(|m| m["params"]["text"] == "/every 5s check the queue"),
+        "the command is the leader's, not a prompt"
+    );
+
+    inject(&fake, Some(thread), USER, "/schedules");
+    wait_topic_text(&fake, thread, "#2 every 5s").await;
+    let list = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .find(|m| m.plain_text.starts_with("Scheduled prompts"))
+        .expect("the list");
+    assert!(
+        !list.plain_text.contains("#1"),
+        "a one-off is gone once fired: {}",
+        list.plain_text
+    );
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: Some(thread),
+        user_id: USER,
+        message_id: list.message_id,
+        data: "c:x:2".into(),
+    });
+    fake.api()
+        .wait_until(
+            |api| {
+                api.message(CHAT, list.message_id)
+                    .filter(|m| m.plain_text.starts_with("No prompts are scheduled"))
+            },
+            WAIT,
+        )
+        .await
+        .expect("the list shows the schedule cancelled");
+}
+
+#[tokio::test]
+async fn firings_missed_while_no_relay_ran_are_told_and_not_run() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    s.close_stdin();
+    s.wait_exit().await;
+
+    // Three hours ago, hourly: the machine was off meanwhile.
+    let store = home.path().join("state").join("123456789.sqlite3");
+    let db = rusqlite::Connection::open(&store).expect("the store");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    db.execute(
+        "INSERT INTO schedules (profile_key, every_s, once, prompt, next_ms, chat_id, thread_id, by_user, created_ms) \
+         VALUES ('cwd:/tmp/api#api', 3600, 0, 'nightly report', ?1, ?2, ?3, ?4, ?1)",
+        rusqlite::params![now - 3 * 3_600_000 + 60_000, CHAT, thread, USER],
+    )
+    .expect("a schedule");
+    drop(db);
+
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let said = wait_topic_text(&fake, thread, "missed 3 firing(s)").await;
+    assert!(
+        said.iter().any(|t| t.contains("they were not run. Next:")),
+        "{said:?}"
+    );
+    // Whatever the leader did with the schedule, it did before this.
+    inject(&fake, Some(thread), USER, "are you there?");
+    wait_prompt(&s, "are you there?").await;
+    assert!(
+        !s.messages()
+            .iter()
+            .any(|m| m["params"]["text"] == "nightly report"),
+        "missed firings are not run in a burst"
+    );
+}
+
+#[tokio::test]
+async fn doctor_says_whether_serve_runs() {
+    let home = common::home();
+    let fake = common::fake().await;
+    config(home.path(), "[launch]\nroots = [\"/tmp\"]\n");
+    let env: Vec<(String, String)> = [
+        ("AGENT_RELAY_HOME", home.path().display().to_string()),
+        ("TELEGRAM_BOT_TOKEN", fake.api().token()),
+        ("AGENT_RELAY_CHAT_ID", CHAT.to_string()),
+        ("AGENT_RELAY_ALLOWED_USERS", USER.to_string()),
+        ("AGENT_RELAY_API_URL", fake.url()),
+        ("PATH", std::env::var("PATH").unwrap_or_default()),
+    ]
+    .map(|(k, v)| (k.to_string(), v))
+    .to_vec();
+    let run = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(common::binary());
+        command
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    };
+    let doctor = || async {
+        let out = tokio::time::timeout(WAIT, run(&["doctor"]).output())
+            .await
+            .expect("doctor in time")
+            .expect("doctor");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = doctor().await;
+    assert!(before.contains("serve"), "{before}");
+    assert!(
+        before.contains("not running: /new from the phone needs it"),
+        "{before}"
+    );
+
+    let mut serve = run(&["serve"]).spawn().expect("serve");
+    let pid = serve.id().expect("a pid");
+    let during = tokio::time::timeout(WAIT, async {
+        loop {
+            let said = doctor().await;
+            if said.contains(&format!("running: pid {pid}, starts")) {
+                return said;
+            }
+        }
+    })
+    .await
+    .expect("doctor sees serve");
+    assert!(during.contains("agents may be started in /tmp"), "{during}");
+
+    // A second serve for the same bot is refused.
+    let second = tokio::time::timeout(WAIT, run(&["serve"]).output())
+        .await
+        .expect("the second serve leaves")
+        .expect("serve");
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains(&format!(
+            "already runs for this bot on this machine (pid {pid})"
+        )),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let exit = tokio::time::timeout(Duration::from_secs(30), serve.wait())
+        .await
+        .expect("serve stops on SIGTERM")
+        .expect("serve's status");
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn install_service_shows_writes_and_removes_the_unit() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(common::binary())
+            .args(args)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run agent-relay")
+    };
+    let shown = run(&["install", "service", "--dry-run", "--systemd"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    let unit = home.path().join(".config/systemd/user/agent-relay.service");
+    assert!(
+        text.contains(&format!("would write {}", unit.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(" serve\n") && text.contains("Environment=\"PATH=/usr/bin:/bin\""),
+        "{text}"
+    );
+    assert!(!unit.exists(), "a dry run writes nothing");
+
+    // The kind this system does not run is written, never loaded.
+    let other = if cfg!(target_os = "macos") {
+        "--systemd"
+    } else {
+        "--launchd"
+    };
+    let written = run(&["install", "service", other]);
+    let said = String::from_utf8_lossy(&written.stdout);
+    assert!(written.status.success(), "{said}");
+    assert!(said.contains("not loaded"), "{said}");
+    let file = if cfg!(target_os = "macos") {
+        unit
+    } else {
+        home.path()
+            .join("Library/LaunchAgents/dev.agent-relay.serve.plist")
+    };
+    let text = std::fs::read_to_string(&file).expect("the service file");
+    assert!(text.contains("serve"), "{text}");
+    assert!(!text.contains("TELEGRAM_BOT_TOKEN"), "{text}");
+    let removed = run(&["install", "service", other, "--remove"]);
+    assert!(removed.status.success());
+    assert!(!file.exists());
+}
