@@ -120,8 +120,13 @@ impl Leader {
         let session = self.registry.session(conn, req.generation)?;
         let profile = session.route.profile_key;
         let mut posts = Vec::with_capacity(req.items.len());
-        for item in &req.items {
-            posts.push(self.checked_post(&profile, session.route.target, item)?);
+        for (i, item) in req.items.iter().enumerate() {
+            // The same hand-over again (its acknowledgement was lost) finds
+            // the entries it made: an instance's hands are numbered.
+            let origin = req
+                .hand
+                .map(|hand| format!("{}:{hand}:{i}", session.instance_id));
+            posts.push(self.checked_post(&profile, session.route.target, item, origin)?);
         }
         let ids = self.hand_over(posts).await?;
         Ok(Posted { ids })
@@ -146,6 +151,7 @@ impl Leader {
             },
             body: text,
             html: false,
+            origin: None,
         };
         self.hand_over(vec![notice]).await.map(drop)
     }
@@ -174,6 +180,7 @@ impl Leader {
         profile: &str,
         target: Option<Target>,
         item: &PostItem,
+        origin: Option<String>,
     ) -> Result<NewOutboxEntry, BusError> {
         let own = |message_id| match target {
             Some(target) => self.own_message(profile, target, message_id),
@@ -238,6 +245,7 @@ impl Leader {
             kind,
             body,
             html,
+            origin,
         })
     }
 

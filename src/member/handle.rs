@@ -198,6 +198,8 @@ pub struct Member {
     state: watch::Receiver<MemberState>,
     stop: CancellationToken,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The next hand-over's number (see [`Post::hand`]).
+    hands: std::sync::atomic::AtomicU64,
 }
 
 impl Member {
@@ -262,6 +264,7 @@ impl Member {
             state: state_rx,
             stop,
             task: tokio::sync::Mutex::new(Some(task)),
+            hands: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -453,6 +456,11 @@ impl Member {
         patience: Duration,
     ) -> Result<Posted, MemberError> {
         let give_up = Instant::now() + patience;
+        // One number for every try: a try whose answer was lost may have
+        // been written.
+        let hand = self
+            .hands
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         loop {
             let items = items.clone();
             let post = move |id, generation| {
@@ -460,6 +468,7 @@ impl Member {
                     id,
                     generation,
                     items,
+                    hand: Some(hand),
                 })
             };
             match self.call(Call::request(post), REQUEST_TIMEOUT).await {

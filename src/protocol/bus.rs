@@ -275,6 +275,11 @@ pub struct Post {
     pub id: u64,
     pub generation: Generation,
     pub items: Vec<PostItem>,
+    /// This instance's number for the hand-over, the same when it is
+    /// handed over again after a lost acknowledgement: the leader then
+    /// finds the entries it made instead of making them twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hand: Option<u64>,
 }
 
 /// One thing to post into the topic.

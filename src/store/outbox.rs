@@ -47,6 +47,9 @@ pub struct NewOutboxEntry {
     pub kind: EntryKind,
     pub body: String,
     pub html: bool,
+    /// Who handed it over, once: the same origin again is the same entry
+    /// (a hand-over repeated after a lost acknowledgement).
+    pub origin: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +147,7 @@ fn post_from_row(row: &Row<'_>) -> rusqlite::Result<OutboxEntry> {
             kind,
             body: row.get(5)?,
             html: row.get::<_, i64>(6)? == 1,
+            origin: None,
         },
         state: EntryState::parse(&state).unwrap_or(EntryState::Failed),
         why: row.get(12)?,
@@ -159,9 +163,11 @@ impl Store {
         self.write(|tx| {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO outbox (profile_key, chat_id, thread_id, kind, body, html, \
-                 message_ref, merge, file_name, caption, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 message_ref, merge, file_name, caption, created_ms, origin) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                 ON CONFLICT (origin) WHERE origin IS NOT NULL DO NOTHING",
             )?;
+            let mut existing = tx.prepare_cached("SELECT id FROM outbox WHERE origin = ?1")?;
             let mut ids = Vec::with_capacity(posts.len());
             for post in posts {
                 let (profile, chat, thread) = match &post.place {
@@ -192,9 +198,17 @@ impl Store {
                     i64::from(merge),
                     file_name,
                     caption,
-                    now
+                    now,
+                    post.origin
                 ])?;
-                ids.push(tx.last_insert_rowid());
+                let id = match &post.origin {
+                    // Handed over before: the entry it made.
+                    Some(origin) if tx.changes() == 0 => {
+                        existing.query_row([origin], |row| row.get::<_, i64>(0))?
+                    }
+                    _ => tx.last_insert_rowid(),
+                };
+                ids.push(id);
             }
             Ok(ids)
         })

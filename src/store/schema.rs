@@ -190,6 +190,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX schedules_due ON schedules (next_ms);
     ",
+    // 6: a hand-over's origin. A session whose `post` was written but whose
+    // acknowledgement was lost (the leader stepped down in between) hands
+    // the same items over again to the next leader; the origin (the
+    // instance, its hand-over number and the item's place in it) makes the
+    // second one find the first instead of sending it twice.
+    "
+    ALTER TABLE outbox ADD COLUMN origin TEXT;
+    CREATE UNIQUE INDEX outbox_origin ON outbox (origin) WHERE origin IS NOT NULL;
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

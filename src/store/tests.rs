@@ -888,3 +888,94 @@ fn an_unflushed_batch_is_visible_at_once_and_flushes_without_error() {
     let store = Store::open(&path).expect("reopen");
     assert_eq!(store.offset().expect("offset"), Some(2));
 }
+
+fn answer(text: &str, origin: Option<&str>) -> NewOutboxEntry {
+    NewOutboxEntry {
+        place: Place::Session("file:a".into()),
+        kind: EntryKind::Text {
+            reply_to: None,
+            merge: true,
+        },
+        body: text.into(),
+        html: true,
+        origin: origin.map(String::from),
+    }
+}
+
+#[test]
+fn a_hand_over_is_on_disk_and_goes_pending_sending_sent() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let ids = store
+        .post(&[answer("one", None), answer("two", None)])
+        .expect("post");
+    // Another connection sees it: it was committed before `post` returned.
+    let other = Store::open(&path).expect("open again");
+    let due = other.posts_due().expect("due");
+    assert_eq!(due.iter().map(|p| p.id).collect::<Vec<_>>(), ids);
+    assert!(due.iter().all(|p| p.state == EntryState::Pending));
+    store.posts_sending(&ids[..1]).expect("sending");
+    store.posts_sent(&ids[..1], Some(7)).expect("sent");
+    let left = store.posts_due().expect("due");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].new.body, "two");
+}
+
+#[test]
+fn the_same_hand_over_again_finds_the_entries_it_made() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let first = store
+        .post(&[answer("a", Some("i1:0:0")), answer("b", Some("i1:0:1"))])
+        .expect("post");
+    // The acknowledgement was lost; the session hands the same over again.
+    let again = store
+        .post(&[answer("a", Some("i1:0:0")), answer("b", Some("i1:0:1"))])
+        .expect("post again");
+    assert_eq!(first, again);
+    assert_eq!(store.posts_due().expect("due").len(), 2);
+    // Another hand-over, or one without an origin, is new.
+    let other = store
+        .post(&[answer("a", Some("i1:1:0")), answer("a", None)])
+        .expect("post other");
+    assert_eq!(other.len(), 2);
+    assert!(other.iter().all(|id| !first.contains(id)));
+    assert_eq!(store.posts_due().expect("due").len(), 4);
+}
+
+#[test]
+fn a_send_cut_off_is_of_unknown_fate_kept_and_sent_again_only_on_request() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let ids = store.post(&[answer("cut off", None)]).expect("post");
+    store.posts_sending(&ids).expect("sending");
+    // The leader died mid-call: its successor finds the entry sending.
+    let orphaned = store.posts_orphaned().expect("orphaned");
+    assert_eq!(orphaned.len(), 1);
+    assert!(
+        store.posts_due().expect("due").is_empty(),
+        "never sent again by itself"
+    );
+    let kept = store.posts_kept("file:a").expect("kept");
+    assert_eq!(kept[0].state, EntryState::Unknown);
+    assert_eq!(store.posts_unoffered("file:a").expect("unoffered"), 1);
+    store.posts_offered(&ids, true).expect("offered");
+    assert_eq!(store.posts_unoffered("file:a").expect("unoffered"), 0);
+    assert_eq!(store.posts_again("file:a", None).expect("again"), 1);
+    assert_eq!(store.posts_due().expect("due").len(), 1);
+}
+
+#[test]
+fn sent_entries_are_pruned_beyond_the_newest_and_pending_ones_never() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let pending = store.post(&[answer("waits", None)]).expect("post");
+    let many: Vec<NewOutboxEntry> = (0..outbox::KEEP_SENT_POSTS + 10)
+        .map(|i| answer(&format!("m{i}"), None))
+        .collect();
+    let sent = store.post(&many).expect("post many");
+    store.posts_sent(&sent, None).expect("sent");
+    let pruned = store.prune().expect("prune");
+    assert_eq!(pruned.posts, 10);
+    assert_eq!(store.posts_due().expect("due")[0].id, pending[0]);
+}

@@ -173,6 +173,7 @@ impl Leader {
             kind: EntryKind::Edit { message_id },
             body,
             html: true,
+            origin: None,
         };
         if let Err(e) = self.hand_over(vec![edit]).await {
             tracing::warn!(message_id, "cannot show how a question ended: {e}");
