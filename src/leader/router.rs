@@ -289,7 +289,9 @@ impl Leader {
                 self.answer_message(&message)
             }
             UpdateKind::CallbackQuery(query) => self.tap(&query),
-            UpdateKind::Unknown { .. } => {}
+            // A stop button in no session's topic, or pressed by someone
+            // who may not write: there is no turn of theirs to stop.
+            UpdateKind::GenerationStopped(_) | UpdateKind::Unknown { .. } => {}
         }
     }
 
