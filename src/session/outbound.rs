@@ -60,7 +60,7 @@ const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
 /// A private chat's draft changes at most this often: a background call
 /// that never waits, so the chat's one message a second stays the answer's
 /// when it comes.
-const DRAFT_EVERY: Duration = Duration::from_secs(1);
+const DRAFT_EVERY: Duration = Duration::from_millis(1_200);
 /// A draft that did not change is shown again after this long, inside the
 /// about 30 s Telegram shows one.
 const DRAFT_REFRESH: Duration = Duration::from_secs(20);
