@@ -11,10 +11,10 @@
 //! together into as few messages as the limit allows, and offers again in
 //! the topic what did not arrive (`/resend`).
 //!
-//! The progress message appears with the turn's first tool call and is
-//! edited in place (the current tool and its argument in short, how many
-//! ran, the time so far) at most every [`EDIT_EVERY_GROUP`] in a group and
-//! every [`EDIT_EVERY_PRIVATE`] in a private chat; these are background
+//! In a group, the progress message appears with the turn's first tool
+//! call and is edited in place (the current tool and its argument in
+//! short, how many ran, the time so far) at most every [`EDIT_EVERY`];
+//! these are background
 //! requests that never wait (a later state supersedes them). When the
 //! answer comes, the message says how the turn went — handed over after
 //! the answer, so it follows it — and the answer is a message of its own,
@@ -53,10 +53,9 @@ use crate::render;
 const TYPING_EVERY: Duration = Duration::from_secs(4);
 /// How long a hand-over waits for the relay while it is between leaders.
 const HAND_OVER_PATIENCE: Duration = Duration::from_secs(30);
-/// The progress message is edited at most this often in a group…
-const EDIT_EVERY_GROUP: Duration = Duration::from_secs(10);
-/// …and this often in a private chat (about one message a second there).
-const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
+/// A group's progress message is edited at most this often (a private
+/// chat shows a draft instead).
+const EDIT_EVERY: Duration = Duration::from_secs(10);
 /// A private chat's draft changes at most this often: a background call
 /// that never waits, so the chat's one message a second stays the answer's
 /// when it comes.
@@ -292,7 +291,7 @@ impl TopicPoster {
                 match (drafting, p.stale) {
                     (true, true) => Some(last + DRAFT_EVERY),
                     (true, false) => Some(last + DRAFT_REFRESH),
-                    (false, stale) => stale.then(|| last + edit_every(&self.member)),
+                    (false, stale) => stale.then(|| last + EDIT_EVERY),
                 }
             });
             tokio::select! {
@@ -643,14 +642,6 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// How often the progress message may change in this session's chat.
-fn edit_every(member: &Member) -> Duration {
-    match target(member) {
-        Some(t) if t.chat_id > 0 => EDIT_EVERY_PRIVATE,
-        _ => EDIT_EVERY_GROUP,
-    }
-}
-
 fn target(member: &Member) -> Option<Target> {
     member
         .watch()
@@ -678,6 +669,26 @@ mod tests {
             "{cut}"
         );
         assert_eq!(ToTopic::Plain("a < b".into()).html().unwrap(), "a &lt; b");
+    }
+
+    #[test]
+    fn a_draft_shows_the_progress_and_the_end_of_what_is_written() {
+        let mut p = Progress::new(1);
+        p.tools = 1;
+        p.current = "bash: ls".into();
+        p.writing = format!("{}**the end**", "x".repeat(WRITING_SHOWN * 2));
+        let html = p.draft_html();
+        assert!(
+            html.starts_with("⚙️ Working · 1 tool · 0:00\n▸ bash: ls\n\n…x"),
+            "{html}"
+        );
+        assert!(html.contains("<b>the end</b>"), "{html}");
+        assert!(html.chars().count() < 4096 - 100, "{}", html.len());
+        p.writing = "  ".into();
+        assert!(
+            !p.draft_html().contains("\n\n"),
+            "nothing written, nothing shown"
+        );
     }
 
     #[test]
