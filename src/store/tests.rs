@@ -888,3 +888,43 @@ fn an_unflushed_batch_is_visible_at_once_and_flushes_without_error() {
     let store = Store::open(&path).expect("reopen");
     assert_eq!(store.offset().expect("offset"), Some(2));
 }
+
+#[test]
+fn a_settled_questions_edit_keeps_its_button_label_across_a_reopen() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let place = Place::Chat {
+        chat_id: -100,
+        thread_id: Some(7),
+    };
+    let edits = [
+        NewOutboxEntry {
+            place: place.clone(),
+            kind: EntryKind::Edit {
+                message_id: 41,
+                settled: Some("✅ Allow · Ann".into()),
+            },
+            body: "rm -rf build\n\n<b>✅ Allow</b> — Ann".into(),
+            html: true,
+        },
+        NewOutboxEntry {
+            place,
+            kind: EntryKind::Edit {
+                message_id: 42,
+                settled: None,
+            },
+            body: "✓ · 1 tool".into(),
+            html: true,
+        },
+    ];
+    store.post(&edits).expect("handed over");
+    drop(store);
+    let store = Store::open(&path).expect("reopen");
+    let due: Vec<NewOutboxEntry> = store
+        .posts_due()
+        .expect("due")
+        .into_iter()
+        .map(|e| e.new)
+        .collect();
+    assert_eq!(due, edits, "the next leader sends the same edits");
+}
