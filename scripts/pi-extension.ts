@@ -71,6 +71,8 @@ const IMAGE_TYPES = new Set(["image/jpeg", "image/png", "image/gif", "image/webp
 const GLOBAL_KEY = Symbol.for("agent-relay.pi-extension.bridge");
 /** How many relayed update ids are remembered to drop a redelivery. */
 const SEEN_UPDATES = 4096;
+/** How often the text being written goes to the sidecar, at most (`turn/text`; each supersedes the last). */
+const WRITING_EVERY_MS = 500;
 
 type Tone = "info" | "success" | "warning" | "error" | "muted";
 type NotifyLevel = "info" | "warning" | "error";
@@ -1029,8 +1031,29 @@ export default function agentRelay(pi: ExtensionAPI): void {
 			...(aborted(last) ? { aborted: true } : {}),
 		});
 	});
-	pi.on("turn_start", () => relay.notify("turn/started", {}));
+	// The text as the model writes it, now and then: where the chat shows drafts (a private
+	// chat) the sidecar shows it live; `turn/ended` still brings the whole.
+	let writing: { text: string; timer?: ReturnType<typeof setTimeout> } = { text: "" };
+	const sendWriting = (): void => {
+		writing.timer = undefined;
+		relay.notify("turn/text", { text: clip(writing.text) });
+	};
+	const stopWriting = (): void => {
+		if (writing.timer !== undefined) clearTimeout(writing.timer);
+		writing = { text: "" };
+	};
+	pi.on("message_update", (event) => {
+		const type = event.assistantMessageEvent?.type;
+		if (type !== "text_delta" && type !== "text_end") return;
+		writing.text = assistantText(event.message) ?? "";
+		if (writing.timer === undefined) writing.timer = setTimeout(sendWriting, WRITING_EVERY_MS);
+	});
+	pi.on("turn_start", () => {
+		stopWriting();
+		relay.notify("turn/started", {});
+	});
 	pi.on("turn_end", (event) => {
+		stopWriting();
 		relay.notify("turn/ended", {
 			assistantText: clip(assistantText(event.message) ?? ""),
 			toolCalls: toolCallNames(event.message),

@@ -36,6 +36,7 @@ pub fn schemas() -> Vec<SchemaFile> {
         file::<h::AgentEndedParams>("host/agent-ended.params"),
         file::<h::EmptyParams>("host/turn-started.params"),
         file::<h::TurnEndedParams>("host/turn-ended.params"),
+        file::<h::TurnTextParams>("host/turn-text.params"),
         file::<h::ToolParams>("host/tool-started.params"),
         file::<h::ToolParams>("host/tool-ended.params"),
         file::<h::InputReceivedParams>("host/input-received.params"),

@@ -71,18 +71,18 @@ async fn answered(rx: oneshot::Receiver<Value>) -> Value {
     response["result"].clone()
 }
 
-/// The message after the sidecar settled it: no buttons left.
+/// The message after the sidecar settled it: one disabled button left.
 async fn settled(fake: &FakeServer, message: &SentMessage) -> SentMessage {
     fake.api()
         .wait_until(
             |api| {
                 api.message(CHAT, message.message_id)
-                    .filter(|m| m.reply_markup.is_none())
+                    .filter(common::is_settled)
             },
             WAIT,
         )
         .await
-        .expect("the question loses its buttons")
+        .expect("the question is settled")
 }
 
 #[tokio::test]
@@ -113,6 +113,16 @@ async fn allow_from_the_phone_lets_the_call_run_and_the_message_says_who_and_whe
         shown.plain_text.contains("✅ Allow — ") && shown.plain_text.contains(" UTC"),
         "who and when: {}",
         shown.plain_text
+    );
+    // The keyboard does not vanish: one button that cannot be pressed
+    // names the decision and who took it.
+    let label = common::settled_label(&shown);
+    assert!(
+        label
+            .as_deref()
+            .is_some_and(|l| l.starts_with("✅ Allow · ")),
+        "{:?}",
+        shown.reply_markup
     );
     assert!(fake.api().unanswered_callback_queries().is_empty());
 }
@@ -321,7 +331,11 @@ async fn the_terminal_answering_first_closes_the_phones_question() {
         )
         .await
         .expect("the phone's question shows the terminal's answer");
-    assert!(shown.reply_markup.is_none(), "its buttons are gone");
+    assert_eq!(
+        common::settled_label(&shown).as_deref(),
+        Some("✅ Allow — at the terminal"),
+        "its buttons gave way to one that says so"
+    );
     assert!(
         shown.plain_text.contains("✅ Allow — at the terminal"),
         "{}",
@@ -479,7 +493,7 @@ async fn a_question_survives_the_leaders_death() {
                 api.messages(CHAT, Some(thread))
                     .iter()
                     .filter(|m| m.plain_text.contains("terraform apply"))
-                    .all(|m| m.reply_markup.is_none() && m.plain_text.contains("✅ Allow — "))
+                    .all(|m| common::is_settled(m) && m.plain_text.contains("✅ Allow — "))
                     .then_some(())
             },
             WAIT,
@@ -712,7 +726,7 @@ async fn the_terminal_is_asked_at_once_while_the_phones_message_is_paced() {
             |api| {
                 api.messages(CHAT, Some(thread))
                     .into_iter()
-                    .find(|m| m.plain_text.contains("make release") && m.reply_markup.is_none())
+                    .find(|m| m.plain_text.contains("make release") && common::is_settled(m))
             },
             Duration::from_secs(40),
         )
@@ -754,7 +768,7 @@ async fn a_timed_out_approval_is_decided_on_time_while_its_message_is_paced() {
             |api| {
                 api.messages(CHAT, Some(thread))
                     .into_iter()
-                    .find(|m| m.plain_text.contains("make deploy") && m.reply_markup.is_none())
+                    .find(|m| m.plain_text.contains("make deploy") && common::is_settled(m))
             },
             Duration::from_secs(30),
         )

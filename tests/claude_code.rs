@@ -418,7 +418,7 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
             .wait_until(
                 |api| {
                     api.messages(CHAT, Some(thread)).into_iter().find(|m| {
-                        m.reply_markup.is_some()
+                        common::has_buttons(m)
                             && m.message_id != first
                             && m.plain_text.contains("touch x")
                     })

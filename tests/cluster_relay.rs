@@ -657,7 +657,7 @@ async fn a_tap_reaches_the_machine_whose_session_asked() {
                     .into_iter()
                     .any(|q| q.callback_query_id == tap && q.answer.is_some());
                 api.message(CHAT, asked.message_id)
-                    .filter(|m| answered && m.reply_markup.is_none())
+                    .filter(|m| answered && common::is_settled(m))
             },
             WAIT,
         )

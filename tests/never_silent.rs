@@ -191,7 +191,7 @@ async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
         .wait_until(
             |api| {
                 api.message(CHAT, notice.message_id)
-                    .filter(|m| m.reply_markup.is_none())
+                    .filter(common::is_settled)
             },
             WAIT,
         )
@@ -214,7 +214,7 @@ async fn an_answer_of_unknown_fate_is_offered_again_by_button_or_resend() {
         .wait_until(
             |api| {
                 api.message(CHAT, notice.message_id)
-                    .filter(|m| m.reply_markup.is_none() && m.plain_text.contains("↻ Sent again"))
+                    .filter(|m| common::is_settled(m) && m.plain_text.contains("↻ Sent again"))
             },
             WAIT,
         )

@@ -312,3 +312,117 @@ async fn a_tool_call_is_approved_from_the_private_topic() {
     assert_eq!(answer["result"]["decision"], "allow", "{answer}");
     assert_eq!(answer["result"]["by"], "phone", "{answer}");
 }
+
+/// The drafts of `thread` whose text satisfies `shown`, once there is one.
+async fn wait_draft(
+    fake: &FakeServer,
+    thread: i64,
+    shown: impl Fn(&str) -> bool,
+) -> agent_relay::fake_bot_api::DraftRecord {
+    fake.api()
+        .wait_until(
+            |api| {
+                api.drafts()
+                    .into_iter()
+                    .find(|d| d.thread_id == Some(thread) && d.texts.iter().any(|t| shown(t)))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no such draft: {:?}", fake.api().drafts()))
+}
+
+#[tokio::test]
+async fn a_turn_streams_as_a_draft_and_lands_as_one_message() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api");
+    let before = fake.api().messages(USER, Some(thread)).len();
+
+    a.notify("agent/started", json!({}));
+    a.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c1", "args": {"command": "ls"}}),
+    );
+    wait_draft(&fake, thread, |t| t.contains("▸ bash: ")).await;
+    a.notify("turn/text", json!({"text": "Listing the files"}));
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "Listing the files", "toolCalls": [{"name": "bash"}]}),
+    );
+    a.notify("turn/text", json!({"text": "The answer"}));
+    wait_draft(&fake, thread, |t| t.contains("The answer")).await;
+    a.notify("turn/text", json!({"text": "The answer is **42**"}));
+    let draft = wait_draft(&fake, thread, |t| t.contains("The answer is 42")).await;
+    assert!(draft.can_stop, "the draft offers its stop button");
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "The answer is **42**", "toolCalls": []}),
+    );
+    a.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "The answer is **42**"}),
+    );
+    let texts = wait_topic_text_in(&fake, USER, thread, "The answer is 42").await;
+
+    let drafts: Vec<_> = fake
+        .api()
+        .drafts()
+        .into_iter()
+        .filter(|d| d.thread_id == Some(thread))
+        .collect();
+    assert_eq!(drafts.len(), 1, "one draft for the turn: {drafts:?}");
+    let shown = &drafts[0].texts;
+    assert!(shown[0].starts_with("⚙️ Working · 1 tool"), "{shown:?}");
+    let grew = shown
+        .iter()
+        .position(|t| t.ends_with("The answer"))
+        .zip(shown.iter().position(|t| t.ends_with("The answer is 42")));
+    assert!(
+        matches!(grew, Some((early, late)) if early < late),
+        "the draft grows with the answer: {shown:?}"
+    );
+    // One message for the turn: how it went, what was said on the way,
+    // and the answer; it takes the draft's place.
+    let messages = fake.api().messages(USER, Some(thread));
+    let turn: Vec<_> = messages[before..].iter().collect();
+    assert_eq!(turn.len(), 1, "one message: {texts:?}");
+    let answer = &turn[0].plain_text;
+    assert!(answer.starts_with("✓ · 1 tool · 0:0"), "{answer}");
+    assert!(answer.contains("💬 Listing the files"), "{answer}");
+    assert!(answer.ends_with("The answer is 42"), "{answer}");
+    assert_eq!(drafts[0].replaced_by, Some(turn[0].message_id));
+    let edits = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method.starts_with("editMessage"))
+        .count();
+    assert_eq!(edits, 0, "a draft is never an edit");
+}
+
+#[tokio::test]
+async fn the_drafts_stop_button_stops_the_turn() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api");
+    a.notify("agent/started", json!({}));
+    a.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c1", "args": {"command": "sleep 600"}}),
+    );
+    let draft = wait_draft(&fake, thread, |t| t.contains("sleep 600")).await;
+    fake.api()
+        .press_stop(USER, Some(thread), draft.draft_id)
+        .expect("the stop button is shown");
+    a.wait_for("agent/abort", |m| m["method"] == "agent/abort")
+        .await;
+    wait_topic_text_in(&fake, USER, thread, "⏹ Stopped.").await;
+    assert!(
+        prompts(&a).is_empty(),
+        "the stop is no prompt: {:?}",
+        prompts(&a)
+    );
+}

@@ -34,6 +34,8 @@ pub(super) fn router(api: FakeBotApi) -> Router {
             post(inject_callback_query),
         )
         .route("/control/inject_topic", post(inject_topic))
+        .route("/control/press_stop", post(press_stop))
+        .route("/control/drafts", get(drafts))
         .route("/control/fault", post(fault))
         .route("/control/clear_faults", post(clear_faults))
         .route("/control/bot_settings", post(bot_settings))
@@ -430,6 +432,27 @@ async fn inject_callback_query(
     let (update_id, callback_query_id) = api.inject_callback_query(press);
     axum::Json(json!({"update_id": update_id, "callback_query_id": callback_query_id}))
         .into_response()
+}
+
+#[derive(Deserialize)]
+struct StopPress {
+    chat_id: i64,
+    thread_id: Option<i64>,
+    draft_id: i64,
+}
+
+async fn press_stop(
+    State(api): State<FakeBotApi>,
+    axum::Json(press): axum::Json<StopPress>,
+) -> Response {
+    control_answer(
+        api.press_stop(press.chat_id, press.thread_id, press.draft_id)
+            .map(|update_id| json!({ "update_id": update_id })),
+    )
+}
+
+async fn drafts(State(api): State<FakeBotApi>) -> Response {
+    axum::Json(api.drafts()).into_response()
 }
 
 #[derive(Deserialize)]

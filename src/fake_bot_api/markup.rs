@@ -12,7 +12,7 @@ const MAX_CALLBACK_DATA: usize = 64;
 
 /// Button actions other than `url` and `callback_data`, kept as given, in the
 /// order the server looks for them after those two.
-const OTHER_ACTIONS: [&str; 8] = [
+const OTHER_ACTIONS: [&str; 9] = [
     "callback_game",
     "pay",
     "switch_inline_query",
@@ -21,6 +21,8 @@ const OTHER_ACTIONS: [&str; 8] = [
     "login_url",
     "web_app",
     "copy_text",
+    // Bot API 10.3: a button that does nothing when pressed.
+    "disabled",
 ];
 
 /// The markup a send or edit carries, normalised as Telegram stores it; `None`

@@ -14,7 +14,7 @@ use super::state::{
     ActivePoll, Author, Chat, ChatKind, GENERAL_THREAD_ID, ICON_COLORS, Inner, Media,
     StoredMessage, Text, Topic,
 };
-use super::{CallbackAnswer, FakeBotApi, MediaKind};
+use super::{CallbackAnswer, DraftRecord, FakeBotApi, MediaKind};
 
 type Answer = Result<Value, ApiError>;
 
@@ -22,7 +22,7 @@ type Answer = Result<Value, ApiError>;
 pub(super) type Uploads = HashMap<String, Upload>;
 
 /// Every method the fake implements, in Telegram's spelling.
-const METHODS: [&str; 24] = [
+const METHODS: [&str; 25] = [
     "getMe",
     "deleteWebhook",
     "getWebhookInfo",
@@ -36,6 +36,7 @@ const METHODS: [&str; 24] = [
     "sendAudio",
     "getFile",
     "sendChatAction",
+    "sendMessageDraft",
     "answerCallbackQuery",
     "getChat",
     "getChatMember",
@@ -80,6 +81,7 @@ pub(super) async fn dispatch(
         "sendAudio" => send_media(inner, method, params, uploads, MediaKind::Audio),
         "getFile" => get_file(inner, params),
         "sendChatAction" => send_chat_action(inner, params),
+        "sendMessageDraft" => send_message_draft(inner, params),
         "answerCallbackQuery" => answer_callback_query(inner, params),
         "getChat" => Ok(chat(inner, params)?.json()),
         "getChatMember" => get_chat_member(inner, params),
@@ -555,7 +557,73 @@ fn send_message(inner: &mut Inner, params: &Value) -> Answer {
     let mut message = StoredMessage::new(Author::Bot, target.thread_id);
     message.text = text;
     message.reply_markup = reply_markup;
-    deliver(inner, &target, message, Attachment::None, "sendMessage")
+    let sent = deliver(inner, &target, message, Attachment::None, "sendMessage")?;
+    // The message a draft was the preview of takes its place.
+    if let Some(message_id) = sent.get("message_id").and_then(Value::as_i64) {
+        for draft in inner.drafts.iter_mut().filter(|d| {
+            d.chat_id == target.chat_id
+                && d.thread_id == target.thread_id
+                && d.replaced_by.is_none()
+        }) {
+            draft.replaced_by = Some(message_id);
+        }
+    }
+    Ok(sent)
+}
+
+/// `sendMessageDraft`: a partial message, in a private chat only (its
+/// topics included); `draft_id` not 0; the text 0–4096 units after
+/// parsing, "" showing "Thinking…". The same id in the same thread
+/// changes the draft it names; a stopped one stays stopped.
+fn send_message_draft(inner: &mut Inner, params: &Value) -> Answer {
+    let bot_has_topics = inner.config.has_topics_enabled;
+    let thread_id = int(params, "message_thread_id")?;
+    let draft_id = int(params, "draft_id")?.unwrap_or(0);
+    let can_stop = boolean(params, "can_stop");
+    let empty = string(params, "text").unwrap_or_default().is_empty();
+    let text = if empty {
+        String::new()
+    } else {
+        parse_text(params, "text")?.plain
+    };
+    let chat_id = {
+        let chat = chat(inner, params)?;
+        if !chat.is_private() {
+            return Err(ApiError::bad_request(
+                "draft can be sent only to private chats",
+            ));
+        }
+        check_thread_for_send(chat, thread_id, bot_has_topics)?;
+        chat.id
+    };
+    if draft_id == 0 {
+        return Err(ApiError::bad_request("draft_id must be non-zero"));
+    }
+    let now_ms = inner.now_ms();
+    let same = |d: &&mut DraftRecord| {
+        d.chat_id == chat_id
+            && d.thread_id == thread_id
+            && d.draft_id == draft_id
+            && d.replaced_by.is_none()
+    };
+    match inner.drafts.iter_mut().rev().find(same) {
+        Some(draft) => {
+            draft.texts.push(text);
+            draft.can_stop = can_stop;
+            draft.updated_ms = now_ms;
+        }
+        None => inner.drafts.push(DraftRecord {
+            chat_id,
+            thread_id,
+            draft_id,
+            texts: vec![text],
+            can_stop,
+            updated_ms: now_ms,
+            stopped: false,
+            replaced_by: None,
+        }),
+    }
+    Ok(json!(true))
 }
 
 /// `sendPhoto`, `sendDocument`, `sendVoice`, `sendAudio`: the file comes as a

@@ -20,7 +20,7 @@
 //! Implemented: `getMe`, `deleteWebhook`, `getWebhookInfo`, `getUpdates`,
 //! `sendMessage`, `editMessageText`, `editMessageReplyMarkup`, `sendPhoto`,
 //! `sendDocument`, `sendVoice`, `sendAudio`, `getFile`, `sendChatAction`,
-//! `answerCallbackQuery`, `getChat`, `getChatMember`, `setMyCommands`,
+//! `sendMessageDraft`, `answerCallbackQuery`, `getChat`, `getChatMember`, `setMyCommands`,
 //! `getMyCommands`, `deleteMyCommands`, `createForumTopic`, `editForumTopic`,
 //! `closeForumTopic`, `reopenForumTopic`, `deleteForumTopic`.
 //! Files: `GET {url}/file/bot<token>/<file_path>` (wrong token → 401, unknown path → 404).
@@ -79,6 +79,17 @@
 //!   chat, 20/min per group or 30/s overall answers 429 with
 //!   `parameters.retry_after` and a `Retry-After` header. Sends, edits and refusals
 //!   are counted per chat either way ([`ChatCounters`]).
+//! * `sendMessageDraft` (Bot API 9.3–10.3): private chats only (a group → 400 `Bad
+//!   Request: draft can be sent only to private chats`; Telegram's exact text is not
+//!   documented), their topics as for a send, `draft_id` not 0 (→ 400), text 0–4096
+//!   units after parsing ("" shows "Thinking…"). A draft is shown for
+//!   [`DRAFT_LIFETIME_MS`] after its last change, until the bot sends a message in
+//!   its thread (which takes its place) or the person presses its stop button
+//!   (`can_stop`; [`FakeBotApi::press_stop`]), which queues
+//!   `stopped_message_generation` `{chat, message_thread_id?, draft_id}`, an update
+//!   delivered only when `allowed_updates` names it. Drafts are no messages: they
+//!   are not counted against the rate limits. Every text is kept ([`DraftRecord`]).
+//! * Inline buttons may be `disabled` (`{"text": …, "disabled": {}}`, Bot API 10.3).
 //! * A deleted topic keeps its messages for inspection (Telegram would delete them).
 //! * Accepted connections get `TCP_NODELAY` (see [`FakeBotApi::start`]).
 //!
@@ -103,12 +114,13 @@
 //!   `set_allows_users_to_create_topics`.
 //! * Users act: `inject_message` (text), `inject_user_message` (replies, files,
 //!   captions, albums), `inject_callback_query` (taps, also forged ones),
-//!   `inject_topic` (a user opens a topic), `inject_raw_update`,
+//!   `inject_topic` (a user opens a topic), `press_stop` (a draft's stop
+//!   button), `inject_raw_update`,
 //!   `delete_topic_externally`.
 //! * Faults: `inject_fault`, `inject_fault_until_cleared`, `clear_faults`.
 //! * Read back: `calls`, `topics`, `messages` (per thread), `message` (one, by id,
 //!   with its markup and edit history), `pending_update_ids`, `callback_queries`,
-//!   `unanswered_callback_queries`, `file`, `uploads`, `downloads`, `stats`.
+//!   `unanswered_callback_queries`, `drafts`, `file`, `uploads`, `downloads`, `stats`.
 //! * Wait: `wait_until`, `wait_for_messages`, `wait_for_call`, `wait_for_poller`.
 //!
 //! # Control routes (`{url}/control/…`, JSON), for tests in other processes
@@ -119,6 +131,8 @@
 //! | `POST inject_update` | any update object without `update_id` | `{update_id}` |
 //! | `POST inject_callback_query` | `{chat_id, thread_id?, user_id, message_id, data}` | `{update_id, callback_query_id}` |
 //! | `POST inject_topic` | `{chat_id, user_id, name}` | `{thread_id, update_id}` or 400 |
+//! | `POST press_stop` | `{chat_id, thread_id?, draft_id}` | `{update_id}` or 400 |
+//! | `GET drafts` | | `[DraftRecord]` |
 //! | `POST fault` | `{method, times?, until_cleared?, fault:{kind:"too_many_requests",retry_after} \| {kind:"server_error",code} \| {kind:"delay",ms} \| {kind:"hang"} \| {kind:"garbage_body"} \| {kind:"truncated_json"} \| {kind:"conflict"} \| {kind:"bad_request",description} \| {kind:"deaf",immediately?}}` | `{}` |
 //! | `POST clear_faults` | `{}` | `{}` |
 //! | `POST bot_settings` | `{has_topics_enabled?, allows_users_to_create_topics?}` | `{}` |
@@ -579,6 +593,49 @@ impl FakeBotApi {
             });
             (update_id, id)
         })
+    }
+
+    /// The person presses the stop button of draft `draft_id` in
+    /// `chat_id` (and `thread_id`): Telegram stops showing it and sends
+    /// `stopped_message_generation` (delivered only when `allowed_updates`
+    /// names it). Refused when no such draft is shown with the button.
+    /// Returns the update id.
+    pub fn press_stop(
+        &self,
+        chat_id: i64,
+        thread_id: Option<i64>,
+        draft_id: i64,
+    ) -> Result<i64, FakeError> {
+        self.mutate(|inner| {
+            let now_ms = inner.now_ms();
+            let draft = inner
+                .drafts
+                .iter_mut()
+                .rev()
+                .find(|d| {
+                    d.chat_id == chat_id && d.thread_id == thread_id && d.draft_id == draft_id
+                })
+                .filter(|d| d.shown_at(now_ms) && d.can_stop)
+                .ok_or_else(|| {
+                    FakeError::Refused(format!("no draft {draft_id} with a stop button is shown"))
+                })?;
+            draft.stopped = true;
+            let chat = inner
+                .chats
+                .get(&chat_id)
+                .ok_or(FakeError::UnknownChat(chat_id))?
+                .json();
+            let mut stopped = json!({"chat": chat, "draft_id": draft_id});
+            if let Some(thread_id) = thread_id {
+                stopped["message_thread_id"] = json!(thread_id);
+            }
+            Ok(inner.push_update(json!({ "stopped_message_generation": stopped })))
+        })
+    }
+
+    /// Every draft the bot streamed, in the order each began.
+    pub fn drafts(&self) -> Vec<DraftRecord> {
+        self.lock().drafts.clone()
     }
 
     /// A user opens a topic named `name` (in a forum, or in their private chat

@@ -118,6 +118,44 @@ pub struct CallbackInject {
     pub data: String,
 }
 
+/// How long Telegram shows a draft after its last change.
+pub const DRAFT_LIFETIME_MS: u64 = 30_000;
+
+/// One draft the bot streamed (`sendMessageDraft`), with every text it
+/// showed. Times are milliseconds since the server started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftRecord {
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub draft_id: i64,
+    /// The texts shown, oldest first (after entity parsing; "" shows
+    /// "Thinking…").
+    pub texts: Vec<String>,
+    /// Whether its last change offered the stop button.
+    pub can_stop: bool,
+    pub updated_ms: u64,
+    /// The person pressed the stop button: Telegram shows it no more.
+    pub stopped: bool,
+    /// The message the bot sent in its place (in the same thread), which
+    /// ends the preview.
+    pub replaced_by: Option<i64>,
+}
+
+impl DraftRecord {
+    /// Whether the person sees it at `now_ms`: not stopped, not replaced
+    /// by a message, and changed within [`DRAFT_LIFETIME_MS`].
+    pub fn shown_at(&self, now_ms: u64) -> bool {
+        !self.stopped
+            && self.replaced_by.is_none()
+            && now_ms.saturating_sub(self.updated_ms) < DRAFT_LIFETIME_MS
+    }
+
+    /// The last text shown.
+    pub fn text(&self) -> &str {
+        self.texts.last().map_or("", String::as_str)
+    }
+}
+
 /// One injected callback query and the bot's answer to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallbackQueryRecord {

@@ -9,8 +9,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
 use super::{
-    BotRights, CallRecord, CallbackQueryRecord, ChatCounters, DownloadRecord, FakeConfig, Fault,
-    FileRecord, MediaKind, MessageVersion, PollStats, SentMedia, SentMessage, TopicInfo,
+    BotRights, CallRecord, CallbackQueryRecord, ChatCounters, DownloadRecord, DraftRecord,
+    FakeConfig, Fault, FileRecord, MediaKind, MessageVersion, PollStats, SentMedia, SentMessage,
+    TopicInfo,
 };
 
 /// Icon colours Telegram accepts for forum topics.
@@ -419,6 +420,8 @@ pub(super) struct Inner {
     pub calls: Vec<CallRecord>,
     pub commands: Value,
     pub callback_queries: Vec<CallbackQueryRecord>,
+    /// Every draft streamed, in the order it began.
+    pub drafts: Vec<DraftRecord>,
     /// In the order they were made (few enough for linear look-ups).
     pub files: Vec<FileRecord>,
     /// Numbers file ids and download paths.
@@ -429,7 +432,12 @@ pub(super) struct Inner {
 }
 
 /// Update kinds Telegram leaves out while `allowed_updates` is unset or empty.
-const OPT_IN_KINDS: [&str; 3] = ["chat_member", "message_reaction", "message_reaction_count"];
+const OPT_IN_KINDS: [&str; 4] = [
+    "chat_member",
+    "message_reaction",
+    "message_reaction_count",
+    "stopped_message_generation",
+];
 
 impl Inner {
     pub fn new(config: FakeConfig) -> Self {
@@ -452,6 +460,7 @@ impl Inner {
             calls: Vec::new(),
             commands: json!([]),
             callback_queries: Vec::new(),
+            drafts: Vec::new(),
             files: Vec::new(),
             next_file_number: 1,
             downloads: Vec::new(),

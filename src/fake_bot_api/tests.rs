@@ -3,6 +3,7 @@
 
 mod buttons;
 mod control;
+mod drafts;
 mod files;
 mod pacing;
 mod polling;

@@ -36,7 +36,8 @@ use crate::protocol::bus::*;
 use crate::render;
 use crate::store::{EntryKind, EntryState, NewOutboxEntry, OutboxEntry, Place};
 use crate::telegram::types::{
-    EditMessageText, LinkPreviewOptions, ParseMode, ReplyParameters, SendMessage,
+    EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, LinkPreviewOptions, ParseMode,
+    ReplyParameters, SendMessage,
 };
 use crate::telegram::{BotCall, Priority, UploadSource};
 
@@ -214,6 +215,7 @@ impl Leader {
                 own(*message_id)?;
                 let kind = EntryKind::Edit {
                     message_id: *message_id,
+                    settled: None,
                 };
                 (kind, text.clone(), html(format))
             }
@@ -770,13 +772,21 @@ impl Leader {
 fn call_for(chat: i64, thread: Option<i64>, batch: &[OutboxEntry]) -> BotCall {
     let first = &batch[0].new;
     let parse_mode = first.html.then_some(ParseMode::Html);
-    if let EntryKind::Edit { message_id } = first.kind {
+    if let EntryKind::Edit {
+        message_id,
+        settled,
+    } = &first.kind
+    {
         return BotCall::EditMessageText(EditMessageText {
             chat_id: chat,
-            message_id,
+            message_id: *message_id,
             text: first.body.clone(),
             parse_mode,
-            reply_markup: None,
+            // A settled question keeps a button that cannot be pressed,
+            // naming the decision (Bot API 10.3).
+            reply_markup: settled.as_ref().map(|label| InlineKeyboardMarkup {
+                inline_keyboard: vec![vec![InlineKeyboardButton::disabled(label.clone())]],
+            }),
             link_preview_options: Some(LinkPreviewOptions::default()),
         });
     }

@@ -308,7 +308,9 @@ impl Leader {
                 self.control_tap(&query)
             }
             UpdateKind::CallbackQuery(query) => self.tap(&query),
-            UpdateKind::Unknown { .. } => {}
+            // A stop button in no session's topic, or pressed by someone
+            // who may not write: there is no turn of theirs to stop.
+            UpdateKind::GenerationStopped(_) | UpdateKind::Unknown { .. } => {}
         }
     }
 

@@ -11,7 +11,7 @@ use super::outbox::Pace;
 use super::registry::ConnId;
 use super::{Leader, store_error};
 use crate::protocol::bus::*;
-use crate::telegram::call::{ChatAction, SendChatAction};
+use crate::telegram::call::{ChatAction, SendChatAction, SendMessageDraft};
 use crate::telegram::types::{
     EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup,
     LinkPreviewOptions, ParseMode, ReplyParameters, SendMessage,
@@ -58,6 +58,7 @@ impl Leader {
                 (edit_buttons(target, edit), Priority::Normal)
             }
             TopicOp::Typing => (typing(target), Priority::Normal),
+            TopicOp::Draft(draft) => (message_draft(target, draft)?, Priority::Normal),
             TopicOp::SendFile(send) => {
                 return self.send_file(profile, &session.cwd, target, send).await;
             }
@@ -174,6 +175,31 @@ fn edit_buttons(target: Target, edit: &EditButtons) -> BotCall {
     })
 }
 
+/// A draft in `target`: Telegram shows drafts in private chats only, and
+/// needs a draft id that is not 0.
+fn message_draft(target: Target, draft: &Draft) -> Result<BotCall, BusError> {
+    if target.chat_id <= 0 {
+        return Err(BusError::new(
+            BusErrorCode::Forbidden,
+            "drafts are shown in private chats only",
+        ));
+    }
+    if draft.draft_id == 0 {
+        return Err(BusError::new(
+            BusErrorCode::BadFrame,
+            "a draft id is never 0",
+        ));
+    }
+    Ok(BotCall::SendMessageDraft(SendMessageDraft {
+        chat_id: target.chat_id,
+        message_thread_id: Some(target.thread_id),
+        draft_id: draft.draft_id,
+        text: draft.text.clone(),
+        parse_mode: parse_mode(draft.format),
+        can_stop: draft.can_stop,
+    }))
+}
+
 fn typing(target: Target) -> BotCall {
     BotCall::SendChatAction(SendChatAction {
         chat_id: target.chat_id,
@@ -209,10 +235,7 @@ pub(super) fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
             .iter()
             .map(|row| {
                 row.iter()
-                    .map(|b| InlineKeyboardButton {
-                        text: b.text.clone(),
-                        callback_data: b.data.clone(),
-                    })
+                    .map(|b| InlineKeyboardButton::callback(b.text.clone(), b.data.clone()))
                     .collect()
             })
             .collect(),

@@ -14,6 +14,7 @@ use super::access::Access;
 use crate::files::{DOWNLOAD_MAX, describe_against};
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
+use crate::telegram::types::MessageGenerationStopped;
 use crate::telegram::{FileRef, MediaKind, Message, Update, UpdateKind};
 
 /// What a journaled message keeps besides the columns every entry has.
@@ -166,6 +167,7 @@ impl Triage {
         let (message, edited) = match &update.kind {
             UpdateKind::Message(message) => (message, false),
             UpdateKind::EditedMessage(message) => (message, true),
+            UpdateKind::GenerationStopped(stopped) => return self.stop_button(update, stopped),
             UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => return Triaged::Leader,
         };
         let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
@@ -225,6 +227,41 @@ impl Triage {
         })
     }
 }
+
+impl Triage {
+    /// A draft's stop button, pressed in a session's topic of a private
+    /// chat (whose id is the person's): it stops that session's turn as
+    /// `/stop` typed there would, in order with the messages around it. It
+    /// names no message, so its entry names message 0.
+    fn stop_button(&self, update: &Update, stopped: &MessageGenerationStopped) -> Triaged {
+        let person = stopped.chat.id;
+        let Some(thread) = stopped.message_thread_id else {
+            return Triaged::Leader;
+        };
+        if !self.allowed.contains(&person) {
+            return Triaged::Leader;
+        }
+        let Some(owner) = self.owners.get(&(person, thread)).cloned() else {
+            return Triaged::Leader;
+        };
+        Triaged::Journal(Entry {
+            update: NewUpdate {
+                update_id: update.update_id,
+                owner: Some(owner),
+                chat_id: person,
+                thread_id: Some(thread),
+                user_id: person,
+                message_id: 0,
+                text: STOP.into(),
+                detail: None,
+            },
+            detail: MessageDetail::default(),
+        })
+    }
+}
+
+/// What the stop button of a draft means to a session.
+pub(super) const STOP: &str = "/stop";
 
 /// What a message from an allowed user in a session's topic carries for
 /// its agent: its text, or its file with the caption. `Err(Some(notice))`:

@@ -215,6 +215,10 @@ pub enum TopicOp {
     EditButtons(EditButtons),
     /// Show "typing…" for about five seconds.
     Typing,
+    /// Show a partial message while it is written (`sendMessageDraft`):
+    /// in a private chat only, shown for about 30 s after its last change
+    /// and kept by nobody, so the finished text is posted as a message.
+    Draft(Draft),
     /// Ask the person on the phone: a message with one button per option
     /// (and, with `freeText`, a reply to the message as the answer). The
     /// leader answers at once with the message (`TopicDone::messageId`);
@@ -231,6 +235,21 @@ pub enum TopicOp {
     /// cross the bus: the leader reads a path after checking it, or takes
     /// a short text the session made (docs/DESIGN.md, *Files*).
     SendFile(SendFile),
+}
+
+/// A draft for the topic (see [`TopicOp::Draft`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Draft {
+    /// Not 0; the same id animates the change, a new one starts a new
+    /// draft. A press of its stop button names it.
+    pub draft_id: i64,
+    /// At most one message's worth; empty shows "Thinking…".
+    pub text: String,
+    pub format: TextFormat,
+    /// Offer the person a button that stops the turn.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub can_stop: bool,
 }
 
 /// A file for the topic.

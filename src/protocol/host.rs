@@ -23,6 +23,7 @@ pub mod method {
     pub const AGENT_ENDED: &str = "agent/ended";
     pub const TURN_STARTED: &str = "turn/started";
     pub const TURN_ENDED: &str = "turn/ended";
+    pub const TURN_TEXT: &str = "turn/text";
     pub const TOOL_STARTED: &str = "tool/started";
     pub const TOOL_ENDED: &str = "tool/ended";
     pub const INPUT_RECEIVED: &str = "input/received";
@@ -192,6 +193,17 @@ pub struct TurnEndedParams {
     /// The turn was stopped: its text is cut off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aborted: bool,
+}
+
+/// `turn/text` params: the text the current turn has written so far, while
+/// it writes it. Each one supersedes the last (a host may send them as
+/// often as it likes; the sidecar shows the newest now and then, where the
+/// chat can show a draft); `turn/ended` still brings the whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnTextParams {
+    #[serde(default)]
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -878,6 +878,10 @@ impl Handler for Session {
                     });
                 }
             }
+            HostEvent::TurnText(writing) => {
+                // Shown only where a draft can show it; superseded by the next.
+                self.send_out(ToTopic::Writing(writing.text));
+            }
             HostEvent::ToolStarted(tool) => {
                 let argument = tool.args.as_ref().map(in_short).unwrap_or_default();
                 self.send_out(ToTopic::Tool {

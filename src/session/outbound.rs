@@ -11,14 +11,23 @@
 //! together into as few messages as the limit allows, and offers again in
 //! the topic what did not arrive (`/resend`).
 //!
-//! The progress message appears with the turn's first tool call and is
-//! edited in place (the current tool and its argument in short, how many
-//! ran, the time so far) at most every [`EDIT_EVERY_GROUP`] in a group and
-//! every [`EDIT_EVERY_PRIVATE`] in a private chat; these are background
+//! In a group, the progress message appears with the turn's first tool
+//! call and is edited in place (the current tool and its argument in
+//! short, how many ran, the time so far) at most every [`EDIT_EVERY`];
+//! these are background
 //! requests that never wait (a later state supersedes them). When the
 //! answer comes, the message says how the turn went — handed over after
 //! the answer, so it follows it — and the answer is a message of its own,
 //! so the phone is notified.
+//!
+//! In a private chat (the default `setup` makes one, with a topic per
+//! session) the progress is a *draft* instead (`sendMessageDraft`): it
+//! costs no message, changes at most every [`DRAFT_EVERY`] (again every
+//! [`DRAFT_REFRESH`] while nothing changes, as Telegram shows a draft for
+//! about 30 s), shows the answer as the host writes it (`turn/text`), and
+//! offers the draft's stop button, which stops the turn as `/stop` does.
+//! A draft is kept by nobody: the answer is the turn's one message, with
+//! how the turn went above it (what the agent said on its way included).
 //!
 //! An answer that is mostly one long code block, or a bare diff, goes as
 //! its prose plus the block as a file (`render::long_block`), when
@@ -36,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use super::Session;
 use crate::member::Member;
 use crate::protocol::bus::{
-    BusErrorCode, EditText, MAX_INLINE_FILE, PostItem, SendText, Target, TextFormat, TopicOp,
+    BusErrorCode, Draft, EditText, MAX_INLINE_FILE, PostItem, SendText, Target, TextFormat, TopicOp,
 };
 use crate::render;
 
@@ -44,10 +53,18 @@ use crate::render;
 const TYPING_EVERY: Duration = Duration::from_secs(4);
 /// How long a hand-over waits for the relay while it is between leaders.
 const HAND_OVER_PATIENCE: Duration = Duration::from_secs(30);
-/// The progress message is edited at most this often in a group…
-const EDIT_EVERY_GROUP: Duration = Duration::from_secs(10);
-/// …and this often in a private chat (about one message a second there).
-const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(3);
+/// A group's progress message is edited at most this often (a private
+/// chat shows a draft instead).
+const EDIT_EVERY: Duration = Duration::from_secs(10);
+/// A private chat's draft changes at most this often: a background call
+/// that never waits, so the chat's one message a second stays the answer's
+/// when it comes.
+const DRAFT_EVERY: Duration = Duration::from_millis(1_200);
+/// A draft that did not change is shown again after this long, inside the
+/// about 30 s Telegram shows one.
+const DRAFT_REFRESH: Duration = Duration::from_secs(20);
+/// How much of the answer being written a draft shows: its end.
+const WRITING_SHOWN: usize = 3_000;
 /// How much of a tool's argument the progress message shows.
 const TOOL_ARGUMENT: usize = 80;
 #[derive(Debug)]
@@ -64,6 +81,9 @@ pub enum ToTopic {
     /// with tool calls): folded into the progress message, not a message
     /// of its own, so a turn costs two messages whatever the model says.
     Interim(String),
+    /// The text the current turn has written so far, as Markdown: shown
+    /// in a draft where there is one, dropped elsewhere.
+    Writing(String),
     /// The agent's own message (a tool such as `reply`), as Markdown,
     /// handed over in order but never merged; `done` hears how many
     /// messages the leader took, or why it took none (the agent is told).
@@ -100,9 +120,13 @@ const INTERIM_SHOWN: usize = 200;
 /// give way first, and the summary says so.
 const INTERIM_KEPT: usize = 3_000;
 
-/// The turn's progress message.
+/// The turn's progress message (in a private chat, its draft).
 struct Progress {
     message_id: Option<i64>,
+    /// The draft that shows it in a private chat; never 0.
+    draft_id: i64,
+    /// What the turn is writing now (a draft shows it).
+    writing: String,
     started: Instant,
     tools: u32,
     current: String,
@@ -114,9 +138,11 @@ struct Progress {
 }
 
 impl Progress {
-    fn new() -> Self {
+    fn new(draft_id: i64) -> Self {
         Self {
             message_id: None,
+            draft_id,
+            writing: String::new(),
             started: Instant::now(),
             tools: 0,
             current: String::new(),
@@ -141,6 +167,27 @@ impl Progress {
             text.push_str(&self.current);
         }
         text
+    }
+
+    /// The draft: the progress, then the end of what the turn is writing
+    /// (Telegram HTML).
+    fn draft_html(&self) -> String {
+        let mut html = render::escape(&self.text());
+        let writing = self.writing.trim();
+        if !writing.is_empty() {
+            html.push_str("\n\n");
+            html.push_str(&render::render(&tail(writing, WRITING_SHOWN)));
+        }
+        html
+    }
+
+    /// Whether the turn shows anything yet: its draft, or its message.
+    fn shown(&self, drafting: bool) -> bool {
+        if drafting {
+            self.last_shown.is_some()
+        } else {
+            self.message_id.is_some()
+        }
     }
 
     /// How the turn went, and what the agent said on its way (the oldest
@@ -178,6 +225,16 @@ impl Progress {
     }
 }
 
+/// The last `max` characters of `text`, "…" before them when cut.
+fn tail(text: &str, max: usize) -> String {
+    let count = text.chars().count();
+    if count <= max {
+        return text.to_string();
+    }
+    let kept: String = text.chars().skip(count - max).collect();
+    format!("…{kept}")
+}
+
 fn elapsed(since: Instant) -> String {
     let secs = u32::try_from(since.elapsed().as_secs()).unwrap_or(u32::MAX);
     crate::files::describe_duration(secs)
@@ -197,6 +254,7 @@ pub fn spawn(
         member,
         progress: None,
         long_answers_as_file,
+        drafts: 0,
     };
     // Dropping `tx` lets the task send what is queued, then end.
     (tx, tokio::spawn(outbound.run(rx, stop)))
@@ -207,16 +265,34 @@ struct TopicPoster {
     member: Arc<Member>,
     progress: Option<Progress>,
     long_answers_as_file: bool,
+    /// Drafts begun: the next draft's id is one more.
+    drafts: i64,
 }
 
 impl TopicPoster {
+    /// Whether this session's chat shows drafts: a private chat.
+    fn drafting(&self) -> bool {
+        target(&self.member).is_some_and(|t| t.chat_id > 0)
+    }
+
+    /// A new turn's progress, with a draft of its own.
+    fn new_progress(&mut self) -> Progress {
+        self.drafts += 1;
+        Progress::new(self.drafts)
+    }
+
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ToTopic>, stop: CancellationToken) {
         let mut typing: Option<tokio::time::Interval> = None;
         let mut queue = VecDeque::new();
         loop {
+            let drafting = self.drafting();
             let edit_due = self.progress.as_ref().and_then(|p| {
                 let last = p.last_shown?;
-                p.stale.then(|| last + edit_every(&self.member))
+                match (drafting, p.stale) {
+                    (true, true) => Some(last + DRAFT_EVERY),
+                    (true, false) => Some(last + DRAFT_REFRESH),
+                    (false, stale) => stale.then(|| last + EDIT_EVERY),
+                }
             });
             tokio::select! {
                 () = stop.cancelled() => break,
@@ -261,16 +337,24 @@ impl TopicPoster {
                     let _ = done.send(self.reply(&markdown).await);
                 }
                 ToTopic::Answer { markdown, cut } => {
+                    // Where the progress was a draft, how the turn went
+                    // heads the answer: the turn's one message.
+                    let summary = self
+                        .drafting()
+                        .then_some(self.progress.as_ref())
+                        .flatten()
+                        .filter(|p| p.tools > 0 || !p.said.is_empty())
+                        .map(|p| render::escape(&p.summary(cut)));
                     let block = self
                         .long_answers_as_file
                         .then(|| render::long_block(&markdown))
                         .flatten()
                         .filter(|block| block.code.len() <= MAX_INLINE_FILE);
                     match block {
-                        Some(block) => self.hand_over_block(&block, cut).await,
+                        Some(block) => self.hand_over_block(&block, cut, summary).await,
                         None => {
                             let html = ToTopic::Answer { markdown, cut }.html().unwrap_or_default();
-                            self.hand_over_text(&html).await;
+                            self.hand_over_text(&headed(summary, html)).await;
                         }
                     }
                     self.finish_turn(cut).await;
@@ -288,7 +372,7 @@ impl TopicPoster {
                         every
                     });
                     match (busy, self.progress.take()) {
-                        (true, _) => self.progress = Some(Progress::new()),
+                        (true, _) => self.progress = Some(self.new_progress()),
                         // The turn ended without an answer: say how it went.
                         (false, Some(done))
                             if done.message_id.is_some() || !done.said.is_empty() =>
@@ -299,7 +383,7 @@ impl TopicPoster {
                     }
                 }
                 ToTopic::Tool { name, argument } => {
-                    let mut p = self.progress.take().unwrap_or_else(Progress::new);
+                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
                     p.tools += 1;
                     p.current = if argument.is_empty() {
                         name
@@ -307,16 +391,32 @@ impl TopicPoster {
                         format!("{name}: {}", crate::policy::clip(&argument, TOOL_ARGUMENT))
                     };
                     p.stale = true;
-                    if p.message_id.is_none() {
+                    if !p.shown(self.drafting()) {
                         self.show(&mut p).await;
                     }
                     self.progress = Some(p);
                 }
                 ToTopic::Interim(text) => {
-                    let mut p = self.progress.take().unwrap_or_else(Progress::new);
+                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
                     p.said.push(text);
+                    // What it wrote is a line of the progress now.
+                    p.writing.clear();
                     p.stale = true;
-                    if p.message_id.is_none() {
+                    if !p.shown(self.drafting()) {
+                        self.show(&mut p).await;
+                    }
+                    self.progress = Some(p);
+                }
+                ToTopic::Writing(text) => {
+                    // A group's budget has no room for it: the answer comes
+                    // whole.
+                    if !self.drafting() {
+                        continue;
+                    }
+                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
+                    p.writing = text;
+                    p.stale = true;
+                    if !p.shown(true) {
                         self.show(&mut p).await;
                     }
                     self.progress = Some(p);
@@ -328,9 +428,23 @@ impl TopicPoster {
         }
     }
 
-    /// The answer went first; the turn's summary follows it.
+    /// The answer went first; the turn's summary follows it. Where the
+    /// progress was a draft, the summary went with the answer, whose
+    /// message takes the draft's place: what comes next is a new draft.
     async fn finish_turn(&mut self, cut: bool) {
         if let Some(done) = self.progress.take() {
+            if self.drafting() {
+                let draft_id = self.new_progress().draft_id;
+                self.progress = Some(Progress {
+                    draft_id,
+                    writing: String::new(),
+                    said: Vec::new(),
+                    last_shown: None,
+                    stale: false,
+                    ..done
+                });
+                return;
+            }
             self.finish(&done, cut).await;
             self.progress = Some(Progress {
                 message_id: None,
@@ -362,10 +476,16 @@ impl TopicPoster {
 
     /// Hands an answer over as its prose, then its long code block as a
     /// file.
-    async fn hand_over_block(&self, block: &render::LongBlock, cut: bool) {
+    async fn hand_over_block(&self, block: &render::LongBlock, cut: bool, summary: Option<String>) {
         let mut items = Vec::new();
-        if !block.prose.is_empty() {
-            items.extend(text_items(&render::render(&block.prose)));
+        let prose = if block.prose.is_empty() {
+            String::new()
+        } else {
+            render::render(&block.prose)
+        };
+        let prose = headed(summary, prose);
+        if !prose.is_empty() {
+            items.extend(text_items(&prose));
         }
         let lines = block.code.lines().count();
         let what = if block.file_name.ends_with(".diff") {
@@ -413,13 +533,29 @@ impl TopicPoster {
         session.not_handed_over(shown, &e.to_string());
     }
 
-    /// Posts or edits the progress message with its current state. A
-    /// background request: when the chat's budget is spent it is not sent,
-    /// and the next state is tried after the usual interval.
+    /// Posts or edits the progress message with its current state (in a
+    /// private chat, shows its draft). A background request: when the
+    /// chat's budget is spent it is not sent, and the next state is tried
+    /// after the usual interval.
     async fn show(&self, p: &mut Progress) {
-        let text = render::escape(&p.text());
         p.last_shown = Some(Instant::now());
         p.stale = false;
+        if self.drafting() {
+            let op = TopicOp::Draft(Draft {
+                draft_id: p.draft_id,
+                text: p.draft_html(),
+                format: TextFormat::Html,
+                can_stop: true,
+            });
+            if let Err(e) = self.member.topic_background(op).await {
+                if e.code() == Some(BusErrorCode::Paced) {
+                    p.stale = true;
+                }
+                tracing::debug!("draft not shown: {e}");
+            }
+            return;
+        }
+        let text = render::escape(&p.text());
         let op = match p.message_id {
             None => TopicOp::SendText(SendText {
                 text,
@@ -476,6 +612,15 @@ impl TopicPoster {
     }
 }
 
+/// `html` under `summary` (both Telegram HTML), when there is one.
+fn headed(summary: Option<String>, html: String) -> String {
+    match summary {
+        Some(summary) if html.is_empty() => summary,
+        Some(summary) => format!("{summary}\n\n{html}"),
+        None => html,
+    }
+}
+
 /// A text (Telegram HTML) as items for the topic, split under the message
 /// limit; each may share a message with its neighbours.
 fn text_items(html: &str) -> Vec<PostItem> {
@@ -494,14 +639,6 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// How often the progress message may change in this session's chat.
-fn edit_every(member: &Member) -> Duration {
-    match target(member) {
-        Some(t) if t.chat_id > 0 => EDIT_EVERY_PRIVATE,
-        _ => EDIT_EVERY_GROUP,
     }
 }
 
@@ -535,8 +672,28 @@ mod tests {
     }
 
     #[test]
+    fn a_draft_shows_the_progress_and_the_end_of_what_is_written() {
+        let mut p = Progress::new(1);
+        p.tools = 1;
+        p.current = "bash: ls".into();
+        p.writing = format!("{}**the end**", "x".repeat(WRITING_SHOWN * 2));
+        let html = p.draft_html();
+        assert!(
+            html.starts_with("⚙️ Working · 1 tool · 0:00\n▸ bash: ls\n\n…x"),
+            "{html}"
+        );
+        assert!(html.contains("<b>the end</b>"), "{html}");
+        assert!(html.chars().count() < 4096 - 100, "{}", html.len());
+        p.writing = "  ".into();
+        assert!(
+            !p.draft_html().contains("\n\n"),
+            "nothing written, nothing shown"
+        );
+    }
+
+    #[test]
     fn the_summary_keeps_what_the_agent_said_on_its_way_newest_first_to_go_last() {
-        let mut p = Progress::new();
+        let mut p = Progress::new(1);
         p.tools = 3;
         assert_eq!(p.summary(false), "✓ · 3 tools · 0:00");
         p.said = vec!["Looking at the tests.".into(), "Now the build.".into()];

@@ -19,8 +19,13 @@ use super::{Result, Step, Store, now_ms};
 pub enum EntryKind {
     /// A message; `merge`: it may share a message with its neighbours.
     Text { reply_to: Option<i64>, merge: bool },
-    /// A new text for message `message_id` (and no buttons).
-    Edit { message_id: i64 },
+    /// A new text for message `message_id`: no buttons, or, with `settled`,
+    /// one disabled button that says how a question was settled (kept in
+    /// the `caption` column, which an edit has no other use for).
+    Edit {
+        message_id: i64,
+        settled: Option<String>,
+    },
     /// A short file the session made (a long answer's code).
     Document {
         file_name: String,
@@ -133,6 +138,7 @@ fn post_from_row(row: &Row<'_>) -> rusqlite::Result<OutboxEntry> {
         },
         "edit" => EntryKind::Edit {
             message_id: message_ref.unwrap_or_default(),
+            settled: row.get(10)?,
         },
         _ => EntryKind::Document {
             file_name: row.get::<_, Option<String>>(9)?.unwrap_or_default(),
@@ -176,9 +182,10 @@ impl Store {
                 };
                 let (kind, message_ref, merge, file_name, caption) = match &post.kind {
                     EntryKind::Text { reply_to, merge } => ("text", *reply_to, *merge, None, None),
-                    EntryKind::Edit { message_id } => {
-                        ("edit", Some(*message_id), false, None, None)
-                    }
+                    EntryKind::Edit {
+                        message_id,
+                        settled,
+                    } => ("edit", Some(*message_id), false, None, settled.as_deref()),
                     EntryKind::Document { file_name, caption } => (
                         "document",
                         None,

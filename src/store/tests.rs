@@ -979,3 +979,45 @@ fn sent_entries_are_pruned_beyond_the_newest_and_pending_ones_never() {
     assert_eq!(pruned.posts, 10);
     assert_eq!(store.posts_due().expect("due")[0].id, pending[0]);
 }
+
+#[test]
+fn a_settled_questions_edit_keeps_its_button_label_across_a_reopen() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    let place = Place::Chat {
+        chat_id: -100,
+        thread_id: Some(7),
+    };
+    let edits = [
+        NewOutboxEntry {
+            place: place.clone(),
+            kind: EntryKind::Edit {
+                message_id: 41,
+                settled: Some("✅ Allow · Ann".into()),
+            },
+            body: "rm -rf build\n\n<b>✅ Allow</b> — Ann".into(),
+            html: true,
+            origin: None,
+        },
+        NewOutboxEntry {
+            place,
+            kind: EntryKind::Edit {
+                message_id: 42,
+                settled: None,
+            },
+            body: "✓ · 1 tool".into(),
+            html: true,
+            origin: None,
+        },
+    ];
+    store.post(&edits).expect("handed over");
+    drop(store);
+    let store = Store::open(&path).expect("reopen");
+    let due: Vec<NewOutboxEntry> = store
+        .posts_due()
+        .expect("due")
+        .into_iter()
+        .map(|e| e.new)
+        .collect();
+    assert_eq!(due, edits, "the next leader sends the same edits");
+}

@@ -28,6 +28,7 @@ pub enum BotCall {
     EditMessageText(EditMessageText),
     EditMessageReplyMarkup(EditMessageReplyMarkup),
     SendChatAction(SendChatAction),
+    SendMessageDraft(SendMessageDraft),
     AnswerCallbackQuery(AnswerCallbackQuery),
     CreateForumTopic(CreateForumTopic),
     CloseForumTopic(InTopic),
@@ -49,6 +50,26 @@ pub struct SendChatAction {
 #[serde(rename_all = "snake_case")]
 pub enum ChatAction {
     Typing,
+}
+
+/// `sendMessageDraft` parameters: a partial message shown while it is
+/// written, in a private chat only. The same `draft_id` (never 0) animates
+/// the change; Telegram shows a draft for about 30 s after its last
+/// change and keeps none of it: the finished text is a `sendMessage`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendMessageDraft {
+    pub chat_id: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_thread_id: Option<i64>,
+    pub draft_id: i64,
+    /// Empty shows "Thinking…".
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parse_mode: Option<super::types::ParseMode>,
+    /// Shows the person a button to stop the generation; a press comes
+    /// back as `stopped_message_generation`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub can_stop: bool,
 }
 
 /// `answerCallbackQuery` parameters.
@@ -107,6 +128,7 @@ impl BotCall {
             Self::EditMessageText(_) => "editMessageText",
             Self::EditMessageReplyMarkup(_) => "editMessageReplyMarkup",
             Self::SendChatAction(_) => "sendChatAction",
+            Self::SendMessageDraft(_) => "sendMessageDraft",
             Self::AnswerCallbackQuery(_) => "answerCallbackQuery",
             Self::CreateForumTopic(_) => "createForumTopic",
             Self::CloseForumTopic(_) => "closeForumTopic",
@@ -124,6 +146,7 @@ impl BotCall {
             Self::EditMessageText(p) => Some(p.chat_id),
             Self::EditMessageReplyMarkup(p) => Some(p.chat_id),
             Self::SendChatAction(p) => Some(p.chat_id),
+            Self::SendMessageDraft(p) => Some(p.chat_id),
             Self::CreateForumTopic(p) => Some(p.chat_id),
             Self::CloseForumTopic(t) | Self::ReopenForumTopic(t) | Self::DeleteForumTopic(t) => {
                 Some(t.chat_id)
@@ -167,6 +190,7 @@ impl BotCall {
             Self::EditMessageText(_)
             | Self::EditMessageReplyMarkup(_)
             | Self::SendChatAction(_)
+            | Self::SendMessageDraft(_)
             | Self::AnswerCallbackQuery(_)
             | Self::CloseForumTopic(_)
             | Self::ReopenForumTopic(_)

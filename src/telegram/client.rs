@@ -32,7 +32,13 @@ const GENERAL_THREAD: i64 = 1;
 
 /// The update kinds the relay reads. Sent with every poll because Telegram
 /// otherwise keeps whatever a previous consumer asked for.
-const ALLOWED_UPDATES: [&str; 3] = ["message", "edited_message", "callback_query"];
+const ALLOWED_UPDATES: [&str; 4] = [
+    "message",
+    "edited_message",
+    "callback_query",
+    // Only delivered when named: a draft's stop button (docs/DESIGN.md, *Drafts*).
+    "stopped_message_generation",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetupError {
@@ -776,7 +782,8 @@ mod tests {
         assert_eq!(
             server.calls()[0].1,
             json!({"offset": 41, "timeout": 0, "limit": 100,
-                   "allowed_updates": ["message", "edited_message", "callback_query"]})
+                   "allowed_updates": ["message", "edited_message", "callback_query",
+                                       "stopped_message_generation"]})
         );
     }
 

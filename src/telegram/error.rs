@@ -279,6 +279,7 @@ pub fn is_idempotent(method: &str) -> bool {
                 | "setMyName"
                 | "setMyDescription"
                 | "sendChatAction"
+                | "sendMessageDraft"
                 | "answerCallbackQuery"
                 | "editMessageText"
                 | "editForumTopic"

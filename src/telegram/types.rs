@@ -22,6 +22,9 @@ pub enum UpdateKind {
     Message(Message),
     EditedMessage(Message),
     CallbackQuery(CallbackQuery),
+    /// The person pressed the stop button of a draft (`can_stop`): Telegram
+    /// stops showing it; the bot must stop the work itself.
+    GenerationStopped(MessageGenerationStopped),
     /// The field names the update carried besides `update_id`, e.g.
     /// `["chat_member"]`.
     Unknown {
@@ -78,6 +81,11 @@ impl Update {
             UpdateKind::CallbackQuery(
                 CallbackQuery::deserialize(payload).map_err(|e| malformed("callback_query", e))?,
             )
+        } else if let Some(payload) = object.get("stopped_message_generation") {
+            UpdateKind::GenerationStopped(
+                MessageGenerationStopped::deserialize(payload)
+                    .map_err(|e| malformed("stopped_message_generation", e))?,
+            )
         } else {
             UpdateKind::Unknown {
                 kinds: object
@@ -89,6 +97,17 @@ impl Update {
         };
         Ok(Update { update_id, kind })
     }
+}
+
+/// `stopped_message_generation`: a stop button pressed on a draft. The
+/// chat is the private chat the draft was shown in, so its id is the
+/// person's.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct MessageGenerationStopped {
+    pub chat: Chat,
+    #[serde(default)]
+    pub message_thread_id: Option<i64>,
+    pub draft_id: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -414,12 +433,41 @@ pub struct InlineKeyboardMarkup {
     pub inline_keyboard: Vec<Vec<InlineKeyboardButton>>,
 }
 
-/// A button that sends `callback_data` back as a `callback_query`.
+/// A button that sends `callback_data` back as a `callback_query`, or a
+/// disabled one (Bot API 10.3) that only shows its text: exactly one of
+/// the two is set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InlineKeyboardButton {
     pub text: String,
-    pub callback_data: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<DisabledButton>,
 }
+
+impl InlineKeyboardButton {
+    pub fn callback(text: impl Into<String>, data: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            callback_data: Some(data.into()),
+            disabled: None,
+        }
+    }
+
+    /// A button that does nothing when pressed: what a settled question
+    /// keeps to say how it was settled.
+    pub fn disabled(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            callback_data: None,
+            disabled: Some(DisabledButton {}),
+        }
+    }
+}
+
+/// `DisabledButton`: holds no information yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisabledButton {}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplyParameters {

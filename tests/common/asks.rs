@@ -19,7 +19,7 @@ pub async fn question_in(fake: &FakeServer, chat: i64, thread: i64, needle: &str
             |api| {
                 api.messages(chat, Some(thread))
                     .into_iter()
-                    .find(|m| m.reply_markup.is_some() && m.plain_text.contains(needle))
+                    .find(|m| has_buttons(m) && m.plain_text.contains(needle))
             },
             WAIT,
         )
@@ -33,6 +33,40 @@ pub async fn question_in(fake: &FakeServer, chat: i64, thread: i64, needle: &str
                 .collect();
             panic!("no question with {needle:?} in thread {thread}: {texts:?}")
         })
+}
+
+/// Whether `message` has a button one can press.
+pub fn has_buttons(message: &SentMessage) -> bool {
+    buttons(message)
+        .iter()
+        .any(|b| b.get("callback_data").is_some())
+}
+
+/// Whether a question is settled: its buttons gave way to one disabled
+/// button that says how it was settled (Bot API 10.3).
+pub fn is_settled(message: &SentMessage) -> bool {
+    settled_label(message).is_some()
+}
+
+/// The label of a settled question's one disabled button.
+pub fn settled_label(message: &SentMessage) -> Option<String> {
+    match buttons(message).as_slice() {
+        [only] if only.get("disabled").is_some() && only.get("callback_data").is_none() => {
+            only["text"].as_str().map(String::from)
+        }
+        _ => None,
+    }
+}
+
+fn buttons(message: &SentMessage) -> Vec<serde_json::Value> {
+    message
+        .reply_markup
+        .as_ref()
+        .and_then(|markup| markup["inline_keyboard"].as_array())
+        .into_iter()
+        .flatten()
+        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+        .collect()
 }
 
 /// The callback data of the button whose label contains `label`, as the

@@ -23,7 +23,10 @@ pub use agent_relay::host_client::Direction;
 use agent_relay::host_client::{self, FromSidecar, Link, Said};
 // Each test binary uses some of them, as with the rest of this module.
 #[allow(unused_imports)]
-pub use asks::{button, first_button, question, question_in, tap, tap_answer, tap_in};
+pub use asks::{
+    button, first_button, has_buttons, is_settled, question, question_in, settled_label, tap,
+    tap_answer, tap_in,
+};
 
 /// The fake's default token.
 pub const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw_";

@@ -21,7 +21,7 @@ async function boundPi(world, name) {
 function question(world, threadId, needle) {
 	return eventually(
 		async () =>
-			(await world.bot.messages(threadId)).find((m) => m.reply_markup && m.plain_text.includes(needle)),
+			(await world.bot.messages(threadId)).find((m) => (m.reply_markup?.inline_keyboard ?? []).flat().some((b) => b.callback_data) && m.plain_text.includes(needle)),
 		30_000,
 		`a question about ${needle}`,
 	);
@@ -44,12 +44,13 @@ function tapAnswer(world, id) {
 	);
 }
 
-/** The message after its buttons went away. */
+/** The message once settled: its buttons gave way to one disabled button that says how. */
 function settled(world, messageId) {
 	return eventually(
 		async () => {
 			const m = await world.bot.message(messageId);
-			return m.reply_markup ? undefined : m;
+			const buttons = (m.reply_markup?.inline_keyboard ?? []).flat();
+			return buttons.length === 1 && buttons[0].disabled && !buttons[0].callback_data ? m : undefined;
 		},
 		15_000,
 		`message ${messageId} settled`,
@@ -101,7 +102,7 @@ test("Deny blocks the call and pi sees why", { timeout: TEST_MS }, async (t) => 
 	const ended = await pi.waitFor((e) => e.type === "tool_execution_end", { ms: 30_000, from, what: "the blocked call" });
 	assert.equal(ended.isError, true);
 	assert.match(ended.result.content[0].text, /denied/);
-	await world.bot.said(topic.thread_id, (plain) => plain.includes("tool bash returned: The user denied"), {
+	await world.bot.said(topic.thread_id, (plain) => plain.includes("tool bash returned: ") && plain.includes("denied this bash call on the phone"), {
 		what: "the model's answer naming the denial",
 	});
 });

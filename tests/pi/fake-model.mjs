@@ -22,7 +22,9 @@
 //    optionally with `text` too), `{ error: { status, message } }` (an HTTP error;
 //    each retry would take the next step, so the harness turns pi's retries off),
 //    `{ hang: true, text? }` (streams `text`, then never finishes until the client
-//    goes away — for abort tests; the record gets `aborted: true`), or a function
+//    goes away — for abort tests; the record gets `aborted: true`),
+//    `{ chunks: [...], everyMs }` (streams each chunk of the answer's text
+//    `everyMs` apart, then finishes — a model that writes slowly), or a function
 //    of the request record returning one of these.
 // 2. When the conversation ends in tool results — a text naming each one:
 //    `tool <name> returned: <content>`, so a test sees whether the tool ran or was
@@ -175,6 +177,7 @@ export class FakeModel {
 			}
 		}
 		if (step.hang) return this.hang(record, req, res, frames);
+		if (step.chunks) return this.trickle(record, res, frames, frame, step);
 		const calls = step.toolCalls ?? (step.toolCall ? [step.toolCall] : []);
 		calls.forEach((call, index) => {
 			const id = call.id ?? newId("call");
@@ -193,6 +196,28 @@ export class FakeModel {
 		frame([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } });
 		frames.push("data: [DONE]\n\n");
 		return send(res, 200, "text/event-stream", frames.join(""), { "cache-control": "no-cache" });
+	}
+
+	/** Streams `step.chunks` one every `step.everyMs`, then ends the answer. */
+	trickle(record, res, frames, frame, step) {
+		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+		res.write(frames.splice(0).join(""));
+		const parts = [...step.chunks];
+		const next = () => {
+			if (res.destroyed) return;
+			const part = parts.shift();
+			if (part === undefined) {
+				frame([{ index: 0, delta: {}, finish_reason: "stop" }]);
+				frame([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } });
+				frames.push("data: [DONE]\n\n");
+				res.end(frames.splice(0).join(""));
+				return;
+			}
+			frame([{ index: 0, delta: { content: part }, finish_reason: null }]);
+			res.write(frames.splice(0).join(""));
+			setTimeout(next, step.everyMs ?? 500);
+		};
+		setTimeout(next, step.everyMs ?? 500);
 	}
 
 	/** Sends what there is so far and holds the stream open until the client leaves. */

@@ -215,6 +215,31 @@ export class FakeBotApi {
 		return this.control("GET", `messages?chat_id=${CHAT_ID}${thread}`);
 	}
 
+	/** The topics of the private chat with the allowed user (the private-chat mode). */
+	privateTopics() {
+		return this.control("GET", `topics?chat_id=${USER_ID}`);
+	}
+
+	/** What the bot sent into topic `threadId` of the private chat. */
+	privateMessages(threadId) {
+		return this.control("GET", `messages?chat_id=${USER_ID}&thread_id=${threadId}`);
+	}
+
+	/** The allowed user writes `text` into topic `threadId` of their private chat. */
+	injectPrivate(threadId, text) {
+		return this.control("POST", "inject_message", { chat_id: USER_ID, thread_id: threadId, user_id: USER_ID, text });
+	}
+
+	/** Every draft the bot streamed (`[DraftRecord]`: texts, can_stop, stopped, replaced_by). */
+	drafts() {
+		return this.control("GET", "drafts");
+	}
+
+	/** The allowed user presses the stop button of draft `draftId` in their topic `threadId`. */
+	pressStop(threadId, draftId) {
+		return this.control("POST", "press_stop", { chat_id: USER_ID, thread_id: threadId, draft_id: draftId });
+	}
+
 	/** The first message the bot sent into `threadId` whose displayed text satisfies `test`. */
 	said(threadId, test, { ms = 30_000, what = "a message in the topic" } = {}) {
 		return eventually(

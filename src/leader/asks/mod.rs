@@ -36,6 +36,10 @@ use crate::render;
 use crate::store::{EntryKind, NewOutboxEntry, Place};
 use crate::telegram::CallbackQuery;
 
+/// How much of the outcome the disabled button of a settled question
+/// shows; the whole is in the message's text.
+const SETTLED_LABEL: usize = 60;
+
 /// The time of day, as shown under an answered question.
 fn clock() -> String {
     let secs = now_ms() / 1000;
@@ -148,18 +152,33 @@ impl Leader {
                 ..TopicDone::default()
             }),
             Ok((target, message_id, text)) => {
-                self.settle_ask(target, message_id, &text, &render::escape(&close.outcome))
-                    .await;
+                self.settle_ask(
+                    target,
+                    message_id,
+                    &text,
+                    &render::escape(&close.outcome),
+                    &close.outcome,
+                )
+                .await;
                 Ok(TopicDone::default())
             }
         }
     }
 
-    /// Shows how a question ended (`outcome`, HTML) under its text and
-    /// takes its buttons away: handed to the outbox (`courier.rs`), so it
-    /// happens even when this process ends next, and nobody waits for the
-    /// chat's budget meanwhile. The decision stands either way.
-    async fn settle_ask(&self, target: Target, message_id: i64, text: &str, outcome: &str) {
+    /// Shows how a question ended (`outcome`, HTML) under its text, and
+    /// puts one disabled button in place of its buttons that says so in
+    /// short (`label`, plain text), so the keyboard does not vanish without
+    /// a word: handed to the outbox (`courier.rs`), so it happens even when
+    /// this process ends next, and nobody waits for the chat's budget
+    /// meanwhile. The decision stands either way.
+    async fn settle_ask(
+        &self,
+        target: Target,
+        message_id: i64,
+        text: &str,
+        outcome: &str,
+        label: &str,
+    ) {
         let body = if text.is_empty() {
             outcome.to_string()
         } else {
@@ -170,7 +189,10 @@ impl Leader {
                 chat_id: target.chat_id,
                 thread_id: Some(target.thread_id),
             },
-            kind: EntryKind::Edit { message_id },
+            kind: EntryKind::Edit {
+                message_id,
+                settled: Some(crate::policy::clip(label.trim(), SETTLED_LABEL)),
+            },
             body,
             html: true,
             origin: None,
@@ -294,6 +316,7 @@ impl Leader {
             render::escape(&who),
             clock()
         );
+        let button = format!("{label} · {who}");
         let messages = messages.to_vec();
         tokio::spawn(async move {
             if let Some(tap) = tap
@@ -302,7 +325,9 @@ impl Leader {
                 tracing::debug!("cannot answer a tap: {e}");
             }
             for message_id in messages {
-                leader.settle_ask(target, message_id, &text, &outcome).await;
+                leader
+                    .settle_ask(target, message_id, &text, &outcome, &button)
+                    .await;
             }
         });
     }
@@ -318,6 +343,7 @@ impl Leader {
                         message_id,
                         &text,
                         "⌛ <i>Expired: nobody answered.</i>",
+                        "⌛ Expired",
                     )
                     .await;
             });

@@ -132,6 +132,9 @@ fn topic_of(update: &Update) -> Option<(i64, i64)> {
     let message = match &update.kind {
         UpdateKind::Message(m) | UpdateKind::EditedMessage(m) => m,
         UpdateKind::CallbackQuery(q) => q.message.as_ref()?,
+        UpdateKind::GenerationStopped(stopped) => {
+            return Some((stopped.chat.id, stopped.message_thread_id?));
+        }
         UpdateKind::Unknown { .. } => return None,
     };
     Some((message.chat.id, message.topic()?))
