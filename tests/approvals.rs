@@ -695,6 +695,39 @@ fn hold_the_chat(fake: &FakeServer, seconds: u64) {
     );
 }
 
+/// Asks for approval of `command` while the chat is held back; returns
+/// the decision, checked to come before the phone's message went out, and
+/// that message once it is out and settled.
+async fn decided_while_held(
+    s: &mut Sidecar,
+    fake: &FakeServer,
+    thread: i64,
+    command: &str,
+) -> (Value, SentMessage) {
+    let decision = s.call_later("approval/request", bash(command, true));
+    let result = answered(decision).await;
+    assert!(
+        fake.api()
+            .messages(CHAT, Some(thread))
+            .iter()
+            .all(|m| !m.plain_text.contains(command)),
+        "decided while the phone's message was still held back"
+    );
+    let closed = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.contains(command) && common::is_settled(m))
+            },
+            Duration::from_secs(40),
+        )
+        .await
+        .expect("the phone's message goes out later, settled");
+    (result, closed)
+}
+
 /// Issue 28: the terminal never waits for Telegram. With the chat held
 /// back, the terminal's dialog opens while the phone's message still
 /// waits, and its answer decides.
@@ -707,31 +740,11 @@ async fn the_terminal_is_asked_at_once_while_the_phones_message_is_paced() {
     let mut s = session_with(home.path(), &fake, "api", Some(json!({"choice": 0}))).await;
     let thread = topic(&fake, "api").thread_id;
     hold_the_chat(&fake, 20);
-    let decision = s.call_later("approval/request", bash("make release", true));
-    let result = answered(decision).await;
+    let (result, closed) = decided_while_held(&mut s, &fake, thread, "make release").await;
     assert_eq!(
         (result["decision"].as_str(), result["by"].as_str()),
         (Some("allow"), Some("terminal"))
     );
-    assert!(
-        fake.api()
-            .messages(CHAT, Some(thread))
-            .iter()
-            .all(|m| !m.plain_text.contains("make release")),
-        "the terminal decided while the phone's message was still held back"
-    );
-    let closed = fake
-        .api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.plain_text.contains("make release") && common::is_settled(m))
-            },
-            Duration::from_secs(40),
-        )
-        .await
-        .expect("the phone's message goes out later, closed");
     assert!(
         closed.plain_text.contains("at the terminal"),
         "{}",
@@ -749,31 +762,11 @@ async fn a_timed_out_approval_is_decided_on_time_while_its_message_is_paced() {
     let mut s = session_with(home.path(), &fake, "api", None).await;
     let thread = topic(&fake, "api").thread_id;
     hold_the_chat(&fake, 12);
-    let decision = s.call_later("approval/request", bash("make deploy", true));
-    let result = answered(decision).await;
+    let (result, closed) = decided_while_held(&mut s, &fake, thread, "make deploy").await;
     assert_eq!(
         (result["decision"].as_str(), result["by"].as_str()),
         (Some("deny"), Some("timeout"))
     );
-    assert!(
-        fake.api()
-            .messages(CHAT, Some(thread))
-            .iter()
-            .all(|m| !m.plain_text.contains("make deploy")),
-        "decided before the held-back message even went"
-    );
-    let closed = fake
-        .api()
-        .wait_until(
-            |api| {
-                api.messages(CHAT, Some(thread))
-                    .into_iter()
-                    .find(|m| m.plain_text.contains("make deploy") && common::is_settled(m))
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("the message goes out later, closed");
     assert!(
         closed.plain_text.contains("No answer within 5 s"),
         "{}",

@@ -9,11 +9,10 @@
 
 import { join } from "node:path";
 import { CHAT_ID, FakeBotApi, REPO } from "../pi/harness.mjs";
-import { World } from "./harness.mjs";
+import { relayConfig, World } from "./harness.mjs";
 
 const TRIALS = Number(process.argv[2] ?? 5);
 const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
-const EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "SessionEnd"];
 
 /** A stand-in for node:test's `t`: what `World.create` registers runs at the end. */
 const cleanups = [];
@@ -28,22 +27,9 @@ async function main() {
 	const world = await World.create(t);
 	const telegram = await FakeBotApi.start();
 	cleanups.push(() => telegram.stop());
-	const hooks = {};
-	for (const event of EVENTS) {
-		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${SIDECAR} hook ${event}`, timeout: 30 }] }];
-	}
-	const settings = await world.writeJson("relay-settings.json", { hooks });
-	const mcp = await world.writeJson("relay-mcp.json", {
-		mcpServers: { "agent-relay": { type: "stdio", command: SIDECAR, args: ["mcp"] } },
-	});
-	const env = {
-		AGENT_RELAY_HOME: join(world.root, "relay"),
-		TELEGRAM_BOT_TOKEN: telegram.token,
-		AGENT_RELAY_CHAT_ID: String(CHAT_ID),
-		AGENT_RELAY_ALLOWED_USERS: "1001",
-		AGENT_RELAY_API_URL: telegram.url,
-	};
-	const relayArgs = ["--settings", settings, "--mcp-config", mcp, "--strict-mcp-config"];
+	const relay = await relayConfig(world, { chatId: CHAT_ID, userId: 1001, token: telegram.token, url: telegram.url }, SIDECAR);
+	const relayArgs = relay.args;
+	const env = relay.env;
 	const time = async (args, runEnv) => {
 		const out = await world.run("say something", { args, env: runEnv });
 		if (out.code !== 0) throw new Error(`claude -p failed: ${out.stderr}`);

@@ -43,6 +43,35 @@ function killGroup(pid, signal) {
 	}
 }
 
+/** The hook events `agent-relay install claude-code` writes. */
+export const RELAY_EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "SessionEnd"];
+
+/**
+ * The relay as `install claude-code` configures it, for `world`'s Claude Code:
+ * `agent-relay mcp` and its hooks (binary `sidecar`) against the fake Bot API
+ * `telegram`. Returns the `claude` arguments and the environment to run with.
+ */
+export async function relayConfig(world, telegram, sidecar, { log } = {}) {
+	const hooks = {};
+	for (const event of RELAY_EVENTS) {
+		const timeout = event === "PermissionRequest" ? 600 : 30;
+		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${sidecar} hook ${event}`, timeout }] }];
+	}
+	const settings = await world.writeJson("relay-settings.json", { hooks });
+	const mcp = await world.writeJson("relay-mcp.json", {
+		mcpServers: { "agent-relay": { type: "stdio", command: sidecar, args: ["mcp"] } },
+	});
+	const env = {
+		AGENT_RELAY_HOME: join(world.root, "relay"),
+		TELEGRAM_BOT_TOKEN: telegram.token,
+		AGENT_RELAY_CHAT_ID: String(telegram.chatId),
+		AGENT_RELAY_ALLOWED_USERS: String(telegram.userId),
+		AGENT_RELAY_API_URL: telegram.url,
+		...(log ? { AGENT_RELAY_LOG: log } : {}),
+	};
+	return { args: ["--settings", settings, "--mcp-config", mcp, "--strict-mcp-config"], env };
+}
+
 export class World {
 	constructor(root, fake) {
 		this.root = root;

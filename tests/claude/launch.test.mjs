@@ -13,7 +13,7 @@ import { existsSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHAT_ID, eventually, FakeBotApi, REPO, Serve, USER_ID } from "../pi/harness.mjs";
+import { CHAT_ID, eventually, FakeBotApi, isOpen, REPO, Serve, USER_ID } from "../pi/harness.mjs";
 import { claudeBin } from "./claude-bin.mjs";
 import { World } from "./harness.mjs";
 
@@ -94,7 +94,7 @@ test("/new … claude runs Claude Code headless in its own topic: turns, an appr
 	const made = join(world.root, "project", "made-by-phone");
 	await telegram.injectMessage(topic.thread_id, 'make it [[tool:Bash {"command":"touch made-by-phone && echo made"}]]');
 	const approval = await eventually(
-		async () => (await telegram.messages(topic.thread_id)).find((m) => m.reply_markup && m.plain_text.includes("wants to run")),
+		async () => (await telegram.messages(topic.thread_id)).find((m) => isOpen(m) && m.plain_text.includes("wants to run")),
 		WAIT,
 		"the approval on the phone",
 	);

@@ -22,37 +22,20 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHAT_ID, eventually, FakeBotApi, REPO } from "../pi/harness.mjs";
-import { World } from "./harness.mjs";
+import { CHAT_ID, eventually, FakeBotApi, isOpen, isSettled, REPO } from "../pi/harness.mjs";
+import { relayConfig, World } from "./harness.mjs";
+
+const telegramIds = { chatId: CHAT_ID, userId: 1001 };
 
 const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
-const EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "SessionEnd"];
-
 /** A world whose Claude Code runs the relay against its own fake Telegram. */
 async function relayWorld(t) {
 	assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 	const world = await World.create(t);
 	const telegram = await FakeBotApi.start();
 	t.after(() => telegram.stop());
-	const hooks = {};
-	for (const event of EVENTS) {
-		const timeout = event === "PermissionRequest" ? 600 : 30;
-		hooks[event] = [{ matcher: "", hooks: [{ type: "command", command: `${SIDECAR} hook ${event}`, timeout }] }];
-	}
-	const settings = await world.writeJson("relay-settings.json", { hooks });
-	const mcp = await world.writeJson("relay-mcp.json", {
-		mcpServers: { "agent-relay": { type: "stdio", command: SIDECAR, args: ["mcp"] } },
-	});
-	const env = {
-		AGENT_RELAY_HOME: join(world.root, "relay"),
-		TELEGRAM_BOT_TOKEN: telegram.token,
-		AGENT_RELAY_CHAT_ID: String(CHAT_ID),
-		AGENT_RELAY_ALLOWED_USERS: "1001",
-		AGENT_RELAY_API_URL: telegram.url,
-		AGENT_RELAY_LOG: "debug",
-	};
-	const run = (prompt, args = []) =>
-		world.run(prompt, { args: ["--settings", settings, "--mcp-config", mcp, "--strict-mcp-config", ...args], env });
+	const relay = await relayConfig(world, { ...telegramIds, token: telegram.token, url: telegram.url }, SIDECAR, { log: "debug" });
+	const run = (prompt, args = []) => world.run(prompt, { args: [...relay.args, ...args], env: relay.env });
 	return { world, telegram, run };
 }
 
@@ -88,7 +71,7 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 	const tapWhenAsked = async (label) => {
 		const topic = await topicOf(telegram);
 		const asked = await eventually(
-			async () => (await telegram.messages(topic.thread_id)).find((m) => m.reply_markup && m.plain_text.includes("wants to run")),
+			async () => (await telegram.messages(topic.thread_id)).find((m) => isOpen(m) && m.plain_text.includes("wants to run")),
 			30_000,
 			"the approval message",
 		);
@@ -107,7 +90,7 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 	assert.match(out.result.result, /tool Bash returned: made/);
 	const settled = await eventually(async () => {
 		const m = await telegram.message(asked.message_id);
-		return !m.reply_markup && m;
+		return isSettled(m) && m;
 	}, 20_000, "the approval message to settle");
 	assert.match(settled.plain_text, /✅ Allow — \S+, \d\d:\d\d UTC$/, "who allowed it, and when");
 
@@ -120,7 +103,7 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 	const second = await eventually(
 		async () =>
 			(await telegram.messages(topic.thread_id)).find(
-				(m) => m.reply_markup && m.plain_text.includes("denied-by-phone"),
+				(m) => isOpen(m) && m.plain_text.includes("denied-by-phone"),
 			),
 		30_000,
 		"the second approval message",

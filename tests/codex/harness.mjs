@@ -11,10 +11,10 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { CHAT_ID, eventually, FakeBotApi, isRunning, REPO } from "../pi/harness.mjs";
+import { CHAT_ID, eventually, FakeBotApi, isOpen, isRunning, isSettled, REPO } from "../pi/harness.mjs";
 import { FakeOpenAI } from "./fake-openai.mjs";
 
-export { eventually, isRunning };
+export { eventually, isOpen, isRunning, isSettled };
 const here = dirname(fileURLToPath(import.meta.url));
 const run = promisify(execFile);
 

@@ -8,12 +8,12 @@ import { existsSync, readdirSync, watch } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CODEX, eventually, isRunning, processesOf, SIDECAR, treeOf, World } from "./harness.mjs";
+import { CODEX, eventually, isOpen, isRunning, isSettled, processesOf, SIDECAR, treeOf, World } from "./harness.mjs";
 
 /** The approval message in `threadId` that mentions `text`. */
 function asked(world, threadId, text) {
 	return eventually(
-		async () => (await world.telegram.messages(threadId)).find((m) => m.reply_markup && m.plain_text.includes(text)),
+		async () => (await world.telegram.messages(threadId)).find((m) => isOpen(m) && m.plain_text.includes(text)),
 		30_000,
 		`the approval message about ${text}`,
 	);
@@ -28,7 +28,7 @@ function button(message, label) {
 function settled(world, messageId) {
 	return eventually(async () => {
 		const m = await world.telegram.message(messageId);
-		return !m.reply_markup && m;
+		return isSettled(m) && m;
 	}, 20_000, "the approval message to close");
 }
 

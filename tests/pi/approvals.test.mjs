@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { World, eventually } from "./harness.mjs";
+import { eventually, isSettled, World } from "./harness.mjs";
 
 const TEST_MS = 120_000;
 
@@ -49,8 +49,7 @@ function settled(world, messageId) {
 	return eventually(
 		async () => {
 			const m = await world.bot.message(messageId);
-			const buttons = (m.reply_markup?.inline_keyboard ?? []).flat();
-			return buttons.length === 1 && buttons[0].disabled && !buttons[0].callback_data ? m : undefined;
+			return isSettled(m) ? m : undefined;
 		},
 		15_000,
 		`message ${messageId} settled`,

@@ -21,6 +21,17 @@ const PI_CLI = join(here, "node_modules", "@mariozechner", "pi-coding-agent", "d
 const SIDECAR = process.env.AGENT_RELAY_BIN || join(REPO, "target", "debug", "agent-relay");
 const FAKE_BOT_API = process.env.FAKE_BOT_API_BIN || join(REPO, "target", "debug", "fake-bot-api");
 
+/** A question still open: it has a button one may tap. */
+export function isOpen(message) {
+	return (message.reply_markup?.inline_keyboard ?? []).flat().some((b) => b.callback_data && !b.disabled);
+}
+
+/** A question settled: its buttons gave way to one disabled button saying how it ended. */
+export function isSettled(message) {
+	const buttons = (message.reply_markup?.inline_keyboard ?? []).flat();
+	return buttons.length === 1 && Boolean(buttons[0].disabled) && !buttons[0].callback_data;
+}
+
 /** The fake's default world: a forum supergroup where the bot may manage topics. */
 export const CHAT_ID = -1001000000001;
 export const USER_ID = 1001;
