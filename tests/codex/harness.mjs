@@ -159,6 +159,26 @@ export class World {
 		return this.tmuxRun(["send-keys", "-t", "t", ...keys]);
 	}
 
+	/**
+	 * Quits the TUI as a person does: Ctrl-C on an idle composer, which quits
+	 * at once or asks for a second Ctrl-C ("again to quit"), as the TUI's
+	 * state has it. A Ctrl-C that met something still finishing (it
+	 * interrupts instead) is followed by another try.
+	 */
+	async quit() {
+		const gone = () => existsSync(this.exitFile);
+		for (let attempt = 0; attempt < 3 && !gone(); attempt++) {
+			await this.keys("C-c");
+			const next = await eventually(
+				async () => (gone() ? "gone" : /again to quit/.test(await this.screen().catch(() => "")) && "hint"),
+				3_000,
+				"the TUI to quit or offer to",
+			).catch(() => "neither");
+			if (next === "hint") await this.keys("C-c").catch(() => {});
+			if (next !== "neither") return;
+		}
+	}
+
 	/** Waits for the screen to show `pattern`. */
 	shows(pattern, ms = 30_000, what = String(pattern)) {
 		return eventually(async () => pattern.test(await this.screen()) && (await this.screen()), ms, `the terminal to show ${what}`);

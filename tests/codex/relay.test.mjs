@@ -51,8 +51,7 @@ test("the TUI's thread gets a topic, a phone message starts a turn the TUI shows
 	const tree = treeOf(wrapper);
 	assert.ok(tree.length >= 3, `the wrapper, the TUI, the app-server: ${tree}`);
 	// The TUI quits (Ctrl-C twice on an idle composer); the wrapper follows.
-	await world.keys("C-c");
-	await world.keys("C-c");
+	await world.quit();
 	assert.equal(await world.exited(), 0);
 	await eventually(() => {
 		const { stillThere, servers } = leftOver(world, tree);
@@ -133,8 +132,7 @@ test("resume keeps the topic", async (t) => {
 	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: first"), { what: "the first answer" });
 	// Quit once the TUI is idle too (Ctrl-C during a turn interrupts it).
 	await world.shows(/Worked for/, 30_000, "the turn done in the TUI");
-	await world.keys("C-c");
-	await world.keys("C-c");
+	await world.quit();
 	assert.equal(await world.exited(), 0);
 	await world.wrapper(["resume", "--last"]);
 	await world.shows(/echo: first/, 30_000, "the resumed thread");
