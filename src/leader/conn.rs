@@ -105,6 +105,9 @@ async fn write_frames(
 
 /// Runs one request. Quick ones are answered inline; those that may wait on
 /// a lock or on Telegram get a task of the connection.
+///
+/// Long because it is the one match over the requests a member sends:
+/// each one's answer, inline or as a task, stands beside the others.
 fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut JoinSet<()>) {
     let reply = |id: u64, result| leader.registry.send(conn, leader.ack(Some(id), result));
     // Sends the ack `answer` comes to, off the reader.

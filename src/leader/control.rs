@@ -584,6 +584,9 @@ impl Leader {
 
     /// `/model` in a launched session's topic: the models its agent offers,
     /// as buttons.
+    ///
+    /// Long because it is one conversation: the order to the machine that runs
+    /// the agent, each way its answer can end, and the buttons that follow.
     async fn model_command(
         self: &Arc<Self>,
         place: Place,
@@ -705,6 +708,9 @@ impl Leader {
     }
 
     /// Does what a control button says; answers the toast.
+    ///
+    /// Long because it is the one match over the control buttons' verbs
+    /// (page, resume, end, start, model), each with its toast.
     async fn tapped(
         self: &Arc<Self>,
         place: Place,
@@ -875,6 +881,9 @@ fn machines_of(status: &BusStatus) -> Vec<MachineStatus> {
 }
 
 /// One page of the session list: its HTML and its buttons.
+///
+/// Long because the page is one message: every session's line, its link
+/// and its buttons, and the page's own buttons, built in the order shown.
 pub(super) fn sessions_page(
     status: &BusStatus,
     page: usize,

@@ -176,6 +176,9 @@ impl Leader {
 
     /// One item as an entry of the outbox, after the checks a request in
     /// the topic passes (a message edited or replied to is the session's).
+    ///
+    /// Long because it is the one match over [`PostItem`]: each kind's checks
+    /// beside the entry it becomes.
     fn checked_post(
         &self,
         profile: &str,
@@ -479,6 +482,10 @@ fn next_batch(due: &[OutboxEntry]) -> Vec<OutboxEntry> {
 
 impl Leader {
     /// Sends one batch; false when the lane must stop for now.
+    ///
+    /// Long because the call, the guard that keeps the entries' state true if
+    /// the leader leaves meanwhile, and the settling belong together: the guard
+    /// borrows across all three.
     async fn send_batch(
         self: &Arc<Self>,
         place: &Place,

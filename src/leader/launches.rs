@@ -374,6 +374,9 @@ impl Leader {
 
     /// What `serve` says about one of its agents: recorded, and said in the
     /// session's topic.
+    ///
+    /// Long because it is the one match over what `serve` reports (started,
+    /// ended, idle, crashed): each event's state, note and line side by side.
     pub(super) fn launch_report(
         self: &Arc<Self>,
         conn: ConnId,

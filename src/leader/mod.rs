@@ -237,6 +237,9 @@ pub(crate) async fn start(
 }
 
 /// [`start`], for a drain too (`draining`: it never starts another).
+///
+/// Long because a leader starts in one order that must not change: the
+/// cluster, the outbox and the budget, the store, the socket, leader.json.
 async fn start_with(
     lock: LeaderLock,
     paths: &Paths,

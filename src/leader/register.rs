@@ -396,6 +396,9 @@ impl Registering<'_> {
     }
 
     /// Step 3: writes the binding and makes the registration live.
+    ///
+    /// Long because the binding, the slot taken from another, the live
+    /// registration and the answer are written under one registry lock.
     fn finish(&self, claim: Claim, provisioned: Provisioned) -> Result<Registered, BusError> {
         let req = self.req;
         let leader = self.leader;

@@ -197,6 +197,10 @@ impl Leader {
         self.post_now(place, text, None).await.map(drop)
     }
 
+    /// `/every` and `/at`: the command's text to a stored schedule, and its
+    /// confirmation. Long because it is the one path from the text to the
+    /// store: each refusal names what to change, in the order a person reads
+    /// the command, and nothing is recorded before all of them passed.
     fn add_schedule(
         &self,
         place: Place,
@@ -212,6 +216,9 @@ impl Leader {
         } else {
             parse_every(rest)?
         };
+        // Before anything is recorded: a schedule that cannot fire makes
+        // no launch.
+        let next_ms = first_at(&when, now)?;
         let (profile_key, launch_id, prompt, what) = match owner {
             Some(owner) => {
                 let launch = self
@@ -225,59 +232,11 @@ impl Leader {
                     "this session".to_string(),
                 )
             }
-            None => {
-                let args = new_args(
-                    rest,
-                    &self
-                        .launch_policy
-                        .commands
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>(),
-                );
-                let folder = args
-                    .folder
-                    .ok_or("say where: /every 1d ~/api [engine] <prompt>")?;
-                if args.machine.is_some() {
-                    return Err(
-                        "a schedule on another machine is made in its session's topic there".into(),
-                    );
-                }
-                if self.launch_policy.roots.is_empty() {
-                    return Err("starting agents from the phone is off on this machine: set [launch] roots in config.toml".into());
-                }
-                let engine = args
-                    .engine
-                    .unwrap_or_else(|| self.launch_policy.default_engine.clone());
-                let launch = Launch {
-                    id: new_launch_id(),
-                    engine: engine.clone(),
-                    folder: folder.clone(),
-                    profile_key: None,
-                    resume_id: None,
-                    model: None,
-                    state: LaunchState::New,
-                    note: None,
-                    first_prompt: None,
-                    by_user: user,
-                    created_ms: 0,
-                    updated_ms: 0,
-                };
-                self.store()
-                    .insert_launch(&launch)
-                    .map_err(|e| e.to_string())?;
-                (
-                    None,
-                    Some(launch.id),
-                    args.prompt.unwrap_or_default(),
-                    format!("a new {engine} session in {folder}"),
-                )
-            }
+            None => self.scheduled_launch(user, rest)?,
         };
         if prompt.is_empty() {
             return Err("a scheduled prompt needs its text".into());
         }
-        let next_ms = first_at(&when, now)?;
         let (every_s, cron) = match &when {
             When::Every(every) => (Some(every.as_secs()), None),
             When::Cron(pattern) => (None, Some(pattern.clone())),
@@ -310,6 +269,59 @@ impl Leader {
             escape(&what),
             escape(&crate::policy::clip(&prompt, 200)),
             shown(next_ms)
+        ))
+    }
+
+    /// What a schedule made outside any session starts: a new launch in the
+    /// folder it names (recorded only once the schedule is sound), with the
+    /// prompt and how the schedule's confirmation names it.
+    fn scheduled_launch(
+        &self,
+        user: i64,
+        rest: &str,
+    ) -> Result<(Option<String>, Option<String>, String, String), String> {
+        let engines: Vec<String> = self.launch_policy.commands.keys().cloned().collect();
+        let args = new_args(rest, &engines);
+        let folder = args
+            .folder
+            .ok_or("say where: /every 1d ~/api [engine] <prompt>")?;
+        if args.machine.is_some() {
+            return Err(
+                "a schedule on another machine is made in its session's topic there".into(),
+            );
+        }
+        if self.launch_policy.roots.is_empty() {
+            return Err("starting agents from the phone is off on this machine: set [launch] roots in config.toml".into());
+        }
+        let prompt = args.prompt.unwrap_or_default();
+        if prompt.trim().is_empty() {
+            return Err("a scheduled prompt needs its text".into());
+        }
+        let engine = args
+            .engine
+            .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+        let launch = Launch {
+            id: new_launch_id(),
+            engine: engine.clone(),
+            folder: folder.clone(),
+            profile_key: None,
+            resume_id: None,
+            model: None,
+            state: LaunchState::New,
+            note: None,
+            first_prompt: None,
+            by_user: user,
+            created_ms: 0,
+            updated_ms: 0,
+        };
+        self.store()
+            .insert_launch(&launch)
+            .map_err(|e| e.to_string())?;
+        Ok((
+            None,
+            Some(launch.id),
+            prompt,
+            format!("a new {engine} session in {folder}"),
         ))
     }
 
@@ -403,6 +415,9 @@ impl Leader {
 
     /// One firing: the prompt into the session's journal, the session
     /// started when it is a launch that does not run.
+    ///
+    /// Long because one firing journals the prompt and, for a launch that
+    /// does not run, asks its machine to start it: both or neither is told.
     async fn fire(self: &Arc<Self>, schedule: &Schedule) {
         tracing::info!(schedule = schedule.id, "a scheduled prompt fires");
         let Some(owner) = schedule.profile_key.clone() else {

@@ -163,6 +163,9 @@ impl Triage {
 
     /// What becomes of `update`: a journal entry, a notice in its topic, or
     /// the leader's to answer.
+    ///
+    /// Long because it is the one decision per update: its kind, its
+    /// content, who wrote it and where, in the order they rule each other out.
     pub fn triage(&self, update: &Update) -> Triaged {
         let (message, edited) = match &update.kind {
             UpdateKind::Message(message) => (message, false),
