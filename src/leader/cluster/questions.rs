@@ -16,7 +16,9 @@ use crate::protocol::launch::{RemoteDone, RemoteOp, RemoteOrder};
 
 impl Leader {
     /// The local status with every other machine's sessions (asked, up to
-    /// 2 s), for `/relay status` and a restart's convergence.
+    /// 2 s), for `/relay status` and a restart's convergence. Long because
+    /// asking, waiting for and merging every machine's answer is one
+    /// bounded exchange.
     pub(in crate::leader) async fn cluster_status(&self) -> Result<BusStatus, BusError> {
         let mut status = self.status()?;
         let Some(node) = &self.cluster else {
