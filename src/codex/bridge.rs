@@ -635,8 +635,14 @@ impl Bridge {
         turn_id: &str,
         tool_call_id: &str,
         tool: &str,
-        input: Value,
+        mut input: Value,
+        reason: Option<String>,
     ) -> Option<ApprovalResult> {
+        // Codex's own words for why it asks reach the phone as the call's
+        // description.
+        if let Some(reason) = reason.filter(|r| !r.trim().is_empty()) {
+            input["description"] = reason.into();
+        }
         let from_telegram = match &self.mode {
             Mode::Alone(_) => true,
             Mode::BesideTui => self.state().phone_turns.contains(turn_id),
@@ -695,12 +701,16 @@ impl Bridge {
                 })
             })
             .unwrap_or_default();
-        let mut input = json!({"command": command});
-        if let Some(reason) = asked.reason.filter(|r| !r.trim().is_empty()) {
-            input["description"] = reason.into();
-        }
+        let input = json!({"command": command});
         let Some(decided) = self
-            .approve(id, &asked.turn_id, &asked.item_id, BASH, input)
+            .approve(
+                id,
+                &asked.turn_id,
+                &asked.item_id,
+                BASH,
+                input,
+                asked.reason,
+            )
             .await
         else {
             return Ok(());
@@ -726,12 +736,16 @@ impl Bridge {
             .get(&asked.item_id)
             .cloned()
             .unwrap_or_default();
-        let mut input = change_input(&changes, asked.grant_root.as_deref());
-        if let Some(reason) = asked.reason.filter(|r| !r.trim().is_empty()) {
-            input["description"] = reason.into();
-        }
+        let input = change_input(&changes, asked.grant_root.as_deref());
         let Some(decided) = self
-            .approve(id, &asked.turn_id, &asked.item_id, EDIT, input)
+            .approve(
+                id,
+                &asked.turn_id,
+                &asked.item_id,
+                EDIT,
+                input,
+                asked.reason,
+            )
             .await
         else {
             return Ok(());
@@ -751,12 +765,16 @@ impl Bridge {
         if !self.ours(&asked.thread_id) {
             return Ok(());
         }
-        let mut input = json!({"permissions": asked.permissions.clone()});
-        if let Some(reason) = asked.reason.filter(|r| !r.trim().is_empty()) {
-            input["description"] = reason.into();
-        }
+        let input = json!({"permissions": asked.permissions.clone()});
         let Some(decided) = self
-            .approve(id, &asked.turn_id, &asked.item_id, PERMISSIONS, input)
+            .approve(
+                id,
+                &asked.turn_id,
+                &asked.item_id,
+                PERMISSIONS,
+                input,
+                asked.reason,
+            )
             .await
         else {
             return Ok(());
