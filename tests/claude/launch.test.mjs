@@ -126,3 +126,35 @@ test("/new … claude runs Claude Code headless in its own topic: turns, an appr
 	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
 	assert.deepEqual(world.fake.unknown ?? [], [], "Claude Code asked for nothing the fake does not serve");
 });
+
+test("/stop in a launched Claude Code aborts the running turn, the topic says so, and the next message is a turn", async (t) => {
+	const { world, telegram, serve } = await launchWorld(t);
+	await telegram.injectMessage(null, "/new project claude first");
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+	const [pid] = serve.agents();
+
+	// `[[hang]]`: the fake API streams a word and holds the turn open.
+	await telegram.injectMessage(topic.thread_id, "think it over [[hang]]");
+	const held = await eventually(
+		() => world.fake.turns.find((r) => r.lastUserText.includes("[[hang]]")),
+		WAIT,
+		"the turn the fake API holds open",
+	);
+	await telegram.injectMessage(topic.thread_id, "/stop");
+	await telegram.said(topic.thread_id, (text) => text === "⏹ Stopped.", { ms: WAIT, what: "the stop said in the topic" });
+	await eventually(() => held.aborted, WAIT, "Claude Code closed the API's stream");
+
+	await telegram.injectMessage(topic.thread_id, "after the stop");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("after the stop"), { ms: WAIT, what: "a normal turn after /stop" });
+	// Claude Code itself puts "[Request interrupted by user]" before the next prompt.
+	assert.match(world.fake.turns.at(-1).lastUserText, /after the stop$/, "the turn after /stop is the new message");
+	assert.deepEqual(serve.agents(), [pid], "the same process: /stop ends the turn, not the session");
+	const said = (await telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	t.diagnostic(`the topic:\n${said.join("\n")}`);
+	assert.deepEqual(
+		said.filter((text) => /Could not stop|ended|stopped by itself/.test(text)),
+		[],
+		"no failure or end said",
+	);
+});
