@@ -393,9 +393,17 @@ impl Leader {
             }
             RemoteOp::Resume { launch_id, by_user } => match self.resume(&launch_id, by_user).await
             {
-                Ok(route) => RemoteDone {
+                Ok((route, started)) => RemoteDone {
                     ok: true,
-                    text: format!("▶ Resumed: {}", topic_html(&route.topic_name, route.target)),
+                    text: format!(
+                        "{}: {}",
+                        if started {
+                            "▶ Resumed"
+                        } else {
+                            "● Running already"
+                        },
+                        topic_html(&route.topic_name, route.target)
+                    ),
                 },
                 Err(why) => refused(&why),
             },
@@ -560,12 +568,23 @@ impl Leader {
         owner: Option<&str>,
     ) -> Result<(), Failure> {
         let launch = match (which, owner) {
-            (None, Some(owner)) => self
-                .store()
-                .launch_by_profile(owner)
-                .ok()
-                .flatten()
-                .map(|l| (None, l.id)),
+            (None, Some(owner)) => {
+                let Some(launch) = self.store().launch_by_profile(owner).ok().flatten() else {
+                    let text = "This session was started at a keyboard: resume it there. /resume starts again sessions the relay launched (/new).";
+                    return self.post_now(place, text.into(), None).await.map(drop);
+                };
+                // In its own topic, on this machine (the topic's updates
+                // come to the machine of its session): a resume says so in
+                // the topic itself, so only what else happened is answered.
+                let text = match self.resume(&launch.id, user).await {
+                    Ok((_, true)) => return Ok(()),
+                    Ok((_, false)) => {
+                        "● This session is running already: write here to talk to it.".to_string()
+                    }
+                    Err(why) => refused(&why).text,
+                };
+                return self.post_now(place, text, None).await.map(drop);
+            }
             (None, None) => return self.sessions_message(place, None, 0, "").await.map(drop),
             (Some(which), _) => self.find_launch(&which).await,
         };

@@ -2,7 +2,7 @@
 // the control place starts pi under `agent-relay serve` in a folder under `[launch]
 // roots`; its topic appears and the first prompt is answered there; a second message is
 // a second turn; `/model` switches (the fake model sees the new name); `/end` closes the
-// topic and `/resume` brings it back with its history. A folder outside the roots, a
+// topic and `/resume` brings it back with its history, the topic saying so. A folder outside the roots, a
 // link out of them and a stranger's `/new` start nothing. serve killed with two
 // sessions comes back with both in their topics, and nothing typed meanwhile is lost.
 
@@ -159,6 +159,10 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	await you(`taps “${resume.text}”`);
 	await world.bot.tap(topic.thread_id, ended.message_id, resume.callback_data);
 	await eventually(async () => (await world.topicOf("api"))?.closed === false, WAIT, "the topic open again");
+	await world.bot.said(topic.thread_id, (text) => text.startsWith("▶ Resumed: pi started again"), {
+		ms: WAIT,
+		what: "the resume said in the topic",
+	});
 	await you("after the resume");
 	await world.bot.injectMessage(topic.thread_id, "after the resume");
 	await world.bot.said(topic.thread_id, (text) => text === "echo: after the resume", { ms: WAIT, what: "a turn after /resume" });
