@@ -251,7 +251,7 @@ mod tests {
             })),
             "a folder named like an engine, written as a path"
         );
-        // Any engine the leader is told of, not a list of its own.
+        // Any engine the leader is told of, not a list of the parser's own.
         assert_eq!(
             parse("/new codex", &["codex".to_string()]),
             Some(Command::New(NewArgs {

@@ -142,13 +142,13 @@ impl Leader {
         message.chat.kind == ChatKind::Private || Some(message.chat.id) == self.chat_id
     }
 
-    /// The engines `/new` knows by name: every engine `serve` can start,
-    /// and any `[launch.commands]` names besides.
+    /// The engines `/new` knows by name: every `[launch.commands]` name
+    /// (each engine has one, its default command), and those this
+    /// machine's `serve` said it starts (`Engine`'s names, which the leader
+    /// may not import: `launch` is a bus member). A new engine needs no
+    /// edit here.
     fn engines(&self) -> Vec<String> {
-        let mut names: Vec<String> = crate::launch::Engine::ALL
-            .iter()
-            .map(|e| e.name().to_string())
-            .collect();
+        let mut names: Vec<String> = self.serve_status().map(|s| s.engines).unwrap_or_default();
         for name in self.launch_policy.commands.keys() {
             if !names.contains(name) {
                 names.push(name.clone());
