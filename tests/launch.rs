@@ -361,3 +361,55 @@ fn install_service_shows_writes_and_removes_the_unit() {
     assert!(removed.status.success());
     assert!(!file.exists());
 }
+
+/// `/new claude` names the engine, never a folder called `claude`: the
+/// folders are offered for Claude Code, with the first prompt written
+/// after it, and a tap starts that there.
+#[tokio::test]
+async fn new_with_an_engine_alone_offers_the_folders_for_that_engine() {
+    let home = common::home();
+    let fake = common::fake().await;
+    config(home.path(), "[launch]\nroots = [\"/tmp\"]\n");
+    let _s = session(home.path(), &fake, "/tmp/web", "web").await;
+    inject(&fake, None, USER, "/new claude fix the build");
+    let offer = wait_general(&fake, "in which folder?").await;
+    assert!(
+        offer
+            .plain_text
+            .starts_with("Start claude in which folder?")
+            && offer.plain_text.contains("first prompt: “fix the build”"),
+        "{}",
+        offer.plain_text
+    );
+    let markup = offer.reply_markup.clone().unwrap_or_default();
+    let web = markup["inline_keyboard"][0][0].clone();
+    assert!(
+        web["text"].as_str().unwrap_or_default().contains("web"),
+        "{markup}"
+    );
+    fake.api().inject_callback_query(CallbackInject {
+        chat_id: CHAT,
+        thread_id: None,
+        user_id: USER,
+        message_id: offer.message_id,
+        data: web["callback_data"].as_str().unwrap_or_default().into(),
+    });
+    // No serve runs here: the start is refused, after saying what it was.
+    wait_general(&fake, "Not done").await;
+    // Every text the control place showed, each edit's included.
+    let said: Vec<String> = general(&fake)
+        .into_iter()
+        .flat_map(|m| m.history.into_iter().map(|v| v.plain_text))
+        .collect();
+    assert!(
+        said.iter()
+            .any(|t| t.starts_with("⏳ Starting claude in /tmp/web")),
+        "{said:?}"
+    );
+    assert!(
+        !said
+            .iter()
+            .any(|t| t.contains("Starting pi") || t.contains("in claude…")),
+        "never a folder called claude: {said:?}"
+    );
+}

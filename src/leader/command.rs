@@ -8,7 +8,8 @@
 /// A command the leader answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Command {
-    /// `/new [machine:]<folder> [engine] [first prompt…]`, or `/new` alone.
+    /// `/new [machine:]<folder> [engine] [first prompt…]`, `/new` alone, or
+    /// `/new <engine> [first prompt…]` (the folders offered).
     New(NewArgs),
     Sessions,
     /// `/resume [slot or name]`.
@@ -73,18 +74,43 @@ pub(super) fn next_word(text: &str) -> Option<(String, &str)> {
     Some((text[..end].to_string(), &text[end..]))
 }
 
-/// `[machine:]<folder> [engine] [prompt…]`.
+/// `[machine:]<folder> [engine] [prompt…]`, or `<engine> [folder] [prompt…]`.
+///
+/// An engine's name first is always the engine, never a folder of that
+/// name: a person who writes `/new claude` means Claude Code, and an agent
+/// started in `~/code/claude` because of it would be a surprise. After an
+/// engine, only a word written as a path (`~/…`, `/…`, `./…`, `box:~/…`) is
+/// the folder; anything else is the first prompt, and the folders are
+/// offered. A folder named like an engine is written as a path: `./claude`.
 pub(super) fn new_args(rest: &str, engines: &[String]) -> NewArgs {
-    let Some((place, rest)) = next_word(rest) else {
+    let Some((first, after)) = next_word(rest) else {
         return NewArgs::default();
     };
-    let (machine, folder) = split_machine(&place);
+    if engines.contains(&first) {
+        let mut args = NewArgs {
+            engine: Some(first),
+            ..NewArgs::default()
+        };
+        let mut rest = after;
+        if let Some((word, after)) = next_word(rest)
+            && let (machine, folder) = split_machine(&word)
+            && is_path(&folder)
+        {
+            args.machine = machine;
+            args.folder = Some(folder);
+            rest = after;
+        }
+        let prompt = rest.trim();
+        args.prompt = (!prompt.is_empty()).then(|| prompt.to_string());
+        return args;
+    }
+    let (machine, folder) = split_machine(&first);
     let mut args = NewArgs {
         machine,
         folder: Some(folder),
         ..NewArgs::default()
     };
-    let mut rest = rest;
+    let mut rest = after;
     if let Some((word, after)) = next_word(rest)
         && engines.contains(&word)
     {
@@ -96,6 +122,11 @@ pub(super) fn new_args(rest: &str, engines: &[String]) -> NewArgs {
     args
 }
 
+/// Whether a word is written as a path: from home, the root or here.
+fn is_path(word: &str) -> bool {
+    word.starts_with('~') || word.starts_with('/') || word.starts_with('.')
+}
+
 /// `laptop:~/api` → the machine and the folder; a folder alone stays one.
 fn split_machine(place: &str) -> (Option<String>, String) {
     if let Some((machine, folder)) = place.split_once(':')
@@ -103,7 +134,7 @@ fn split_machine(place: &str) -> (Option<String>, String) {
         && machine
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && (folder.starts_with('~') || folder.starts_with('/') || folder.starts_with('.'))
+        && is_path(folder)
     {
         return (Some(machine.to_string()), folder.to_string());
     }
@@ -171,6 +202,71 @@ mod tests {
         assert_eq!(parse("hello /new", &engines()), None);
         assert!(is_topic_command("/model"));
         assert!(!is_topic_command("/stop"));
+    }
+
+    #[test]
+    fn an_engine_named_first_is_the_engine_never_a_folder() {
+        let new = |text: &str| parse(text, &engines());
+        assert_eq!(
+            new("/new claude"),
+            Some(Command::New(NewArgs {
+                engine: Some("claude".into()),
+                ..NewArgs::default()
+            })),
+            "the folders are offered for Claude Code"
+        );
+        assert_eq!(
+            new("/new pi fix the build"),
+            Some(Command::New(NewArgs {
+                engine: Some("pi".into()),
+                prompt: Some("fix the build".into()),
+                ..NewArgs::default()
+            })),
+            "a word that is no path is the first prompt"
+        );
+        assert_eq!(
+            new("/new claude ~/api fix it"),
+            Some(Command::New(NewArgs {
+                folder: Some("~/api".into()),
+                engine: Some("claude".into()),
+                prompt: Some("fix it".into()),
+                ..NewArgs::default()
+            }))
+        );
+        assert_eq!(
+            new("/new claude box:/srv/web"),
+            Some(Command::New(NewArgs {
+                machine: Some("box".into()),
+                folder: Some("/srv/web".into()),
+                engine: Some("claude".into()),
+                ..NewArgs::default()
+            }))
+        );
+        assert_eq!(
+            new("/new ./claude pi"),
+            Some(Command::New(NewArgs {
+                folder: Some("./claude".into()),
+                engine: Some("pi".into()),
+                ..NewArgs::default()
+            })),
+            "a folder named like an engine, written as a path"
+        );
+        // Any engine the leader is told of, not a list of the parser's own.
+        assert_eq!(
+            parse("/new codex", &["codex".to_string()]),
+            Some(Command::New(NewArgs {
+                engine: Some("codex".into()),
+                ..NewArgs::default()
+            }))
+        );
+        assert_eq!(
+            parse("/new codex", &engines()),
+            Some(Command::New(NewArgs {
+                folder: Some("codex".into()),
+                ..NewArgs::default()
+            })),
+            "a word no engine has is a folder"
+        );
     }
 
     #[test]

@@ -55,8 +55,12 @@ pub(super) struct Place {
 
 /// What a button offers beyond its data.
 enum Offer {
-    /// Folders for `/new`: the machine (none: this one) and the folder.
-    Folders(Vec<(Option<String>, String)>),
+    /// Folders for `/new`: the machine (none: this one) and the folder,
+    /// with what `/new` named besides (the engine, the first prompt).
+    Folders {
+        folders: Vec<(Option<String>, String)>,
+        then: NewArgs,
+    },
     /// Models of a launch.
     Models {
         launch_id: String,
@@ -87,11 +91,18 @@ impl Control {
         token
     }
 
-    /// The folder a `/new` button offered.
-    fn folder(&self, token: &str, index: usize) -> Option<(Option<String>, String)> {
+    /// The `/new` a folder button stands for.
+    fn folder(&self, token: &str, index: usize) -> Option<NewArgs> {
         let offers = self.offers.lock().unwrap_or_else(PoisonError::into_inner);
         match offers.get(token) {
-            Some((_, Offer::Folders(folders))) => folders.get(index).cloned(),
+            Some((_, Offer::Folders { folders, then })) => {
+                let (machine, folder) = folders.get(index)?.clone();
+                Some(NewArgs {
+                    machine,
+                    folder: Some(folder),
+                    ..then.clone()
+                })
+            }
             _ => None,
         }
     }
@@ -131,9 +142,19 @@ impl Leader {
         message.chat.kind == ChatKind::Private || Some(message.chat.id) == self.chat_id
     }
 
-    /// The engines `/new` knows by name.
+    /// The engines `/new` knows by name: every `[launch.commands]` name
+    /// (each engine has one, its default command), and those this
+    /// machine's `serve` said it starts (`Engine`'s names, which the leader
+    /// may not import: `launch` is a bus member). A new engine needs no
+    /// edit here.
     fn engines(&self) -> Vec<String> {
-        self.launch_policy.commands.keys().cloned().collect()
+        let mut names: Vec<String> = self.serve_status().map(|s| s.engines).unwrap_or_default();
+        for name in self.launch_policy.commands.keys() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
     }
 
     /// A message from an allowed user in the relay's own chat that no
@@ -266,7 +287,7 @@ impl Leader {
         args: NewArgs,
     ) -> Result<(), Failure> {
         let Some(folder) = args.folder.clone() else {
-            return self.offer_folders(place).await;
+            return self.offer_folders(place, args).await;
         };
         let engine = args
             .engine
@@ -372,9 +393,17 @@ impl Leader {
             }
             RemoteOp::Resume { launch_id, by_user } => match self.resume(&launch_id, by_user).await
             {
-                Ok(route) => RemoteDone {
+                Ok((route, started)) => RemoteDone {
                     ok: true,
-                    text: format!("▶ Resumed: {}", topic_html(&route.topic_name, route.target)),
+                    text: format!(
+                        "{}: {}",
+                        if started {
+                            "▶ Resumed"
+                        } else {
+                            "● Running already"
+                        },
+                        topic_html(&route.topic_name, route.target)
+                    ),
                 },
                 Err(why) => refused(&why),
             },
@@ -400,9 +429,10 @@ impl Leader {
         "config.toml".into()
     }
 
-    /// `/new` alone: the folders sessions ran in lately, under the roots,
-    /// as buttons.
-    async fn offer_folders(&self, place: Place) -> Result<(), Failure> {
+    /// `/new` without a folder (alone, or with an engine and a first
+    /// prompt): the folders sessions ran in lately, under the roots, as
+    /// buttons that start what `args` names there.
+    async fn offer_folders(&self, place: Place, args: NewArgs) -> Result<(), Failure> {
         if self.launch_policy.roots.is_empty() {
             self.post_now(place, format!("⚠️ {}", self.no_roots()), None)
                 .await?;
@@ -416,17 +446,44 @@ impl Leader {
                 .iter()
                 .map(|r| r.display().to_string())
                 .collect();
+            // After an engine's name only a path is a folder (`command.rs`).
+            let syntax = match &args.engine {
+                Some(engine) => format!("/new {} ~/&lt;folder&gt;", escape(engine)),
+                None => format!(
+                    "/new &lt;folder&gt; [{}]",
+                    escape(&self.engines().join("|"))
+                ),
+            };
             let text = format!(
-                "Start a session: <code>/new &lt;folder&gt; [{}] [first prompt]</code>, in a folder under {}.",
-                escape(&self.engines().join("|")),
+                "Start a session: <code>{syntax} [first prompt]</code>, in a folder under {}.",
                 escape(&roots.join(", "))
             );
             self.post_now(place, text, None).await?;
             return Ok(());
         }
+        let engine = args
+            .engine
+            .clone()
+            .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+        let mut text = format!(
+            "Start {} in which folder? (or <code>/new &lt;folder&gt; [engine] [first prompt]</code>)",
+            escape(&engine)
+        );
+        if let Some(prompt) = &args.prompt {
+            text.push_str(&format!(
+                "\nIts first prompt: “{}”",
+                escape(&crate::policy::clip(prompt.trim(), 300))
+            ));
+        }
         let offered: Vec<(Option<String>, String)> =
             folders.iter().map(|f| (None, f.clone())).collect();
-        let token = self.control.keep(Offer::Folders(offered));
+        let token = self.control.keep(Offer::Folders {
+            folders: offered,
+            then: NewArgs {
+                engine: Some(engine),
+                ..args
+            },
+        });
         let rows = folders
             .iter()
             .enumerate()
@@ -437,10 +494,6 @@ impl Leader {
                 }]
             })
             .collect();
-        let text = format!(
-            "Start {} in which folder? (or <code>/new &lt;folder&gt; [engine] [first prompt]</code>)",
-            escape(&self.launch_policy.default_engine)
-        );
         self.post_now(place, text, Some(Keyboard { rows })).await?;
         Ok(())
     }
@@ -515,12 +568,23 @@ impl Leader {
         owner: Option<&str>,
     ) -> Result<(), Failure> {
         let launch = match (which, owner) {
-            (None, Some(owner)) => self
-                .store()
-                .launch_by_profile(owner)
-                .ok()
-                .flatten()
-                .map(|l| (None, l.id)),
+            (None, Some(owner)) => {
+                let Some(launch) = self.store().launch_by_profile(owner).ok().flatten() else {
+                    let text = "This session was started at a keyboard: resume it there. /resume starts again sessions the relay launched (/new).";
+                    return self.post_now(place, text.into(), None).await.map(drop);
+                };
+                // In its own topic, on this machine (the topic's updates
+                // come to the machine of its session): a resume says so in
+                // the topic itself, so only what else happened is answered.
+                let text = match self.resume(&launch.id, user).await {
+                    Ok((_, true)) => return Ok(()),
+                    Ok((_, false)) => {
+                        "● This session is running already: write here to talk to it.".to_string()
+                    }
+                    Err(why) => refused(&why).text,
+                };
+                return self.post_now(place, text, None).await.map(drop);
+            }
             (None, None) => return self.sessions_message(place, None, 0, "").await.map(drop),
             (Some(which), _) => self.find_launch(&which).await,
         };
@@ -758,16 +822,11 @@ impl Leader {
                 toast_of(&done.text)
             }
             "n" => {
-                let Some((machine, folder)) = extra
+                let Some(args) = extra
                     .and_then(|i| i.parse().ok())
                     .and_then(|i| self.control.folder(arg, i))
                 else {
                     return "This list is old: send /new again.".into();
-                };
-                let args = NewArgs {
-                    machine,
-                    folder: Some(folder),
-                    ..NewArgs::default()
                 };
                 match self.new_command(place, user, args).await {
                     Ok(()) => "Starting…".into(),

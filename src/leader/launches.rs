@@ -31,6 +31,15 @@ fn resume_button(id: &str) -> String {
     format!("c:r:{id}")
 }
 
+/// What a line in a launch's topic comes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Told {
+    /// The session runs (again): the line alone.
+    Running,
+    /// It does not run: a Resume button, and the topic closed when `close`.
+    Stopped { close: bool },
+}
+
 /// What the person is told when this machine has no `serve`.
 pub(super) const NO_SERVE: &str = "agent-relay serve is not running on this machine: start it with `agent-relay serve` (or `agent-relay install service` to keep it running)";
 /// How long any other order may take.
@@ -267,9 +276,14 @@ impl Leader {
     }
 
     /// Starts launch `id` again from the engine's own session; answers its
-    /// route once it registered. A launch that runs, or is being started
-    /// again, is left alone.
-    pub(super) async fn resume(&self, id: &str, by_user: i64) -> Result<Route, String> {
+    /// route once it registered, and whether it was started now (its topic
+    /// says so). A launch that runs, or is being started again, is left
+    /// alone.
+    pub(super) async fn resume(
+        self: &Arc<Self>,
+        id: &str,
+        by_user: i64,
+    ) -> Result<(Route, bool), String> {
         let launch = self
             .store()
             .launch(id)
@@ -278,7 +292,7 @@ impl Leader {
         if launch.state == LaunchState::Running
             && let Some(route) = self.live_route(launch.profile_key.as_deref())
         {
-            return Ok(route);
+            return Ok((route, false));
         }
         if !lock(&self.launches.resuming).insert(id.to_string()) {
             return Err("it is being started already".into());
@@ -292,12 +306,24 @@ impl Leader {
         }
         let resumed = self.start(spec_of(&launch, by_user)).await;
         lock(&self.launches.resuming).remove(id);
-        if let Err(why) = &resumed
-            && let Err(e) = self.store().set_launch_state(id, launch.state, Some(why))
-        {
-            tracing::warn!("cannot record a failed resume: {e}");
+        match &resumed {
+            // The topic shows the session came back, as it shows its end;
+            // it was reopened when the session registered.
+            Ok(_) => self.tell_launch(
+                &launch,
+                format!(
+                    "▶ Resumed: {} started again from its own session store, with its history.",
+                    launch.engine
+                ),
+                Told::Running,
+            ),
+            Err(why) => {
+                if let Err(e) = self.store().set_launch_state(id, launch.state, Some(why)) {
+                    tracing::warn!("cannot record a failed resume: {e}");
+                }
+            }
         }
-        resumed
+        resumed.map(|route| (route, true))
     }
 
     /// Ends launch `id` (`/end`): `serve` ends its process, then reports,
@@ -402,7 +428,7 @@ impl Leader {
                 let said = after_restart.then(|| {
                     format!("↻ agent-relay serve restarted; this session was started again from {}'s own session store.", launch.engine)
                 });
-                (None, None, said.map(|s| (s, false)))
+                (None, None, said.map(|s| (s, Told::Running)))
             }
             LaunchEvent::Ended { by_user } => {
                 tracing::info!(target: "audit", user = by_user, launch = %id, engine = %launch.engine, folder = %launch.folder, "a launched session ended");
@@ -410,7 +436,7 @@ impl Leader {
                 (
                     Some(LaunchState::Ended),
                     Some("ended with /end".to_string()),
-                    Some((said, true)),
+                    Some((said, Told::Stopped { close: true })),
                 )
             }
             LaunchEvent::Idle { idle_s } => {
@@ -421,7 +447,7 @@ impl Leader {
                 (
                     Some(LaunchState::Idle),
                     Some(format!("idle for {hours:.1} h")),
-                    Some((said, false)),
+                    Some((said, Told::Stopped { close: false })),
                 )
             }
             LaunchEvent::Crashed {
@@ -442,7 +468,11 @@ impl Leader {
                     ));
                 }
                 said.push_str("\nWrite here or tap Resume to start it again with its history.");
-                (Some(LaunchState::Crashed), Some(how), Some((said, false)))
+                (
+                    Some(LaunchState::Crashed),
+                    Some(how),
+                    Some((said, Told::Stopped { close: false })),
+                )
             }
         };
         if let Some(state) = state
@@ -450,15 +480,14 @@ impl Leader {
         {
             tracing::warn!("cannot record what happened to a launch: {e}");
         }
-        if let Some((text, close)) = said {
-            self.tell_launch(&launch, text, close);
+        if let Some((text, told)) = said {
+            self.tell_launch(&launch, text, told);
         }
         Ok(())
     }
 
-    /// Says `text` in a launch's topic, with a Resume button when it is not
-    /// running, and closes the topic when `close`.
-    fn tell_launch(self: &Arc<Self>, launch: &Launch, text: String, close: bool) {
+    /// Says `text` in a launch's topic, with what `told` adds.
+    fn tell_launch(self: &Arc<Self>, launch: &Launch, text: String, told: Told) {
         let Some(binding) = launch
             .profile_key
             .as_deref()
@@ -469,8 +498,8 @@ impl Leader {
         let Some(target) = binding.target() else {
             return;
         };
-        let resumable = !text.starts_with('↻');
-        let buttons = resumable.then(|| Keyboard {
+        let close = told == Told::Stopped { close: true };
+        let buttons = matches!(told, Told::Stopped { .. }).then(|| Keyboard {
             rows: vec![vec![Button {
                 text: "▶ Resume".into(),
                 data: resume_button(&launch.id),

@@ -24,7 +24,9 @@
 //    `tool <name> returned: <content>` (`… failed: <content>` when is_error), so a
 //    test sees whether the tool ran or was blocked, and why.
 // 4. When the last user text holds a cue `[[tool:NAME {json input}]]` — a tool_use
-//    of NAME with that input.
+//    of NAME with that input; when it holds `[[hang]]` — a stream that starts a
+//    text block, says `thinking…` and never finishes until the client goes away (a
+//    turn held open, for `/stop`; the record gets `aborted: true` when it goes).
 // 5. Otherwise `echo: <last user text>`.
 //
 // Latency: Nagle is off and every answer goes out with its headers in one write,
@@ -33,6 +35,7 @@
 import http from "node:http";
 
 const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
+const HANG = "[[hang]]";
 
 /** The text of a message's content (string or blocks), tool results left out. */
 function textOf(content) {
@@ -72,6 +75,8 @@ export class FakeAnthropic {
 		this.steps = [];
 		this.server = null;
 		this.url = "";
+		/** Answers held open by `[[hang]]`, closed when the fake stops. */
+		this.hanging = new Set();
 	}
 
 	static async start() {
@@ -187,7 +192,9 @@ export class FakeAnthropic {
 			const cue = CUE.exec(record.lastUserText);
 			step = cue
 				? { toolUse: { name: cue[1], input: JSON.parse(cue[2]) } }
-				: { text: `echo: ${record.lastUserText}` };
+				: record.lastUserText.includes(HANG) && body.stream
+					? { hang: true }
+					: { text: `echo: ${record.lastUserText}` };
 		}
 		record.answer = step;
 
@@ -195,6 +202,7 @@ export class FakeAnthropic {
 			const { status = 500, type = "api_error", message = "fake error" } = step.error;
 			return send(res, status, "application/json", errorBody(type, message));
 		}
+		if (step.hang) return this.hang(record, res, body);
 		const content = [];
 		if (step.text !== undefined) content.push({ type: "text", text: step.text });
 		for (const use of step.toolUses ?? (step.toolUse ? [step.toolUse] : [])) {
@@ -215,8 +223,36 @@ export class FakeAnthropic {
 		return send(res, 200, "text/event-stream", sse(message), { "cache-control": "no-cache" });
 	}
 
+	/** Starts a streamed answer, says a word, and holds it open until the client leaves. */
+	hang(record, res, body) {
+		const message = {
+			id: newId("msg"),
+			type: "message",
+			role: "assistant",
+			model: body.model ?? "fake",
+			content: [],
+			stop_reason: null,
+			stop_sequence: null,
+			usage: { input_tokens: 10, output_tokens: 1, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 },
+		};
+		const event = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+		res.write(
+			event("message_start", { message }) +
+				event("content_block_start", { index: 0, content_block: { type: "text", text: "" } }) +
+				event("content_block_delta", { index: 0, delta: { type: "text_delta", text: "thinking…" } }),
+		);
+		this.hanging.add(res);
+		record.aborted = false;
+		res.once("close", () => {
+			this.hanging.delete(res);
+			record.aborted = true;
+		});
+	}
+
 	stop() {
 		if (!this.server) return Promise.resolve();
+		for (const res of this.hanging) res.destroy();
 		this.server.closeAllConnections();
 		return new Promise((done) => this.server.close(() => done()));
 	}

@@ -4,8 +4,9 @@
 // new and `--resume` again — and plays the host of its session. `/new … claude` starts it
 // in its own topic, the first prompt is answered there, a second message is a second turn
 // of the same process, a Bash call waits for the tap on the phone (`can_use_tool`), `/model`
-// switches (the fake API sees the new model), and `/end` then Resume keep the topic and
-// the history (the fake API sees the earlier turns).
+// switches (the fake API sees the new model), and `/end` then `/resume` keep the topic and
+// the history (the fake API sees the earlier turns), the topic saying each. `/stop` aborts
+// a turn the fake API holds open.
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -60,6 +61,13 @@ async function launchWorld(t) {
 	const env = world.env({ AGENT_RELAY_HOME: relayHome, AGENT_RELAY_LOG: "debug", AGENT_RELAY_BIN: SIDECAR });
 	const child = spawn(SIDECAR, ["serve"], { cwd: world.root, stdio: ["ignore", "pipe", "pipe"], env });
 	const serve = new Serve(child);
+	// The world's folders go only once serve and its Claude Code are gone: a Claude
+	// Code still writing its session store would fail the removal.
+	const destroy = world.destroy.bind(world);
+	world.destroy = async () => {
+		await serve.stop();
+		await destroy();
+	};
 	t.after(() => serve.stop());
 	const status = () =>
 		new Promise((done) => {
@@ -117,12 +125,52 @@ test("/new … claude runs Claude Code headless in its own topic: turns, an appr
 	await telegram.injectMessage(topic.thread_id, "/end");
 	const ended = await telegram.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), { ms: WAIT, what: "the end" });
 	await eventually(() => serve.agents().length === 0, WAIT, "Claude Code gone");
-	await telegram.tap(topic.thread_id, ended.message_id, buttons(ended).find((b) => b.text.includes("Resume")).callback_data);
+	assert.ok(buttons(ended).some((b) => b.text.includes("Resume")), "the end offers to resume");
+	// `/resume` typed in the closed topic (the button is the pi suite's).
+	await telegram.injectMessage(topic.thread_id, "/resume");
 	await eventually(async () => (await telegram.topics()).find((x) => x.thread_id === topic.thread_id)?.closed === false, WAIT, "reopened");
+	await telegram.said(topic.thread_id, (text) => text.startsWith("▶ Resumed: claude started again"), {
+		ms: WAIT,
+		what: "the resume said in the topic",
+	});
 	await telegram.injectMessage(topic.thread_id, "after the resume");
 	await telegram.said(topic.thread_id, (text) => text.endsWith("after the resume"), { ms: WAIT, what: "a turn after the resume" });
 	const history = JSON.stringify(world.fake.turns.at(-1).body.messages);
 	assert.ok(history.includes("hello from the phone") && history.includes("a second turn"), "the history came back");
 	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
+	const resumed = (await telegram.messages(topic.thread_id)).filter((m) => m.plain_text.includes("Resumed"));
+	assert.equal(resumed.length, 1, "the topic says it once");
 	assert.deepEqual(world.fake.unknown ?? [], [], "Claude Code asked for nothing the fake does not serve");
+});
+
+test("/stop in a launched Claude Code aborts the running turn, the topic says so, and the next message is a turn", async (t) => {
+	const { world, telegram, serve } = await launchWorld(t);
+	await telegram.injectMessage(null, "/new project claude first");
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+	const [pid] = serve.agents();
+
+	// `[[hang]]`: the fake API streams a word and holds the turn open.
+	await telegram.injectMessage(topic.thread_id, "think it over [[hang]]");
+	const held = await eventually(
+		() => world.fake.turns.find((r) => r.lastUserText.includes("[[hang]]")),
+		WAIT,
+		"the turn the fake API holds open",
+	);
+	await telegram.injectMessage(topic.thread_id, "/stop");
+	await telegram.said(topic.thread_id, (text) => text === "⏹ Stopped.", { ms: WAIT, what: "the stop said in the topic" });
+	await eventually(() => held.aborted, WAIT, "Claude Code closed the API's stream");
+
+	await telegram.injectMessage(topic.thread_id, "after the stop");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("after the stop"), { ms: WAIT, what: "a normal turn after /stop" });
+	// Claude Code itself puts "[Request interrupted by user]" before the next prompt.
+	assert.match(world.fake.turns.at(-1).lastUserText, /after the stop$/, "the turn after /stop is the new message");
+	assert.deepEqual(serve.agents(), [pid], "the same process: /stop ends the turn, not the session");
+	const said = (await telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	t.diagnostic(`the topic:\n${said.join("\n")}`);
+	assert.deepEqual(
+		said.filter((text) => /Could not stop|ended|stopped by itself/.test(text)),
+		[],
+		"no failure or end said",
+	);
 });

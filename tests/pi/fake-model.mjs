@@ -30,7 +30,9 @@
 //    `tool <name> returned: <content>`, so a test sees whether the tool ran or was
 //    blocked (pi puts the block reason in the result's content), and with what.
 // 3. When the last user text holds a cue `[[tool:NAME {json arguments}]]` — a call
-//    of tool NAME with those arguments.
+//    of tool NAME with those arguments; when it holds `[[hang]]` — the `hang` step
+//    with the text `thinking…` (a turn held open for a process the test does not
+//    script, such as a launched pi).
 // 4. Otherwise `echo: <last user text>`.
 //
 // Every request is recorded in `model.requests` (parsed body, tool names offered,
@@ -43,6 +45,7 @@
 import http from "node:http";
 
 const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
+const HANG = "[[hang]]";
 
 let nextId = 1;
 const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
@@ -154,7 +157,9 @@ export class FakeModel {
 			const cue = CUE.exec(record.lastUserText);
 			step = cue
 				? { toolCall: { name: cue[1], arguments: JSON.parse(cue[2]) } }
-				: { text: `echo: ${record.lastUserText}` };
+				: record.lastUserText.includes(HANG)
+					? { hang: true, text: "thinking…" }
+					: { text: `echo: ${record.lastUserText}` };
 		}
 		record.answer = step;
 

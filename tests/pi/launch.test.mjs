@@ -2,7 +2,7 @@
 // the control place starts pi under `agent-relay serve` in a folder under `[launch]
 // roots`; its topic appears and the first prompt is answered there; a second message is
 // a second turn; `/model` switches (the fake model sees the new name); `/end` closes the
-// topic and `/resume` brings it back with its history. A folder outside the roots, a
+// topic and `/resume` brings it back with its history, the topic saying so. A folder outside the roots, a
 // link out of them and a stranger's `/new` start nothing. serve killed with two
 // sessions comes back with both in their topics, and nothing typed meanwhile is lost.
 
@@ -159,6 +159,10 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	await you(`taps “${resume.text}”`);
 	await world.bot.tap(topic.thread_id, ended.message_id, resume.callback_data);
 	await eventually(async () => (await world.topicOf("api"))?.closed === false, WAIT, "the topic open again");
+	await world.bot.said(topic.thread_id, (text) => text.startsWith("▶ Resumed: pi started again"), {
+		ms: WAIT,
+		what: "the resume said in the topic",
+	});
 	await you("after the resume");
 	await world.bot.injectMessage(topic.thread_id, "after the resume");
 	await world.bot.said(topic.thread_id, (text) => text === "echo: after the resume", { ms: WAIT, what: "a turn after /resume" });
@@ -327,4 +331,32 @@ test("an idle session ends and the next message starts it again; a crash is told
 	});
 	assert.match(crashed.plain_text, /signal 9/);
 	assert.ok(buttons(crashed).some((b) => b.text.includes("Resume")), "with a resume button");
+});
+
+test("/stop in a launched session aborts the running turn, the topic says so, and the next message is a turn", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "api"), { recursive: true });
+	await world.serveConfig();
+	const serve = await world.startServe();
+	await world.bot.injectMessage(null, "/new api first");
+	const topic = await eventually(() => world.topicOf("api"), WAIT, "the launched topic");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+	const [agent] = serve.agents();
+
+	// `[[hang]]`: the fake model streams a word and holds the turn open.
+	await world.bot.injectMessage(topic.thread_id, "think it over [[hang]]");
+	const held = await eventually(
+		() => world.model.completions.find((r) => r.lastUserText.includes("[[hang]]")),
+		WAIT,
+		"the turn the model holds open",
+	);
+	await world.bot.injectMessage(topic.thread_id, "/stop");
+	await world.bot.said(topic.thread_id, (text) => text === "⏹ Stopped.", { ms: WAIT, what: "the stop said in the topic" });
+	await eventually(() => held.aborted, WAIT, "pi closed the model's stream");
+
+	await world.bot.injectMessage(topic.thread_id, "after the stop");
+	await world.bot.said(topic.thread_id, (text) => text === "echo: after the stop", { ms: WAIT, what: "a normal turn after /stop" });
+	assert.deepEqual(serve.agents(), [agent], "the same pi: /stop ends the turn, not the session");
+	const notices = (await world.bot.messages(topic.thread_id)).filter((m) => /Could not stop|ended|stopped by itself/.test(m.plain_text));
+	assert.deepEqual(notices, [], "no failure or end said");
 });
