@@ -887,6 +887,7 @@ impl Handler for Session {
                 self.send_out(ToTopic::Tool {
                     name: tool.tool_name,
                     argument,
+                    call_id: tool.tool_call_id,
                 });
             }
             HostEvent::AgentEnded(ended) => {
@@ -1006,7 +1007,7 @@ impl Handler for Session {
 /// A tool's argument in one line for the progress message: the first
 /// line of its preview, or, where that says nothing (a tool of the agent's
 /// own whose preview is its JSON, `{`), its first text field.
-fn in_short(args: &serde_json::Value) -> String {
+pub(super) fn in_short(args: &serde_json::Value) -> String {
     let preview = crate::policy::preview(args);
     let first = preview.text.lines().next().unwrap_or_default().trim();
     if first.chars().any(char::is_alphanumeric) {
