@@ -812,16 +812,18 @@ async fn a_call_waiting_for_approval_is_shown_waiting_then_running_or_denied() {
     let asked = question(&fake, thread, "rm -rf build").await;
     let waiting = progress_reading(&fake, thread, "waits for your approval").await;
     assert!(
-        waiting
-            .plain_text
-            .starts_with("⏸ Waiting · 0 tools · ")
+        waiting.plain_text.starts_with("⏸ Waiting · 0 tools · ")
             && waiting
                 .plain_text
                 .contains("🔐 bash: $ rm -rf build — waits for your approval"),
         "{}",
         waiting.plain_text
     );
-    assert!(!waiting.plain_text.contains("Working"), "{}", waiting.plain_text);
+    assert!(
+        !waiting.plain_text.contains("Working"),
+        "{}",
+        waiting.plain_text
+    );
     tap(&fake, &asked, thread, USER, &button(&asked, "Allow"));
     assert_eq!(answered(decision).await["decision"], "allow");
     let running = progress_reading(&fake, thread, "▸ bash: $ rm -rf build").await;
@@ -843,7 +845,12 @@ async fn a_call_waiting_for_approval_is_shown_waiting_then_running_or_denied() {
     );
     let decision = s.call_later("approval/request", bash("git push --force", true));
     let asked = question(&fake, thread, "git push --force").await;
-    progress_reading(&fake, thread, "bash: $ git push --force — waits for your approval").await;
+    progress_reading(
+        &fake,
+        thread,
+        "bash: $ git push --force — waits for your approval",
+    )
+    .await;
     tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
     assert_eq!(answered(decision).await["decision"], "deny");
     let denied = progress_reading(&fake, thread, "— denied, not run").await;

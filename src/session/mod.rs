@@ -63,6 +63,7 @@ struct Identity {
     session: SessionInfo,
     host_pid: Option<u32>,
     has_ui: bool,
+    can_abort: bool,
 }
 
 impl Identity {
@@ -300,6 +301,11 @@ impl Session {
 
     fn has_ui(&self) -> bool {
         self.state().identity.as_ref().is_some_and(|i| i.has_ui)
+    }
+
+    /// Whether `/stop` (and a draft's stop button) can stop the host's turn.
+    fn can_abort(&self) -> bool {
+        self.state().identity.as_ref().is_none_or(|i| i.can_abort)
     }
 
     /// The session's working directory, as the host said.
@@ -823,6 +829,7 @@ impl Handler for Session {
             session: params.session,
             host_pid: params.pid,
             has_ui: params.has_ui,
+            can_abort: params.can_abort,
         });
         Ok(InitializeResult {
             protocol_version: PROTOCOL_VERSION,

@@ -242,7 +242,11 @@ impl Progress {
             .step
             .as_ref()
             .is_some_and(|s| s.asked == Some(Asked::Waiting));
-        let how = if waiting { "⏸ Waiting" } else { "⚙️ Working" };
+        let how = if waiting {
+            "⏸ Waiting"
+        } else {
+            "⚙️ Working"
+        };
         let mut text = format!("{how} · {} · {}", self.tool_count(), elapsed(self.started));
         if let Some(said) = self.said.last() {
             text.push_str("\n💬 ");
@@ -420,7 +424,9 @@ impl TopicPoster {
                     (true, false) => Some(last + DRAFT_REFRESH),
                     // What a person acts on is shown now; the rest waits
                     // for the next edit.
-                    (false, stale) => stale.then(|| if p.urgent { last } else { last + EDIT_EVERY }),
+                    (false, stale) => {
+                        stale.then(|| if p.urgent { last } else { last + EDIT_EVERY })
+                    }
                 }
             });
             tokio::select! {
@@ -681,7 +687,8 @@ impl TopicPoster {
                 draft_id: p.draft_id,
                 text: p.draft_html(),
                 format: TextFormat::Html,
-                can_stop: true,
+                // Offered only where pressing it stops the turn.
+                can_stop: self.session.upgrade().is_some_and(|s| s.can_abort()),
             });
             if let Err(e) = self.member.topic_background(op).await {
                 if e.code() == Some(BusErrorCode::Paced) {
@@ -859,14 +866,21 @@ mod tests {
             asked,
         };
         let mut p = Progress::new(1);
-        p.start(Step::new("bash".into(), "$ rm -rf build", Some("t1".into())));
+        p.start(Step::new(
+            "bash".into(),
+            "$ rm -rf build",
+            Some("t1".into()),
+        ));
         p.decide(approval("t1", Asked::Waiting));
         assert_eq!(
             p.text(),
             "⏸ Waiting · 0 tools · 0:00\n🔐 bash: $ rm -rf build — waits for your approval"
         );
         p.decide(approval("t1", Asked::Allowed));
-        assert_eq!(p.text(), "⚙️ Working · 1 tool · 0:00\n▸ bash: $ rm -rf build");
+        assert_eq!(
+            p.text(),
+            "⚙️ Working · 1 tool · 0:00\n▸ bash: $ rm -rf build"
+        );
 
         // Claude Code's permission hook names no call: the tool's name finds it.
         p.start(Step::new("bash".into(), "$ git push -f", Some("t2".into())));
