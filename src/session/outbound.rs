@@ -259,8 +259,19 @@ impl Progress {
         text
     }
 
-    /// A tool call started: it runs unless an approval says it waits.
+    /// A tool call started: it runs, unless it is the call an approval
+    /// already said waits (a host may ask before it tells of the call).
     fn start(&mut self, step: Step) {
+        let waits = self.step.as_ref().is_some_and(|s| {
+            s.asked == Some(Asked::Waiting) && s.call_id.is_some() && s.call_id == step.call_id
+        });
+        if waits {
+            self.step = Some(Step {
+                asked: Some(Asked::Waiting),
+                ..step
+            });
+            return;
+        }
         self.step = Some(Step {
             counted: true,
             ..step
@@ -276,7 +287,8 @@ impl Progress {
             Some(step) if step.is(&approval) => step,
             other => {
                 self.step = other;
-                Step::new(approval.name.clone(), &approval.argument, None)
+                let call_id = (!approval.call_id.is_empty()).then(|| approval.call_id.clone());
+                Step::new(approval.name.clone(), &approval.argument, call_id)
             }
         };
         let runs = approval.asked == Asked::Allowed;
@@ -898,5 +910,17 @@ mod tests {
         assert!(p.text().contains("🔐 bash: $ rm -rf build"), "{}", p.text());
         p.decide(approval("t3", Asked::Denied));
         assert_eq!(p.summary(false), "✓ · 0 tools · 1 denied · 0:00");
+
+        // Asked before the host tells of the call: the call still waits.
+        p.decide(approval("t4", Asked::Waiting));
+        p.start(Step::new("bash".into(), "$ make", Some("t4".into())));
+        assert!(
+            p.text()
+                .ends_with("🔐 bash: $ make — waits for your approval"),
+            "{}",
+            p.text()
+        );
+        p.decide(approval("t4", Asked::Allowed));
+        assert_eq!(p.summary(false), "✓ · 1 tool · 1 denied · 0:00");
     }
 }
