@@ -773,3 +773,119 @@ async fn a_timed_out_approval_is_decided_on_time_while_its_message_is_paced() {
         closed.plain_text
     );
 }
+
+/// The progress message as the topic shows it now, once it reads `needle`.
+async fn progress_reading(fake: &FakeServer, thread: i64, needle: &str) -> SentMessage {
+    let needle = needle.to_string();
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.contains(&needle) && m.plain_text.contains(" · "))
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the progress message never read {needle:?}"))
+}
+
+/// A call that waits for a person is shown waiting, not running (issue
+/// 28): the progress message says so while the approval message asks,
+/// reads as running after Allow and as denied after Deny, and the summary
+/// does not count a denied call among the tools that ran. No message is
+/// added: one progress message, one approval message per call.
+#[tokio::test]
+async fn a_call_waiting_for_approval_is_shown_waiting_then_running_or_denied() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session_with(home.path(), &fake, "api", None).await;
+    let thread = topic(&fake, "api").thread_id;
+    s.notify("agent/started", json!({}));
+
+    // As pi does: the call starts, then its approval is asked.
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "call-rm -rf build", "args": {"command": "rm -rf build"}}),
+    );
+    let decision = s.call_later("approval/request", bash("rm -rf build", true));
+    let asked = question(&fake, thread, "rm -rf build").await;
+    let waiting = progress_reading(&fake, thread, "waits for your approval").await;
+    assert!(
+        waiting.plain_text.starts_with("⏸ Waiting · 0 tools · ")
+            && waiting
+                .plain_text
+                .contains("🔐 bash: $ rm -rf build — waits for your approval"),
+        "{}",
+        waiting.plain_text
+    );
+    assert!(
+        !waiting.plain_text.contains("Working"),
+        "{}",
+        waiting.plain_text
+    );
+    tap(&fake, &asked, thread, USER, &button(&asked, "Allow"));
+    assert_eq!(answered(decision).await["decision"], "allow");
+    let running = progress_reading(&fake, thread, "▸ bash: $ rm -rf build").await;
+    assert_eq!(running.message_id, waiting.message_id, "edited in place");
+    assert!(
+        running.plain_text.starts_with("⚙️ Working · 1 tool · "),
+        "{}",
+        running.plain_text
+    );
+    s.notify(
+        "tool/ended",
+        json!({"toolName": "bash", "toolCallId": "call-rm -rf build", "isError": false}),
+    );
+
+    // The next call is denied: it reads as denied, not as run.
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "call-git push --force", "args": {"command": "git push --force"}}),
+    );
+    let decision = s.call_later("approval/request", bash("git push --force", true));
+    let asked = question(&fake, thread, "git push --force").await;
+    progress_reading(
+        &fake,
+        thread,
+        "bash: $ git push --force — waits for your approval",
+    )
+    .await;
+    tap(&fake, &asked, thread, USER, &button(&asked, "Deny"));
+    assert_eq!(answered(decision).await["decision"], "deny");
+    let denied = progress_reading(&fake, thread, "— denied, not run").await;
+    assert_eq!(denied.message_id, waiting.message_id, "edited in place");
+    assert!(
+        denied
+            .plain_text
+            .starts_with("⚙️ Working · 1 tool · 1 denied · ")
+            && denied
+                .plain_text
+                .contains("🚫 bash: $ git push --force — denied, not run"),
+        "{}",
+        denied.plain_text
+    );
+    s.notify(
+        "tool/ended",
+        json!({"toolName": "bash", "toolCallId": "call-git push --force", "isError": true}),
+    );
+    s.notify(
+        "turn/ended",
+        json!({"assistantText": "Built, not pushed.", "toolCalls": []}),
+    );
+    s.notify(
+        "agent/ended",
+        json!({"lastAssistantText": "Built, not pushed."}),
+    );
+    let summary = progress_reading(&fake, thread, "✓ · 1 tool · 1 denied · ").await;
+    assert_eq!(summary.message_id, waiting.message_id);
+    // The progress message, two approvals and the answer: nothing more.
+    let texts: Vec<String> = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .map(|m| m.plain_text)
+        .filter(|t| !t.starts_with("🟢") && !t.contains("connected"))
+        .collect();
+    assert_eq!(texts.len(), 4, "{texts:#?}");
+}

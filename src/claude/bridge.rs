@@ -194,6 +194,9 @@ impl Bridge {
                     "cwd": cwd,
                     "session": info,
                     "hasUI": false,
+                    // `agent/abort` is refused: Claude Code at its keyboard
+                    // is stopped there (Esc), so no stop button is offered.
+                    "canAbort": false,
                 });
                 self.session
                     .request(method::INITIALIZE, params, QUICK)

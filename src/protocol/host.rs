@@ -63,6 +63,16 @@ pub struct InitializeParams {
     /// Whether the host can show dialogs (`ui/confirm`).
     #[serde(default, rename = "hasUI")]
     pub has_ui: bool,
+    /// Whether `agent/abort` can stop the host's turn. Where it cannot
+    /// (Claude Code at its own keyboard), a private chat's draft offers no
+    /// stop button: a button that cannot stop anything is not shown.
+    #[serde(default = "can_abort_by_default", rename = "canAbort")]
+    pub can_abort: bool,
+}
+
+/// Hosts that said nothing about it (pi's extension, older hosts) can.
+fn can_abort_by_default() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -16,6 +16,7 @@ use futures::FutureExt;
 
 use super::Session;
 use super::dialog::{Answer, Options, Question, Terminal, Who};
+use super::outbound::{ApprovalStep, Asked, ToTopic};
 use crate::policy::{self, Mode, Reason};
 use crate::protocol::bus::{FileSource, MAX_INLINE_FILE, SendAs, SendFile, TopicOp};
 use crate::protocol::host::*;
@@ -161,6 +162,45 @@ impl Session {
                     }),
             )),
         };
+        // The progress shows the call as waiting, not running, until the
+        // person (or the timeout) decides; the approval message asks.
+        let step = |asked| {
+            ToTopic::Approval(ApprovalStep {
+                call_id: request.tool_call_id.clone(),
+                name: request.tool.clone(),
+                argument: super::in_short(&request.input),
+                asked,
+            })
+        };
+        self.send_out(step(Asked::Waiting));
+        let decided = self
+            .ask_person_to_approve(request, question, policy.grant)
+            .await;
+        self.send_out(step(match decided.decision {
+            Decision::Deny => Asked::Denied,
+            // The host's own dialog decides a deferred call: it shows as
+            // running until the host says how it ended.
+            Decision::Allow | Decision::Defer => Asked::Allowed,
+        }));
+        decided
+    }
+
+    /// Asks `question` about `request` and makes the person's answer the
+    /// host's decision; "Allow for this session" grants the tool for
+    /// `grant`.
+    async fn ask_person_to_approve(
+        &self,
+        request: &ApprovalParams,
+        question: Question<Approval>,
+        grant: Duration,
+    ) -> ApprovalResult {
+        let result = |decision, by, reason: Option<String>| ApprovalResult {
+            decision,
+            reason,
+            by,
+            for_session: false,
+        };
+        let grant_minutes = grant.as_secs() / 60;
         match self.ask_person(question).await {
             Answer::Choice { choice, by } => {
                 let by_whom = who(&by);
@@ -182,7 +222,7 @@ impl Session {
                         result(Decision::Allow, by, Some(format!("allowed {by_whom}")))
                     }
                     Approval::AllowForSession => {
-                        self.grants().grant(&request.tool, policy.grant);
+                        self.grants().grant(&request.tool, grant);
                         ApprovalResult {
                             for_session: true,
                             ..result(

@@ -63,6 +63,7 @@ struct Identity {
     session: SessionInfo,
     host_pid: Option<u32>,
     has_ui: bool,
+    can_abort: bool,
 }
 
 impl Identity {
@@ -300,6 +301,11 @@ impl Session {
 
     fn has_ui(&self) -> bool {
         self.state().identity.as_ref().is_some_and(|i| i.has_ui)
+    }
+
+    /// Whether `/stop` (and a draft's stop button) can stop the host's turn.
+    fn can_abort(&self) -> bool {
+        self.state().identity.as_ref().is_none_or(|i| i.can_abort)
     }
 
     /// The session's working directory, as the host said.
@@ -823,6 +829,7 @@ impl Handler for Session {
             session: params.session,
             host_pid: params.pid,
             has_ui: params.has_ui,
+            can_abort: params.can_abort,
         });
         Ok(InitializeResult {
             protocol_version: PROTOCOL_VERSION,
@@ -887,6 +894,7 @@ impl Handler for Session {
                 self.send_out(ToTopic::Tool {
                     name: tool.tool_name,
                     argument,
+                    call_id: tool.tool_call_id,
                 });
             }
             HostEvent::AgentEnded(ended) => {
@@ -1006,7 +1014,7 @@ impl Handler for Session {
 /// A tool's argument in one line for the progress message: the first
 /// line of its preview, or, where that says nothing (a tool of the agent's
 /// own whose preview is its JSON, `{`), its first text field.
-fn in_short(args: &serde_json::Value) -> String {
+pub(super) fn in_short(args: &serde_json::Value) -> String {
     let preview = crate::policy::preview(args);
     let first = preview.text.lines().next().unwrap_or_default().trim();
     if first.chars().any(char::is_alphanumeric) {

@@ -75,8 +75,16 @@ pub enum ToTopic {
     Plain(String),
     /// The agent started (true) or stopped (false) working.
     Busy(bool),
-    /// A tool call started: its name and what it works on, in short.
-    Tool { name: String, argument: String },
+    /// A tool call started: its name, what it works on in short, and the
+    /// host's id for it (an approval names the call by it).
+    Tool {
+        name: String,
+        argument: String,
+        call_id: Option<String>,
+    },
+    /// A call waits for a person's approval, or was just decided: the
+    /// progress shows it as waiting, then as running or denied.
+    Approval(ApprovalStep),
     /// What the agent wrote on its way (the text of a turn that goes on
     /// with tool calls): folded into the progress message, not a message
     /// of its own, so a turn costs two messages whatever the model says.
@@ -113,6 +121,75 @@ impl ToTopic {
     }
 }
 
+/// Where a tool call that needed a person's approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// The approval message asks; nothing runs.
+    Waiting,
+    /// Allowed: the call runs.
+    Allowed,
+    /// Denied (by a person, a timeout or nobody to ask): it never runs.
+    Denied,
+}
+
+/// An approval as the progress shows it. `call_id` and `name` find the
+/// step it is about (Claude Code's permission hook names no call, only the
+/// tool); `argument` shows the call when no step was shown for it.
+#[derive(Debug, Clone)]
+pub struct ApprovalStep {
+    pub call_id: String,
+    pub name: String,
+    pub argument: String,
+    pub asked: Asked,
+}
+
+/// The tool call the progress shows now.
+#[derive(Debug, Clone)]
+struct Step {
+    call_id: Option<String>,
+    name: String,
+    /// The name and, in short, what it works on.
+    line: String,
+    asked: Option<Asked>,
+    /// Counted among the tools: a call that waits or was denied has not
+    /// run, and is not.
+    counted: bool,
+}
+
+impl Step {
+    fn new(name: String, argument: &str, call_id: Option<String>) -> Self {
+        let line = if argument.is_empty() {
+            name.clone()
+        } else {
+            format!("{name}: {}", crate::policy::clip(argument, TOOL_ARGUMENT))
+        };
+        Self {
+            call_id,
+            name,
+            line,
+            asked: None,
+            counted: false,
+        }
+    }
+
+    /// Whether `approval` is about this call: by its id where both have
+    /// one, else by the tool's name.
+    fn is(&self, approval: &ApprovalStep) -> bool {
+        match (&self.call_id, approval.call_id.is_empty()) {
+            (Some(id), false) => *id == approval.call_id,
+            _ => self.name.eq_ignore_ascii_case(&approval.name),
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self.asked {
+            Some(Asked::Waiting) => format!("🔐 {} — waits for your approval", self.line),
+            Some(Asked::Denied) => format!("🚫 {} — denied, not run", self.line),
+            Some(Asked::Allowed) | None => format!("▸ {}", self.line),
+        }
+    }
+}
+
 /// How much of one interim line the progress message shows while the
 /// agent works (the summary keeps more of each).
 const INTERIM_SHOWN: usize = 200;
@@ -128,13 +205,19 @@ struct Progress {
     /// What the turn is writing now (a draft shows it).
     writing: String,
     started: Instant,
+    /// Tool calls that ran (or run): not those waiting or denied.
     tools: u32,
-    current: String,
+    /// Tool calls a person (or the approval's timeout) denied.
+    denied: u32,
+    step: Option<Step>,
     /// What the agent wrote on its way, in order.
     said: Vec<String>,
     last_shown: Option<Instant>,
     /// Something changed since the message was last edited.
     stale: bool,
+    /// The change is one a person acts on (a call began or stopped
+    /// waiting for them): shown without waiting for the next edit.
+    urgent: bool,
 }
 
 impl Progress {
@@ -145,28 +228,83 @@ impl Progress {
             writing: String::new(),
             started: Instant::now(),
             tools: 0,
-            current: String::new(),
+            denied: 0,
+            step: None,
             said: Vec::new(),
             last_shown: None,
             stale: false,
+            urgent: false,
         }
     }
 
     fn text(&self) -> String {
-        let mut text = format!(
-            "⚙️ Working · {} · {}",
-            self.tool_count(),
-            elapsed(self.started)
-        );
+        let waiting = self
+            .step
+            .as_ref()
+            .is_some_and(|s| s.asked == Some(Asked::Waiting));
+        let how = if waiting {
+            "⏸ Waiting"
+        } else {
+            "⚙️ Working"
+        };
+        let mut text = format!("{how} · {} · {}", self.tool_count(), elapsed(self.started));
         if let Some(said) = self.said.last() {
             text.push_str("\n💬 ");
             text.push_str(&crate::policy::clip(said, INTERIM_SHOWN));
         }
-        if !self.current.is_empty() {
-            text.push_str("\n▸ ");
-            text.push_str(&self.current);
+        if let Some(step) = &self.step {
+            text.push('\n');
+            text.push_str(&step.shown());
         }
         text
+    }
+
+    /// A tool call started: it runs, unless it is the call an approval
+    /// already said waits (a host may ask before it tells of the call).
+    fn start(&mut self, step: Step) {
+        let waits = self.step.as_ref().is_some_and(|s| {
+            s.asked == Some(Asked::Waiting) && s.call_id.is_some() && s.call_id == step.call_id
+        });
+        if waits {
+            self.step = Some(Step {
+                asked: Some(Asked::Waiting),
+                ..step
+            });
+            return;
+        }
+        self.step = Some(Step {
+            counted: true,
+            ..step
+        });
+        self.tools += 1;
+    }
+
+    /// Where the call an approval is about stands now. A call the
+    /// progress never showed (the host told of it only by asking) becomes
+    /// its step.
+    fn decide(&mut self, approval: ApprovalStep) {
+        let mut step = match self.step.take() {
+            Some(step) if step.is(&approval) => step,
+            other => {
+                self.step = other;
+                let call_id = (!approval.call_id.is_empty()).then(|| approval.call_id.clone());
+                Step::new(approval.name.clone(), &approval.argument, call_id)
+            }
+        };
+        let runs = approval.asked == Asked::Allowed;
+        if step.counted && !runs {
+            self.tools -= 1;
+        } else if !step.counted && runs {
+            self.tools += 1;
+        }
+        step.counted = runs;
+        if approval.asked == Asked::Denied {
+            self.denied += 1;
+        }
+        step.asked = Some(approval.asked);
+        self.step = Some(step);
+        self.stale = true;
+        self.urgent = true;
     }
 
     /// The draft: the progress, then the end of what the turn is writing
@@ -217,11 +355,16 @@ impl Progress {
         summary
     }
 
+    /// How many calls ran, and how many were denied (they did not run).
     fn tool_count(&self) -> String {
-        match self.tools {
+        let mut count = match self.tools {
             1 => "1 tool".to_string(),
             n => format!("{n} tools"),
+        };
+        if self.denied > 0 {
+            count.push_str(&format!(" · {} denied", self.denied));
         }
+        count
     }
 }
 
@@ -291,7 +434,11 @@ impl TopicPoster {
                 match (drafting, p.stale) {
                     (true, true) => Some(last + DRAFT_EVERY),
                     (true, false) => Some(last + DRAFT_REFRESH),
-                    (false, stale) => stale.then(|| last + EDIT_EVERY),
+                    // What a person acts on is shown now; the rest waits
+                    // for the next edit.
+                    (false, stale) => {
+                        stale.then(|| if p.urgent { last } else { last + EDIT_EVERY })
+                    }
                 }
             });
             tokio::select! {
@@ -382,19 +529,25 @@ impl TopicPoster {
                         (false, _) => {}
                     }
                 }
-                ToTopic::Tool { name, argument } => {
+                ToTopic::Tool {
+                    name,
+                    argument,
+                    call_id,
+                } => {
                     let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
-                    p.tools += 1;
-                    p.current = if argument.is_empty() {
-                        name
-                    } else {
-                        format!("{name}: {}", crate::policy::clip(&argument, TOOL_ARGUMENT))
-                    };
+                    p.start(Step::new(name, &argument, call_id));
                     p.stale = true;
                     if !p.shown(self.drafting()) {
                         self.show(&mut p).await;
                     }
                     self.progress = Some(p);
+                }
+                ToTopic::Approval(approval) => {
+                    // The approval message is the one that asks: a turn
+                    // that shows nothing yet gets no message for it.
+                    if let Some(p) = self.progress.as_mut() {
+                        p.decide(approval);
+                    }
                 }
                 ToTopic::Interim(text) => {
                     let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
@@ -540,12 +693,14 @@ impl TopicPoster {
     async fn show(&self, p: &mut Progress) {
         p.last_shown = Some(Instant::now());
         p.stale = false;
+        p.urgent = false;
         if self.drafting() {
             let op = TopicOp::Draft(Draft {
                 draft_id: p.draft_id,
                 text: p.draft_html(),
                 format: TextFormat::Html,
-                can_stop: true,
+                // Offered only where pressing it stops the turn.
+                can_stop: self.session.upgrade().is_some_and(|s| s.can_abort()),
             });
             if let Err(e) = self.member.topic_background(op).await {
                 if e.code() == Some(BusErrorCode::Paced) {
@@ -674,8 +829,7 @@ mod tests {
     #[test]
     fn a_draft_shows_the_progress_and_the_end_of_what_is_written() {
         let mut p = Progress::new(1);
-        p.tools = 1;
-        p.current = "bash: ls".into();
+        p.start(Step::new("bash".into(), "ls", None));
         p.writing = format!("{}**the end**", "x".repeat(WRITING_SHOWN * 2));
         let html = p.draft_html();
         assert!(
@@ -707,11 +861,66 @@ mod tests {
         assert!(summary.contains("\n💬 …\n💬 the last word"), "{summary}");
         p.said = vec!["y".repeat(INTERIM_KEPT * 2)];
         assert!(p.summary(false).len() < INTERIM_KEPT + 100);
-        p.current = "bash: ls".into();
+        p.step = Some(Step::new("bash".into(), "ls", None));
         let shown = format!(
             "\n💬 {}\n▸ bash: ls",
             crate::policy::clip(&p.said[0], INTERIM_SHOWN)
         );
         assert!(p.text().ends_with(&shown), "{}", p.text());
+    }
+
+    #[test]
+    fn a_call_waiting_for_approval_shows_as_waiting_then_as_running_or_denied() {
+        let approval = |call_id: &str, asked| ApprovalStep {
+            call_id: call_id.into(),
+            name: "bash".into(),
+            argument: "$ rm -rf build".into(),
+            asked,
+        };
+        let mut p = Progress::new(1);
+        p.start(Step::new(
+            "bash".into(),
+            "$ rm -rf build",
+            Some("t1".into()),
+        ));
+        p.decide(approval("t1", Asked::Waiting));
+        assert_eq!(
+            p.text(),
+            "⏸ Waiting · 0 tools · 0:00\n🔐 bash: $ rm -rf build — waits for your approval"
+        );
+        p.decide(approval("t1", Asked::Allowed));
+        assert_eq!(
+            p.text(),
+            "⚙️ Working · 1 tool · 0:00\n▸ bash: $ rm -rf build"
+        );
+
+        // Claude Code's permission hook names no call: the tool's name finds it.
+        p.start(Step::new("bash".into(), "$ git push -f", Some("t2".into())));
+        p.decide(approval("", Asked::Waiting));
+        p.decide(approval("", Asked::Denied));
+        assert_eq!(
+            p.text(),
+            "⚙️ Working · 1 tool · 1 denied · 0:00\n🚫 bash: $ git push -f — denied, not run"
+        );
+        assert_eq!(p.summary(false), "✓ · 1 tool · 1 denied · 0:00");
+
+        // A call the host told of only by asking becomes the step, uncounted.
+        let mut p = Progress::new(1);
+        p.decide(approval("t3", Asked::Waiting));
+        assert!(p.text().contains("🔐 bash: $ rm -rf build"), "{}", p.text());
+        p.decide(approval("t3", Asked::Denied));
+        assert_eq!(p.summary(false), "✓ · 0 tools · 1 denied · 0:00");
+
+        // Asked before the host tells of the call: the call still waits.
+        p.decide(approval("t4", Asked::Waiting));
+        p.start(Step::new("bash".into(), "$ make", Some("t4".into())));
+        assert!(
+            p.text()
+                .ends_with("🔐 bash: $ make — waits for your approval"),
+            "{}",
+            p.text()
+        );
+        p.decide(approval("t4", Asked::Allowed));
+        assert_eq!(p.summary(false), "✓ · 1 tool · 1 denied · 0:00");
     }
 }

@@ -50,8 +50,10 @@ export const RELAY_EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "
  * The relay as `install claude-code` configures it, for `world`'s Claude Code:
  * `agent-relay mcp` and its hooks (binary `sidecar`) against the fake Bot API
  * `telegram`. Returns the `claude` arguments and the environment to run with.
+ * `privateChat`: no group, the topics in the allowed user's private chat (the
+ * default `setup` makes), where a turn shows as a draft.
  */
-export async function relayConfig(world, telegram, sidecar, { log } = {}) {
+export async function relayConfig(world, telegram, sidecar, { log, privateChat = false } = {}) {
 	const hooks = {};
 	for (const event of RELAY_EVENTS) {
 		const timeout = event === "PermissionRequest" ? 600 : 30;
@@ -64,7 +66,7 @@ export async function relayConfig(world, telegram, sidecar, { log } = {}) {
 	const env = {
 		AGENT_RELAY_HOME: join(world.root, "relay"),
 		TELEGRAM_BOT_TOKEN: telegram.token,
-		AGENT_RELAY_CHAT_ID: String(telegram.chatId),
+		...(privateChat ? {} : { AGENT_RELAY_CHAT_ID: String(telegram.chatId) }),
 		AGENT_RELAY_ALLOWED_USERS: String(telegram.userId),
 		AGENT_RELAY_API_URL: telegram.url,
 		...(log ? { AGENT_RELAY_LOG: log } : {}),

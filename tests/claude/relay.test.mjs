@@ -5,7 +5,8 @@
 // * the session gets its topic at start (SessionStart), the model's answer lands
 //   in it (Stop), and the `reply` tool posts into it;
 // * a Bash call that needs permission waits for the tap on the phone
-//   (PermissionRequest) and runs only on Allow; Deny reaches the model;
+//   (PermissionRequest), shown as waiting in the progress message, and runs
+//   only on Allow; Deny reaches the model;
 // * `--resume` brings the session back into its old topic;
 // * nothing is lost when a session ends: with Telegram slow, the answer lands
 //   though Claude Code kills its MCP server right after it; two sessions ending
@@ -78,6 +79,11 @@ test("a Bash call waits for the tap: Allow runs it, Deny blocks it and the model
 		const button = asked.reply_markup.inline_keyboard.flat().find((b) => b.text.includes(label));
 		assert.ok(button, JSON.stringify(asked.reply_markup));
 		assert.ok(!existsSync(allowFile), "nothing runs before the tap");
+		// The progress shows the call waiting (PermissionRequest names no call:
+		// the tool's name finds PreToolUse's step).
+		await telegram.said(topic.thread_id, (text) => text.startsWith("⏸ Waiting") && text.includes("🔐 Bash: ") && text.includes("— waits for your approval"), {
+			what: "the progress message showing the call waiting",
+		});
 		await telegram.tap(topic.thread_id, asked.message_id, button.callback_data);
 		return { topic, asked };
 	};

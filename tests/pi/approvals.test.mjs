@@ -64,6 +64,11 @@ test("a tool call from a Telegram turn waits for Allow on the phone, then runs",
 
 	const asked = await question(world, topic.thread_id, "echo approved-run");
 	assert.match(asked.plain_text, /bash wants to run/);
+	// The progress message shows the call waiting, not running.
+	const waiting = await world.bot.said(topic.thread_id, (plain) => plain.includes("🔐 bash: $ echo approved-run — waits for your approval"), {
+		what: "the progress message showing the call waiting",
+	});
+	assert.match(waiting.plain_text, /^⏸ Waiting · 0 tools · /);
 	// The tool has not run: pi waits in its tool_call handler.
 	assert.equal(pi.events.slice(from).filter((e) => e.type === "tool_execution_end").length, 0);
 
@@ -89,6 +94,12 @@ test("a tool call from a Telegram turn waits for Allow on the phone, then runs",
 	await world.bot.said(topic.thread_id, (plain) => plain.includes("tool bash returned: approved-run"), {
 		what: "the answer with the tool's output",
 	});
+	// The same message became the summary: the allowed call ran.
+	await eventually(
+		async () => /^✓ · 1 tool · \d+:\d\d$/.test((await world.bot.message(waiting.message_id)).plain_text),
+		30_000,
+		"the summary counting the call that ran",
+	);
 });
 
 test("Deny blocks the call and pi sees why", { timeout: TEST_MS }, async (t) => {
@@ -97,6 +108,9 @@ test("Deny blocks the call and pi sees why", { timeout: TEST_MS }, async (t) => 
 	const from = pi.mark();
 	await world.bot.injectMessage(topic.thread_id, 'go [[tool:bash {"command":"echo never-run"}]]');
 	const asked = await question(world, topic.thread_id, "echo never-run");
+	const waiting = await world.bot.said(topic.thread_id, (plain) => plain.includes("— waits for your approval"), {
+		what: "the progress message showing the call waiting",
+	});
 	await world.bot.tap(topic.thread_id, asked.message_id, button(asked, "Deny"));
 	const ended = await pi.waitFor((e) => e.type === "tool_execution_end", { ms: 30_000, from, what: "the blocked call" });
 	assert.equal(ended.isError, true);
@@ -104,6 +118,12 @@ test("Deny blocks the call and pi sees why", { timeout: TEST_MS }, async (t) => 
 	await world.bot.said(topic.thread_id, (plain) => plain.includes("tool bash returned: ") && plain.includes("denied this bash call on the phone"), {
 		what: "the model's answer naming the denial",
 	});
+	// A denied call is not counted as a tool that ran.
+	await eventually(
+		async () => /^✓ · 0 tools · 1 denied · \d+:\d\d$/.test((await world.bot.message(waiting.message_id)).plain_text),
+		30_000,
+		"the summary counting the call as denied",
+	);
 });
 
 test("no answer denies after the timeout, and the message says so", { timeout: TEST_MS }, async (t) => {

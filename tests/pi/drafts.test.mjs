@@ -19,11 +19,6 @@ async function privatePi(world, name) {
 	return { pi, topic };
 }
 
-/** The drafts of `threadId`. */
-async function draftsIn(world, threadId) {
-	return (await world.bot.drafts()).filter((d) => d.thread_id === threadId);
-}
-
 test("a turn streams into a growing draft and lands as one message", { timeout: TEST_MS }, async (t) => {
 	const world = await World.create(t);
 	const { pi, topic } = await privatePi(world, "alpha");
@@ -40,7 +35,7 @@ test("a turn streams into a growing draft and lands as one message", { timeout: 
 		"the answer in the topic",
 	);
 
-	const drafts = await draftsIn(world, topic.thread_id);
+	const drafts = await world.bot.draftsIn(topic.thread_id);
 	assert.equal(drafts.length, 1, `one draft for the turn: ${JSON.stringify(drafts)}`);
 	const written = [...new Set(drafts[0].texts.filter((text) => text.includes("The answer")))];
 	assert.ok(written.length >= 2, `the draft grows as the model writes: ${JSON.stringify(drafts[0].texts)}`);
@@ -61,7 +56,7 @@ test("the draft's stop button stops pi's turn", { timeout: TEST_MS }, async (t) 
 	const from = pi.mark();
 	await world.bot.injectPrivate(topic.thread_id, "think hard");
 	const draft = await eventually(
-		async () => (await draftsIn(world, topic.thread_id)).find((d) => d.can_stop && d.texts.some((x) => x.includes("at length"))),
+		async () => (await world.bot.draftsIn(topic.thread_id)).find((d) => d.can_stop && d.texts.some((x) => x.includes("at length"))),
 		30_000,
 		"a draft with the model's text and a stop button",
 	);

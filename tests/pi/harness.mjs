@@ -246,6 +246,11 @@ export class FakeBotApi {
 		return this.control("GET", "drafts");
 	}
 
+	/** The drafts the bot streamed into topic `threadId` of the private chat. */
+	async draftsIn(threadId) {
+		return (await this.drafts()).filter((d) => d.thread_id === threadId);
+	}
+
 	/** The allowed user presses the stop button of draft `draftId` in their topic `threadId`. */
 	pressStop(threadId, draftId) {
 		return this.control("POST", "press_stop", { chat_id: USER_ID, thread_id: threadId, draft_id: draftId });
