@@ -3,7 +3,7 @@
 //! a tap changes, timeouts, grants, the terminal racing the phone, and a
 //! question surviving a failover.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

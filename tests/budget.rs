@@ -8,7 +8,7 @@
 //! and draws no 429: the next leader goes on from the last one's budget.
 //! Real sidecars against the fake Bot API; every wait has a deadline.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The machine-local bus with real processes: election, failover, heartbeats,
 //! fencing and hostile clients. Each test owns its `AGENT_RELAY_HOME`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

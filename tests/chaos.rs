@@ -10,7 +10,7 @@
 //! as the pi adapter does. The test counts those redeliveries separately and
 //! bounds them by the number of kills.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

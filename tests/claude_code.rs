@@ -5,7 +5,7 @@
 //! (`tests/claude/fixtures/hook-inputs.json`). The fake Bot API plays
 //! Telegram. `tests/claude/relay.test.mjs` runs the real Claude Code.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

@@ -6,8 +6,7 @@
 //! on a panic); every store lives in a temporary directory. Timing bounds
 //! are the design's own (the lease time plus a margin), never speed.
 
-#[path = "cluster/nats.rs"]
-mod nats;
+use crate::nats;
 
 use std::time::Duration;
 

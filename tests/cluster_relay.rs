@@ -8,9 +8,8 @@
 //! Timing bounds are the design's own (the lease time plus a margin),
 //! never speed: `scripts/bench` measures that.
 
-mod common;
-#[path = "cluster/nats.rs"]
-mod nats;
+use crate::common;
+use crate::nats;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

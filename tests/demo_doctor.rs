@@ -2,7 +2,7 @@
 //! real binary, its exit code and what it prints. Doctor talks to an
 //! in-process fake Bot API set up for each case.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

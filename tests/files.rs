@@ -6,7 +6,7 @@
 //! delivers the file once after failover, voice notes are transcribed (or
 //! the topic says how), and a long answer that is mostly code goes as a file.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};

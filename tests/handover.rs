@@ -5,7 +5,7 @@
 //! Telegram is made slow (one second a `sendMessage`, as a busy chat is),
 //! so every process here is gone while the answer still waits to go.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The host protocol, end to end: the real binary driven as a coding agent
 //! would drive it.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

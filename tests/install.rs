@@ -7,7 +7,7 @@
 //! The real hosts install the real packages in `tests/pi/package.test.mjs`
 //! and `tests/claude/plugin.test.mjs`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

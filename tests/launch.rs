@@ -7,7 +7,7 @@
 //! The real agents under `agent-relay serve` are `tests/pi/launch.test.mjs`,
 //! `tests/pi/launch-cluster.test.mjs` and `tests/claude/launch.test.mjs`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

@@ -2,7 +2,7 @@
 //! fake Bot API. Earlier systems shipped each of these with races; these
 //! tests are the point.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

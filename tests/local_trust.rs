@@ -7,7 +7,7 @@
 //! test process, root in CI, plays the other user); without root they say
 //! so and skip. Everything else runs as anyone.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! switched away and opened again when it is resumed. Real sidecars against
 //! the fake Bot API; every wait has a deadline.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! offline delivery, failover, disconnect, restart, the status line and
 //! pairing from a session.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! fake Bot API: topics, inbound delivery, answers, failover, offline
 //! owners, deleted topics, profiles and pairing.
 
-mod common;
+use crate::common;
 
 use agent_relay::fake_bot_api::Inject;
 use common::{

@@ -3,7 +3,7 @@
 //! that the bot token never leaves the process. The bus directory's modes are
 //! checked in `tests/bus.rs` (`the_bus_directory_is_private_and_the_socket_is_0600`).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

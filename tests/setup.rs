@@ -4,7 +4,7 @@
 //! bounded by the pty's timeout, every process is killed when its session
 //! is dropped, and each test has its own home.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! proxied through the leader. Timing is only ever checked on the fake's
 //! call record, never on the test's own clock.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -592,6 +592,35 @@ fn the_code_map_names_files_that_exist() {
     );
 }
 
+/// The integration tests are one binary (`tests/suite.rs`, `autotests =
+/// false`): a file beside it that it does not name would never run.
+#[test]
+fn every_test_file_is_a_module_of_the_suite() {
+    let folder = root().join("tests");
+    let suite = std::fs::read_to_string(folder.join("suite.rs")).expect("tests/suite.rs");
+    let named: BTreeSet<&str> = suite
+        .lines()
+        .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+        .collect();
+    let mut left_out = Vec::new();
+    for entry in std::fs::read_dir(&folder).expect("tests/") {
+        let path = entry.expect("tests/ entry").path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if let Some(module) = name.strip_suffix(".rs")
+            && module != "suite"
+            && !named.contains(module)
+        {
+            left_out.push(name.to_string());
+        }
+    }
+    assert!(
+        left_out.is_empty(),
+        "tests/suite.rs does not name these files, so they never run: {left_out:?}"
+    );
+}
+
 /// Circles allowed by name: a handle and the actor it talks to, documented
 /// as one pair in their module's doc (`src/member/mod.rs`).
 const ALLOWED_CIRCLES: [(&str, [&str; 2]); 1] = [("src/member", ["actor", "handle"])];
