@@ -10,8 +10,8 @@
 //   tried.
 //
 // What a /v1/responses call is answered with, first match wins:
-// 1. A *side call* (no `tools` offered: a title or a summary) — a short fixed text,
-//    never consuming the script.
+// 1. A *side call* (no `tools` offered: a title or a summary; `fake.isSide` may say
+//    otherwise) — a short fixed text, never consuming the script.
 // 2. The next step queued with `fake.queue(step, …)`, a step being `{ text }`,
 //    `{ exec: { cmd, …arguments } }` (an `exec_command` tool call), `{ hold: promise,
 //    …step }` (answered when the promise settles: a turn that runs until the test
@@ -52,6 +52,12 @@ export class FakeOpenAI {
 		this.url = "";
 		/** Resolvers of `next()` waiters, called with each new turn request. */
 		this.waiters = new Set();
+		/**
+		 * Whether a request is Codex's own (a title, a summary) rather than a turn's. The
+		 * models of Codex's catalogue other than the configured one are sent no `tools`
+		 * (0.171), so a test that switches to one says which requests are side calls.
+		 */
+		this.isSide = (record) => record.tools.length === 0;
 	}
 
 	static async start() {
@@ -116,7 +122,7 @@ export class FakeOpenAI {
 		record.lastUserText = lastUser ? textOf(lastUser.content) : "";
 		const last = input.at(-1);
 		record.toolOutput = last?.type === "function_call_output" ? last : undefined;
-		record.kind = tools.length === 0 ? "side" : "turn";
+		record.kind = this.isSide(record) ? "side" : "turn";
 		if (record.kind === "turn") for (const waiter of this.waiters) waiter(record);
 
 		let step;
