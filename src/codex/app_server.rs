@@ -443,6 +443,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn close_ends_the_app_servers_input_while_clones_live_after_what_was_sent() {
+        use tokio::io::AsyncReadExt;
+        let (server, _incoming, mut theirs) = pipe();
+        let kept = server.clone();
+        server.notify("initialized", &json!({})).unwrap();
+        kept.close();
+        let mut rest = String::new();
+        tokio::time::timeout(Duration::from_secs(5), theirs.read_to_string(&mut rest))
+            .await
+            .expect("the input ends")
+            .unwrap();
+        assert_eq!(
+            rest.lines().collect::<Vec<_>>(),
+            [json!({"method": "initialized", "params": {}}).to_string()]
+        );
+    }
+
+    #[tokio::test]
     async fn an_error_and_a_closed_connection_are_errors_not_hangs() {
         use tokio::io::AsyncWriteExt;
         let (server, _incoming, mut theirs) = pipe();

@@ -2,7 +2,7 @@
 // real Codex's `app-server` on stdio with the relay as its only client, and plays the
 // host of its session. `/new project codex …` starts it in its own topic, the first
 // prompt is answered there, a second message is a second turn of the same process,
-// `/model` lists Codex's models (`model/list`) and switches (the fake Responses API
+// `/stop` interrupts a turn, `/model` lists Codex's models (`model/list`) and switches (the fake Responses API
 // sees the new name), a command asks on the phone and Allow runs it, `/end` then Resume
 // keep the topic and the history (`thread/resume`: the fake sees the earlier turns),
 // and serve killed and started again brings the session back in its topic.
@@ -67,7 +67,7 @@ async function codexAlone(world, text) {
 	}
 }
 
-test("/new … codex runs Codex's app-server in its own topic: turns, an approval, /model, /end and resume, serve restarted", async (t) => {
+test("/new … codex runs Codex's app-server in its own topic: turns, an approval, /stop, /model, /end and resume, serve restarted", async (t) => {
 	const world = await World.create(t);
 	const { telegram, fake } = world;
 	// Codex sends the catalogue's other models no `tools` (0.171), and compacts the
@@ -101,6 +101,20 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 	await telegram.tap(topic.thread_id, approval.message_id, buttons(approval).find((b) => b.text.includes("Allow")).callback_data);
 	await telegram.said(topic.thread_id, (text) => text.includes("tool exec_command returned") && text.includes("made"), { ms: WAIT, what: "the command's result" });
 	assert.ok(existsSync(made), "Allow ran it");
+
+	// /stop: the turn is interrupted, so the next message is answered while the model's
+	// first request still hangs (joining the running turn, it would wait for it).
+	let release;
+	fake.queue({ hold: new Promise((done) => (release = done)), text: "too late" });
+	t.after(() => release?.());
+	await telegram.injectMessage(topic.thread_id, "a long one");
+	await fake.next((r) => r.lastUserText.includes("a long one"));
+	await telegram.injectMessage(topic.thread_id, "/stop");
+	await telegram.said(topic.thread_id, (text) => text === "⏹ Stopped.", { ms: WAIT, what: "the stop" });
+	await telegram.injectMessage(topic.thread_id, "after the stop");
+	await telegram.said(topic.thread_id, (text) => text === "echo: after the stop", { ms: WAIT, what: "a turn after /stop" });
+	release();
+	assert.ok(!(await telegram.messages(topic.thread_id)).some((m) => m.plain_text.includes("too late")), "the interrupted turn's answer is not posted");
 
 	await telegram.injectMessage(topic.thread_id, "/model");
 	const list = await telegram.said(topic.thread_id, (text) => text.startsWith("🧠 Model of codex"), { ms: WAIT, what: "the models" });
