@@ -14,7 +14,7 @@ import { promisify } from "node:util";
 import { CHAT_ID, deadline, eventually, FakeBotApi, isOpen, isRunning, isSettled, REPO, Serve, USER_ID } from "../pi/harness.mjs";
 import { FakeOpenAI } from "./fake-openai.mjs";
 
-export { eventually, isOpen, isRunning, isSettled, USER_ID };
+export { CHAT_ID, eventually, isOpen, isRunning, isSettled, USER_ID };
 const here = dirname(fileURLToPath(import.meta.url));
 const run = promisify(execFile);
 
@@ -63,7 +63,8 @@ export function processesOf(program) {
 }
 
 export class World {
-	static async create(t) {
+	/** `features`: lines added to `[features]` of Codex's config.toml. */
+	static async create(t, { features = [] } = {}) {
 		assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 		assert.ok(existsSync(CODEX), `${CODEX} is missing: run \`npm ci --prefix tests/codex\` first`);
 		const world = new World();
@@ -93,6 +94,7 @@ export class World {
 				"plugins = false",
 				"apps = false",
 				"unbounded_connection_retries = false",
+				...features,
 				"[analytics]",
 				"enabled = false",
 				"[notice.model_migrations]",
