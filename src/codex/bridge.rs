@@ -275,6 +275,7 @@ impl Bridge {
                     .await?;
                 // The connection that starts a thread gets its events.
                 self.state().subscribed = true;
+                self.name_after_folder(&opened.thread.id, cwd).await;
                 self.adopt(opened.thread, "startup").await;
             }
             Mode::Alone(Opening::Resume { thread_id }) => {
@@ -303,6 +304,34 @@ impl Bridge {
             }
         }
         Ok(())
+    }
+
+    /// Names a thread the relay opened after its folder, as its topic is
+    /// named. Codex writes nothing of a thread before its first turn, so
+    /// one ended before that could not be resumed (`no rollout found`): a
+    /// session started without a prompt, then ended, idle or caught by a
+    /// restart of `serve`. Naming it writes it down.
+    async fn name_after_folder(&self, thread_id: &str, cwd: &str) {
+        let Some(name) = std::path::Path::new(cwd)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+        else {
+            return;
+        };
+        let named: Result<Value, _> = self
+            .codex
+            .request(
+                codex::THREAD_NAME_SET,
+                &json!({"threadId": thread_id, "name": name}),
+                QUICK,
+            )
+            .await;
+        if let Err(e) = named {
+            tracing::warn!(
+                thread_id,
+                "cannot name the thread (it cannot be resumed before its first turn): {e}"
+            );
+        }
     }
 
     /// A thread the TUI opened without a `thread/started` (a resumed one

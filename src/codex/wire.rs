@@ -22,6 +22,7 @@ pub mod method {
     pub const TURN_START: &str = "turn/start";
     pub const TURN_INTERRUPT: &str = "turn/interrupt";
     pub const MODEL_LIST: &str = "model/list";
+    pub const THREAD_NAME_SET: &str = "thread/name/set";
     pub const HOOKS_LIST: &str = "hooks/list";
     pub const CONFIG_BATCH_WRITE: &str = "config/batchWrite";
 

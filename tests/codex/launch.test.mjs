@@ -5,7 +5,8 @@
 // `/stop` interrupts a turn, `/model` lists Codex's models (`model/list`) and switches (the fake Responses API
 // sees the new name), a command asks on the phone and Allow runs it, `/end` then Resume
 // keep the topic and the history (`thread/resume`: the fake sees the earlier turns),
-// and serve killed and started again brings the session back in its topic.
+// and serve killed and started again brings the session back in its topic. A session
+// ended before its first turn comes back too (Codex writes down only a named thread).
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -151,4 +152,21 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 
 	const alone = await codexAlone(world, "hello alone");
 	t.diagnostic(`from /new to the first answer: ${firstAnswer} ms; Codex alone (spawn → answer): ${alone} ms; the relay's share: ${firstAnswer - alone} ms`);
+});
+
+test("a Codex session ended before its first turn is resumed in its topic", async (t) => {
+	const world = await World.create(t);
+	const { telegram } = world;
+	const serve = await world.serve();
+	await telegram.injectMessage(null, "/new project codex");
+	await telegram.said(null, (text) => text.includes("codex started"), { ms: WAIT, what: "the /new answer" });
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.injectMessage(topic.thread_id, "/end");
+	const ended = await telegram.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), { ms: WAIT, what: "the end" });
+	await eventually(() => serve.agents().length === 0, WAIT, "Codex gone");
+	await telegram.tap(topic.thread_id, ended.message_id, buttons(ended).find((b) => b.text.includes("Resume")).callback_data);
+	await eventually(async () => (await telegram.topics()).find((x) => x.thread_id === topic.thread_id)?.closed === false, WAIT, "reopened");
+	await telegram.injectMessage(topic.thread_id, "the first turn at last");
+	await telegram.said(topic.thread_id, (text) => text === "echo: the first turn at last", { ms: WAIT, what: "the first turn, after the resume" });
+	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
 });
