@@ -45,7 +45,7 @@ function textOf(content) {
 
 export class FakeOpenAI {
 	constructor() {
-		/** Every request: `{ method, path, body, kind, ... }`. */
+		/** Every request: `{ method, path, body, kind, at (Date.now()), ... }`. */
 		this.requests = [];
 		/** Requests this fake has no answer for (method + path). */
 		this.unknown = [];
@@ -95,7 +95,7 @@ export class FakeOpenAI {
 				body = raw;
 			}
 			const path = req.url.split("?")[0];
-			const record = { method: req.method, path, url: req.url, body };
+			const record = { method: req.method, path, url: req.url, body, at: Date.now() };
 			this.requests.push(record);
 			Promise.resolve()
 				.then(() => this.route(record, res))

@@ -14,7 +14,7 @@ import { promisify } from "node:util";
 import { CHAT_ID, deadline, eventually, FakeBotApi, isOpen, isRunning, isSettled, REPO, Serve, USER_ID } from "../pi/harness.mjs";
 import { FakeOpenAI } from "./fake-openai.mjs";
 
-export { CHAT_ID, eventually, isOpen, isRunning, isSettled, USER_ID };
+export { CHAT_ID, deadline, eventually, isOpen, isRunning, isSettled, USER_ID };
 const here = dirname(fileURLToPath(import.meta.url));
 const run = promisify(execFile);
 

@@ -2,8 +2,9 @@
 // real Codex's `app-server` on stdio with the relay as its only client, and plays the
 // host of its session. `/new project codex …` starts it in its own topic, the first
 // prompt is answered there, a second message is a second turn of the same process,
-// `/stop` interrupts a turn, `/model` lists Codex's models (`model/list`) and switches (the fake Responses API
-// sees the new name), a command asks on the phone and Allow runs it, `/end` then Resume
+// `/stop` interrupts a turn, `/model` lists Codex's models (`model/list`) and switches
+// (the fake Responses API sees the new name), a command asks on the phone and Allow
+// runs it, `/end` then Resume
 // keep the topic and the history (`thread/resume`: the fake sees the earlier turns),
 // and serve killed and started again brings the session back in its topic. A session
 // ended before its first turn comes back too (Codex writes down only a named thread).
@@ -13,7 +14,7 @@ import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CODEX, eventually, isOpen, World } from "./harness.mjs";
+import { CODEX, deadline, eventually, isOpen, World } from "./harness.mjs";
 
 const WAIT = 60_000;
 
@@ -61,7 +62,7 @@ async function codexAlone(world, text) {
 		codex.stdin.write(`${JSON.stringify({ method: "initialized" })}\n`);
 		const { thread } = await request("thread/start", { cwd: world.project });
 		await request("turn/start", { threadId: thread.id, input: [{ type: "text", text }] });
-		await eventually(() => Promise.race([done.then(() => true), new Promise((r) => setTimeout(() => r(false), 100))]), WAIT, "Codex alone to answer");
+		await deadline(done, WAIT, "Codex alone to answer");
 		return Date.now() - asked;
 	} finally {
 		codex.kill("SIGKILL");
@@ -82,6 +83,13 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
 	await telegram.said(topic.thread_id, (text) => text === "echo: hello from the phone", { ms: WAIT, what: "the first answer" });
 	const firstAnswer = Date.now() - asked;
+	// Where the time went: the model's first request on the test's clock, the topic and
+	// the answer on the fake Bot API's.
+	const modelAsked = fake.turns[0].at - asked;
+	const calls = await telegram.calls();
+	const at = (test) => calls.find(test)?.started_ms;
+	const topicToAnswer =
+		at((c) => c.method === "sendMessage" && String(c.params.text).includes("echo: hello from the phone")) - at((c) => c.method === "createForumTopic");
 	const [pid] = serve.agents();
 	assert.ok(pid, "Codex's app-server is serve's child");
 
@@ -151,7 +159,9 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
 
 	const alone = await codexAlone(world, "hello alone");
-	t.diagnostic(`from /new to the first answer: ${firstAnswer} ms; Codex alone (spawn → answer): ${alone} ms; the relay's share: ${firstAnswer - alone} ms`);
+	t.diagnostic(
+		`from /new to the first answer: ${firstAnswer} ms (the model asked at ${modelAsked} ms; the topic created ${topicToAnswer} ms before the answer was sent); Codex alone (spawn → answer): ${alone} ms; the relay's share: ${firstAnswer - alone} ms`,
+	);
 });
 
 test("a Codex session ended before its first turn is resumed in its topic", async (t) => {
