@@ -4,14 +4,14 @@
 // prompt is answered there, a second message is a second turn of the same process,
 // `/stop` interrupts a turn, `/model` lists Codex's models (`model/list`) and switches
 // (the fake Responses API sees the new name), a command asks on the phone and Allow
-// runs it, `/end` then Resume
+// runs it (and sees no bot token), `/end` then Resume
 // keep the topic and the history (`thread/resume`: the fake sees the earlier turns),
 // and serve killed and started again brings the session back in its topic. A session
 // ended before its first turn comes back too (Codex writes down only a named thread).
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { CODEX, deadline, eventually, isOpen, World } from "./harness.mjs";
@@ -99,7 +99,7 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 	assert.ok(history(fake.turns.at(-1)).includes("hello from the phone"), "one thread");
 
 	const made = join(world.project, "made-by-phone");
-	await telegram.injectMessage(topic.thread_id, `make it ${escalated("touch made-by-phone && echo made")}`);
+	await telegram.injectMessage(topic.thread_id, `make it ${escalated("env > made-by-phone && echo made")}`);
 	const approval = await eventually(
 		async () => (await telegram.messages(topic.thread_id)).find((m) => isOpen(m) && m.plain_text.includes("made-by-phone")),
 		WAIT,
@@ -110,6 +110,10 @@ test("/new … codex runs Codex's app-server in its own topic: turns, an approva
 	await telegram.tap(topic.thread_id, approval.message_id, buttons(approval).find((b) => b.text.includes("Allow")).callback_data);
 	await telegram.said(topic.thread_id, (text) => text.includes("tool exec_command returned") && text.includes("made"), { ms: WAIT, what: "the command's result" });
 	assert.ok(existsSync(made), "Allow ran it");
+	// What a command Codex runs sees: serve's environment less the relay's secrets.
+	const seen = readFileSync(made, "utf8");
+	assert.ok(!seen.includes(telegram.token) && !/^TELEGRAM_BOT_TOKEN=/m.test(seen), "no bot token for the model's commands");
+	assert.match(seen, /^AGENT_RELAY_LAUNCH_ID=\w+$/m);
 
 	// /stop: the turn is interrupted, so the next message is answered while the model's
 	// first request still hangs (joining the running turn, it would wait for it).
