@@ -15,7 +15,6 @@
 //! turns start with after `/model` (`turn/start`'s `model`), and the end
 //! (the app-server's input closed: it leaves).
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::json;
@@ -107,13 +106,13 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         }
     }
     let model = start.model.clone().or(opened.model);
-    let current = Arc::new(Mutex::new(model.clone()));
     let (control, controls) = mpsc::channel(16);
     let (exit_tx, exited) = oneshot::channel();
     let activity = bridge.activity();
+    let current = model.clone();
     tokio::spawn(async move {
         let exit = serve(
-            &running, &codex, &current, controls, &mut child, pid, &stderr,
+            &running, &codex, current, controls, &mut child, pid, &stderr,
         )
         .await;
         running.stop().await;
@@ -154,7 +153,7 @@ fn with_stderr(why: &str, exit: &Exit) -> String {
 async fn serve(
     running: &Running,
     codex: &AppServer,
-    current: &Arc<Mutex<Option<String>>>,
+    mut current: Option<String>,
     mut controls: mpsc::Receiver<Control>,
     child: &mut tokio::process::Child,
     pid: u32,
@@ -168,10 +167,7 @@ async fn serve(
         match control {
             Some(Control::Models(reply)) => {
                 let bridge = running.bridge().clone();
-                let current = current
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
+                let current = current.clone();
                 tokio::spawn(async move {
                     let listed = bridge.models().await.map_err(|e| e.to_string());
                     let _ = reply.send(listed.map(|list| (list, current)));
@@ -179,7 +175,7 @@ async fn serve(
             }
             Some(Control::SetModel(model, reply)) => {
                 running.bridge().set_model(Some(model.clone()));
-                *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(model.clone());
+                current = Some(model.clone());
                 let _ = reply.send(Ok(model));
             }
             Some(Control::End(done)) => {
