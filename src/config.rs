@@ -76,12 +76,12 @@ pub struct LaunchFile {
     /// End a launched session that had no turn for this many hours; the
     /// next message resumes it (default: never).
     pub idle_end_hours: Option<f64>,
-    /// The engine `/new` starts when none is named: `pi` or `claude`
-    /// (default `pi`).
+    /// The engine `/new` starts when none is named: `pi`, `claude` or
+    /// `codex` (default `pi`).
     pub engine: Option<String>,
     /// How to run each engine, as a list of arguments (no shell); the relay
     /// adds what makes it headless. Default: `pi = ["pi"]`,
-    /// `claude = ["claude"]`. pi must load the relay's extension: install
+    /// `claude = ["claude"]`, `codex = ["codex"]`. pi must load the relay's extension: install
     /// the package (`pi install`), or add `"-e", "<path>/scripts/pi-extension.ts"`.
     pub commands: Option<std::collections::BTreeMap<String, CommandLine>>,
 }
@@ -130,7 +130,7 @@ impl Default for LaunchPolicy {
             roots: Vec::new(),
             idle_end: None,
             default_engine: "pi".into(),
-            commands: [("pi", "pi"), ("claude", "claude")]
+            commands: [("pi", "pi"), ("claude", "claude"), ("codex", "codex")]
                 .into_iter()
                 .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
                 .collect(),

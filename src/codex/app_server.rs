@@ -166,12 +166,14 @@ struct Waiters {
 }
 
 /// The relay's end of one app-server connection. Clones share it; the
-/// connection closes when the last clone is dropped.
+/// connection closes when the last clone is dropped, or for every clone at
+/// [`AppServer::close`].
 #[derive(Clone)]
 pub struct AppServer {
     outgoing: mpsc::UnboundedSender<String>,
     waiters: Arc<Mutex<Waiters>>,
     next_id: Arc<AtomicI64>,
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for AppServer {
@@ -193,8 +195,16 @@ impl AppServer {
             mut outgoing,
         } = transport;
         let (lines, mut to_send) = mpsc::unbounded_channel::<String>();
+        let closing = tokio_util::sync::CancellationToken::new();
+        let closed = closing.clone();
         tokio::spawn(async move {
-            while let Some(line) = to_send.recv().await {
+            loop {
+                let line = tokio::select! {
+                    biased;
+                    line = to_send.recv() => line,
+                    () = closed.cancelled() => None,
+                };
+                let Some(line) = line else { break };
                 if let Err(e) = outgoing.send(line).await {
                     tracing::debug!("writing to Codex's app-server failed: {e}");
                     break;
@@ -232,8 +242,15 @@ impl AppServer {
             outgoing: lines,
             waiters,
             next_id: Arc::new(AtomicI64::new(1)),
+            closing,
         };
         (server, received)
+    }
+
+    /// Closes the connection for every clone, after what was already sent:
+    /// on stdio the app-server reads the end of its input, and leaves.
+    pub fn close(&self) {
+        self.closing.cancel();
     }
 
     /// Connects to `codex app-server --listen unix://<socket>`.
@@ -423,6 +440,24 @@ mod tests {
             .unwrap();
         let answer = read_line(&mut theirs).await;
         assert_eq!(answer, json!({"id": 0, "result": {"decision": "accept"}}));
+    }
+
+    #[tokio::test]
+    async fn close_ends_the_app_servers_input_while_clones_live_after_what_was_sent() {
+        use tokio::io::AsyncReadExt;
+        let (server, _incoming, mut theirs) = pipe();
+        let kept = server.clone();
+        server.notify("initialized", &json!({})).unwrap();
+        kept.close();
+        let mut rest = String::new();
+        tokio::time::timeout(Duration::from_secs(5), theirs.read_to_string(&mut rest))
+            .await
+            .expect("the input ends")
+            .unwrap();
+        assert_eq!(
+            rest.lines().collect::<Vec<_>>(),
+            [json!({"method": "initialized", "params": {}}).to_string()]
+        );
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::app_server::{AppServer, AppServerError, Incoming};
@@ -54,6 +54,9 @@ const PERSON: Duration = Duration::from_secs(24 * 3600);
 /// How often a thread not yet subscribed to is tried again, besides after
 /// each of its status changes.
 const SUBSCRIBE_RETRY: Duration = Duration::from_secs(2);
+/// The most pages of `model/list` read (a page holds every model Codex
+/// 0.171 knows).
+const MODEL_PAGES: usize = 5;
 /// Update ids remembered to drop a prompt delivered twice.
 const SEEN: usize = 4096;
 /// The prefix of the `clientUserMessageId` of a prompt from the phone.
@@ -79,6 +82,14 @@ pub enum Mode {
 pub enum Opening {
     Start { cwd: String, model: Option<String> },
     Resume { thread_id: String },
+}
+
+/// The thread a session started from the phone got: what its engine
+/// needs to resume it and to name the model in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    pub thread_id: String,
+    pub model: Option<String>,
 }
 
 /// A request of Codex's that the bridge handed to the session and has not
@@ -123,6 +134,11 @@ pub struct Bridge {
     /// Pokes the subscriber: a moment at which `thread/resume` may work.
     try_subscribe: Notify,
     stop: CancellationToken,
+    /// The session's first thread, or why there is none (alone only).
+    opened: watch::Sender<Option<Result<Opened, String>>>,
+    /// When a turn last started or ended (a launched session idle long
+    /// enough is ended).
+    activity: watch::Sender<std::time::Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -150,7 +166,37 @@ impl Bridge {
             }),
             try_subscribe: Notify::new(),
             stop: CancellationToken::new(),
+            opened: watch::channel(None).0,
+            activity: watch::channel(std::time::Instant::now()).0,
         })
+    }
+
+    /// When a turn last started or ended.
+    pub fn activity(&self) -> watch::Receiver<std::time::Instant> {
+        self.activity.subscribe()
+    }
+
+    /// Waits until the session has its first thread (opened or resumed by
+    /// the bridge alone), or the bridge could not open one.
+    pub async fn opened(&self) -> Result<Opened, String> {
+        let mut opened = self.opened.subscribe();
+        let outcome = opened
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| "the bridge is gone".to_string())?
+            .clone();
+        outcome.unwrap_or_else(|| Err("the bridge is gone".into()))
+    }
+
+    /// The first outcome of opening a thread is the one that counts.
+    fn set_opened(&self, outcome: Result<Opened, String>) {
+        self.opened.send_if_modified(|opened| {
+            let first = opened.is_none();
+            if first {
+                *opened = Some(outcome);
+            }
+            first
+        });
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -183,6 +229,7 @@ impl Bridge {
         self.clone().spawn_subscriber();
         if let Err(e) = self.open_thread().await {
             tracing::warn!("no Codex thread for the session: {e}");
+            self.set_opened(Err(e.to_string()));
         }
         loop {
             let incoming = tokio::select! {
@@ -228,6 +275,7 @@ impl Bridge {
                     .await?;
                 // The connection that starts a thread gets its events.
                 self.state().subscribed = true;
+                self.name_after_folder(&opened.thread.id, cwd).await;
                 self.adopt(opened.thread, "startup").await;
             }
             Mode::Alone(Opening::Resume { thread_id }) => {
@@ -256,6 +304,34 @@ impl Bridge {
             }
         }
         Ok(())
+    }
+
+    /// Names a thread the relay opened after its folder, as its topic is
+    /// named. Codex writes nothing of a thread before its first turn, so
+    /// one ended before that could not be resumed (`no rollout found`): a
+    /// session started without a prompt, then ended, idle or caught by a
+    /// restart of `serve`. Naming it writes it down.
+    async fn name_after_folder(&self, thread_id: &str, cwd: &str) {
+        let Some(name) = std::path::Path::new(cwd)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+        else {
+            return;
+        };
+        let named: Result<Value, _> = self
+            .codex
+            .request(
+                codex::THREAD_NAME_SET,
+                &json!({"threadId": thread_id, "name": name}),
+                QUICK,
+            )
+            .await;
+        if let Err(e) = named {
+            tracing::warn!(
+                thread_id,
+                "cannot name the thread (it cannot be resumed before its first turn): {e}"
+            );
+        }
     }
 
     /// A thread the TUI opened without a `thread/started` (a resumed one
@@ -332,8 +408,13 @@ impl Bridge {
         };
         if let Err(e) = said {
             tracing::warn!("the session did not take Codex's thread: {e}");
+            self.set_opened(Err(format!("the relay's session did not take it: {e}")));
             return;
         }
+        self.set_opened(Ok(Opened {
+            thread_id: thread.id.clone(),
+            model: thread.model.clone(),
+        }));
         {
             let mut state = self.state();
             let resumed_already = state.subscribed && matches!(self.mode, Mode::Alone(_));
@@ -454,10 +535,12 @@ impl Bridge {
             state.turn = Some(turn_id.to_string());
             state.answer = None;
         }
+        self.activity.send_replace(std::time::Instant::now());
         self.tell_session(method::AGENT_STARTED, json!({}));
     }
 
     fn turn_completed(&self, turn: wire::Turn) {
+        self.activity.send_replace(std::time::Instant::now());
         let answer = {
             let mut state = self.state();
             state.phone_turns.remove(&turn.id);
@@ -1011,6 +1094,34 @@ impl Bridge {
             .await
             .map(|_| json!({}))
             .map_err(|e| (-32000, e.to_string()))
+    }
+
+    /// The models Codex offers a person (not the hidden ones), as
+    /// `model/list` pages them: what a turn names, and what the phone shows.
+    pub async fn models(
+        &self,
+    ) -> Result<Vec<crate::protocol::launch::ModelChoice>, AppServerError> {
+        let mut models = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MODEL_PAGES {
+            let page: wire::ModelList = self
+                .codex
+                .request(codex::MODEL_LIST, &json!({"cursor": cursor}), QUICK)
+                .await?;
+            models.extend(page.data.into_iter().filter(|m| !m.hidden).map(|m| {
+                let label = if m.display_name.trim().is_empty() {
+                    m.model.clone()
+                } else {
+                    m.display_name
+                };
+                crate::protocol::launch::ModelChoice { id: m.model, label }
+            }));
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        Ok(models)
     }
 
     /// A request to the session, for the launch engine (a command typed in

@@ -18,8 +18,8 @@
 //!   `agent-relay install codex` writes hooks that run `agent-relay hook
 //!   --host codex <event>`, each of which joins the relay for a moment.
 //!
-//! A session started from the phone (the launcher) needs [`start`] with
-//! [`Mode::Alone`] on an app-server it runs on stdio.
+//! A session started from the phone is [`launched`]: [`Mode::Alone`] on an
+//! app-server `agent-relay serve` runs on stdio (`launch/engines/codex.rs`).
 
 mod app_server;
 mod bridge;
@@ -33,7 +33,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 pub use app_server::{AppServer, AppServerError, Incoming, Transport};
-pub use bridge::{Bridge, Mode, Opening};
+pub use bridge::{Bridge, Mode, Opened, Opening};
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
@@ -62,11 +62,42 @@ pub fn start(
     config: Result<Config, ConfigError>,
     mode: Mode,
 ) -> Running {
+    start_as(codex, incoming, paths, config, mode, None)
+}
+
+/// [`start`] for a session `agent-relay serve` launched: alone on its
+/// app-server, registered as `launch_id` (the leader links the two).
+pub fn launched(
+    codex: AppServer,
+    incoming: mpsc::UnboundedReceiver<Incoming>,
+    paths: Paths,
+    config: Config,
+    opening: Opening,
+    launch_id: String,
+) -> Running {
+    start_as(
+        codex,
+        incoming,
+        paths,
+        Ok(config),
+        Mode::Alone(opening),
+        Some(launch_id),
+    )
+}
+
+fn start_as(
+    codex: AppServer,
+    incoming: mpsc::UnboundedReceiver<Incoming>,
+    paths: Paths,
+    config: Result<Config, ConfigError>,
+    mode: Mode,
+    launch: Option<String>,
+) -> Running {
     let crate::session::InProcess {
         link,
         from_session,
         session,
-    } = crate::session::InProcess::start(paths, config);
+    } = crate::session::InProcess::start_as(paths, config, launch);
     let bridge = Bridge::new(codex, link, mode);
     let bridged = tokio::spawn(bridge.clone().run(incoming, from_session));
     Running {

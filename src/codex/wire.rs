@@ -21,6 +21,8 @@ pub mod method {
     pub const THREAD_READ: &str = "thread/read";
     pub const TURN_START: &str = "turn/start";
     pub const TURN_INTERRUPT: &str = "turn/interrupt";
+    pub const MODEL_LIST: &str = "model/list";
+    pub const THREAD_NAME_SET: &str = "thread/name/set";
     pub const HOOKS_LIST: &str = "hooks/list";
     pub const CONFIG_BATCH_WRITE: &str = "config/batchWrite";
 
@@ -92,6 +94,9 @@ pub struct Thread {
     /// What the user named the thread (`/rename`), if anything.
     #[serde(default)]
     pub name: Option<String>,
+    /// The model its turns run with unless a turn names another.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 impl Thread {
@@ -107,6 +112,27 @@ impl Thread {
 #[derive(Debug, Clone, Deserialize)]
 pub struct WithThread {
     pub thread: Thread,
+}
+
+/// `model/list` result: the models Codex offers (its own catalogue, known
+/// offline too), a page at a time.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelList {
+    pub data: Vec<Model>,
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+/// One model of `model/list`: `model` is what a turn names.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Model {
+    pub model: String,
+    #[serde(default)]
+    pub display_name: String,
+    #[serde(default)]
+    pub hidden: bool,
 }
 
 /// `thread/start` params (a thread the relay starts itself).

@@ -13,7 +13,7 @@
 //! asked for, and the complete environment (no relay secrets in it:
 //! [`super::env`]). It **gives back** ([`Agent`]) a running child process
 //! (its pid), the agent's own session id to resume it by (pi: its session
-//! file; Claude Code: its session id), the model in use, a channel of
+//! file; Claude Code: its session id; Codex: its thread id), the model in use, a channel of
 //! [`Control`]s (list the models, switch the model, end the agent), a
 //! receiver that resolves with the process's [`Exit`], and a
 //! clock of its last turn (for `[launch] idle_end_hours`).
@@ -22,10 +22,10 @@
 //! relay session, like any topic message (the journal, in order, once).
 //! An agent that runs the relay's extension itself (pi's
 //! `scripts/pi-extension.ts`) has a session of its own; for one that does
-//! not (Claude Code, and Codex next), the engine runs a session inside
-//! `serve` (`super::hosted`) and plays its host, turning
-//! `agent/sendUserMessage` into the agent's own input protocol and the
-//! agent's output into host events. Stopping a turn is the session's too:
+//! not (Claude Code, Codex), the engine runs a session inside `serve`
+//! (`super::hosted`; for Codex the bridge of `crate::codex`) and plays its
+//! host, turning `agent/sendUserMessage` into the agent's own input
+//! protocol and the agent's output into host events. Stopping a turn is the session's too:
 //! `/stop` in the topic becomes `agent/abort` to its host (pi's extension
 //! aborts; a hosted engine sends its agent's interrupt). Either way the
 //! session registers with

@@ -1,9 +1,11 @@
 //! A relay session inside `serve`, for an engine whose agent runs no relay
-//! extension of its own (Claude Code headless, Codex): the same
-//! [`Session`] a sidecar runs, served over an in-memory pipe, with the
-//! engine as its host (as `claude::serve` does for Claude Code's MCP
-//! server). It registers as the launch, so the leader links the two, and
-//! joins the bus like any member.
+//! extension of its own (Claude Code headless): the same [`Session`] a
+//! sidecar runs, served over an in-memory pipe
+//! ([`crate::session::InProcess`]), with the engine as its host (as
+//! `claude::serve` does for Claude Code's MCP server). It registers as the
+//! launch, so the leader links the two, and joins the bus like any member.
+//! (Codex's engine has the same in the bridge `agent-relay codex` uses,
+//! `crate::codex::launched`.)
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -45,26 +47,15 @@ pub(super) struct Identity<'a> {
 impl Hosted {
     /// Starts the session and has it join the relay.
     pub async fn start(ctx: &Context, id: Identity<'_>) -> Result<Self, String> {
-        let (session_side, host_side) = tokio::io::duplex(1 << 16);
-        let (session_in, session_out) = tokio::io::split(session_side);
-        let (host_in, host_out) = tokio::io::split(host_side);
-        let (paths, config) = (ctx.paths.clone(), ctx.config.clone());
-        let sessions: Arc<OnceLock<Arc<Session>>> = Arc::default();
-        let slot = sessions.clone();
-        let launch = id.launch_id.to_string();
-        tokio::spawn(async move {
-            let served = crate::host::serve(session_in, session_out, move |link| {
-                let session = Session::new(link, paths, Ok(config));
-                session.set_launch(launch);
-                let _ = slot.set(session.clone());
-                session
-            })
-            .await;
-            if let Err(e) = served {
-                tracing::warn!("a hosted session's transport failed: {e}");
-            }
-        });
-        let (link, from_session) = Link::over(host_in, host_out, false);
+        let crate::session::InProcess {
+            link,
+            from_session,
+            session,
+        } = crate::session::InProcess::start_as(
+            ctx.paths.clone(),
+            Ok(ctx.config.clone()),
+            Some(id.launch_id.to_string()),
+        );
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "host": {"name": id.host, "version": ""},
@@ -97,15 +88,13 @@ impl Hosted {
         Ok(Self {
             link,
             from_session,
-            session: sessions,
+            session,
         })
     }
 
     /// Leaves the relay once what was queued for the topic went out.
     pub async fn close(&self) {
-        if let Some(session) = self.session.get() {
-            session.close().await;
-        }
+        crate::session::InProcess::close(&self.session).await;
         self.link.close();
     }
 }

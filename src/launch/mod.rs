@@ -9,13 +9,14 @@
 //!   sessions that were running started again when `serve` comes back.
 //! * [`engine`] — the seam every agent host plugs into: what an engine is
 //!   given and what it gives back. One file per engine under `engines/`
-//!   (`pi.rs`, `claude.rs`).
+//!   (`pi.rs`, `claude.rs`, `codex.rs`).
 //! * [`place`] — where agents may run: `[launch] roots`, links and owners.
 //! * [`env`] — the environment a launched agent gets.
 //! * `child` — spawning an agent's process and ending it; `hosted` — a
 //!   relay session in `serve`'s own process for an engine whose agent has
 //!   no relay extension of its own (Claude Code), which the engine plays
-//!   host to.
+//!   host to; Codex's engine has the same from `crate::codex`, whose
+//!   bridge plays host to it as it does in `agent-relay codex`.
 //! * [`service`] — `agent-relay install service`: the systemd user unit,
 //!   or the launchd agent on macOS.
 

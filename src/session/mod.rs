@@ -164,6 +164,16 @@ impl InProcess {
     /// Starts the session's transport; the session exists once the host
     /// says `initialize`.
     pub fn start(paths: Paths, config: Result<Config, ConfigError>) -> Self {
+        Self::start_as(paths, config, None)
+    }
+
+    /// [`InProcess::start`] for launch `launch` of `agent-relay serve`,
+    /// marked before the session can join the bus.
+    pub fn start_as(
+        paths: Paths,
+        config: Result<Config, ConfigError>,
+        launch: Option<String>,
+    ) -> Self {
         let (session_side, host_side) = tokio::io::duplex(1 << 16);
         let (session_in, session_out) = tokio::io::split(session_side);
         let (host_in, host_out) = tokio::io::split(host_side);
@@ -172,6 +182,9 @@ impl InProcess {
         tokio::spawn(async move {
             let served = crate::host::serve(session_in, session_out, move |link| {
                 let session = Session::new(link, paths, config);
+                if let Some(launch) = launch {
+                    session.set_launch(launch);
+                }
                 let _ = slot.set(session.clone());
                 session
             })

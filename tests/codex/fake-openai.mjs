@@ -10,16 +10,18 @@
 //   tried.
 //
 // What a /v1/responses call is answered with, first match wins:
-// 1. A *side call* (no `tools` offered: a title or a summary) — a short fixed text,
-//    never consuming the script.
+// 1. A *side call* (no `tools` offered: a title or a summary; `fake.isSide` may say
+//    otherwise) — a short fixed text, never consuming the script.
 // 2. The next step queued with `fake.queue(step, …)`, a step being `{ text }`,
-//    `{ exec: { cmd, …arguments } }` (an `exec_command` tool call), `{ hold: promise,
+//    `{ exec: { cmd, …arguments } }` (an `exec_command` tool call), `{ call: { name,
+//    arguments } }` (any function tool: `request_user_input`…), `{ custom: { name,
+//    input } }` (a freeform tool: `apply_patch` and its patch), `{ hold: promise,
 //    …step }` (answered when the promise settles: a turn that runs until the test
 //    lets it end), `{ error: { status, message } }`, or a function of the request
 //    returning one of these.
-// 3. When the input ends in a `function_call_output` — a text naming it:
-//    `tool exec_command returned: <output>`, so a test sees whether the command ran
-//    or was declined, and why.
+// 3. When the input ends in a tool's output — a text naming it: `tool exec_command
+//    returned: <output>` (the tool's name as it was called), so a test sees whether
+//    the command ran or was declined, and why.
 // 4. When the last user text holds a cue `[[exec {json arguments}]]` — an
 //    `exec_command` call with those arguments.
 // 5. Otherwise `echo: <last user text>`.
@@ -43,7 +45,7 @@ function textOf(content) {
 
 export class FakeOpenAI {
 	constructor() {
-		/** Every request: `{ method, path, body, kind, ... }`. */
+		/** Every request: `{ method, path, body, kind, at (Date.now()), ... }`. */
 		this.requests = [];
 		/** Requests this fake has no answer for (method + path). */
 		this.unknown = [];
@@ -52,6 +54,12 @@ export class FakeOpenAI {
 		this.url = "";
 		/** Resolvers of `next()` waiters, called with each new turn request. */
 		this.waiters = new Set();
+		/**
+		 * Whether a request is Codex's own (a title, a summary) rather than a turn's. The
+		 * models of Codex's catalogue other than the configured one are sent no `tools`
+		 * (0.171), so a test that switches to one says which requests are side calls.
+		 */
+		this.isSide = (record) => record.tools.length === 0;
 	}
 
 	static async start() {
@@ -87,7 +95,7 @@ export class FakeOpenAI {
 				body = raw;
 			}
 			const path = req.url.split("?")[0];
-			const record = { method: req.method, path, url: req.url, body };
+			const record = { method: req.method, path, url: req.url, body, at: Date.now() };
 			this.requests.push(record);
 			Promise.resolve()
 				.then(() => this.route(record, res))
@@ -115,8 +123,10 @@ export class FakeOpenAI {
 		const lastUser = input.findLast((i) => i?.role === "user");
 		record.lastUserText = lastUser ? textOf(lastUser.content) : "";
 		const last = input.at(-1);
-		record.toolOutput = last?.type === "function_call_output" ? last : undefined;
-		record.kind = tools.length === 0 ? "side" : "turn";
+		record.toolOutput = last?.type === "function_call_output" || last?.type === "custom_tool_call_output" ? last : undefined;
+		/** The name the answered call had. */
+		record.toolName = input.find((i) => (i?.type === "function_call" || i?.type === "custom_tool_call") && i.call_id === last?.call_id)?.name;
+		record.kind = this.isSide(record) ? "side" : "turn";
 		if (record.kind === "turn") for (const waiter of this.waiters) waiter(record);
 
 		let step;
@@ -127,7 +137,7 @@ export class FakeOpenAI {
 			if (typeof step === "function") step = step(record);
 		} else if (record.toolOutput) {
 			const output = typeof record.toolOutput.output === "string" ? record.toolOutput.output : JSON.stringify(record.toolOutput.output);
-			step = { text: `tool exec_command returned: ${output}` };
+			step = { text: `tool ${record.toolName ?? "exec_command"} returned: ${output}` };
 		} else {
 			const cue = CUE.exec(record.lastUserText);
 			step = cue ? { exec: JSON.parse(cue[1]) } : { text: `echo: ${record.lastUserText.trim()}` };
@@ -198,16 +208,24 @@ function sse(step, model) {
 		output.push(done);
 		index += 1;
 	}
-	if (step.exec) {
+	const call = step.exec ? { name: "exec_command", arguments: step.exec } : step.call;
+	if (call) {
 		const item = {
 			type: "function_call",
 			id: newId("fc"),
 			call_id: newId("call"),
-			name: "exec_command",
-			arguments: JSON.stringify(step.exec),
+			name: call.name,
+			arguments: JSON.stringify(call.arguments),
 			status: "completed",
 		};
 		event("response.output_item.added", { output_index: index, item: { ...item, arguments: "" } });
+		event("response.output_item.done", { output_index: index, item });
+		output.push(item);
+		index += 1;
+	}
+	if (step.custom) {
+		const item = { type: "custom_tool_call", id: newId("ctc"), call_id: newId("call"), name: step.custom.name, input: step.custom.input, status: "completed" };
+		event("response.output_item.added", { output_index: index, item: { ...item, input: "" } });
 		event("response.output_item.done", { output_index: index, item });
 		output.push(item);
 		index += 1;

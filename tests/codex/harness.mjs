@@ -11,10 +11,10 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { CHAT_ID, eventually, FakeBotApi, isOpen, isRunning, isSettled, REPO } from "../pi/harness.mjs";
+import { CHAT_ID, deadline, eventually, FakeBotApi, isOpen, isRunning, isSettled, REPO, Serve, USER_ID } from "../pi/harness.mjs";
 import { FakeOpenAI } from "./fake-openai.mjs";
 
-export { eventually, isOpen, isRunning, isSettled };
+export { CHAT_ID, deadline, eventually, isOpen, isRunning, isSettled, USER_ID };
 const here = dirname(fileURLToPath(import.meta.url));
 const run = promisify(execFile);
 
@@ -63,7 +63,8 @@ export function processesOf(program) {
 }
 
 export class World {
-	static async create(t) {
+	/** `features`: lines added to `[features]` of Codex's config.toml. */
+	static async create(t, { features = [] } = {}) {
 		assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 		assert.ok(existsSync(CODEX), `${CODEX} is missing: run \`npm ci --prefix tests/codex\` first`);
 		const world = new World();
@@ -76,6 +77,7 @@ export class World {
 		world.fake = await FakeOpenAI.start();
 		world.telegram = await FakeBotApi.start();
 		world.tmux = `agent-relay-codex-${process.pid}-${Date.now()}`;
+		world.serves = [];
 		t.after(() => world.stop());
 		await writeFile(
 			join(world.codexHome, "config.toml"),
@@ -92,6 +94,7 @@ export class World {
 				"plugins = false",
 				"apps = false",
 				"unbounded_connection_retries = false",
+				...features,
 				"[analytics]",
 				"enabled = false",
 				"[notice.model_migrations]",
@@ -233,7 +236,40 @@ export class World {
 		});
 	}
 
+	/**
+	 * Starts `agent-relay serve` launching Codex (`[launch.commands] codex` = the pinned
+	 * binary, `[launch] roots` = the world's root, so `/new project codex` is the world's
+	 * project) and waits until it is on the relay's bus. Its environment is the world's:
+	 * the token there too, which serve gives no agent.
+	 */
+	async serve() {
+		const dir = join(this.relayHome, "config");
+		await mkdir(dir, { recursive: true, mode: 0o700 });
+		await writeFile(
+			join(dir, "config.toml"),
+			["[launch]", `roots = ${JSON.stringify([this.root])}`, `engine = "codex"`, "[launch.commands]", `codex = ${JSON.stringify([CODEX])}`, ""].join("\n"),
+			{ mode: 0o600 },
+		);
+		const child = spawn(SIDECAR, ["serve"], { cwd: this.root, stdio: ["ignore", "pipe", "pipe"], env: this.env });
+		const serve = new Serve(child);
+		this.serves.push(serve);
+		await eventually(async () => (await this.relayStatus()).includes(`serve: pid ${serve.pid}`), 60_000, `serve on the bus: ${serve.stderr}`);
+		return serve;
+	}
+
+	/** What `agent-relay status` prints now ("" while no leader runs). */
+	async relayStatus() {
+		const child = spawn(SIDECAR, ["status"], { cwd: this.root, stdio: ["ignore", "pipe", "ignore"], env: this.env });
+		let out = "";
+		child.stdout.on("data", (c) => {
+			out += c;
+		});
+		await deadline(new Promise((done) => child.once("exit", done)), 15_000, "agent-relay status");
+		return out;
+	}
+
 	async stop() {
+		await Promise.allSettled(this.serves.map((serve) => serve.stop()));
 		// The wrapper's tree, before tmux goes (its SIGHUP ends the TUI, and
 		// the wrapper then stops its app-server, which still writes to
 		// CODEX_HOME for a moment).

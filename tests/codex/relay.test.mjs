@@ -4,11 +4,11 @@
 // model. Then plain `codex exec` with the hooks `agent-relay install codex` wrote.
 
 import assert from "node:assert/strict";
-import { existsSync, readdirSync, watch } from "node:fs";
+import { existsSync, readdirSync, readFileSync, watch } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CODEX, eventually, isOpen, isRunning, isSettled, processesOf, SIDECAR, treeOf, World } from "./harness.mjs";
+import { CHAT_ID, CODEX, eventually, isOpen, isRunning, isSettled, processesOf, SIDECAR, treeOf, USER_ID, World } from "./harness.mjs";
 
 /** The approval message in `threadId` that mentions `text`. */
 function asked(world, threadId, text) {
@@ -106,6 +106,79 @@ test("a command asks on the phone: Allow runs it, Deny does not, and the termina
 	const closed = await settled(world, third.message_id);
 	t.diagnostic(`the phone's message after the terminal answered:\n${closed.plain_text}`);
 	assert.match(closed.plain_text, /terminal/i, "the phone's message says the terminal answered");
+});
+
+/** The open question in `threadId` that mentions `text`. */
+function question(world, threadId, text) {
+	return eventually(
+		async () => (await world.telegram.messages(threadId)).find((m) => isOpen(m) && m.plain_text.includes(text)),
+		30_000,
+		`the question about ${text}`,
+	);
+}
+
+test("Codex's question (request_user_input) reaches the phone: a tap answers it, and so does a reply", async (t) => {
+	// Codex 0.171 offers the model request_user_input, but answers it "unavailable in
+	// Default mode" unless this feature is on (or the turn is in Plan mode).
+	const world = await World.create(t, { features: ["default_mode_request_user_input = true"] });
+	await world.wrapper();
+	const topic = await world.topic();
+	const ask = (id, question) => ({
+		call: {
+			name: "request_user_input",
+			arguments: { questions: [{ id, header: "Pick", question, options: [{ label: "Red", description: "warm" }, { label: "Blue", description: "cool" }] }] },
+		},
+	});
+
+	world.fake.queue(ask("color", "Which color first?"));
+	await world.telegram.injectMessage(topic.thread_id, "ask me");
+	const first = await question(world, topic.thread_id, "Which color first?");
+	t.diagnostic(`the phone asked:\n${first.plain_text}\nbuttons: ${first.reply_markup.inline_keyboard.flat().map((b) => b.text).join(" | ")}`);
+	await world.telegram.tap(topic.thread_id, first.message_id, button(first, "Blue"));
+	const tapped = await world.fake.next((r) => r.toolName === "request_user_input" && r.lastUserText === "ask me");
+	assert.deepEqual(JSON.parse(tapped.toolOutput.output), { answers: { color: { answers: ["Blue"] } } }, "Codex got the tapped option");
+	await world.telegram.said(topic.thread_id, (text) => text.includes("tool request_user_input returned") && text.includes("Blue"), { what: "the turn's answer" });
+
+	world.fake.queue(ask("shade", "Which shade then?"));
+	await world.telegram.injectMessage(topic.thread_id, "ask again");
+	const second = await question(world, topic.thread_id, "Which shade then?");
+	await world.telegram.control("POST", "inject_message", {
+		chat_id: CHAT_ID,
+		thread_id: topic.thread_id,
+		user_id: USER_ID,
+		text: "a deep green",
+		reply_to_message_id: second.message_id,
+	});
+	const replied = await world.fake.next((r) => r.toolName === "request_user_input" && r.lastUserText === "ask again");
+	assert.deepEqual(JSON.parse(replied.toolOutput.output), { answers: { shade: { answers: ["a deep green"] } } }, "Codex got the reply");
+	await settled(world, second.message_id);
+});
+
+test("a file change (apply_patch) asks on the phone: Allow applies it, Deny does not", async (t) => {
+	const world = await World.create(t);
+	// In a read-only sandbox every patch asks (workspace-write lets one under the
+	// project, and /tmp, through without a word).
+	await world.wrapper(["--sandbox", "read-only"]);
+	const topic = await world.topic();
+	const patch = (name) => ({ custom: { name: "apply_patch", input: `*** Begin Patch\n*** Add File: ${name}\n+written from the phone\n*** End Patch\n` } });
+
+	world.fake.queue(patch("allowed.txt"));
+	await world.telegram.injectMessage(topic.thread_id, "patch it");
+	const allow = await asked(world, topic.thread_id, "allowed.txt");
+	t.diagnostic(`the phone asked:\n${allow.plain_text}\nbuttons: ${allow.reply_markup.inline_keyboard.flat().map((b) => b.text).join(" | ")}`);
+	assert.ok(!existsSync(join(world.project, "allowed.txt")), "nothing is written before the tap");
+	await world.telegram.tap(topic.thread_id, allow.message_id, button(allow, "Allow"));
+	await world.telegram.said(topic.thread_id, (text) => text.includes("tool apply_patch returned") && text.includes("Success"), { what: "the patch's result" });
+	assert.equal(readFileSync(join(world.project, "allowed.txt"), "utf8"), "written from the phone\n", "Allow applied it");
+
+	world.fake.queue(patch("denied.txt"));
+	await world.telegram.injectMessage(topic.thread_id, "patch that");
+	const deny = await asked(world, topic.thread_id, "denied.txt");
+	await world.telegram.tap(topic.thread_id, deny.message_id, button(deny, "Deny"));
+	const refused = await world.fake.next((r) => r.toolName === "apply_patch" && r.lastUserText === "patch that");
+	t.diagnostic(`the model heard: ${JSON.stringify(refused.toolOutput.output)}`);
+	assert.match(String(refused.toolOutput.output), /rejected/);
+	assert.ok(!existsSync(join(world.project, "denied.txt")), "Deny kept it unwritten");
 });
 
 test("/stop interrupts the running turn", async (t) => {

@@ -4,6 +4,7 @@
 //! and a file beside this one.
 
 mod claude;
+mod codex;
 mod pi;
 
 use super::engine::{Agent, Context, EngineError, Start};
@@ -15,16 +16,19 @@ pub enum Engine {
     Pi,
     /// Claude Code headless and kept running (stream-json both ways).
     Claude,
+    /// Codex's app-server on stdio, the relay its only client.
+    Codex,
 }
 
 impl Engine {
-    pub const ALL: [Engine; 2] = [Engine::Pi, Engine::Claude];
+    pub const ALL: [Engine; 3] = [Engine::Pi, Engine::Claude, Engine::Codex];
 
     /// Its name in `/new`, `[launch.commands]` and the store.
     pub fn name(self) -> &'static str {
         match self {
             Self::Pi => "pi",
             Self::Claude => "claude",
+            Self::Codex => "codex",
         }
     }
 
@@ -37,6 +41,7 @@ impl Engine {
         match self {
             Self::Pi => pi::start(start, ctx).await,
             Self::Claude => claude::start(start, ctx).await,
+            Self::Codex => codex::start(start, ctx).await,
         }
     }
 }
