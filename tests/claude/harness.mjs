@@ -249,6 +249,8 @@ export class World {
 
 	async destroy() {
 		await this.fake?.stop();
-		await rm(this.root, { recursive: true, force: true });
+		// Claude Code and the relay's sidecar may still be writing their last
+		// files as a test ends: Node retries ENOTEMPTY/EBUSY with a backoff.
+		await rm(this.root, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
 	}
 }

@@ -639,12 +639,15 @@ export class World {
 	async destroy() {
 		await Promise.allSettled(this.serves.map((serve) => serve.stop()));
 		await Promise.allSettled(this.pis.map((pi) => pi.close()));
-		for (const pi of this.pis) {
-			for (const pid of pi.sidecarPids) {
-				if (isRunning(pid)) process.kill(pid, "SIGKILL");
-			}
-		}
+		const stragglers = this.pis.flatMap((pi) => [...pi.sidecarPids]).filter(isRunning);
+		for (const pid of stragglers) process.kill(pid, "SIGKILL");
+		// A killed process is gone only once the kernel reaped it; until then it
+		// may still hold the state folder open.
+		await eventually(() => !stragglers.some(isRunning), 10_000, "the killed sidecars to be gone").catch(() => {});
 		await Promise.allSettled([this.bot?.stop(), this.model?.stop()]);
-		await rm(this.root, { recursive: true, force: true });
+		// A sidecar that was leading may have started one more (a restart, a
+		// disconnect's hand-over) whose last write lands as the folder goes:
+		// Node retries ENOTEMPTY/EBUSY with a linear backoff.
+		await rm(this.root, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
 	}
 }
