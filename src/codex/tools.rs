@@ -71,6 +71,67 @@ pub fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
     ]
 }
 
+/// The tool for a Codex `serve` launched: its socket in a 0700 folder of
+/// its own under the relay's runtime directory, served once the session
+/// exists ([`Offer::serve`]); dropped, it stops serving and the folder goes.
+pub struct Offer {
+    folder: PathBuf,
+    listener: Option<UnixListener>,
+    serving: Option<JoinHandle<()>>,
+    /// What Codex's command line gets ([`codex_args`]).
+    pub args: Vec<String>,
+}
+
+impl Offer {
+    /// Makes the folder `codex-launch-<launch_id>` and binds the socket; `None`
+    /// (Codex runs without the tool, said in the log) when that fails.
+    pub fn make(paths: &crate::paths::Paths, launch_id: &str) -> Option<Self> {
+        if launch_id.is_empty() || !launch_id.chars().all(|c| c.is_ascii_alphanumeric()) {
+            tracing::warn!("Codex runs without the relay's send_file tool: an odd launch id");
+            return None;
+        }
+        let folder = paths.runtime_dir.join(format!("codex-launch-{launch_id}"));
+        let made = paths
+            .check_own_dir(&folder, crate::paths::Missing::Create)
+            .map_err(|e| io::Error::other(e.to_string()))
+            .and_then(|_| {
+                let exe = std::env::current_exe()?;
+                let (listener, socket) = bind(&folder)?;
+                Ok((listener, codex_args(&exe, &socket)))
+            });
+        match made {
+            Ok((listener, args)) => Some(Self {
+                folder,
+                listener: Some(listener),
+                serving: None,
+                args,
+            }),
+            Err(e) => {
+                tracing::warn!("Codex runs without the relay's send_file tool: {e}");
+                let _ = std::fs::remove_dir(&folder);
+                None
+            }
+        }
+    }
+
+    /// Serves the tool for `bridge`'s session.
+    pub fn serve(&mut self, bridge: Arc<Bridge>) {
+        if let Some(listener) = self.listener.take() {
+            self.serving = Some(serve(listener, bridge));
+        }
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+        let _ = std::fs::remove_file(self.folder.join(SOCKET));
+        let _ = std::fs::remove_dir(&self.folder);
+    }
+}
+
 /// Serves the tool's connections for `bridge`'s session until aborted
 /// (which ends the connections too).
 pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {

@@ -9,7 +9,7 @@ import { mkdir, writeFile } from "node:fs/promises";
 import { performance } from "node:perf_hooks";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHAT_ID, CODEX, eventually, isOpen, isRunning, isSettled, processesOf, SIDECAR, treeOf, USER_ID, World } from "./harness.mjs";
+import { CHAT_ID, CODEX, eventually, isOpen, isRunning, isSettled, processesOf, relaySendFile, SIDECAR, treeOf, USER_ID, World } from "./harness.mjs";
 
 /** The approval message in `threadId` that mentions `text`. */
 function asked(world, threadId, text) {
@@ -253,18 +253,7 @@ test("a file comes back through the relay's send_file tool; a path outside the p
 	const topic = await world.topic();
 	const report = "line one\nline two\n";
 	await writeFile(join(world.project, "report.txt"), report);
-	// Codex (0.171, this model) defers MCP servers' tools behind its `tool_search`:
-	// the model searches, then calls the tool in the namespace the search found.
-	const sendFile = (args) => [
-		{ search: { query: "send file telegram", limit: 8 } },
-		(record) => {
-			const found = record.body.input.findLast((i) => i?.type === "tool_search_output");
-			const relay = found?.tools?.find((tool) => tool.type === "namespace" && tool.tools.some((f) => f.name === "send_file"));
-			t.diagnostic(`Codex's tool search found the relay's tool as: ${JSON.stringify(relay)}`);
-			assert.equal(relay?.name, "mcp__agent_relay", "the relay's MCP server under its name");
-			return { call: { name: "send_file", namespace: relay.name, arguments: args } };
-		},
-	];
+	const sendFile = (args) => relaySendFile(t, args);
 
 	world.fake.queue(...sendFile({ path: "report.txt", caption: "the report" }));
 	await world.telegram.injectMessage(topic.thread_id, "send me the report");
