@@ -327,3 +327,45 @@ impl Service for Tools {
 
     fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codexs_command_line_names_the_server_in_toml_whatever_the_paths_hold() {
+        let exe = Path::new("/opt/my \"tools\"/agent-relay");
+        let socket = Path::new("/run/user/1000/agent-relay/codex-7/tools.sock");
+        let args = codex_args(exe, socket);
+        let mut overrides = toml::Table::new();
+        for pair in args.chunks(2) {
+            assert_eq!(pair[0], "-c");
+            let (key, value) = pair[1].split_once('=').unwrap();
+            let key = key.strip_prefix("mcp_servers.agent_relay.").unwrap();
+            let parsed: toml::Table = toml::from_str(&format!("v = {value}")).unwrap();
+            overrides.insert(key.to_string(), parsed["v"].clone());
+        }
+        assert_eq!(overrides["command"].as_str(), Some(exe.to_str().unwrap()));
+        let args: Vec<&str> = overrides["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args, ["codex-tools", socket.to_str().unwrap()]);
+        assert_eq!(
+            overrides["default_tools_approval_mode"].as_str(),
+            Some("approve")
+        );
+        assert_eq!(overrides["tool_timeout_sec"].as_integer(), Some(660));
+    }
+
+    #[test]
+    fn a_launch_id_that_is_no_plain_name_gets_no_folder() {
+        let home = tempfile::tempdir().unwrap();
+        let paths = crate::paths::Paths::under(home.path());
+        assert!(Offer::make(&paths, "../escape").is_none());
+        assert!(Offer::make(&paths, "").is_none());
+        assert!(!home.path().join("escape").exists());
+    }
+}

@@ -35,12 +35,7 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
     // on its command line (`crate::codex::tools`).
     let mut tools = crate::codex::tools::Offer::make(&ctx.paths, &start.launch_id);
     let mut argv = start.command.clone();
-    argv.extend(
-        tools
-            .iter()
-            .flat_map(|t| t.args.iter().cloned())
-            .map(Into::into),
-    );
+    argv.extend(tools.iter().flat_map(|t| t.args.iter().cloned()));
     argv.push("app-server".into());
     let Spawned {
         mut child,
