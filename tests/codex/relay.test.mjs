@@ -58,7 +58,9 @@ test("the TUI's thread gets a topic, a phone message starts a turn the TUI shows
 		const { stillThere, servers } = leftOver(world, tree);
 		return stillThere.length === 0 && servers.length === 0;
 	}, 15_000, "nothing of the wrapper to be running");
-	assert.deepEqual(readdirSync(join(world.relayHome)).filter((n) => n.startsWith("codex-")), [], "the private folder is gone");
+	// The wrapper's folder is `<runtime>/codex-<pid>`, the runtime dir `run` under AGENT_RELAY_HOME.
+	assert.ok(existsSync(join(world.relayHome, "run")), "the runtime dir the wrapper used");
+	assert.deepEqual(readdirSync(join(world.relayHome, "run")).filter((n) => n.startsWith("codex-")), [], "the private folder is gone");
 });
 
 test("a command asks on the phone: Allow runs it, Deny does not, and the terminal answering first closes the phone's message", async (t) => {
