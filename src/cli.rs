@@ -346,6 +346,19 @@ pub fn codex(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
+/// `agent-relay codex-tools <socket>`: the MCP server Codex runs for the
+/// relay's tool; ends when Codex closes its stdin.
+pub fn codex_tools(socket: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let rt = runtime()?;
+    rt.block_on(crate::codex::tools::run_mcp(
+        socket,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+    ))
+    .with_context(|| format!("the relay's tool socket {}", socket.display()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// How long a hook waits for its input to end (Claude Code writes it at
 /// once).
 const HOOK_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -53,6 +53,10 @@ enum Cmd {
         /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
         event: String,
     },
+    /// The MCP server the relay names on Codex's command line: its `send_file` tool goes to the
+    /// relay's session of that Codex over `socket`.
+    #[command(hide = true)]
+    CodexTools { socket: std::path::PathBuf },
     /// Send what the last relay process left to go, then exit (a relay process starts this itself).
     #[command(hide = true)]
     Drain,
@@ -177,6 +181,7 @@ fn main() -> ExitCode {
         Cmd::Codex { args } => cli::codex(&args),
         Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
+        Cmd::CodexTools { socket } => cli::codex_tools(&socket),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },
         } => cli::install_claude_code(dry_run, remove),

@@ -51,11 +51,7 @@ impl Mcp {
     }
 
     fn initialize(&self, params: &Value) -> Value {
-        let asked = params["protocolVersion"].as_str().unwrap_or_default();
-        let version = VERSIONS
-            .iter()
-            .find(|v| **v == asked)
-            .unwrap_or(&VERSIONS[0]);
+        let version = protocol_version(params);
         let declares = params["capabilities"]["experimental"]
             .get("claude/channel")
             .is_some();
@@ -92,10 +88,7 @@ impl Mcp {
                 });
             }
         };
-        Ok(match outcome {
-            Ok(text) => json!({"content": [{"type": "text", "text": text}]}),
-            Err(why) => json!({"content": [{"type": "text", "text": why}], "isError": true}),
-        })
+        Ok(tool_result(outcome))
     }
 
     async fn reply(&self, args: &Value) -> Result<String, String> {
@@ -140,15 +133,7 @@ impl Mcp {
             .await
             .map_err(|why| format!("Not sent: {why}"))?;
         let result: SendFileResult = serde_json::from_value(result).map_err(|e| e.to_string())?;
-        let kind = match result.sent_as {
-            SendAs::Photo => "a photo",
-            SendAs::Document => "a document",
-        };
-        Ok(format!(
-            "Sent {} to the Telegram topic as {kind} ({}).",
-            params.path,
-            crate::files::describe_size(result.size)
-        ))
+        Ok(sent_text(&params, &result))
     }
 
     async fn ask(&self, args: &Value) -> Result<String, String> {
@@ -219,6 +204,55 @@ impl Mcp {
         };
         json!({"content": [{"type": "text", "text": answer.to_string()}]})
     }
+}
+
+/// The MCP version to answer `initialize` with: the client's when we
+/// speak it, else our newest.
+pub(crate) fn protocol_version(params: &Value) -> &'static str {
+    let asked = params["protocolVersion"].as_str().unwrap_or_default();
+    VERSIONS
+        .iter()
+        .find(|v| **v == asked)
+        .unwrap_or(&VERSIONS[0])
+}
+
+/// A `tools/call` result: the text, flagged as an error when the tool
+/// failed (the model reads it either way).
+pub(crate) fn tool_result(outcome: Result<String, String>) -> Value {
+    match outcome {
+        Ok(text) => json!({"content": [{"type": "text", "text": text}]}),
+        Err(why) => json!({"content": [{"type": "text", "text": why}], "isError": true}),
+    }
+}
+
+/// What `send_file` tells the model when the file went.
+pub(crate) fn sent_text(params: &SendFileParams, result: &SendFileResult) -> String {
+    let kind = match result.sent_as {
+        SendAs::Photo => "a photo",
+        SendAs::Document => "a document",
+    };
+    format!(
+        "Sent {} to the Telegram topic as {kind} ({}).",
+        params.path,
+        crate::files::describe_size(result.size)
+    )
+}
+
+/// The `send_file` tool as `tools/list` names it.
+pub(crate) fn send_file_tool() -> Value {
+    json!({
+        "name": "send_file",
+        "description": "Send a file from this session's working directory to its Telegram topic: pictures as photos, anything else as a document (at most 50 MB).",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Absolute, or relative to the working directory; it must lie there (links resolved) or in a folder the user allowed."},
+                "caption": {"type": "string", "description": "Plain text shown under the file."},
+                "as": {"type": "string", "enum": ["photo", "document"], "description": "Left out: a picture small enough goes as a photo."},
+            },
+            "required": ["path"],
+        },
+    })
 }
 
 /// A request's or notification's params as the tree the MCP side reads
@@ -294,19 +328,7 @@ fn tools() -> Value {
                 "required": ["text"],
             },
         },
-        {
-            "name": "send_file",
-            "description": "Send a file from this session's working directory to its Telegram topic: pictures as photos, anything else as a document (at most 50 MB).",
-            "inputSchema": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Absolute, or relative to the working directory; it must lie there (links resolved) or in a folder the user allowed."},
-                    "caption": {"type": "string", "description": "Plain text shown under the file."},
-                    "as": {"type": "string", "enum": ["photo", "document"], "description": "Left out: a picture small enough goes as a photo."},
-                },
-                "required": ["path"],
-            },
-        },
+        send_file_tool(),
         {
             "name": "ask",
             "description": "Ask the user a question in the Telegram topic and wait for the answer: a tap on one of the options, or a written reply.",

@@ -23,7 +23,7 @@
 mod bridge;
 pub mod hook;
 pub mod install;
-mod mcp;
+pub(crate) mod mcp;
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;

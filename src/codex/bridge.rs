@@ -48,6 +48,8 @@ use crate::protocol::host::*;
 const QUICK: Duration = Duration::from_secs(30);
 /// Requests to the session that answer at once.
 const SESSION_QUICK: Duration = Duration::from_secs(30);
+/// How long a file may take to go: the leader gives an upload 10 minutes.
+pub(super) const SEND_FILE_WAIT: Duration = Duration::from_secs(11 * 60);
 /// Requests to the session that wait for a person (the session applies
 /// its own timeout).
 const PERSON: Duration = Duration::from_secs(24 * 3600);
@@ -1122,6 +1124,22 @@ impl Bridge {
             }
         }
         Ok(models)
+    }
+
+    /// `file/send` through the session, for the relay's tool
+    /// ([`super::tools`]): the session checks the path against the policy
+    /// and the leader uploads the file; a refusal says why.
+    pub async fn send_file(&self, params: &SendFileParams) -> Result<SendFileResult, String> {
+        let params = serde_json::to_value(params).map_err(|e| e.to_string())?;
+        let sent = self
+            .session
+            .request(method::FILE_SEND, params, SEND_FILE_WAIT)
+            .await
+            .map_err(|e| match e {
+                HostError::Rpc { message, .. } => message,
+                other => other.to_string(),
+            })?;
+        serde_json::from_value(sent).map_err(|e| e.to_string())
     }
 
     /// A request to the session, for the launch engine (a command typed in

@@ -14,6 +14,8 @@
 //!   session and back, in one place;
 //! * [`wrapper`] is `agent-relay codex [codex args…]`: a private app-server,
 //!   the user's TUI on it in the foreground, the relay beside it;
+//! * [`tools`] is the relay's tool for Codex, `send_file`: an MCP server
+//!   Codex starts (`agent-relay codex-tools`), forwarding to the session;
 //! * [`hook`] and [`install`] are the other way in, for plain `codex`:
 //!   `agent-relay install codex` writes hooks that run `agent-relay hook
 //!   --host codex <event>`, each of which joins the relay for a moment.
@@ -25,6 +27,7 @@ mod app_server;
 mod bridge;
 pub mod hook;
 pub mod install;
+pub mod tools;
 mod wire;
 pub mod wrapper;
 

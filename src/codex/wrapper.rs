@@ -110,8 +110,7 @@ pub async fn run(
         .runtime_dir
         .join(format!("codex-{}", std::process::id()));
     paths.check_own_dir(&folder, Missing::Create)?;
-    let socket = folder.join(SOCKET);
-    let outcome = beside(paths, config, program, args, &socket).await;
+    let outcome = beside(paths, config, program, args, &folder).await;
     remove_folder(&folder);
     outcome
 }
@@ -122,11 +121,19 @@ async fn beside(
     config: Result<Config, ConfigError>,
     program: &Path,
     args: &[OsString],
-    socket: &Path,
+    folder: &Path,
 ) -> Result<i32, WrapperError> {
+    let socket = folder.join(SOCKET);
     let url = format!("unix://{}", socket.display());
+    let tools = offer_tools(folder);
     let mut server = spawn(
         codex(program)
+            .args(
+                tools
+                    .as_ref()
+                    .map(|(_, args)| args.as_slice())
+                    .unwrap_or_default(),
+            )
             .arg("app-server")
             .arg("--listen")
             .arg(&url)
@@ -140,7 +147,7 @@ async fn beside(
         program,
     )?;
     log_stderr(&mut server);
-    let relay = match connect(&mut server, socket).await {
+    let relay = match connect(&mut server, &socket).await {
         Ok((codex, incoming)) => Some(super::start(
             codex,
             incoming,
@@ -153,6 +160,10 @@ async fn beside(
             return Err(e);
         }
     };
+    let serving_tools = relay
+        .as_ref()
+        .zip(tools)
+        .map(|(relay, (listener, _))| super::tools::serve(listener, relay.bridge().clone()));
     let terminal = Terminal::save();
     let tui = spawn(codex(program).arg("--remote").arg(&url).args(args), program);
     let status = match tui {
@@ -165,8 +176,24 @@ async fn beside(
     if let Some(relay) = relay {
         relay.stop().await;
     }
+    if let Some(serving) = serving_tools {
+        serving.abort();
+    }
     stop_app_server(&mut server).await;
     status.map(exit_code)
+}
+
+/// The relay's tool for Codex (`super::tools`): its socket in `folder`
+/// and what Codex's command line gets to run it. Without it Codex runs
+/// as well, only without the tool.
+fn offer_tools(folder: &Path) -> Option<(tokio::net::UnixListener, Vec<String>)> {
+    let offered = std::env::current_exe().and_then(|exe| {
+        let (listener, socket) = super::tools::bind(folder)?;
+        Ok((listener, super::tools::codex_args(&exe, &socket)))
+    });
+    offered
+        .inspect_err(|e| tracing::warn!("Codex runs without the relay's send_file tool: {e}"))
+        .ok()
 }
 
 /// A Codex command with the user's environment less the relay's own, and
@@ -367,6 +394,7 @@ fn remove_folder(folder: &Path) {
         }
     }
     let _ = std::fs::remove_file(&link);
+    let _ = std::fs::remove_file(folder.join(super::tools::SOCKET));
     if let Err(e) = std::fs::remove_dir(folder)
         && e.kind() != io::ErrorKind::NotFound
     {

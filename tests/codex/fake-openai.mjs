@@ -15,7 +15,9 @@
 // 2. The next step queued with `fake.queue(step, …)`, a step being `{ text }`,
 //    `{ exec: { cmd, …arguments } }` (an `exec_command` tool call), `{ call: { name,
 //    arguments } }` (any function tool: `request_user_input`…), `{ custom: { name,
-//    input } }` (a freeform tool: `apply_patch` and its patch), `{ hold: promise,
+//    input } }` (a freeform tool: `apply_patch` and its patch), `{ search: { query } }`
+//    (Codex's `tool_search`, which finds the tools it defers, MCP servers' among them;
+//    a `call` may name the `namespace` it found one in), `{ hold: promise,
 //    …step }` (answered when the promise settles: a turn that runs until the test
 //    lets it end), `{ error: { status, message } }`, or a function of the request
 //    returning one of these.
@@ -215,10 +217,20 @@ function sse(step, model) {
 			id: newId("fc"),
 			call_id: newId("call"),
 			name: call.name,
+			...(call.namespace ? { namespace: call.namespace } : {}),
 			arguments: JSON.stringify(call.arguments),
 			status: "completed",
 		};
 		event("response.output_item.added", { output_index: index, item: { ...item, arguments: "" } });
+		event("response.output_item.done", { output_index: index, item });
+		output.push(item);
+		index += 1;
+	}
+	if (step.search) {
+		// Codex's client-run tool search: it answers with a `tool_search_output` item
+		// in the next request's input, holding the tools it found.
+		const item = { type: "tool_search_call", id: newId("ts"), call_id: newId("call"), execution: "client", arguments: step.search, status: "completed" };
+		event("response.output_item.added", { output_index: index, item });
 		event("response.output_item.done", { output_index: index, item });
 		output.push(item);
 		index += 1;

@@ -62,6 +62,24 @@ export function processesOf(program) {
 	return found;
 }
 
+/**
+ * The fake model's steps to call the relay's `send_file` with `args`. Codex (0.171,
+ * this model) defers MCP servers' tools behind its `tool_search`: the model searches,
+ * then calls the tool in the namespace the search found, the relay's server's.
+ */
+export function relaySendFile(t, args) {
+	return [
+		{ search: { query: "send file telegram", limit: 8 } },
+		(record) => {
+			const found = record.body.input.findLast((i) => i?.type === "tool_search_output");
+			const relay = found?.tools?.find((tool) => tool.type === "namespace" && tool.tools.some((f) => f.name === "send_file"));
+			t.diagnostic(`Codex's tool search found the relay's tool as: ${JSON.stringify(relay)}`);
+			assert.equal(relay?.name, "mcp__agent_relay", "the relay's MCP server under its name");
+			return { call: { name: "send_file", namespace: relay.name, arguments: args } };
+		},
+	];
+}
+
 export class World {
 	/** `features`: lines added to `[features]` of Codex's config.toml. */
 	static async create(t, { features = [] } = {}) {

@@ -11,10 +11,11 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CODEX, deadline, eventually, isOpen, World } from "./harness.mjs";
+import { CODEX, deadline, eventually, isOpen, relaySendFile, World } from "./harness.mjs";
 
 const WAIT = 60_000;
 
@@ -183,4 +184,26 @@ test("a Codex session ended before its first turn is resumed in its topic", asyn
 	await telegram.injectMessage(topic.thread_id, "the first turn at last");
 	await telegram.said(topic.thread_id, (text) => text === "echo: the first turn at last", { ms: WAIT, what: "the first turn, after the resume" });
 	assert.equal((await telegram.topics()).filter((x) => !x.deleted).length, 1, "still one topic");
+});
+
+test("a launched Codex sends a file back through the relay's send_file tool, and its socket's folder goes with it", async (t) => {
+	const world = await World.create(t);
+	const { telegram, fake } = world;
+	const serve = await world.serve();
+	await writeFile(join(world.project, "notes.md"), "# notes\n");
+	await telegram.injectMessage(null, "/new project codex");
+	await telegram.said(null, (text) => text.includes("codex started"), { ms: WAIT, what: "the /new answer" });
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	const run = join(world.relayHome, "run");
+	const folders = () => (existsSync(run) ? readdirSync(run) : []).filter((n) => n.startsWith("codex-launch-"));
+	assert.equal(folders().length, 1, "the tool's folder while Codex runs");
+	fake.queue(...relaySendFile(t, { path: "notes.md", caption: "the notes" }));
+	await telegram.injectMessage(topic.thread_id, "send me the notes");
+	const sent = await telegram.said(topic.thread_id, (text) => text === "the notes", { ms: WAIT, what: "the file in the topic" });
+	assert.equal(sent.media.kind, "document");
+	assert.equal((await telegram.fileContent(sent.media.file_id)).toString("utf8"), "# notes\n");
+	await telegram.said(topic.thread_id, (text) => text.includes("returned:") && text.includes("Sent notes.md"), { ms: WAIT, what: "the model's answer" });
+	await telegram.injectMessage(topic.thread_id, "/end");
+	await telegram.said(topic.thread_id, (text) => text.startsWith("⏹ Session ended"), { ms: WAIT, what: "the end" });
+	await eventually(() => serve.agents().length === 0 && folders().length === 0, WAIT, "Codex and the tool's folder gone");
 });

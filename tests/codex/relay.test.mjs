@@ -5,10 +5,11 @@
 
 import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync, watch } from "node:fs";
+import { mkdir, writeFile } from "node:fs/promises";
 import { performance } from "node:perf_hooks";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHAT_ID, CODEX, eventually, isOpen, isRunning, isSettled, processesOf, SIDECAR, treeOf, USER_ID, World } from "./harness.mjs";
+import { CHAT_ID, CODEX, eventually, isOpen, isRunning, isSettled, processesOf, relaySendFile, SIDECAR, treeOf, USER_ID, World } from "./harness.mjs";
 
 /** The approval message in `threadId` that mentions `text`. */
 function asked(world, threadId, text) {
@@ -57,7 +58,9 @@ test("the TUI's thread gets a topic, a phone message starts a turn the TUI shows
 		const { stillThere, servers } = leftOver(world, tree);
 		return stillThere.length === 0 && servers.length === 0;
 	}, 15_000, "nothing of the wrapper to be running");
-	assert.deepEqual(readdirSync(join(world.relayHome)).filter((n) => n.startsWith("codex-")), [], "the private folder is gone");
+	// The wrapper's folder is `<runtime>/codex-<pid>`, the runtime dir `run` under AGENT_RELAY_HOME.
+	assert.ok(existsSync(join(world.relayHome, "run")), "the runtime dir the wrapper used");
+	assert.deepEqual(readdirSync(join(world.relayHome, "run")).filter((n) => n.startsWith("codex-")), [], "the private folder is gone");
 });
 
 test("a command asks on the phone: Allow runs it, Deny does not, and the terminal answering first closes the phone's message", async (t) => {
@@ -240,4 +243,39 @@ test("plain codex with the installed hooks: the session gets a topic and its ans
 	assert.equal(out.code, 0, out.stderr);
 	const topic = await world.topic();
 	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: hello from the terminal"), { what: "the answer, by the Stop hook" });
+});
+
+test("a file comes back through the relay's send_file tool; a path outside the project is refused and nothing is sent", async (t) => {
+	const world = await World.create(t);
+	// The approval policy could ask the phone first about a path outside the project;
+	// here the relay's own refusal is the subject.
+	await mkdir(join(world.relayHome, "config"), { recursive: true, mode: 0o700 });
+	await writeFile(join(world.relayHome, "config", "config.toml"), '[approvals]\nmode = "off"\n', { mode: 0o600 });
+	await world.wrapper();
+	const topic = await world.topic();
+	const report = "line one\nline two\n";
+	await writeFile(join(world.project, "report.txt"), report);
+	const sendFile = (args) => relaySendFile(t, args);
+
+	world.fake.queue(...sendFile({ path: "report.txt", caption: "the report" }));
+	await world.telegram.injectMessage(topic.thread_id, "send me the report");
+	const sent = await world.telegram.said(topic.thread_id, (plain) => plain === "the report", { what: "the file in the topic" });
+	assert.equal(sent.media.kind, "document");
+	assert.equal((await world.telegram.fileContent(sent.media.file_id)).toString("utf8"), report, "Telegram got the file byte for byte");
+	const upload = (await world.telegram.calls()).find((c) => c.method === "sendDocument");
+	assert.equal(upload.params.document.upload.file_name, "report.txt");
+	assert.equal(upload.params.message_thread_id, String(topic.thread_id));
+	const answered = await world.fake.next((r) => r.toolOutput && r.lastUserText === "send me the report");
+	t.diagnostic(`the model heard: ${JSON.stringify(answered.toolOutput.output)}`);
+	assert.match(JSON.stringify(answered.toolOutput.output), /Sent report\.txt to the Telegram topic as a document/);
+
+	world.fake.queue(...sendFile({ path: "/etc/hostname" }));
+	await world.telegram.injectMessage(topic.thread_id, "send me the hostname");
+	const refused = await world.fake.next((r) => r.toolOutput && r.lastUserText === "send me the hostname");
+	t.diagnostic(`the model heard: ${JSON.stringify(refused.toolOutput.output)}`);
+	assert.match(JSON.stringify(refused.toolOutput.output), /Not sent: .*\/etc\/hostname is outside/);
+	await world.telegram.said(topic.thread_id, (plain) => plain.includes("returned:") && plain.includes("is outside"), { what: "the model's answer naming the refusal" });
+	const uploads = (await world.telegram.calls()).filter((c) => c.method === "sendDocument" || c.method === "sendPhoto");
+	assert.equal(uploads.length, 1, "only the report was uploaded");
+	assert.ok(!readFileSync(join(world.codexHome, "config.toml"), "utf8").includes("agent_relay"), "the server is named on Codex's command line, not in the user's config");
 });

@@ -13,7 +13,8 @@
 //! in a new app-server finds the turns Codex keeps under `CODEX_HOME`), the
 //! models (`model/list`, Codex's own catalogue, offline too), the model
 //! turns start with after `/model` (`turn/start`'s `model`), and the end
-//! (the app-server's input closed: it leaves).
+//! (the app-server's input closed: it leaves). Codex gets the relay's
+//! `send_file` tool as the wrapper's Codex does (`crate::codex::tools`).
 
 use std::time::Duration;
 
@@ -30,7 +31,11 @@ const STARTUP: Duration = Duration::from_secs(60);
 
 /// Starts Codex's app-server and the session on it (see the module docs).
 pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineError> {
+    // The relay's tool, `send_file`: Codex runs it as an MCP server named
+    // on its command line (`crate::codex::tools`).
+    let mut tools = crate::codex::tools::Offer::make(&ctx.paths, &start.launch_id);
     let mut argv = start.command.clone();
+    argv.extend(tools.iter().flat_map(|t| t.args.iter().cloned()));
     argv.push("app-server".into());
     let Spawned {
         mut child,
@@ -67,6 +72,9 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         start.launch_id.clone(),
     );
     let bridge = running.bridge().clone();
+    if let Some(tools) = &mut tools {
+        tools.serve(bridge.clone());
+    }
     let opened = match tokio::time::timeout(STARTUP, bridge.opened()).await {
         Ok(Ok(opened)) => opened,
         failure => {
@@ -116,6 +124,7 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         )
         .await;
         running.stop().await;
+        drop(tools);
         let _ = exit_tx.send(exit);
     });
     Ok(Agent {

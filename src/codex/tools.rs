@@ -1,0 +1,371 @@
+//! Files back from Codex: a tool the relay offers Codex as an MCP server
+//! (docs/DESIGN.md, "Codex").
+//!
+//! Codex runs no extension of the relay's, but it starts the MCP servers
+//! its configuration names. The relay names one on Codex's command line
+//! only (`-c mcp_servers.agent_relay.…`, never in the user's config.toml):
+//! `agent-relay codex-tools <socket>`, a tiny MCP server on stdio whose
+//! one tool, `send_file {path, caption?, as?}`, goes over `<socket>` to
+//! the relay's session of that Codex ([`serve`]) as the host protocol's
+//! `file/send` — the call pi's `telegram_send_file` and Claude Code's
+//! `send_file` end in, with the same policy check (a path outside the
+//! project is refused, and the tool's answer says why).
+//!
+//! The socket lies in a 0700 folder of the relay's, and both ends check
+//! that the other runs as the same user. The MCP lifecycle is Claude
+//! Code's server's (`crate::claude::mcp`), its `send_file` tool the same.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::bridge::{Bridge, SEND_FILE_WAIT};
+use crate::claude::mcp as shared;
+use crate::host::{HostLink, OutboundError, RpcError, Service, encode_result};
+use crate::protocol::host::{FILE_NOT_SENT, SendFileParams, SendFileResult, method};
+
+/// The MCP server's name in Codex's configuration: the model sees its
+/// tool as this server's `send_file`.
+pub const SERVER_NAME: &str = "agent_relay";
+/// The socket's name in the relay's folder.
+pub const SOCKET: &str = "tools.sock";
+
+/// What the model reads about the server.
+const INSTRUCTIONS: &str = "agent-relay connects this session to a Telegram topic of its own. \
+Use `send_file` to send the user a file or picture from the project to read on the phone.";
+
+/// Binds the relay's end in `folder` (the relay's own, 0700): before Codex
+/// starts, so the server it runs finds it.
+pub fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    let socket = folder.join(SOCKET);
+    match std::fs::remove_file(&socket) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    Ok((UnixListener::bind(&socket)?, socket))
+}
+
+/// What Codex's command line gets so that it runs `agent-relay
+/// codex-tools <socket>` as an MCP server: `-c` overrides, each a TOML
+/// value (a JSON string is one). The tool may wait as long as an upload,
+/// and Codex does not ask about it (`approve`): it would stop the turn on a
+/// question in the terminal for every file, and what the tool may send is
+/// the relay's own check, the same for every host.
+pub fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
+    let quoted = |p: &Path| Value::String(p.display().to_string()).to_string();
+    let key = format!("mcp_servers.{SERVER_NAME}");
+    vec![
+        "-c".into(),
+        format!("{key}.command={}", quoted(exe)),
+        "-c".into(),
+        format!("{key}.args=[\"codex-tools\", {}]", quoted(socket)),
+        "-c".into(),
+        format!("{key}.tool_timeout_sec={}", SEND_FILE_WAIT.as_secs()),
+        "-c".into(),
+        format!("{key}.default_tools_approval_mode=\"approve\""),
+    ]
+}
+
+/// The tool for a Codex `serve` launched: its socket in a 0700 folder of
+/// its own under the relay's runtime directory, served once the session
+/// exists ([`Offer::serve`]); dropped, it stops serving and the folder goes.
+pub struct Offer {
+    folder: PathBuf,
+    listener: Option<UnixListener>,
+    serving: Option<JoinHandle<()>>,
+    /// What Codex's command line gets ([`codex_args`]).
+    pub args: Vec<String>,
+}
+
+impl Offer {
+    /// Makes the folder `codex-launch-<launch_id>` and binds the socket; `None`
+    /// (Codex runs without the tool, said in the log) when that fails.
+    pub fn make(paths: &crate::paths::Paths, launch_id: &str) -> Option<Self> {
+        if launch_id.is_empty() || !launch_id.chars().all(|c| c.is_ascii_alphanumeric()) {
+            tracing::warn!("Codex runs without the relay's send_file tool: an odd launch id");
+            return None;
+        }
+        let folder = paths.runtime_dir.join(format!("codex-launch-{launch_id}"));
+        let made = paths
+            .check_own_dir(&folder, crate::paths::Missing::Create)
+            .map_err(|e| io::Error::other(e.to_string()))
+            .and_then(|_| {
+                let exe = std::env::current_exe()?;
+                let (listener, socket) = bind(&folder)?;
+                Ok((listener, codex_args(&exe, &socket)))
+            });
+        match made {
+            Ok((listener, args)) => Some(Self {
+                folder,
+                listener: Some(listener),
+                serving: None,
+                args,
+            }),
+            Err(e) => {
+                tracing::warn!("Codex runs without the relay's send_file tool: {e}");
+                let _ = std::fs::remove_dir(&folder);
+                None
+            }
+        }
+    }
+
+    /// Serves the tool for `bridge`'s session.
+    pub fn serve(&mut self, bridge: Arc<Bridge>) {
+        if let Some(listener) = self.listener.take() {
+            self.serving = Some(serve(listener, bridge));
+        }
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+        let _ = std::fs::remove_file(self.folder.join(SOCKET));
+        let _ = std::fs::remove_dir(&self.folder);
+    }
+}
+
+/// Serves the tool's connections for `bridge`'s session until aborted
+/// (which ends the connections too).
+pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("the tool socket failed: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = check_peer_is_me(&stream) {
+                tracing::warn!("a connection to the tool socket refused: {e}");
+                continue;
+            }
+            let desk = Arc::new(Desk {
+                bridge: bridge.clone(),
+            });
+            connections.spawn(async move {
+                let (read, write) = stream.into_split();
+                let _ = crate::host::serve_service(read, write, move |_| desk).await;
+            });
+        }
+    })
+}
+
+fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
+    // SAFETY: geteuid(2) cannot fail and touches nothing.
+    let me = unsafe { libc::geteuid() };
+    let uid = stream.peer_cred()?.uid();
+    if uid == me {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the other end runs as uid {uid}, not as you (uid {me})"),
+        ))
+    }
+}
+
+/// The relay's end of one connection: `file/send` to the session.
+struct Desk {
+    bridge: Arc<Bridge>,
+}
+
+impl Service for Desk {
+    async fn call(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        if method != method::FILE_SEND {
+            return Err(RpcError {
+                code: -32601,
+                message: format!("Method not found: {method}"),
+            });
+        }
+        let params: SendFileParams = params
+            .as_deref()
+            .map(|raw| serde_json::from_str(raw.get()))
+            .transpose()
+            .ok()
+            .flatten()
+            .ok_or_else(|| RpcError {
+                code: -32602,
+                message: "file/send needs a `path`".into(),
+            })?;
+        match self.bridge.send_file(&params).await {
+            Ok(sent) => encode_result(&sent),
+            Err(why) => Err(RpcError {
+                code: FILE_NOT_SENT,
+                message: why,
+            }),
+        }
+    }
+
+    fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
+}
+
+/// `agent-relay codex-tools <socket>`: the MCP server on `input`/`output`
+/// until Codex closes it.
+pub async fn run_mcp<R, W>(socket: &Path, input: R, output: W) -> io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let stream = UnixStream::connect(socket).await?;
+    check_peer_is_me(&stream)?;
+    let (read, write) = stream.into_split();
+    let (link_tx, link_rx) = tokio::sync::oneshot::channel();
+    let relay = tokio::spawn(crate::host::serve_service(read, write, move |link| {
+        let _ = link_tx.send(link);
+        Arc::new(Quiet)
+    }));
+    let relay_link = link_rx
+        .await
+        .map_err(|_| io::Error::other("the relay's connection did not start"))?;
+    let served = crate::host::serve_service(input, output, move |_| {
+        Arc::new(Tools { relay: relay_link })
+    })
+    .await;
+    relay.abort();
+    served
+}
+
+/// The MCP side's end of the relay's connection: the relay asks nothing.
+struct Quiet;
+
+impl Service for Quiet {
+    async fn call(
+        self: Arc<Self>,
+        method: String,
+        _params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        Err(RpcError {
+            code: -32601,
+            message: format!("Method not found: {method}"),
+        })
+    }
+
+    fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
+}
+
+/// The MCP server Codex talks to.
+struct Tools {
+    relay: HostLink,
+}
+
+impl Tools {
+    async fn send_file(&self, args: Value) -> Result<String, String> {
+        let params: SendFileParams =
+            serde_json::from_value(args).map_err(|e| format!("send_file: {e}"))?;
+        let sent: Result<SendFileResult, _> = self
+            .relay
+            .request(method::FILE_SEND, &params, SEND_FILE_WAIT)
+            .await;
+        match sent {
+            Ok(sent) => Ok(shared::sent_text(&params, &sent)),
+            Err(OutboundError::Rpc { message, .. }) => Err(format!("Not sent: {message}")),
+            Err(OutboundError::Closed) => {
+                Err("Not sent: the relay beside this Codex is gone.".into())
+            }
+            Err(e) => Err(format!("Not sent: {e}")),
+        }
+    }
+}
+
+impl Service for Tools {
+    async fn call(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let params: Value = match params.as_deref() {
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|e| RpcError {
+                code: -32602,
+                message: format!("Invalid params: {e}"),
+            })?,
+            None => Value::Null,
+        };
+        let result = match method.as_str() {
+            "initialize" => json!({
+                "protocolVersion": shared::protocol_version(&params),
+                "capabilities": {"tools": {"listChanged": false}},
+                "serverInfo": {"name": "agent-relay", "version": env!("CARGO_PKG_VERSION")},
+                "instructions": INSTRUCTIONS,
+            }),
+            "ping" => json!({}),
+            "tools/list" => json!({"tools": [shared::send_file_tool()]}),
+            "tools/call" => match params["name"].as_str() {
+                Some("send_file") => {
+                    let args = params.get("arguments").cloned().unwrap_or(json!({}));
+                    shared::tool_result(self.send_file(args).await)
+                }
+                other => {
+                    return Err(RpcError {
+                        code: -32602,
+                        message: format!("Unknown tool: {}", other.unwrap_or_default()),
+                    });
+                }
+            },
+            _ => {
+                return Err(RpcError {
+                    code: -32601,
+                    message: format!("Method not found: {method}"),
+                });
+            }
+        };
+        encode_result(&result)
+    }
+
+    fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codexs_command_line_names_the_server_in_toml_whatever_the_paths_hold() {
+        let exe = Path::new("/opt/my \"tools\"/agent-relay");
+        let socket = Path::new("/run/user/1000/agent-relay/codex-7/tools.sock");
+        let args = codex_args(exe, socket);
+        let mut overrides = toml::Table::new();
+        for pair in args.chunks(2) {
+            assert_eq!(pair[0], "-c");
+            let (key, value) = pair[1].split_once('=').unwrap();
+            let key = key.strip_prefix("mcp_servers.agent_relay.").unwrap();
+            let parsed: toml::Table = toml::from_str(&format!("v = {value}")).unwrap();
+            overrides.insert(key.to_string(), parsed["v"].clone());
+        }
+        assert_eq!(overrides["command"].as_str(), Some(exe.to_str().unwrap()));
+        let args: Vec<&str> = overrides["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args, ["codex-tools", socket.to_str().unwrap()]);
+        assert_eq!(
+            overrides["default_tools_approval_mode"].as_str(),
+            Some("approve")
+        );
+        assert_eq!(overrides["tool_timeout_sec"].as_integer(), Some(660));
+    }
+
+    #[test]
+    fn a_launch_id_that_is_no_plain_name_gets_no_folder() {
+        let home = tempfile::tempdir().unwrap();
+        let paths = crate::paths::Paths::under(home.path());
+        assert!(Offer::make(&paths, "../escape").is_none());
+        assert!(Offer::make(&paths, "").is_none());
+        assert!(!home.path().join("escape").exists());
+    }
+}
