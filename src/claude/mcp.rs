@@ -257,7 +257,7 @@ pub(crate) fn send_file_tool() -> Value {
 
 /// A request's or notification's params as the tree the MCP side reads
 /// them as (`null` when absent).
-fn tree(params: Option<&RawValue>) -> Result<Value, RpcError> {
+pub(crate) fn tree(params: Option<&RawValue>) -> Result<Value, RpcError> {
     params.map_or(Ok(Value::Null), |raw| {
         serde_json::from_str(raw.get()).map_err(|e| RpcError {
             code: -32602,
@@ -279,10 +279,7 @@ impl Service for Mcp {
             "tools/list" => json!({"tools": tools()}),
             "tools/call" => self.call_tool(params).await?,
             _ => {
-                return Err(RpcError {
-                    code: -32601,
-                    message: format!("Method not found: {method}"),
-                });
+                return Err(RpcError::method_not_found(&method));
             }
         };
         encode_result(&result)

@@ -186,10 +186,7 @@ impl Service for Desk {
         params: Option<Box<RawValue>>,
     ) -> Result<Box<RawValue>, RpcError> {
         if method != method::FILE_SEND {
-            return Err(RpcError {
-                code: -32601,
-                message: format!("Method not found: {method}"),
-            });
+            return Err(RpcError::method_not_found(&method));
         }
         let params: SendFileParams = params
             .as_deref()
@@ -248,10 +245,7 @@ impl Service for Quiet {
         method: String,
         _params: Option<Box<RawValue>>,
     ) -> Result<Box<RawValue>, RpcError> {
-        Err(RpcError {
-            code: -32601,
-            message: format!("Method not found: {method}"),
-        })
+        Err(RpcError::method_not_found(&method))
     }
 
     fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
@@ -287,13 +281,7 @@ impl Service for Tools {
         method: String,
         params: Option<Box<RawValue>>,
     ) -> Result<Box<RawValue>, RpcError> {
-        let params: Value = match params.as_deref() {
-            Some(raw) => serde_json::from_str(raw.get()).map_err(|e| RpcError {
-                code: -32602,
-                message: format!("Invalid params: {e}"),
-            })?,
-            None => Value::Null,
-        };
+        let params = shared::tree(params.as_deref())?;
         let result = match method.as_str() {
             "initialize" => json!({
                 "protocolVersion": shared::protocol_version(&params),
@@ -316,10 +304,7 @@ impl Service for Tools {
                 }
             },
             _ => {
-                return Err(RpcError {
-                    code: -32601,
-                    message: format!("Method not found: {method}"),
-                });
+                return Err(RpcError::method_not_found(&method));
             }
         };
         encode_result(&result)

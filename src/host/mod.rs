@@ -173,6 +173,16 @@ pub struct RpcError {
     pub message: String,
 }
 
+impl RpcError {
+    /// JSON-RPC's -32601: a method this end does not offer.
+    pub fn method_not_found(method: &str) -> Self {
+        Self {
+            code: -32601,
+            message: format!("Method not found: {method}"),
+        }
+    }
+}
+
 /// The host's notifications, typed. Unknown ones never get here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostEvent {
