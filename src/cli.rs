@@ -125,7 +125,7 @@ fn stop_on_signal(
         .context("cannot watch SIGTERM")?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot watch SIGINT")?;
-    Ok(tokio::spawn(async move {
+    Ok(crate::tasks::spawn(async move {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: leaving"),
             _ = interrupt.recv() => tracing::info!("SIGINT: leaving"),
@@ -271,7 +271,7 @@ pub fn serve(log_stderr: bool) -> anyhow::Result<ExitCode> {
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .context("cannot watch SIGTERM")?;
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             tokio::select! {
                 _ = terminate.recv() => tracing::info!("SIGTERM: serve stops"),
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: serve stops"),

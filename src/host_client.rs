@@ -215,7 +215,7 @@ impl Link {
         let (lines, mut outgoing) = mpsc::unbounded_channel::<Out>();
         // One task owns stdin so that answering never waits on reading; it
         // ends, closing stdin, when every `Link` is gone or on `Close`.
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             while let Some(Out::Line(mut line)) = outgoing.recv().await {
                 line.push('\n');
                 if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
@@ -229,7 +229,7 @@ impl Link {
         let (events, incoming) = mpsc::unbounded_channel();
         let waiting = pending.clone();
         let recorded = traffic.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let mut frames = FramedRead::new(output, LineCodec::default());
             while let Some(Ok(frame)) = frames.next().await {
                 let at = Instant::now();

@@ -50,6 +50,7 @@ mod session;
 mod settings_file;
 mod setup;
 mod store;
+mod tasks;
 mod telegram;
 mod topics;
 mod visible;

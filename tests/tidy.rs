@@ -908,3 +908,33 @@ fn a_circle_is_found_and_an_allowed_pair_is_not_one() {
         "{found:?}"
     );
 }
+
+/// Tasks are spawned through `src/tasks.rs`, which boxes the future first:
+/// a `tokio::spawn` of an unboxed future compiles tokio's task machinery
+/// once more (about 1.7k lines of LLVM IR each; 15 % of the crate when two
+/// hundred did). The benchmark's binary is its own crate and may.
+#[test]
+fn tasks_are_spawned_boxed() {
+    let mut unboxed = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        if shown == "src/tasks.rs" || shown.starts_with("src/bin/") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        for (n, line) in source.lines().enumerate() {
+            if line.contains("tokio::spawn(") || line.contains("tokio::task::spawn(") {
+                unboxed.push(format!("{shown}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        unboxed.is_empty(),
+        "spawn through crate::tasks::spawn (src/tasks.rs says why):\n{}",
+        unboxed.join("\n")
+    );
+}

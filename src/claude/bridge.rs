@@ -234,7 +234,7 @@ impl Bridge {
     /// Starts the session from the environment if nothing did within the
     /// grace (no hooks installed).
     pub(super) fn start_after_grace(self: Arc<Self>) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(HOOK_GRACE) => {}
                 () = self.stop.cancelled() => return,
@@ -281,7 +281,7 @@ impl Bridge {
 
     /// Answers what the session asks of its host, until it is gone.
     pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             while let Some(Said { message, .. }) = from.recv().await {
                 match message {
                     FromSidecar::Request { id, method, params } => {
@@ -360,7 +360,7 @@ impl Bridge {
             Duration::ZERO
         };
         let me = Arc::clone(self);
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             tokio::time::sleep(grace).await;
             // A running turn's Stop hook hands the message over; only a
             // message still waiting once no turn runs is one to tell of.
@@ -476,7 +476,7 @@ impl Bridge {
     /// `notifications/claude/channel/permission`, none when the relay does
     /// not decide (the dialog stays).
     pub(super) fn relay_permission(self: Arc<Self>, params: Value) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let Some(request_id) = params["request_id"].as_str().map(str::to_string) else {
                 tracing::warn!("a channel permission request without request_id");
                 return;

@@ -92,7 +92,7 @@ impl Bridge {
         };
         let path = bus.path().join(file);
         let limit = Arc::new(tokio::sync::Semaphore::new(MAX_HOOKS));
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
             loop {
                 let stream = tokio::select! {
@@ -112,7 +112,7 @@ impl Bridge {
                     continue;
                 };
                 let bridge = self.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     bridge.serve_hook(stream).await;
                     drop(permit);
                 });

@@ -111,7 +111,7 @@ impl Cluster {
             stop: stop.clone(),
             held: None,
         };
-        let task = tokio::spawn(campaign.run());
+        let task = crate::tasks::spawn(campaign.run());
         LeaseKeeper {
             leadership,
             stop,

@@ -197,7 +197,7 @@ impl AppServer {
         let (lines, mut to_send) = mpsc::unbounded_channel::<String>();
         let closing = tokio_util::sync::CancellationToken::new();
         let closed = closing.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             loop {
                 let line = tokio::select! {
                     biased;
@@ -215,7 +215,7 @@ impl AppServer {
         let waiters: Arc<Mutex<Waiters>> = Arc::default();
         let waiting = waiters.clone();
         let (events, received) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             while let Some(text) = incoming.next().await {
                 let text = match text {
                     Ok(text) => text,
@@ -405,7 +405,7 @@ mod tests {
         let (server, mut incoming, mut theirs) = pipe();
         let asked = {
             let server = server.clone();
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 server
                     .request::<_, Value>("thread/loaded/list", &json!({}), Duration::from_secs(5))
                     .await
@@ -466,7 +466,7 @@ mod tests {
         let (server, _incoming, mut theirs) = pipe();
         let asked = {
             let server = server.clone();
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 server
                     .request::<_, Value>("thread/resume", &json!({}), Duration::from_secs(5))
                     .await

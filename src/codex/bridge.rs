@@ -244,7 +244,7 @@ impl Bridge {
                 }
                 Some(Incoming::Request { id, method, params }) => {
                     let me = self.clone();
-                    tokio::spawn(async move { me.on_request(id, &method, params).await });
+                    crate::tasks::spawn(async move { me.on_request(id, &method, params).await });
                 }
                 None => break,
             }
@@ -430,7 +430,7 @@ impl Bridge {
 
     /// Subscribes to the session's thread whenever it is not yet.
     fn spawn_subscriber(self: Arc<Self>) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             loop {
                 tokio::select! {
                     () = self.stop.cancelled() => return,
@@ -974,12 +974,12 @@ impl Bridge {
 
     /// Answers what the session asks of its host, until it is gone.
     fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             while let Some(Said { message, .. }) = from.recv().await {
                 match message {
                     FromSidecar::Request { id, method, params } => {
                         let me = self.clone();
-                        tokio::spawn(async move {
+                        crate::tasks::spawn(async move {
                             let sent = match me.on_session_request(&method, params).await {
                                 Ok(result) => me.session.respond(id, result),
                                 Err((code, why)) => me.session.respond_error(id, code, &why),

@@ -272,7 +272,7 @@ fn spawn_refusals(
     mut from: tokio::sync::mpsc::UnboundedReceiver<Said>,
     thread_id: String,
 ) {
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         while let Some(Said { message, .. }) = from.recv().await {
             let FromSidecar::Request { id, method, .. } = message else {
                 continue;

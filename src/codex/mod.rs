@@ -102,7 +102,7 @@ fn start_as(
         session,
     } = crate::session::InProcess::start_as(paths, config, launch);
     let bridge = Bridge::new(codex, link, mode);
-    let bridged = tokio::spawn(bridge.clone().run(incoming, from_session));
+    let bridged = crate::tasks::spawn(bridge.clone().run(incoming, from_session));
     Running {
         bridge,
         session,

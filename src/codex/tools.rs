@@ -135,7 +135,7 @@ impl Drop for Offer {
 /// Serves the tool's connections for `bridge`'s session until aborted
 /// (which ends the connections too).
 pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let mut connections = JoinSet::new();
         loop {
             let stream = match listener.accept().await {
@@ -152,10 +152,10 @@ pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
             let desk = Arc::new(Desk {
                 bridge: bridge.clone(),
             });
-            connections.spawn(async move {
+            connections.spawn(crate::tasks::boxed(async move {
                 let (read, write) = stream.into_split();
                 let _ = crate::host::serve_service(read, write, move |_| desk).await;
-            });
+            }));
         }
     })
 }
@@ -221,7 +221,7 @@ where
     check_peer_is_me(&stream)?;
     let (read, write) = stream.into_split();
     let (link_tx, link_rx) = tokio::sync::oneshot::channel();
-    let relay = tokio::spawn(crate::host::serve_service(read, write, move |link| {
+    let relay = crate::tasks::spawn(crate::host::serve_service(read, write, move |link| {
         let _ = link_tx.send(link);
         Arc::new(Quiet)
     }));

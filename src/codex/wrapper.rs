@@ -227,7 +227,7 @@ fn log_stderr(server: &mut Child) {
     let Some(stderr) = server.stderr.take() else {
         return;
     };
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let mut lines = tokio::io::BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::info!(target: "codex", "{line}");

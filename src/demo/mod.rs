@@ -353,7 +353,7 @@ async fn start(
     ));
     let (publish, view) = watch::channel(View::default());
     let link = sidecar.link().clone();
-    tokio::spawn(play_agent(
+    crate::tasks::spawn(play_agent(
         agent,
         link.clone(),
         incoming,

@@ -354,7 +354,7 @@ impl FakeBotApi {
         let api = Self::new(config);
         let router = http::router(api.clone());
         let shutdown = api.shared.shutdown.clone();
-        let task = tokio::spawn(async move {
+        let task = crate::tasks::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await

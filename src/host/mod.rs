@@ -497,7 +497,7 @@ where
     let service = make_service(HostLink {
         outbox: Arc::clone(&outbox),
     });
-    let writer = tokio::spawn(write_lines(output, Arc::clone(&outbox)));
+    let writer = crate::tasks::spawn(write_lines(output, Arc::clone(&outbox)));
     let mut demux = Demultiplexer {
         service,
         outbox: Arc::clone(&outbox),
@@ -551,13 +551,13 @@ impl<S: Service> Demultiplexer<S> {
             }
             FromHost::Request { id, method, params } => {
                 tracing::trace!(id = id.get(), method, "request");
-                self.requests.spawn(dispatch::answer(
+                self.requests.spawn(crate::tasks::boxed(dispatch::answer(
                     Arc::clone(&self.service),
                     Arc::clone(&self.outbox),
                     id,
                     method,
                     params,
-                ));
+                )));
             }
             FromHost::Notification { method, params } => self.notification(&method, params),
             FromHost::Response { id, outcome } => {

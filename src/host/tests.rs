@@ -92,7 +92,7 @@ impl Host {
         let (sidecar_out, from_sidecar) = tokio::io::duplex(64 * 1024);
         let (events_tx, events) = mpsc::unbounded_channel();
         let (handler_tx, handler_rx) = tokio::sync::oneshot::channel();
-        let served = tokio::spawn(serve(sidecar_in, sidecar_out, move |link| {
+        let served = crate::tasks::spawn(serve(sidecar_in, sidecar_out, move |link| {
             let handler = Arc::new(TestHandler {
                 link,
                 events: events_tx,
@@ -494,7 +494,7 @@ async fn notifications_to_the_host_have_no_id() {
 async fn outbound_request_answered() {
     let mut host = Host::start().await;
     let link = host.link();
-    let asked = tokio::spawn(async move {
+    let asked = crate::tasks::spawn(async move {
         let params = SendUserMessageParams {
             text: "hello".into(),
             deliver_as: Some(DeliverAs::FollowUp),
@@ -534,7 +534,7 @@ async fn outbound_request_answered() {
 async fn outbound_errors_and_malformed_answers() {
     let mut host = Host::start().await;
     let link = host.link();
-    let asked = tokio::spawn(async move {
+    let asked = crate::tasks::spawn(async move {
         let first = link.abort(WAIT).await;
         let second = link.abort(WAIT).await;
         let third = link
@@ -616,7 +616,7 @@ async fn a_late_answer_is_ignored() {
 async fn dropping_the_request_future_cancels_it() {
     let mut host = Host::start().await;
     let link = host.link();
-    let asked = tokio::spawn(async move {
+    let asked = crate::tasks::spawn(async move {
         link.request::<_, Value>(method::UI_CONFIRM, &json!({}), WAIT)
             .await
     });
@@ -633,7 +633,7 @@ async fn dropping_the_request_future_cancels_it() {
 async fn pending_requests_fail_closed_at_eof_and_later_ones_at_once() {
     let mut host = Host::start().await;
     let link = host.link();
-    let asked = tokio::spawn(async move {
+    let asked = crate::tasks::spawn(async move {
         link.request::<_, Value>(method::UI_CONFIRM, &json!({}), WAIT)
             .await
     });
@@ -773,7 +773,7 @@ proptest! {
             }
             // Writing and reading concurrently: the output pipe is bounded.
             let mut to_sidecar = host.to_sidecar.take().unwrap();
-            let writing = tokio::spawn(async move {
+            let writing = crate::tasks::spawn(async move {
                 to_sidecar.write_all(input.as_bytes()).await.unwrap();
             });
             let out = host.rest_of_output().await;
@@ -817,7 +817,7 @@ async fn a_host_that_stops_reading_stalls_the_sidecar_at_a_bound_and_loses_nothi
     let mut input = host.to_sidecar.take().expect("input open");
     let writer = {
         let written = Arc::clone(&written);
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             for id in 1..=TOTAL {
                 let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"x/nope\"}}\n");
                 input.write_all(line.as_bytes()).await.unwrap();
@@ -946,7 +946,7 @@ impl Service for Echo {
 async fn ids_and_params_travel_as_the_host_wrote_them_and_answers_are_written_once() {
     let (mut to_sidecar, sidecar_in) = tokio::io::duplex(64 * 1024);
     let (sidecar_out, from_sidecar) = tokio::io::duplex(64 * 1024);
-    let served = tokio::spawn(serve_service(sidecar_in, sidecar_out, |_| Arc::new(Echo)));
+    let served = crate::tasks::spawn(serve_service(sidecar_in, sidecar_out, |_| Arc::new(Echo)));
     let mut lines = FramedRead::new(from_sidecar, LineCodec::default());
     // Parsed into a tree and printed again on the way, the id would come
     // back as `100.0` and the params as `{"a":1000.0,"b":[1.5]}`.

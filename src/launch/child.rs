@@ -115,7 +115,7 @@ pub(super) fn spawn(
     };
     let tail = StderrTail::default();
     let kept = tail.clone();
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let mut lines = tokio::io::BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::debug!(pid, "agent stderr: {line}");
@@ -156,7 +156,7 @@ pub(super) fn writer(mut stdin: ChildStdin) -> Input {
     let (lines, mut outgoing) = mpsc::unbounded_channel::<Value>();
     let close = tokio_util::sync::CancellationToken::new();
     let closed = close.clone();
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         loop {
             let value = tokio::select! {
                 biased;
@@ -179,7 +179,7 @@ pub(super) fn writer(mut stdin: ChildStdin) -> Input {
 /// framing asks); a line that is not JSON is logged and skipped.
 pub(super) fn reader(stdout: ChildStdout) -> mpsc::UnboundedReceiver<Value> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let mut frames = FramedRead::new(stdout, LineCodec::default());
         while let Some(Ok(frame)) = frames.next().await {
             let Frame::Line(line) = frame else {

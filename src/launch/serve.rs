@@ -138,7 +138,7 @@ pub async fn run(paths: Paths, config: Config, stop: CancellationToken) -> Resul
             }
             Some(order) = orders.recv() => {
                 let serve = serve.clone();
-                tokio::spawn(async move { serve.obey(order).await });
+                crate::tasks::spawn(async move { serve.obey(order).await });
             }
             Some((id, exit)) = exited.recv() => serve.clone().ended(&id, exit),
             _ = idle.tick() => serve.end_idle(),
@@ -160,7 +160,7 @@ impl Serve {
     /// A (new) leader welcomed `serve`: what it could not report goes now,
     /// and what should run and does not starts again.
     fn welcomed(self: Arc<Self>, resume: Vec<LaunchSpec>) {
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let unsent = std::mem::take(&mut *lock(&self.unsent));
             for (id, event) in unsent {
                 self.report(id, event).await;
@@ -288,7 +288,7 @@ impl Serve {
         );
         let exits = self.exits.clone();
         let id = spec.launch_id.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let exit = exited.await.unwrap_or_default();
             let _ = exits.send((id, exit));
         });
@@ -363,7 +363,7 @@ impl Serve {
             }
         };
         let id = id.to_string();
-        tokio::spawn(async move { self.report(id, event).await });
+        crate::tasks::spawn(async move { self.report(id, event).await });
     }
 
     /// Ends the agents that had no turn for `[launch] idle_end_hours`.
@@ -382,7 +382,7 @@ impl Serve {
         for (id, quiet) in idle_ones {
             tracing::info!(launch = %id, quiet_s = quiet, "ending an idle agent");
             let serve = self.clone();
-            tokio::spawn(async move { serve.end(&id, Ending::Idle(quiet)).await });
+            crate::tasks::spawn(async move { serve.end(&id, Ending::Idle(quiet)).await });
         }
     }
 

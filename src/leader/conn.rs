@@ -42,7 +42,7 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
             return;
         }
     };
-    let writer_task = tokio::spawn(write_frames(writer, outgoing, close.clone()));
+    let writer_task = crate::tasks::spawn(write_frames(writer, outgoing, close.clone()));
     let mut requests = JoinSet::new();
     loop {
         let incoming = tokio::select! {
@@ -113,10 +113,10 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
     // Sends the ack `answer` comes to, off the reader.
     let mut later = |answer: BoxFuture<'static, FromLeader>| {
         let leader = leader.clone();
-        requests.spawn(async move {
+        requests.spawn(crate::tasks::boxed(async move {
             let frame = answer.await;
             leader.registry.send(conn, frame);
-        });
+        }));
     };
     let this = leader.clone();
     match envelope {
@@ -159,7 +159,7 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
             this.ack(Some(req.id), this.pair(conn, req.generation).await)
         })),
         ToLeader::Register(req) => {
-            requests.spawn(register(this, conn, req));
+            requests.spawn(crate::tasks::boxed(register(this, conn, req)));
         }
         ToLeader::Disconnect(req) => later(Box::pin(async move {
             this.ack(Some(req.id), this.disconnect(conn, req.generation).await)

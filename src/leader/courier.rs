@@ -354,7 +354,7 @@ pub(super) async fn run(leader: Arc<Leader>) {
                 let places: Vec<Place> = due.into_iter().map(|p| p.new.place).collect();
                 for place in places {
                     if leader.courier.busy().insert(place.clone()) {
-                        tokio::spawn(lane(leader.clone(), place));
+                        crate::tasks::spawn(lane(leader.clone(), place));
                     }
                 }
             }
@@ -713,7 +713,7 @@ impl Leader {
                 self.report_outbox(profile);
                 let leader = self.clone();
                 let profile = profile.clone();
-                tokio::spawn(async move { leader.await_offer(id, token, profile).await });
+                crate::tasks::spawn(async move { leader.await_offer(id, token, profile).await });
             }
             Err(e) => {
                 tracing::warn!("cannot offer a message again in its topic: {e}");

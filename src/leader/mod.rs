@@ -170,7 +170,7 @@ impl Leader {
             Ok(bindings) => {
                 let live = bindings.into_iter().map(|b| b.profile_key).collect();
                 let leader = self.clone();
-                tokio::spawn(async move { leader.inbox.prune(live).await });
+                crate::tasks::spawn(async move { leader.inbox.prune(live).await });
             }
             Err(e) => tracing::warn!("cannot read the bindings to prune the inboxes: {e}"),
         }
@@ -306,7 +306,7 @@ async fn start_with(
         draining,
         stop: CancellationToken::new(),
     });
-    let task = tokio::spawn(run(leader.clone(), listener, acks));
+    let task = crate::tasks::spawn(run(leader.clone(), listener, acks));
     Ok(LeaderHandle { leader, task, lock })
 }
 
@@ -358,7 +358,7 @@ async fn run(
     mut acks: mpsc::UnboundedReceiver<(String, i64)>,
 ) {
     leader.start_cleanups();
-    let mut courier = tokio::spawn(courier::run(leader.clone()));
+    let mut courier = crate::tasks::spawn(courier::run(leader.clone()));
     let (batches_tx, mut batches) = mpsc::channel(64);
     let mut poller = leader.start_poll(batches_tx);
     // A single machine's link never changes (its sender lives as long).
@@ -383,7 +383,7 @@ async fn run(
             () = leader.stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
-                    conns.spawn(conn::serve(leader.clone(), stream));
+                    conns.spawn(crate::tasks::boxed(conn::serve(leader.clone(), stream)));
                 }
                 Err(e) => {
                     // A descriptor limit, say: the next accept may work.
@@ -454,7 +454,7 @@ impl Leader {
         match self.cleanup.clone().try_lock_owned() {
             Ok(guard) => {
                 let leader = self.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     disconnect::finish_cleanups(&leader).await;
                     drop(guard);
                 });
@@ -473,9 +473,9 @@ impl Leader {
         match self.cluster.clone() {
             None => {
                 let journal = self.local_journal(batches);
-                tokio::spawn(self.poller(journal, self.stop.clone()).run())
+                crate::tasks::spawn(self.poller(journal, self.stop.clone()).run())
             }
-            Some(node) => tokio::spawn(cluster::run(self.clone(), node, batches)),
+            Some(node) => crate::tasks::spawn(cluster::run(self.clone(), node, batches)),
         }
     }
 

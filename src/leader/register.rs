@@ -111,7 +111,9 @@ impl Leader {
                 {
                     let leader = self.clone();
                     let (instance, now) = (req.instance_id, registered.route.topic_name.clone());
-                    tokio::spawn(async move { leader.close_left(&left, &instance, &now).await });
+                    crate::tasks::spawn(
+                        async move { leader.close_left(&left, &instance, &now).await },
+                    );
                 }
             }
             // Give the slot and key back: the session is not on the bus.
@@ -636,7 +638,7 @@ impl Leader {
             text.push('\n');
             text.push_str(note);
         }
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             match leader
                 .outbox
                 .say(target.chat_id, Some(target.thread_id), &text)

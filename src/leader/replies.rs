@@ -69,7 +69,7 @@ impl Replies {
         };
         let leader = leader.clone();
         // Not cancelled with the leader: the hand-over takes a moment.
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             if let Err(e) = leader.say_later(chat, thread, text).await {
                 tracing::warn!(chat, "cannot answer: {e}");
             }
@@ -96,7 +96,7 @@ impl Replies {
         };
         let leader = leader.clone();
         let stop = leader.stop.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             tokio::select! {
                 () = answer(leader) => {}
                 () = stop.cancelled() => {}

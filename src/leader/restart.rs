@@ -21,7 +21,7 @@ pub(super) fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
     if leader.cluster.is_some() {
         let leader = leader.clone();
         let id = req.id;
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let plan = leader.restart_cluster().await;
             leader.registry.send(conn, leader.ack(Some(id), plan));
         });

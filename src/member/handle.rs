@@ -257,7 +257,7 @@ impl Member {
             acks: acks_rx,
             stop: stop.clone(),
         });
-        let task = tokio::spawn(actor.run());
+        let task = crate::tasks::spawn(actor.run());
         Member {
             calls: calls_tx,
             acks: acks_tx,

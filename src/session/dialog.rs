@@ -297,7 +297,7 @@ impl Session {
         let member = self.member();
         let mut posting = member.clone().map(|member| {
             let ask = ask_of(&question);
-            tokio::spawn(async move { post(&member, ask, deadline).await })
+            crate::tasks::spawn(async move { post(&member, ask, deadline).await })
         });
         let mut why_not_phone = member
             .is_none()
@@ -322,7 +322,7 @@ impl Session {
                     return close(&member, &posted, &outcome).await;
                 }
                 let posting = posting?;
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     if let Ok(Ok(posted)) = posting.await {
                         close(&member, &posted, &outcome).await;
                     }

@@ -179,7 +179,7 @@ impl InProcess {
         let (host_in, host_out) = tokio::io::split(host_side);
         let sessions: Arc<std::sync::OnceLock<Arc<Session>>> = Arc::default();
         let slot = sessions.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let served = crate::host::serve(session_in, session_out, move |link| {
                 let session = Session::new(link, paths, config);
                 if let Some(launch) = launch {
@@ -371,7 +371,7 @@ impl Session {
         let mut facts = self.facts.subscribe();
         let host = self.host.clone();
         let stop = self.stop.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let mut last = None;
             let mut told = None;
             loop {
@@ -464,7 +464,7 @@ impl Session {
         self.facts
             .send_modify(|f| f.binding = BindingFact::Connecting);
         self.spawn_member_mirror(&member);
-        tokio::spawn(inbound::run(
+        crate::tasks::spawn(inbound::run(
             Arc::downgrade(self),
             member.clone(),
             deliveries,
@@ -477,7 +477,7 @@ impl Session {
         let mut states = member.watch();
         let session = Arc::downgrade(self);
         let stop = self.stop.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             loop {
                 let Some(session) = session.upgrade() else {
                     break;
@@ -956,7 +956,7 @@ impl Handler for Session {
                 if let Some(session) = started.session
                     && let Some(me) = self.me()
                 {
-                    tokio::spawn(async move { me.switch_session(session).await });
+                    crate::tasks::spawn(async move { me.switch_session(session).await });
                 }
             }
             HostEvent::Taken(taken) => self.turn_took(&taken.update_ids),

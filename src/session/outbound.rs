@@ -400,7 +400,7 @@ pub fn spawn(
         drafts: 0,
     };
     // Dropping `tx` lets the task send what is queued, then end.
-    (tx, tokio::spawn(outbound.run(rx, stop)))
+    (tx, crate::tasks::spawn(outbound.run(rx, stop)))
 }
 
 struct TopicPoster {

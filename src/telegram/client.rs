@@ -637,7 +637,7 @@ mod tests {
         let router = Router::new().fallback(answer).with_state(server.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        crate::tasks::spawn(async move { axum::serve(listener, router).await });
         (api(addr), server)
     }
 
@@ -873,7 +873,7 @@ mod tests {
     async fn a_truncated_body_is_malformed_and_commit_unknown() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let (mut stream, _) = listener.accept().await.unwrap();
             read_request(&mut stream).await;
             let head =

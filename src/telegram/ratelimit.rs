@@ -730,7 +730,7 @@ mod tests {
         let tasks: Vec<_> = (0..3)
             .map(|_| {
                 let limiter = Arc::clone(&limiter);
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     limiter.acquire(Some(ALICE), "sendMessage").await;
                     Instant::now()
                 })
@@ -764,7 +764,7 @@ mod tests {
         let call = |method: &'static str, priority: Priority| {
             let limiter = Arc::clone(&limiter);
             let order = Arc::clone(&order);
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 limiter
                     .acquire_until(Some(GROUP), method, far, priority, |_| {})
                     .await
@@ -917,7 +917,7 @@ mod tests {
         let waiter = {
             let limiter = Arc::clone(&limiter);
             let told = Arc::clone(&told);
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 let far = Instant::now() + Duration::from_secs(600);
                 limiter
                     .acquire_until(Some(GROUP), "sendMessage", far, Priority::High, |wait| {

@@ -176,9 +176,9 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         state: Mutex::default(),
         activity: activity_tx,
     });
-    tokio::spawn(read(child::reader(stdout), claude.clone()));
+    crate::tasks::spawn(read(child::reader(stdout), claude.clone()));
     let from_session = std::mem::replace(&mut hosted.from_session, mpsc::unbounded_channel().1);
-    tokio::spawn(answer_session(from_session, claude.clone()));
+    crate::tasks::spawn(answer_session(from_session, claude.clone()));
     let init =
         tokio::time::timeout(STARTUP, claude.control(json!({"subtype": "initialize"}))).await;
     let init = match init {
@@ -201,7 +201,7 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
     let (control, controls) = mpsc::channel(16);
     let (exit_tx, exited) = oneshot::channel();
     let served = claude.clone();
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let exit = serve(&served, controls, &mut child, pid, &stderr).await;
         hosted.close().await;
         let _ = exit_tx.send(exit);
@@ -251,7 +251,7 @@ async fn read(mut events: mpsc::UnboundedReceiver<Value>, claude: Arc<Claude>) {
                 let request = event["request"].clone();
                 let id = event["request_id"].clone();
                 if request["subtype"].as_str() == Some("can_use_tool") {
-                    tokio::spawn(approve(claude.clone(), id, request));
+                    crate::tasks::spawn(approve(claude.clone(), id, request));
                 } else {
                     claude
                         .input
@@ -456,7 +456,7 @@ async fn serve(
             }
             Some(Control::SetModel(model, reply)) => {
                 let claude = claude.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     let set = claude
                         .control(json!({"subtype": "set_model", "model": model}))
                         .await

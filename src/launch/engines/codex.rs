@@ -118,7 +118,7 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
     let (exit_tx, exited) = oneshot::channel();
     let activity = bridge.activity();
     let current = model.clone();
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let exit = serve(
             &running, &codex, current, controls, &mut child, pid, &stderr,
         )
@@ -177,7 +177,7 @@ async fn serve(
             Some(Control::Models(reply)) => {
                 let bridge = running.bridge().clone();
                 let current = current.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     let listed = bridge.models().await.map_err(|e| e.to_string());
                     let _ = reply.send(listed.map(|list| (list, current)));
                 });

@@ -95,7 +95,7 @@ pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineE
     };
     let (activity_tx, activity) = watch::channel(Instant::now());
     let events = child::reader(stdout);
-    tokio::spawn(read(events, rpc.clone(), activity_tx));
+    crate::tasks::spawn(read(events, rpc.clone(), activity_tx));
     let state = tokio::time::timeout(STARTUP, rpc.call(json!({"type": "get_state"}))).await;
     let state = match state {
         Ok(Ok(state)) => state,
@@ -118,7 +118,7 @@ pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineE
     let (control, controls) = mpsc::channel(16);
     let (exit_tx, exited) = oneshot::channel();
     let model = model_id(&state["model"]);
-    tokio::spawn(async move {
+    crate::tasks::spawn(async move {
         let exit = serve(rpc, controls, &mut child, pid, &stderr).await;
         let _ = exit_tx.send(exit);
     });
@@ -189,13 +189,13 @@ async fn serve(
         match control {
             Some(Control::Models(reply)) => {
                 let rpc = rpc.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     let _ = reply.send(models(&rpc).await);
                 });
             }
             Some(Control::SetModel(model, reply)) => {
                 let rpc = rpc.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn(async move {
                     let _ = reply.send(set_model(&rpc, &model).await);
                 });
             }

@@ -318,7 +318,7 @@ impl Leader {
         );
         let button = format!("{label} · {who}");
         let messages = messages.to_vec();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             if let Some(tap) = tap
                 && let Err(e) = leader.outbox.answer_tap(&tap, Some(&label)).await
             {
@@ -336,7 +336,7 @@ impl Leader {
     pub(super) fn expire_asks(self: &Arc<Self>) {
         for (target, message_id, text) in self.asks.sweep() {
             let leader = self.clone();
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 leader
                     .settle_ask(
                         target,

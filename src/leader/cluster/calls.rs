@@ -207,7 +207,7 @@ pub(in crate::leader) async fn serve(
         };
         let Some(incoming) = next else { break };
         let leader = leader.clone();
-        running.spawn(async move {
+        running.spawn(crate::tasks::boxed(async move {
             tracing::debug!(from = %incoming.from, "a call from another machine");
             let RemoteCall {
                 call,
@@ -222,7 +222,7 @@ pub(in crate::leader) async fn serve(
             if let Err(e) = incoming.answer(&answer).await {
                 tracing::debug!("cannot answer a call: {e}");
             }
-        });
+        }));
     }
     running.shutdown().await;
 }

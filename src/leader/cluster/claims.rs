@@ -213,7 +213,7 @@ impl Leader {
             thread: t.thread_id,
         }));
         let profile_key = profile_key.to_string();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             for key in keys {
                 if let Err(e) = release(&cluster, &key, &profile_key).await {
                     tracing::warn!("cannot release {}: {e}", key.key());

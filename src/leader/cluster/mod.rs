@@ -55,16 +55,30 @@ pub(super) async fn run(
     };
     let keeper = cluster.campaign();
     let mut helpers = tokio::task::JoinSet::new();
-    helpers.spawn(follow_link(leader.clone(), node.clone(), cluster.clone()));
-    helpers.spawn(mirror_leadership(
+    helpers.spawn(crate::tasks::boxed(follow_link(
+        leader.clone(),
+        node.clone(),
+        cluster.clone(),
+    )));
+    helpers.spawn(crate::tasks::boxed(mirror_leadership(
         leader.clone(),
         node.clone(),
         keeper.leadership(),
-    ));
-    helpers.spawn(answer_status(leader.clone(), cluster.clone()));
-    helpers.spawn(answer_restart(leader.clone(), cluster.clone()));
-    helpers.spawn(answer_launch(leader.clone(), cluster.clone()));
-    let mut consuming = tokio::spawn(consume(leader.clone(), cluster.clone(), batches.clone()));
+    )));
+    helpers.spawn(crate::tasks::boxed(answer_status(
+        leader.clone(),
+        cluster.clone(),
+    )));
+    helpers.spawn(crate::tasks::boxed(answer_restart(
+        leader.clone(),
+        cluster.clone(),
+    )));
+    helpers.spawn(crate::tasks::boxed(answer_launch(
+        leader.clone(),
+        cluster.clone(),
+    )));
+    let mut consuming =
+        crate::tasks::spawn(consume(leader.clone(), cluster.clone(), batches.clone()));
     let result = tokio::select! {
         led = lead(&leader, &cluster, keeper.leadership(), &batches) => led,
         consumed = &mut consuming => consumed.unwrap_or(Ok(())),
@@ -227,7 +241,7 @@ async fn poll_under(
     let Some(offset) = cluster_offset(leader, cluster, term, leadership).await? else {
         return Ok(());
     };
-    let serving = tokio::spawn(calls::serve(
+    let serving = crate::tasks::spawn(calls::serve(
         leader.clone(),
         cluster.clone(),
         term,
@@ -242,7 +256,7 @@ async fn poll_under(
         stop: stop.clone(),
         batches: batches.clone(),
     };
-    let mut polling = tokio::spawn(leader.poller(journal, stop.clone()).run());
+    let mut polling = crate::tasks::spawn(leader.poller(journal, stop.clone()).run());
     let ended = loop {
         tokio::select! {
             ended = &mut polling => break ended,

@@ -200,7 +200,7 @@ pub(super) async fn answer_launch(leader: Arc<Leader>, cluster: Cluster) {
         }
         tracing::info!(by = %asked.from, "an order for this machine's serve");
         let leader = leader.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let done = leader.run_here(asked.request.order.clone()).await;
             if let Err(e) = asked.answer(&done).await {
                 tracing::warn!("cannot answer a launch order: {e}");
