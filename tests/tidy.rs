@@ -911,7 +911,7 @@ fn a_circle_is_found_and_an_allowed_pair_is_not_one() {
 
 /// Tasks are spawned through `src/tasks.rs`, which boxes the future first:
 /// a `tokio::spawn` of an unboxed future compiles tokio's task machinery
-/// once more (about 1.7k lines of LLVM IR each; 15 % of the crate when two
+/// once more (about 2.5k lines of LLVM IR each; 15 % of the crate when two
 /// hundred did). The benchmark's binary is its own crate and may.
 #[test]
 fn tasks_are_spawned_boxed() {
