@@ -4,8 +4,8 @@
 //! gets its own copy of tokio's task machinery (the cell, the harness, the
 //! waker vtable, `catch_unwind`): about 2.5k lines of LLVM IR each, for two
 //! hundred spawned futures a seventh of the crate. Boxed, the machinery is
-//! compiled once per output type; the cost is one allocation per spawn,
-//! which tokio makes anyway for the task itself.
+//! compiled once per output type; the cost is one more allocation per
+//! spawn, beside the one tokio makes for the task itself.
 
 use std::future::Future;
 use std::pin::Pin;
