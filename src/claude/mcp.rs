@@ -81,12 +81,7 @@ impl Mcp {
             "status" => self.status().await,
             "telegram_inbox" => Ok(inbox_text(&self.bridge.take_inbox())),
             "permission" => return Ok(self.permission(&args).await),
-            other => {
-                return Err(RpcError {
-                    code: -32602,
-                    message: format!("Unknown tool: {other}"),
-                });
-            }
+            other => return Err(RpcError::invalid_params(format!("Unknown tool: {other}"))),
         };
         Ok(tool_result(outcome))
     }
@@ -259,10 +254,8 @@ pub(crate) fn send_file_tool() -> Value {
 /// them as (`null` when absent).
 pub(crate) fn tree(params: Option<&RawValue>) -> Result<Value, RpcError> {
     params.map_or(Ok(Value::Null), |raw| {
-        serde_json::from_str(raw.get()).map_err(|e| RpcError {
-            code: -32602,
-            message: format!("Invalid params: {e}"),
-        })
+        serde_json::from_str(raw.get())
+            .map_err(|e| RpcError::invalid_params(format!("Invalid params: {e}")))
     })
 }
 

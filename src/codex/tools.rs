@@ -34,14 +34,29 @@ use crate::protocol::host::{FILE_NOT_SENT, SendFileParams, SendFileResult, metho
 pub const SERVER_NAME: &str = "agent_relay";
 /// The socket's name in the relay's folder.
 pub const SOCKET: &str = "tools.sock";
+/// What the log says when Codex has to run without the tool.
+const WITHOUT: &str = "Codex runs without the relay's send_file tool";
 
 /// What the model reads about the server.
 const INSTRUCTIONS: &str = "agent-relay connects this session to a Telegram topic of its own. \
 Use `send_file` to send the user a file or picture from the project to read on the phone.";
 
-/// Binds the relay's end in `folder` (the relay's own, 0700): before Codex
-/// starts, so the server it runs finds it.
-pub fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
+/// The tool offered from `folder` (the relay's own, 0700): its socket bound
+/// there before Codex starts, so the server Codex runs finds it, and what
+/// Codex's command line gets to run that server. `None` when that fails:
+/// Codex then runs without the tool, and the log says so.
+pub fn offer(folder: &Path) -> Option<(UnixListener, Vec<String>)> {
+    let offered = std::env::current_exe().and_then(|exe| {
+        let (listener, socket) = bind(folder)?;
+        Ok((listener, codex_args(&exe, &socket)))
+    });
+    offered
+        .inspect_err(|e| tracing::warn!("{WITHOUT}: {e}"))
+        .ok()
+}
+
+/// Binds the relay's end of the tool's socket in `folder`.
+fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
     let socket = folder.join(SOCKET);
     match std::fs::remove_file(&socket) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -56,7 +71,7 @@ pub fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
 /// and Codex does not ask about it (`approve`): it would stop the turn on a
 /// question in the terminal for every file, and what the tool may send is
 /// the relay's own check, the same for every host.
-pub fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
+fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
     let quoted = |p: &Path| Value::String(p.display().to_string()).to_string();
     let key = format!("mcp_servers.{SERVER_NAME}");
     vec![
@@ -87,31 +102,24 @@ impl Offer {
     /// (Codex runs without the tool, said in the log) when that fails.
     pub fn make(paths: &crate::paths::Paths, launch_id: &str) -> Option<Self> {
         if launch_id.is_empty() || !launch_id.chars().all(|c| c.is_ascii_alphanumeric()) {
-            tracing::warn!("Codex runs without the relay's send_file tool: an odd launch id");
+            tracing::warn!("{WITHOUT}: an odd launch id");
             return None;
         }
         let folder = paths.runtime_dir.join(format!("codex-launch-{launch_id}"));
-        let made = paths
-            .check_own_dir(&folder, crate::paths::Missing::Create)
-            .map_err(|e| io::Error::other(e.to_string()))
-            .and_then(|_| {
-                let exe = std::env::current_exe()?;
-                let (listener, socket) = bind(&folder)?;
-                Ok((listener, codex_args(&exe, &socket)))
-            });
-        match made {
-            Ok((listener, args)) => Some(Self {
-                folder,
-                listener: Some(listener),
-                serving: None,
-                args,
-            }),
-            Err(e) => {
-                tracing::warn!("Codex runs without the relay's send_file tool: {e}");
-                let _ = std::fs::remove_dir(&folder);
-                None
-            }
+        if let Err(e) = paths.check_own_dir(&folder, crate::paths::Missing::Create) {
+            tracing::warn!("{WITHOUT}: {e}");
+            return None;
         }
+        let Some((listener, args)) = offer(&folder) else {
+            let _ = std::fs::remove_dir(&folder);
+            return None;
+        };
+        Some(Self {
+            folder,
+            listener: Some(listener),
+            serving: None,
+            args,
+        })
     }
 
     /// Serves the tool for `bridge`'s session.
@@ -194,10 +202,7 @@ impl Service for Desk {
             .transpose()
             .ok()
             .flatten()
-            .ok_or_else(|| RpcError {
-                code: -32602,
-                message: "file/send needs a `path`".into(),
-            })?;
+            .ok_or_else(|| RpcError::invalid_params("file/send needs a `path`"))?;
         match self.bridge.send_file(&params).await {
             Ok(sent) => encode_result(&sent),
             Err(why) => Err(RpcError {
@@ -297,10 +302,10 @@ impl Service for Tools {
                     shared::tool_result(self.send_file(args).await)
                 }
                 other => {
-                    return Err(RpcError {
-                        code: -32602,
-                        message: format!("Unknown tool: {}", other.unwrap_or_default()),
-                    });
+                    return Err(RpcError::invalid_params(format!(
+                        "Unknown tool: {}",
+                        other.unwrap_or_default()
+                    )));
                 }
             },
             _ => {

@@ -125,7 +125,7 @@ async fn beside(
 ) -> Result<i32, WrapperError> {
     let socket = folder.join(SOCKET);
     let url = format!("unix://{}", socket.display());
-    let tools = offer_tools(folder);
+    let tools = super::tools::offer(folder);
     let mut server = spawn(
         codex(program)
             .args(
@@ -181,19 +181,6 @@ async fn beside(
     }
     stop_app_server(&mut server).await;
     status.map(exit_code)
-}
-
-/// The relay's tool for Codex (`super::tools`): its socket in `folder`
-/// and what Codex's command line gets to run it. Without it Codex runs
-/// as well, only without the tool.
-fn offer_tools(folder: &Path) -> Option<(tokio::net::UnixListener, Vec<String>)> {
-    let offered = std::env::current_exe().and_then(|exe| {
-        let (listener, socket) = super::tools::bind(folder)?;
-        Ok((listener, super::tools::codex_args(&exe, &socket)))
-    });
-    offered
-        .inspect_err(|e| tracing::warn!("Codex runs without the relay's send_file tool: {e}"))
-        .ok()
 }
 
 /// A Codex command with the user's environment less the relay's own, and

@@ -14,7 +14,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use jsonrpsee::types::{ErrorCode, ErrorObjectOwned, Params};
+use jsonrpsee::types::{ErrorObjectOwned, Params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -94,7 +94,7 @@ pub(crate) async fn call<H: Handler>(
             handler.shutdown(or_default(&params)?).await;
             encode_result(&())
         }
-        _ => Err(ErrorObjectOwned::from(ErrorCode::MethodNotFound).into()),
+        _ => Err(RpcError::method_not_found(method)),
     }
 }
 

@@ -177,8 +177,16 @@ impl RpcError {
     /// JSON-RPC's -32601: a method this end does not offer.
     pub fn method_not_found(method: &str) -> Self {
         Self {
-            code: -32601,
+            code: jsonrpsee::types::ErrorCode::MethodNotFound.code(),
             message: format!("Method not found: {method}"),
+        }
+    }
+
+    /// JSON-RPC's -32602: params this end cannot take, and why.
+    pub fn invalid_params(why: impl Into<String>) -> Self {
+        Self {
+            code: jsonrpsee::types::ErrorCode::InvalidParams.code(),
+            message: why.into(),
         }
     }
 }

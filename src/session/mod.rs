@@ -829,13 +829,10 @@ impl Session {
 impl Handler for Session {
     async fn initialize(&self, params: InitializeParams) -> Result<InitializeResult, RpcError> {
         if params.protocol_version < PROTOCOL_VERSION {
-            return Err(RpcError {
-                code: -32602,
-                message: format!(
-                    "unsupported protocolVersion {}: this sidecar speaks {PROTOCOL_VERSION}",
-                    params.protocol_version
-                ),
-            });
+            return Err(RpcError::invalid_params(format!(
+                "unsupported protocolVersion {}: this sidecar speaks {PROTOCOL_VERSION}",
+                params.protocol_version
+            )));
         }
         self.state().identity = Some(Identity {
             cwd: params.cwd,
