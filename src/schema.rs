@@ -11,6 +11,9 @@ pub struct SchemaFile {
     pub schema: Schema,
 }
 
+/// What request `R`'s ack carries, as the protocol names it.
+type Reply<R> = <R as crate::protocol::bus::Request>::Reply;
+
 fn file<T: JsonSchema>(name: &str) -> SchemaFile {
     let generator = SchemaGenerator::new(SchemaSettings::draft2020_12());
     SchemaFile {
@@ -65,16 +68,16 @@ pub fn schemas() -> Vec<SchemaFile> {
         // bus
         file::<b::ToLeader>("bus/to-leader"),
         file::<b::FromLeader>("bus/from-leader"),
-        file::<b::Registered>("bus/register.result"),
-        file::<b::Reconciled>("bus/reconcile.result"),
-        file::<b::Disconnected>("bus/disconnect.result"),
-        file::<b::RestartPlan>("bus/restart.result"),
-        file::<b::BusStatus>("bus/status.result"),
-        file::<b::PairingLink>("bus/pair.result"),
-        file::<b::Fetched>("bus/fetch.result"),
-        file::<b::Posted>("bus/post.result"),
-        file::<b::Resent>("bus/resend.result"),
-        file::<b::ServeWelcome>("bus/serve.result"),
+        file::<Reply<b::Register>>("bus/register.result"),
+        file::<Reply<b::Reconcile>>("bus/reconcile.result"),
+        file::<Reply<b::Disconnect>>("bus/disconnect.result"),
+        file::<Reply<b::Restart>>("bus/restart.result"),
+        file::<Reply<b::StatusQuery>>("bus/status.result"),
+        file::<Reply<b::Pair>>("bus/pair.result"),
+        file::<Reply<b::Fetch>>("bus/fetch.result"),
+        file::<Reply<b::Post>>("bus/post.result"),
+        file::<Reply<b::Resend>>("bus/resend.result"),
+        file::<Reply<b::ServeHello>>("bus/serve.result"),
         // agent-relay serve across machines (the cluster's launch question)
         file::<crate::protocol::launch::RemoteOrder>("cluster/launch.question"),
         file::<crate::protocol::launch::RemoteDone>("cluster/launch.answer"),

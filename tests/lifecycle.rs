@@ -338,7 +338,7 @@ async fn raw_register(
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 1).await;
-    let registered = ack.into_result().expect("registered");
+    let registered = ack.reply::<Register>().expect("registered");
     (reader, writer, registered)
 }
 
@@ -403,7 +403,7 @@ async fn a_disconnect_racing_a_reregister_never_deletes_a_live_topic() {
     }
     let (disconnect, register) = (disconnect.unwrap(), register.unwrap());
     assert!(register.outcome.is_ok(), "{register:?}");
-    let now: Registered = register.into_result().unwrap();
+    let now = register.reply::<Register>().unwrap();
     let live_thread = now.route.target.expect("a topic").thread_id;
     let deleted = |t: i64| {
         fake.api()
@@ -449,7 +449,7 @@ async fn reconcile_rejects_routes_the_session_does_not_own() {
         .await
         .unwrap();
     let ack = next_ack(&mut reader, 2).await;
-    let answer: Reconciled = ack.into_result().unwrap();
+    let answer = ack.reply::<Reconcile>().unwrap();
     assert_eq!(answer.accepted, vec!["mine".to_string()]);
     assert_eq!(answer.rejected.len(), 2);
     assert!(

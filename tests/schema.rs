@@ -66,7 +66,7 @@ fn schema_dir_is_current() {
     }
     assert!(
         problems.is_empty(),
-        "schema/ is out of date (run `UPDATE_SCHEMAS=1 cargo test --test schema`):\n{}",
+        "schema/ is out of date (run `UPDATE_SCHEMAS=1 cargo test --test suite schema::`):\n{}",
         problems.join("\n")
     );
 }

@@ -387,7 +387,7 @@ impl RawFollower {
             })
             .await;
         assert!(ack.outcome.is_ok(), "register: {ack:?}");
-        let registered: Registered = ack.into_result().expect("Registered");
+        let registered = ack.reply::<Register>().expect("Registered");
         me.route = registered.route;
         me
     }
@@ -635,7 +635,7 @@ async fn a_generation_jump_cannot_take_over_another_session() {
     let status: BusStatus = raw
         .request(|id, _| ToLeader::Status(StatusQuery { id, cluster: false }))
         .await
-        .into_result()
+        .reply::<StatusQuery>()
         .expect("status");
     let target = status
         .sessions

@@ -7,9 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use serde_json::Value;
-
 use interprocess::local_socket::tokio::Stream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -60,7 +57,10 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
                 tracing::debug!(conn = id, "malformed bus frame: {error}");
                 leader.registry.send(
                     id,
-                    leader.ack::<()>(request, Err(BusError::new(BusErrorCode::BadFrame, error))),
+                    leader.ack::<Heartbeat>(
+                        request,
+                        Err(BusError::new(BusErrorCode::BadFrame, error)),
+                    ),
                 );
             }
             Ok(Some(Received::Oversized)) => {
@@ -105,82 +105,86 @@ async fn write_frames(
 
 /// Runs one request. Quick ones are answered inline; those that may wait on
 /// a lock or on Telegram get a task of the connection.
-///
-/// Long because it is the one match over the requests a member sends:
-/// each one's answer, inline or as a task, stands beside the others.
 fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut JoinSet<()>) {
-    let reply = |id: u64, result| leader.registry.send(conn, leader.ack(Some(id), result));
-    // Sends the ack `answer` comes to, off the reader.
-    let mut later = |answer: BoxFuture<'static, FromLeader>| {
-        let leader = leader.clone();
-        requests.spawn(crate::tasks::boxed(async move {
-            let frame = answer.await;
-            leader.registry.send(conn, frame);
-        }));
+    let mut reply = Reply {
+        leader,
+        conn,
+        requests,
     };
     let this = leader.clone();
     match envelope {
         ToLeader::Heartbeat(hb) => {
             let alive = leader.registry.lock().alive(conn, hb.generation);
-            reply(hb.id, alive.map(|()| Value::Null))
+            reply.now(&hb, alive);
         }
-        ToLeader::Serve(hello) => reply(
-            hello.id,
-            leader.serve_hello(conn, &hello).and_then(to_value),
-        ),
-        ToLeader::OrderDone(done) => reply(
-            done.id,
-            leader.order_done(conn, &done).map(|()| Value::Null),
-        ),
-        ToLeader::LaunchReport(report) => reply(
-            report.id,
-            leader.launch_report(conn, &report).map(|()| Value::Null),
-        ),
+        ToLeader::Serve(hello) => reply.now(&hello, leader.serve_hello(conn, &hello)),
+        ToLeader::OrderDone(done) => reply.now(&done, leader.order_done(conn, &done)),
+        ToLeader::LaunchReport(report) => reply.now(&report, leader.launch_report(conn, &report)),
         // Every machine is asked: up to 2 s.
         ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
-            later(Box::pin(async move {
-                this.ack(Some(q.id), this.cluster_status().await)
-            }))
+            reply.later::<StatusQuery>(q.id, async move { this.cluster_status().await })
         }
-        ToLeader::Status(q) => leader
-            .registry
-            .send(conn, leader.ack(Some(q.id), leader.status())),
+        ToLeader::Status(q) => reply.now(&q, leader.status()),
         ToLeader::DeliveryAck(ack) => match leader.registry.session(conn, ack.generation) {
             Ok(session) => leader
                 .router
                 .delivered(session.route.profile_key, ack.delivery_id),
             Err(_) => tracing::debug!("delivery ack with a stale generation ignored"),
         },
-        ToLeader::Reconcile(req) => leader
-            .registry
-            .send(conn, leader.ack(Some(req.id), leader.reconcile(conn, &req))),
+        ToLeader::Reconcile(req) => reply.now(&req, leader.reconcile(conn, &req)),
         ToLeader::Restart(req) => super::restart::restart(leader, conn, &req),
-        ToLeader::Pair(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.pair(conn, req.generation).await)
-        })),
-        ToLeader::Register(req) => {
-            requests.spawn(crate::tasks::boxed(register(this, conn, req)));
+        ToLeader::Pair(req) => {
+            reply.later::<Pair>(req.id, async move { this.pair(conn, req.generation).await })
         }
-        ToLeader::Disconnect(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.disconnect(conn, req.generation).await)
-        })),
-        ToLeader::Fetch(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.fetch(conn, &req).await)
-        })),
-        ToLeader::Topic(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.topic(conn, &req).await)
-        })),
-        ToLeader::Post(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.post(conn, &req).await)
-        })),
-        ToLeader::Resend(req) => later(Box::pin(async move {
-            this.ack(Some(req.id), this.resend(conn, &req).await)
-        })),
+        ToLeader::Register(req) => {
+            reply
+                .requests
+                .spawn(crate::tasks::boxed(register(this, conn, req)));
+        }
+        ToLeader::Disconnect(req) => reply.later::<Disconnect>(req.id, async move {
+            this.disconnect(conn, req.generation).await
+        }),
+        ToLeader::Fetch(req) => {
+            reply.later::<Fetch>(req.id, async move { this.fetch(conn, &req).await })
+        }
+        ToLeader::Topic(req) => {
+            reply.later::<TopicRequest>(req.id, async move { this.topic(conn, &req).await })
+        }
+        ToLeader::Post(req) => {
+            reply.later::<Post>(req.id, async move { this.post(conn, &req).await })
+        }
+        ToLeader::Resend(req) => {
+            reply.later::<Resend>(req.id, async move { this.resend(conn, &req).await })
+        }
     }
 }
 
-fn to_value<T: serde::Serialize>(value: T) -> Result<Value, BusError> {
-    serde_json::to_value(value).map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
+/// Answers the requests of one connection, typed by the request.
+struct Reply<'a> {
+    leader: &'a Arc<Leader>,
+    conn: ConnId,
+    requests: &'a mut JoinSet<()>,
+}
+
+impl Reply<'_> {
+    /// Answers `request` at once.
+    fn now<R: Request>(&self, request: &R, result: Result<R::Reply, BusError>) {
+        let frame = self.leader.ack::<R>(Some(request.id()), result);
+        self.leader.registry.send(self.conn, frame);
+    }
+
+    /// Answers request `id` with what `answer` comes to, off the reader.
+    fn later<R: Request + 'static>(
+        &mut self,
+        id: u64,
+        answer: impl Future<Output = Result<R::Reply, BusError>> + Send + 'static,
+    ) {
+        let (leader, conn) = (self.leader.clone(), self.conn);
+        self.requests.spawn(crate::tasks::boxed(async move {
+            let frame = leader.ack::<R>(Some(id), answer.await);
+            leader.registry.send(conn, frame);
+        }));
+    }
 }
 
 /// Registers, answers, and only then starts deliveries: the session knows
@@ -189,7 +193,9 @@ async fn register(leader: Arc<Leader>, conn: ConnId, req: Register) {
     let (id, generation) = (req.id, req.registration_generation);
     let result = leader.register(conn, req).await;
     let registered = result.is_ok();
-    leader.registry.send(conn, leader.ack(Some(id), result));
+    leader
+        .registry
+        .send(conn, leader.ack::<Register>(Some(id), result));
     if registered {
         leader
             .registry

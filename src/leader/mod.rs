@@ -83,8 +83,6 @@ use poller::{Journal, LocalJournal, PollFacts, PollHealth, Poller};
 use registry::Registry;
 use router::Router;
 
-pub(crate) use outbox::{FETCH_DEADLINE, TOPIC_DEADLINE, UPLOAD_DEADLINE};
-
 /// Why a sidecar that won the lock could not lead.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LeaderError {
@@ -146,15 +144,9 @@ impl Leader {
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn ack<T: serde::Serialize>(&self, id: Option<u64>, result: Result<T, BusError>) -> FromLeader {
-        FromLeader::Ack(Ack {
-            id,
-            epoch: self.epoch,
-            outcome: result.and_then(|r| {
-                serde_json::to_value(r)
-                    .map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
-            }),
-        })
+    /// The ack of request `R`, typed as the member reads it.
+    fn ack<R: Request>(&self, id: Option<u64>, result: Result<R::Reply, BusError>) -> FromLeader {
+        FromLeader::Ack(Ack::answer::<R>(id, self.epoch, result))
     }
 
     fn prune(self: &Arc<Self>) {

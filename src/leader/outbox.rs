@@ -41,7 +41,7 @@ use super::inbox::FileInbox;
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::files::DOWNLOAD_MAX;
-use crate::protocol::bus::{SendAs, Target};
+use crate::protocol::bus::{FETCH_DEADLINE, SendAs, TOPIC_DEADLINE, Target, UPLOAD_DEADLINE};
 use crate::render;
 use crate::telegram::call::{
     AnswerCallbackQuery, ChatAction, CreateForumTopic, InTopic, SendChatAction,
@@ -52,10 +52,6 @@ use crate::telegram::{
     SetupError, TelegramError, UploadSource,
 };
 
-/// How long a session's call may wait for pacing and retries before the
-/// outbox gives up on it (the member waits a little longer).
-pub(crate) const TOPIC_DEADLINE: Duration = Duration::from_secs(240);
-
 /// Topic management (create, delete, reopen, probe) gives up sooner: a
 /// person waits for it at the terminal.
 pub(crate) const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
@@ -64,16 +60,9 @@ pub(crate) const MANAGE_DEADLINE: Duration = Duration::from_secs(30);
 /// within seconds or not at all.
 const TAP_DEADLINE: Duration = Duration::from_secs(10);
 
-/// How long fetching one file may take, retries included.
-pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(240);
-
 /// Downloads of one file that came back shorter (or longer) than Telegram
 /// announced, before the file counts as failed.
 const DOWNLOAD_TRIES: u32 = 3;
-
-/// How long sending a file may take, pacing and retries included (the
-/// member waits a little longer).
-pub(crate) const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Longest caption Telegram takes, in UTF-16 units.
 const MAX_CAPTION: usize = 1024;

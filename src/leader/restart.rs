@@ -15,7 +15,7 @@ pub(super) fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
     if let Err(e) = leader.registry.session(conn, req.generation) {
         leader
             .registry
-            .send(conn, leader.ack::<()>(Some(req.id), Err(e)));
+            .send(conn, leader.ack::<Restart>(Some(req.id), Err(e)));
         return;
     }
     if leader.cluster.is_some() {
@@ -23,7 +23,9 @@ pub(super) fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
         let id = req.id;
         crate::tasks::spawn(async move {
             let plan = leader.restart_cluster().await;
-            leader.registry.send(conn, leader.ack(Some(id), plan));
+            leader
+                .registry
+                .send(conn, leader.ack::<Restart>(Some(id), plan));
         });
         return;
     }
@@ -49,7 +51,7 @@ pub(super) fn restart(leader: &Arc<Leader>, conn: ConnId, req: &Restart) {
     });
     leader
         .registry
-        .send(conn, leader.ack(Some(req.id), Ok(plan)));
+        .send(conn, leader.ack::<Restart>(Some(req.id), Ok(plan.clone())));
     if first {
         tracing::info!(
             routes = plan.expected_routes,

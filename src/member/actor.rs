@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use interprocess::local_socket::tokio::Stream;
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +46,7 @@ enum Next {
     Reregister,
 }
 
-type Waiting = HashMap<u64, oneshot::Sender<Result<Value, MemberError>>>;
+type Waiting = HashMap<u64, oneshot::Sender<Result<Option<Ack>, MemberError>>>;
 
 /// What the handle and the actor share, whatever the membership.
 pub(super) struct Channels {
@@ -207,7 +206,7 @@ impl Actor {
                         // Remembered for the next registration.
                         Call::Rebind { profile_key, session_name } => {
                             self.rebind(profile_key, session_name);
-                            Ok(Value::Null)
+                            Ok(None)
                         }
                         _ => Err(MemberError::NotConnected),
                     };
@@ -326,7 +325,7 @@ impl Actor {
         let engines = engines.clone();
         self.generation += 1;
         let id = self.next_id();
-        let hello = ToLeader::Serve(ServeHello {
+        let hello = ServeHello {
             id,
             instance_id: self.instance_id.clone(),
             instance_secret: self.instance_secret.clone(),
@@ -334,8 +333,8 @@ impl Actor {
             pid: self.request.pid,
             protocol_version: BUS_PROTOCOL_VERSION,
             engines,
-        });
-        let welcome: ServeWelcome = self.answer(id, &hello, reader, writer).await?;
+        };
+        let welcome = self.answer(&hello, reader, writer).await?;
         let role = if self.leader.is_some() {
             Role::Leader
         } else {
@@ -356,15 +355,16 @@ impl Actor {
     }
 
     /// Sends a registration and waits for its answer.
-    async fn answer<T: serde::de::DeserializeOwned>(
+    async fn answer<R: Request + Clone>(
         &mut self,
-        id: u64,
-        frame: &ToLeader,
+        request: &R,
         reader: &mut WireReader,
         writer: &mut WireWriter,
-    ) -> Result<T, Ended> {
+    ) -> Result<R::Reply, Ended> {
+        let id = request.id();
+        let frame: ToLeader = request.clone().into();
         writer
-            .send(frame)
+            .send(&frame)
             .await
             .map_err(|e| Ended::Lost(format!("register: {e}")))?;
         let deadline = tokio::time::sleep(REGISTER_TIMEOUT);
@@ -379,7 +379,7 @@ impl Actor {
                 // A refusal is a problem to show; a connection lost while
                 // registering is just part of reconnecting (syncing).
                 Ok(Some(Received::Envelope(FromLeader::Ack(ack)))) if ack.id == Some(id) => {
-                    return ack.into_result().map_err(|e| Ended::Refused(e.message));
+                    return ack.reply::<R>().map_err(|e| Ended::Refused(e.message));
                 }
                 Ok(Some(_)) => continue,
                 Ok(None) => return Err(Ended::Lost("the leader closed the connection".into())),
@@ -395,7 +395,7 @@ impl Actor {
     ) -> Result<Registered, Ended> {
         self.generation += 1;
         let id = self.next_id();
-        let register = ToLeader::Register(Register {
+        let register = Register {
             id,
             instance_id: self.instance_id.clone(),
             instance_secret: self.instance_secret.clone(),
@@ -409,8 +409,8 @@ impl Actor {
             retry_provisioning: self.retry_provisioning,
             left: self.left.clone(),
             launch: self.request.launch.clone(),
-        });
-        self.answer(id, &register, reader, writer).await
+        };
+        self.answer(&register, reader, writer).await
     }
 
     async fn serve_registered(&mut self, mut reader: WireReader, mut writer: WireWriter) -> Ended {
@@ -471,12 +471,12 @@ impl Actor {
                     let envelope = match call.call {
                         Call::Reregister => {
                             self.retry_provisioning = true;
-                            let _ = call.reply.send(Ok(Value::Null));
+                            let _ = call.reply.send(Ok(None));
                             break Ended::Reregister;
                         }
                         Call::Rebind { profile_key, session_name } => {
                             self.rebind(profile_key, session_name);
-                            let _ = call.reply.send(Ok(Value::Null));
+                            let _ = call.reply.send(Ok(None));
                             break Ended::Reregister;
                         }
                         Call::Request(envelope) => envelope(id, generation),
@@ -565,7 +565,7 @@ impl Actor {
                 }
                 match ack.id.and_then(|id| waiting.remove(&id)) {
                     Some(reply) => {
-                        let _ = reply.send(ack.outcome.map_err(MemberError::Refused));
+                        let _ = reply.send(Ok(Some(ack)));
                     }
                     None => {
                         if let Err(e) = ack.outcome {
@@ -675,7 +675,7 @@ impl Actor {
 
     /// The leader's answer to our route snapshot.
     fn reconciled(&mut self, ack: Ack) -> Next {
-        let answer = match ack.into_result::<Reconciled>() {
+        let answer = match ack.reply::<Reconcile>() {
             Ok(answer) => answer,
             Err(why) => {
                 tracing::warn!("reconcile failed: {why}");

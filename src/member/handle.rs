@@ -4,8 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -19,12 +17,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a topic request may take, pacing included: a little longer
 /// than the leader's own deadline, so the leader's answer (sent, or why
 /// not) is what the session hears, not a timeout.
-const TOPIC_TIMEOUT: Duration = Duration::from_secs(crate::leader::TOPIC_DEADLINE.as_secs() + 30);
+const TOPIC_TIMEOUT: Duration = TOPIC_DEADLINE.saturating_add(MEMBER_GRACE);
 /// The same for fetching a message's files…
-const FETCH_TIMEOUT: Duration = Duration::from_secs(crate::leader::FETCH_DEADLINE.as_secs() + 30);
+const FETCH_TIMEOUT: Duration = FETCH_DEADLINE.saturating_add(MEMBER_GRACE);
 /// …and for sending a file.
-pub const UPLOAD_TIMEOUT: Duration =
-    Duration::from_secs(crate::leader::UPLOAD_DEADLINE.as_secs() + 30);
+pub const UPLOAD_TIMEOUT: Duration = UPLOAD_DEADLINE.saturating_add(MEMBER_GRACE);
 
 /// What a session needs to join its bot's bus.
 #[derive(Debug, Clone)]
@@ -176,17 +173,10 @@ pub(super) enum Call {
     Request(Box<dyn FnOnce(u64, Generation) -> ToLeader + Send>),
 }
 
-impl Call {
-    pub(super) fn request(
-        envelope: impl FnOnce(u64, Generation) -> ToLeader + Send + 'static,
-    ) -> Self {
-        Call::Request(Box::new(envelope))
-    }
-}
-
 pub(super) struct Pending {
     pub call: Call,
-    pub reply: oneshot::Sender<Result<Value, MemberError>>,
+    /// The leader's ack of a request; `None` for what the actor does itself.
+    pub reply: oneshot::Sender<Result<Option<Ack>, MemberError>>,
 }
 
 /// One sidecar's membership of its bot's bus.
@@ -274,17 +264,13 @@ impl Member {
         order_id: u64,
         outcome: crate::protocol::launch::OrderOutcome,
     ) -> Result<(), MemberError> {
-        let done = move |id, generation| {
-            ToLeader::OrderDone(crate::protocol::launch::OrderDone {
-                id,
-                generation,
-                order_id,
-                outcome,
-            })
+        let done = move |id, generation| crate::protocol::launch::OrderDone {
+            id,
+            generation,
+            order_id,
+            outcome,
         };
-        self.call::<Value>(Call::request(done), REQUEST_TIMEOUT)
-            .await
-            .map(drop)
+        self.request(done, REQUEST_TIMEOUT).await
     }
 
     /// A launcher tells the leader what happened to one of its sessions.
@@ -293,17 +279,13 @@ impl Member {
         launch_id: String,
         event: crate::protocol::launch::LaunchEvent,
     ) -> Result<(), MemberError> {
-        let report = move |id, generation| {
-            ToLeader::LaunchReport(crate::protocol::launch::LaunchReport {
-                id,
-                generation,
-                launch_id,
-                event,
-            })
+        let report = move |id, generation| crate::protocol::launch::LaunchReport {
+            id,
+            generation,
+            launch_id,
+            event,
         };
-        self.call::<Value>(Call::request(report), REQUEST_TIMEOUT)
-            .await
-            .map(drop)
+        self.request(report, REQUEST_TIMEOUT).await
     }
 
     pub fn watch(&self) -> watch::Receiver<MemberState> {
@@ -320,34 +302,39 @@ impl Member {
         }
     }
 
-    pub(super) async fn call<T: DeserializeOwned>(
+    /// Sends request `R`, made with the id and generation of the moment it
+    /// goes, and reads the leader's answer as `R`'s.
+    pub(super) async fn request<R: Request + 'static>(
         &self,
-        call: Call,
+        make: impl FnOnce(u64, Generation) -> R + Send + 'static,
         timeout: Duration,
-    ) -> Result<T, MemberError> {
+    ) -> Result<R::Reply, MemberError> {
+        let call = Call::Request(Box::new(move |id, generation| make(id, generation).into()));
+        match self.call(call, timeout).await? {
+            Some(ack) => ack.reply::<R>().map_err(MemberError::Refused),
+            None => Err(MemberError::Refused(BusError::new(
+                BusErrorCode::Internal,
+                "the request was answered without an ack",
+            ))),
+        }
+    }
+
+    async fn call(&self, call: Call, timeout: Duration) -> Result<Option<Ack>, MemberError> {
         let (reply, answer) = oneshot::channel();
         self.calls
             .send(Pending { call, reply })
             .await
             .map_err(|_| MemberError::Stopped)?;
-        let value = tokio::time::timeout(timeout, answer)
+        tokio::time::timeout(timeout, answer)
             .await
             .map_err(|_| MemberError::Timeout(timeout))?
-            .map_err(|_| MemberError::Stopped)??;
-        serde_json::from_value(value).map_err(|e| {
-            MemberError::Refused(BusError::new(
-                BusErrorCode::Internal,
-                format!("the leader's answer is malformed: {e}"),
-            ))
-        })
+            .map_err(|_| MemberError::Stopped)?
     }
 
     /// Registers again, asking the leader to retry creating the topic even
     /// after an unknown outcome (the user asked for it).
     pub async fn reregister(&self) -> Result<(), MemberError> {
-        self.call::<Value>(Call::Reregister, REQUEST_TIMEOUT)
-            .await
-            .map(drop)
+        self.call(Call::Reregister, REQUEST_TIMEOUT).await.map(drop)
     }
 
     /// Registers again as another session of the same host: its own profile,
@@ -357,7 +344,7 @@ impl Member {
         profile_key: String,
         session_name: String,
     ) -> Result<(), MemberError> {
-        self.call::<Value>(
+        self.call(
             Call::Rebind {
                 profile_key,
                 session_name,
@@ -369,27 +356,27 @@ impl Member {
     }
 
     pub async fn status(&self) -> Result<BusStatus, MemberError> {
-        let status = |id, _| ToLeader::Status(StatusQuery { id, cluster: false });
-        self.call(Call::request(status), REQUEST_TIMEOUT).await
+        let status = |id, _| StatusQuery { id, cluster: false };
+        self.request(status, REQUEST_TIMEOUT).await
     }
 
     /// The status with every machine's sessions when the relay spans
     /// machines (the leader asks them, up to 2 s); else [`Member::status`].
     pub async fn cluster_status(&self) -> Result<BusStatus, MemberError> {
-        let status = |id, _| ToLeader::Status(StatusQuery { id, cluster: true });
-        self.call(Call::request(status), REQUEST_TIMEOUT).await
+        let status = |id, _| StatusQuery { id, cluster: true };
+        self.request(status, REQUEST_TIMEOUT).await
     }
 
     /// Deletes this session's topic through the leader (generation-fenced).
     pub async fn disconnect(&self) -> Result<Disconnected, MemberError> {
-        let disconnect = |id, generation| ToLeader::Disconnect(Disconnect { id, generation });
-        self.call(Call::request(disconnect), REQUEST_TIMEOUT).await
+        let disconnect = |id, generation| Disconnect { id, generation };
+        self.request(disconnect, REQUEST_TIMEOUT).await
     }
 
     /// A one-time pairing link (when nobody is paired yet).
     pub async fn pair(&self) -> Result<PairingLink, MemberError> {
-        let pair = |id, generation| ToLeader::Pair(Pair { id, generation });
-        self.call(Call::request(pair), REQUEST_TIMEOUT).await
+        let pair = |id, generation| Pair { id, generation };
+        self.request(pair, REQUEST_TIMEOUT).await
     }
 
     /// Does `op` in this session's topic. It may wait at the leader for the
@@ -419,14 +406,12 @@ impl Member {
     /// Downloads the files of delivery `update_id` (one of this session's)
     /// into its inbox, or finds them there; answers with their paths.
     pub async fn fetch(&self, update_id: i64) -> Result<Fetched, MemberError> {
-        let fetch = move |id, generation| {
-            ToLeader::Fetch(Fetch {
-                id,
-                generation,
-                update_id,
-            })
+        let fetch = move |id, generation| Fetch {
+            id,
+            generation,
+            update_id,
         };
-        self.call(Call::request(fetch), FETCH_TIMEOUT).await
+        self.request(fetch, FETCH_TIMEOUT).await
     }
 
     async fn topic_request(
@@ -435,15 +420,13 @@ impl Member {
         background: bool,
         timeout: Duration,
     ) -> Result<TopicDone, MemberError> {
-        let topic = move |id, generation| {
-            ToLeader::Topic(TopicRequest {
-                id,
-                generation,
-                op,
-                background,
-            })
+        let topic = move |id, generation| TopicRequest {
+            id,
+            generation,
+            op,
+            background,
         };
-        self.call(Call::request(topic), timeout).await
+        self.request(topic, timeout).await
     }
 
     /// Hands `items` over for this session's topic: they are the leader's,
@@ -463,15 +446,13 @@ impl Member {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         loop {
             let items = items.clone();
-            let post = move |id, generation| {
-                ToLeader::Post(Post {
-                    id,
-                    generation,
-                    items,
-                    hand: Some(hand),
-                })
+            let post = move |id, generation| Post {
+                id,
+                generation,
+                items,
+                hand: Some(hand),
             };
-            match self.call(Call::request(post), REQUEST_TIMEOUT).await {
+            match self.request(post, REQUEST_TIMEOUT).await {
                 Err(MemberError::NotConnected) if Instant::now() < give_up => {
                     let left = give_up.saturating_duration_since(Instant::now());
                     let mut state = self.state.clone();
@@ -487,8 +468,8 @@ impl Member {
 
     /// `/resend`: what did not reach the topic goes again.
     pub async fn resend(&self) -> Result<Resent, MemberError> {
-        let resend = |id, generation| ToLeader::Resend(Resend { id, generation });
-        self.call(Call::request(resend), REQUEST_TIMEOUT).await
+        let resend = |id, generation| Resend { id, generation };
+        self.request(resend, REQUEST_TIMEOUT).await
     }
 
     /// Tells the leader a delivery reached the host. Best effort: an ack lost

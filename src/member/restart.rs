@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::handle::{Call, Member, MemberError};
+use super::handle::{Member, MemberError};
 use crate::protocol::bus::*;
 
 /// How long a restart may take to converge before it is reported partial.
@@ -29,10 +29,7 @@ impl Member {
                 break plan;
             }
             match self
-                .call::<RestartPlan>(
-                    Call::request(|id, generation| ToLeader::Restart(Restart { id, generation })),
-                    REQUEST_TIMEOUT,
-                )
+                .request(|id, generation| Restart { id, generation }, REQUEST_TIMEOUT)
                 .await
             {
                 Ok(plan) => break plan,
@@ -55,7 +52,7 @@ impl Member {
 
     /// A restart announced recently that has not converged yet: a request
     /// now joins it instead of restarting again.
-    async fn restart_in_flight(&self) -> Option<RestartPlan> {
+    async fn restart_in_flight(&self) -> Option<Restarting> {
         let (plan, heard) = self.state().restarting?;
         if heard.elapsed() >= RESTART_WINDOW {
             return None;
@@ -68,7 +65,7 @@ impl Member {
 
     /// The status a plan's convergence is judged on: this machine's, or
     /// every machine's.
-    async fn status_for(&self, plan: &RestartPlan) -> Result<BusStatus, MemberError> {
+    async fn status_for(&self, plan: &Restarting) -> Result<BusStatus, MemberError> {
         if plan.machines.is_empty() {
             self.status().await
         } else {
@@ -76,7 +73,7 @@ impl Member {
         }
     }
 
-    async fn converge(&self, plan: &RestartPlan, started: Instant) -> RestartOutcome {
+    async fn converge(&self, plan: &Restarting, started: Instant) -> RestartOutcome {
         let deadline = started + RESTART_WINDOW;
         let elapsed_ms = || started.elapsed().as_millis() as u64;
         let mut last: Option<BusStatus> = None;
@@ -132,7 +129,7 @@ fn is_back(key: &str, sessions: &[SessionStatus]) -> bool {
 
 /// The expected routes that are not back, named with their machine when
 /// the relay spans machines (`key on laptop`).
-fn missing(plan: &RestartPlan, status: &BusStatus) -> Vec<String> {
+fn missing(plan: &Restarting, status: &BusStatus) -> Vec<String> {
     if plan.machines.is_empty() {
         return plan
             .expected
@@ -162,7 +159,7 @@ fn machine<'a>(status: &'a BusStatus, node: &str) -> Option<&'a MachineStatus> {
 
 /// Whether every route a restart expects is back, live and reconciled at a
 /// newer epoch (of its own machine, when the relay spans machines).
-fn converged(plan: &RestartPlan, status: &BusStatus) -> bool {
+fn converged(plan: &Restarting, status: &BusStatus) -> bool {
     if plan.machines.is_empty() {
         return status.epoch > plan.epoch
             && plan

@@ -63,5 +63,7 @@ pub async fn query_status(paths: &Paths, bot: BotId) -> Result<Option<BusStatus>
     })
     .await
     .map_err(|_| MemberError::Timeout(ANSWER_TIMEOUT))??;
-    ack.into_result().map(Some).map_err(MemberError::Refused)
+    ack.reply::<StatusQuery>()
+        .map(Some)
+        .map_err(MemberError::Refused)
 }

@@ -11,6 +11,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::time::Duration;
 
 /// The bus protocol version; a leader refuses a follower that speaks another.
 /// 3: deliveries carry files, fetched with `fetch`; `sendFile` (a follower
@@ -67,6 +68,61 @@ pub enum ToLeader {
     Post(Post),
     Resend(Resend),
 }
+
+/// A request to the leader, and the type its [`Ack`] carries: the leader
+/// answers with [`Ack::answer`] and the member reads it with
+/// [`Ack::reply`], so both ends agree on the answer's type at compile time
+/// (a [`DeliveryAck`] is no request: it gets no answer).
+pub trait Request: Into<ToLeader> {
+    type Reply: Serialize + serde::de::DeserializeOwned;
+    /// The id the ack echoes.
+    fn id(&self) -> u64;
+}
+
+/// Each request with the variant it travels as and the type of its answer.
+macro_rules! requests {
+    ($($variant:ident($request:ty) -> $reply:ty;)*) => {$(
+        impl Request for $request {
+            type Reply = $reply;
+            fn id(&self) -> u64 {
+                self.id
+            }
+        }
+        impl From<$request> for ToLeader {
+            fn from(request: $request) -> Self {
+                ToLeader::$variant(request)
+            }
+        }
+    )*};
+}
+
+requests! {
+    Register(Register) -> Registered;
+    Heartbeat(Heartbeat) -> ();
+    Reconcile(Reconcile) -> Reconciled;
+    Disconnect(Disconnect) -> Disconnected;
+    Topic(TopicRequest) -> TopicDone;
+    Restart(Restart) -> Restarting;
+    Status(StatusQuery) -> BusStatus;
+    Pair(Pair) -> PairingLink;
+    Fetch(Fetch) -> Fetched;
+    Serve(ServeHello) -> ServeWelcome;
+    OrderDone(OrderDone) -> ();
+    LaunchReport(LaunchReport) -> ();
+    Post(Post) -> Posted;
+    Resend(Resend) -> Resent;
+}
+
+/// How long the leader may take over a session's call in its topic, pacing
+/// and retries included, before it gives up and says why; the member waits
+/// [`MEMBER_GRACE`] longer, so the leader's answer is what the session hears.
+pub const TOPIC_DEADLINE: Duration = Duration::from_secs(240);
+/// The same for fetching the files of one message…
+pub const FETCH_DEADLINE: Duration = Duration::from_secs(240);
+/// …and for sending a file.
+pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
+/// How much longer than the leader's deadline a member waits for its answer.
+pub const MEMBER_GRACE: Duration = Duration::from_secs(30);
 
 /// Join the bus as a session (or rejoin it after a reconnect).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -690,8 +746,22 @@ pub struct Ack {
 }
 
 impl Ack {
-    /// The outcome as the request's own result type.
-    pub fn into_result<T: serde::de::DeserializeOwned>(self) -> Result<T, BusError> {
+    /// The leader's answer to request `R` (`id` absent when the request
+    /// could not be read).
+    pub fn answer<R: Request>(
+        id: Option<u64>,
+        epoch: Epoch,
+        outcome: Result<R::Reply, BusError>,
+    ) -> Self {
+        let outcome = outcome.and_then(|reply| {
+            serde_json::to_value(reply)
+                .map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))
+        });
+        Self { id, epoch, outcome }
+    }
+
+    /// The outcome as request `R`'s answer.
+    pub fn reply<R: Request>(self) -> Result<R::Reply, BusError> {
         let value = self.outcome?;
         serde_json::from_value(value).map_err(|e| BusError {
             code: BusErrorCode::Internal,
@@ -871,6 +941,10 @@ pub struct InboundAttachment {
 }
 
 /// The leader is about to step down on purpose; expect these to come back.
+/// It is what a restart means to do: the leader answers `restart` with it
+/// (and broadcasts it) just before it steps down; the caller then polls
+/// `status` until the expected routes are back and reports a
+/// [`RestartOutcome`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Restarting {
@@ -1017,12 +1091,6 @@ pub struct SessionStatus {
     pub launch: Option<SessionLaunch>,
 }
 
-/// What a restart means to do. The leader answers `restart` with it
-/// (the same [`Restarting`] it broadcasts) just before it steps down; the caller then
-/// polls `status` until the expected routes are back and reports a
-/// [`RestartOutcome`].
-pub type RestartPlan = Restarting;
-
 /// How a restart ended, as the caller reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
@@ -1064,7 +1132,7 @@ mod tests {
         let ok = r#"{"id":4,"epoch":2,"ok":true,"result":{"messageId":9}}"#;
         let ack: Ack = serde_json::from_str(ok).unwrap();
         assert_eq!(
-            ack.clone().into_result::<TopicDone>().unwrap().message_id,
+            ack.clone().reply::<TopicRequest>().unwrap().message_id,
             Some(9)
         );
         assert_eq!(serde_json::to_string(&ack).unwrap(), ok);
@@ -1072,7 +1140,7 @@ mod tests {
             r#"{"id":4,"epoch":2,"ok":false,"error":{"code":"topicGone","message":"gone"}}"#;
         let ack: Ack = serde_json::from_str(failed).unwrap();
         assert_eq!(
-            ack.into_result::<TopicDone>().unwrap_err().code,
+            ack.reply::<TopicRequest>().unwrap_err().code,
             BusErrorCode::TopicGone
         );
         for contradictory in [

@@ -231,7 +231,7 @@ impl Machine {
                 match reader.recv::<FromLeader>().await? {
                     Some(Received::Envelope(FromLeader::Ack(ack))) if ack.id == Some(1) => {
                         return ack
-                            .into_result()
+                            .reply::<StatusQuery>()
                             .map_err(|e| anyhow!("status refused: {e}"));
                     }
                     Some(_) => continue,

@@ -168,7 +168,7 @@ impl World {
             }))
             .await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
-        ack.into_result()
+        ack.reply::<StatusQuery>()
             .map_err(|e| anyhow!("status refused: {e}"))
     }
 
@@ -275,8 +275,8 @@ impl Probe {
         });
         writer.send(&register).await?;
         let ack = next_ack(&mut reader, 1, Duration::from_secs(5)).await?;
-        let registered: Registered = ack
-            .into_result()
+        let registered = ack
+            .reply::<Register>()
             .map_err(|e| anyhow!("registration refused: {e}"))?;
         self.carried = Some(registered.route);
         Ok(())
