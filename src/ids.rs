@@ -1,6 +1,6 @@
 //! The small value types every layer names: a bot's [`BotId`], a leader's
-//! [`Epoch`], a registration's [`Generation`], a topic [`Slot`] and a
-//! [`Target`] (chat and topic). They live apart from the wire types so the store and the
+//! [`Epoch`], a registration's [`Generation`], a topic [`Slot`], a
+//! [`Target`] (chat and topic) and a [`Place`] (a chat, in a topic or not). They live apart from the wire types so the store and the
 //! topic rules can use them without depending on any protocol.
 
 use schemars::JsonSchema;
@@ -76,6 +76,33 @@ impl From<Slot> for String {
 pub struct Target {
     pub chat_id: i64,
     pub thread_id: i64,
+}
+
+/// Where the leader writes: a chat, and a topic of it or none (outside
+/// topics: a private chat, or a forum's General topic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Place {
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+}
+
+impl Place {
+    /// A chat outside its topics.
+    pub fn chat(chat_id: i64) -> Self {
+        Self {
+            chat_id,
+            thread_id: None,
+        }
+    }
+}
+
+impl From<Target> for Place {
+    fn from(target: Target) -> Self {
+        Self {
+            chat_id: target.chat_id,
+            thread_id: Some(target.thread_id),
+        }
+    }
 }
 
 /// The id of a bot: the digits before `:` in its token. It names the bot's bus

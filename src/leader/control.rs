@@ -27,6 +27,7 @@ use super::failure::Failure;
 use super::launches::{NO_SERVE, new_launch_id};
 use super::outbox::Pace;
 use super::{Leader, now_ms};
+use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::protocol::launch::{
     LaunchSpec, ModelChoice, OrderOp, OrderOutcome, RemoteDone, RemoteOp,
@@ -45,13 +46,6 @@ const MAX_OFFERS: usize = 64;
 const MAX_FOLDERS: usize = 8;
 /// Models `/model` offers at most.
 const MAX_MODELS: usize = 24;
-
-/// Where the leader writes: a chat, and a topic of it or none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Place {
-    pub chat: i64,
-    pub thread: Option<i64>,
-}
 
 /// What a button offers beyond its data.
 enum Offer {
@@ -162,13 +156,13 @@ impl Leader {
     pub(super) fn control_message(self: &Arc<Self>, message: &Message, prefix: String) {
         let text = message.text.as_deref().unwrap_or_default().to_string();
         let place = Place {
-            chat: message.chat.id,
-            thread: message.topic(),
+            chat_id: message.chat.id,
+            thread_id: message.topic(),
         };
         let user = message.from.as_ref().map_or(0, |u| u.id);
-        let owner = place.thread.and_then(|thread| {
+        let owner = place.thread_id.and_then(|thread| {
             self.store()
-                .binding_by_thread(place.chat, thread)
+                .binding_by_thread(place.chat_id, thread)
                 .ok()
                 .flatten()
                 .filter(|b| b.target().is_some())
@@ -228,8 +222,8 @@ impl Leader {
         buttons: Option<Keyboard>,
     ) -> Result<i64, Failure> {
         let call = BotCall::SendMessage(SendMessage {
-            chat_id: place.chat,
-            message_thread_id: place.thread,
+            chat_id: place.chat_id,
+            message_thread_id: place.thread_id,
             text: html,
             parse_mode: Some(ParseMode::Html),
             reply_markup: buttons.as_ref().map(super::topic::markup),
@@ -249,7 +243,7 @@ impl Leader {
         buttons: Option<Keyboard>,
     ) -> Result<(), Failure> {
         let call = BotCall::EditMessageText(EditMessageText {
-            chat_id: place.chat,
+            chat_id: place.chat_id,
             message_id,
             text: html,
             parse_mode: Some(ParseMode::Html),
@@ -759,8 +753,8 @@ impl Leader {
             return;
         }
         let place = Place {
-            chat: message.chat.id,
-            thread: message.topic(),
+            chat_id: message.chat.id,
+            thread_id: message.topic(),
         };
         let (tap, user) = (query.id.clone(), query.from.id);
         self.router.replies.spawn(self, move |leader| async move {

@@ -32,9 +32,10 @@ use super::failure::{Failure, FailureKind, Performed};
 use super::outbox::{Pace, Upload};
 use super::registry::ConnId;
 use super::{Leader, store_error};
+use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::render;
-use crate::store::{EntryKind, EntryState, NewOutboxEntry, OutboxEntry, Place};
+use crate::store::{EntryKind, EntryState, Lane, NewOutboxEntry, OutboxEntry};
 use crate::telegram::types::{
     EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, LinkPreviewOptions, ParseMode,
     ReplyParameters, SendMessage,
@@ -60,7 +61,7 @@ const LAND_WITHIN: Duration = Duration::from_secs(5);
 pub(super) struct Courier {
     wake: Notify,
     /// Lanes with a task sending now.
-    busy: Mutex<HashSet<Place>>,
+    busy: Mutex<HashSet<Lane>>,
     /// The open notices, by entry: their ask's token.
     offers: Mutex<HashMap<i64, String>>,
     /// The leader leaves: no call starts any more, and one still waiting
@@ -105,7 +106,7 @@ impl Courier {
         self.wake.notify_one();
     }
 
-    fn busy(&self) -> std::sync::MutexGuard<'_, HashSet<Place>> {
+    fn busy(&self) -> std::sync::MutexGuard<'_, HashSet<Lane>> {
         self.busy.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -142,10 +143,10 @@ impl Leader {
         text: String,
     ) -> Result<(), BusError> {
         let notice = NewOutboxEntry {
-            place: Place::Chat {
+            lane: Lane::Fixed(Place {
                 chat_id: chat,
                 thread_id: thread,
-            },
+            }),
             kind: EntryKind::Text {
                 reply_to: None,
                 merge: false,
@@ -246,7 +247,7 @@ impl Leader {
             return Err(BusError::new(BusErrorCode::BadFrame, "an empty message"));
         }
         Ok(NewOutboxEntry {
-            place: Place::Session(profile.to_string()),
+            lane: Lane::Session(profile.to_string()),
             kind,
             body,
             html,
@@ -287,7 +288,7 @@ impl Leader {
             let store = self.store();
             let waiting = store.posts_due().map_or(0, |due| {
                 due.iter()
-                    .filter(|p| p.new.place == Place::Session(profile.to_string()))
+                    .filter(|p| p.new.lane == Lane::Session(profile.to_string()))
                     .count() as u32
             });
             (waiting, store.posts_unoffered(profile).unwrap_or(0))
@@ -306,10 +307,10 @@ impl Leader {
     }
 
     /// Where a lane's entries go now; `None` while its session has no topic.
-    pub(super) fn place_of(&self, place: &Place) -> Option<(i64, Option<i64>)> {
-        match place {
-            Place::Chat { chat_id, thread_id } => Some((*chat_id, *thread_id)),
-            Place::Session(profile) => {
+    pub(super) fn place_of(&self, lane: &Lane) -> Option<Place> {
+        match lane {
+            Lane::Fixed(place) => Some(*place),
+            Lane::Session(profile) => {
                 let live = self
                     .registry
                     .lock()
@@ -324,7 +325,7 @@ impl Leader {
                             .flatten()
                     }),
                 };
-                target.map(|t| (t.chat_id, Some(t.thread_id)))
+                target.map(Place::from)
             }
         }
     }
@@ -351,10 +352,10 @@ pub(super) async fn run(leader: Arc<Leader>) {
         let due = leader.store().posts_due();
         match due {
             Ok(due) => {
-                let places: Vec<Place> = due.into_iter().map(|p| p.new.place).collect();
-                for place in places {
-                    if leader.courier.busy().insert(place.clone()) {
-                        crate::tasks::spawn(lane(leader.clone(), place));
+                let lanes: Vec<Lane> = due.into_iter().map(|p| p.new.lane).collect();
+                for lane in lanes {
+                    if leader.courier.busy().insert(lane.clone()) {
+                        crate::tasks::spawn(send_lane(leader.clone(), lane));
                     }
                 }
             }
@@ -368,20 +369,20 @@ pub(super) async fn run(leader: Arc<Leader>) {
     }
 }
 
-/// Sends one place's entries in order until none is left, or the place
+/// Sends one lane's entries in order until none is left, or its place
 /// cannot be reached now (the courier comes back to it).
-async fn lane(leader: Arc<Leader>, place: Place) {
+async fn send_lane(leader: Arc<Leader>, lane: Lane) {
     tokio::select! {
         () = leader.courier.halt.cancelled() => {}
-        () = drain_lane(&leader, &place) => {}
+        () = drain_lane(&leader, &lane) => {}
     }
-    leader.courier.busy().remove(&place);
-    if let Place::Session(profile) = &place {
+    leader.courier.busy().remove(&lane);
+    if let Lane::Session(profile) = &lane {
         leader.report_outbox(profile);
     }
 }
 
-async fn drain_lane(leader: &Arc<Leader>, place: &Place) {
+async fn drain_lane(leader: &Arc<Leader>, lane: &Lane) {
     while !leader.courier.leaving.is_cancelled() {
         let due = match leader.store().posts_due() {
             Ok(due) => due,
@@ -390,15 +391,15 @@ async fn drain_lane(leader: &Arc<Leader>, place: &Place) {
                 return;
             }
         };
-        let mine: Vec<OutboxEntry> = due.into_iter().filter(|p| &p.new.place == place).collect();
-        let Some((chat, thread)) = leader.place_of(place) else {
+        let mine: Vec<OutboxEntry> = due.into_iter().filter(|p| &p.new.lane == lane).collect();
+        let Some(place) = leader.place_of(lane) else {
             return;
         };
         let batch = next_batch(&mine);
         if batch.is_empty() {
             return;
         }
-        if !leader.send_batch(place, chat, thread, &batch).await {
+        if !leader.send_batch(lane, place, &batch).await {
             return;
         }
     }
@@ -488,9 +489,8 @@ impl Leader {
     /// borrows across all three.
     async fn send_batch(
         self: &Arc<Self>,
-        place: &Place,
-        chat: i64,
-        thread: Option<i64>,
+        lane: &Lane,
+        place: Place,
         batch: &[OutboxEntry],
     ) -> bool {
         let ids: Vec<i64> = batch.iter().map(|p| p.id).collect();
@@ -505,9 +505,9 @@ impl Leader {
             settled: AtomicBool::new(false),
         };
         let departing = || going.depart();
-        let profile = match place {
-            Place::Session(profile) => Some(profile.clone()),
-            Place::Chat { .. } => None,
+        let profile = match lane {
+            Lane::Session(profile) => Some(profile.clone()),
+            Lane::Fixed(_) => None,
         };
         if batch.len() > 1 {
             tracing::debug!(
@@ -530,7 +530,7 @@ impl Leader {
             ..Pace::of(priority)
         };
         let call = async {
-            match (&batch[0].new.kind, thread) {
+            match (&batch[0].new.kind, place.thread_id) {
                 (EntryKind::Document { file_name, caption }, Some(thread_id)) => {
                     let upload = Upload {
                         source: UploadSource::Bytes(batch[0].new.body.clone().into_bytes()),
@@ -540,7 +540,7 @@ impl Leader {
                         chosen: false,
                     };
                     let target = Target {
-                        chat_id: chat,
+                        chat_id: place.chat_id,
                         thread_id,
                     };
                     going.depart();
@@ -553,7 +553,7 @@ impl Leader {
                     FailureKind::Refused,
                     "a file goes into a topic only",
                 )),
-                _ => self.outbox.call(call_for(chat, thread, batch), pace).await,
+                _ => self.outbox.call(call_for(place, batch), pace).await,
             }
         };
         let result = tokio::select! {
@@ -563,7 +563,10 @@ impl Leader {
         };
         going.settled.store(true, Ordering::Release);
         match profile {
-            Some(profile) => self.settle_batch(&profile, chat, &ids, result).await,
+            Some(profile) => {
+                self.settle_batch(&profile, place.chat_id, &ids, result)
+                    .await
+            }
             None => self.settle_notice(&ids, result),
         }
     }
@@ -681,7 +684,7 @@ impl Leader {
                 return;
             }
         };
-        let Place::Session(profile) = &post.new.place else {
+        let Lane::Session(profile) = &post.new.lane else {
             tracing::warn!(id, why = ?post.why, "a notice of the relay's did not arrive");
             return;
         };
@@ -689,8 +692,11 @@ impl Leader {
             tracing::info!(id, why = ?post.why, "an edit did not arrive; the message stays as it was");
             return;
         }
-        let target = match self.place_of(&post.new.place) {
-            Some((chat_id, Some(thread_id))) => Target { chat_id, thread_id },
+        let target = match self.place_of(&post.new.lane) {
+            Some(Place {
+                chat_id,
+                thread_id: Some(thread_id),
+            }) => Target { chat_id, thread_id },
             _ => {
                 self.not_offered(&post, profile);
                 return;
@@ -764,8 +770,12 @@ impl Leader {
             message_id: 0,
             outcome: "↻ Sent again".into(),
         };
-        let place = self.place_of(&Place::Session(profile.to_string()));
-        if let Some((chat_id, Some(thread_id))) = place {
+        let place = self.place_of(&Lane::Session(profile.to_string()));
+        if let Some(Place {
+            chat_id,
+            thread_id: Some(thread_id),
+        }) = place
+        {
             let target = Target { chat_id, thread_id };
             if let Err(e) = self.close_ask(profile, target, &close).await {
                 tracing::debug!("cannot close a notice: {e}");
@@ -776,7 +786,7 @@ impl Leader {
 
 /// The Bot API call for a batch of text entries, or an edit (a document
 /// is an upload, `send_batch`).
-fn call_for(chat: i64, thread: Option<i64>, batch: &[OutboxEntry]) -> BotCall {
+fn call_for(place: Place, batch: &[OutboxEntry]) -> BotCall {
     let first = &batch[0].new;
     let parse_mode = first.html.then_some(ParseMode::Html);
     if let EntryKind::Edit {
@@ -785,7 +795,7 @@ fn call_for(chat: i64, thread: Option<i64>, batch: &[OutboxEntry]) -> BotCall {
     } = &first.kind
     {
         return BotCall::EditMessageText(EditMessageText {
-            chat_id: chat,
+            chat_id: place.chat_id,
             message_id: *message_id,
             text: first.body.clone(),
             parse_mode,
@@ -807,8 +817,8 @@ fn call_for(chat: i64, thread: Option<i64>, batch: &[OutboxEntry]) -> BotCall {
         .collect::<Vec<_>>()
         .join(MERGED);
     BotCall::SendMessage(SendMessage {
-        chat_id: chat,
-        message_thread_id: thread,
+        chat_id: place.chat_id,
+        message_thread_id: place.thread_id,
         text,
         parse_mode,
         reply_markup: None,

@@ -18,7 +18,7 @@ use super::{Leader, LeaderError};
 use crate::bus::election::BusDir;
 use crate::config::Config;
 use crate::paths::Paths;
-use crate::store::Place;
+use crate::store::Lane;
 
 /// How long a drain leads at most.
 pub const DRAIN_FOR: Duration = Duration::from_secs(120);
@@ -63,14 +63,14 @@ impl Leader {
                 return 0;
             }
         };
-        let places: std::collections::HashSet<Place> =
-            due.iter().map(|p| p.new.place.clone()).collect();
-        let reachable: std::collections::HashSet<Place> = places
+        let lanes: std::collections::HashSet<Lane> =
+            due.iter().map(|p| p.new.lane.clone()).collect();
+        let reachable: std::collections::HashSet<Lane> = lanes
             .into_iter()
-            .filter(|place| self.place_of(place).is_some())
+            .filter(|lane| self.place_of(lane).is_some())
             .collect();
         due.iter()
-            .filter(|p| reachable.contains(&p.new.place))
+            .filter(|p| reachable.contains(&p.new.lane))
             .count()
     }
 }

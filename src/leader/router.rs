@@ -19,6 +19,7 @@ use super::batch::Batch;
 use super::registry::{ConnId, Conns};
 use super::replies::Replies;
 use super::triage::{Entry, JournaledFile};
+use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::store::NewUpdate;
 use crate::telegram::{ChatKind, Message, Update, UpdateKind};
@@ -242,8 +243,10 @@ impl Leader {
     /// (`in_topic`) or, when that is gone, in the chat outside the topics.
     /// Nothing the user wrote disappears without a word.
     pub(super) fn give_up(self: &Arc<Self>, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
-        for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
-            self.router.replies.say(self, chat, thread, text);
+        for (place, text) in self.drop_entries(entries, why, in_topic) {
+            self.router
+                .replies
+                .say(self, place.chat_id, place.thread_id, text);
         }
     }
 
@@ -251,8 +254,9 @@ impl Leader {
     /// returns: for a flow after which this leader may step down (a
     /// disconnect of its own session).
     pub(super) async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
-        for (chat, thread, text) in self.drop_entries(entries, why, in_topic) {
-            if let Err(e) = self.say_later(chat, thread, text).await {
+        for (place, text) in self.drop_entries(entries, why, in_topic) {
+            if let Err(e) = self.say_later(place.chat_id, place.thread_id, text).await {
+                let chat = place.chat_id;
                 tracing::warn!(chat, "cannot tell that messages were given up: {e}");
             }
         }
@@ -265,8 +269,7 @@ impl Leader {
         entries: Vec<NewUpdate>,
         why: &str,
         in_topic: bool,
-    ) -> Vec<(i64, Option<i64>, String)> {
-        type Place = (i64, Option<i64>);
+    ) -> Vec<(Place, String)> {
         let mut places: Vec<(Place, Vec<NewUpdate>)> = Vec::new();
         for entry in entries {
             if let Err(e) = self.store().mark_dropped(entry.update_id, why) {
@@ -274,7 +277,10 @@ impl Leader {
                 continue;
             }
             tracing::warn!(update_id = entry.update_id, "a message is given up: {why}");
-            let place = (entry.chat_id, entry.thread_id.filter(|_| in_topic));
+            let place = Place {
+                chat_id: entry.chat_id,
+                thread_id: entry.thread_id.filter(|_| in_topic),
+            };
             match places.iter_mut().find(|(p, _)| *p == place) {
                 Some((_, list)) => list.push(entry),
                 None => places.push((place, vec![entry])),
@@ -282,7 +288,7 @@ impl Leader {
         }
         places
             .into_iter()
-            .map(|((chat, thread), list)| {
+            .map(|(place, list)| {
                 let first = crate::policy::clip(list[0].text.trim(), QUOTE);
                 let text = match list.len() {
                     1 => format!("⚠️ Your message “{first}” reached no agent: {why}."),
@@ -290,7 +296,7 @@ impl Leader {
                         "⚠️ {n} of your messages reached no agent, the first “{first}”: {why}."
                     ),
                 };
-                (chat, thread, text)
+                (place, text)
             })
             .collect()
     }

@@ -23,11 +23,11 @@ use chrono::{DateTime, Local, NaiveDate, NaiveTime, TimeZone};
 
 use super::batch::Batch;
 use super::command::{new_args, next_word};
-use super::control::Place;
 use super::failure::Failure;
 use super::launches::new_launch_id;
 use super::triage::Entry;
 use super::{Leader, now_ms};
+use crate::ids::Place;
 use crate::protocol::bus::{Button, Keyboard};
 use crate::protocol::launch::LaunchSpec;
 use crate::render::escape;
@@ -252,8 +252,8 @@ impl Leader {
                 once,
                 prompt: prompt.clone(),
                 next_ms,
-                chat_id: place.chat,
-                thread_id: place.thread,
+                chat_id: place.chat_id,
+                thread_id: place.thread_id,
                 by_user: user,
             })
             .map_err(|e| e.to_string())?
@@ -360,8 +360,8 @@ impl Leader {
                 tracing::info!(target: "audit", schedule = id, "a schedule was cancelled");
                 let stored = self.store().schedules();
                 let rest: Vec<Schedule> = stored.unwrap_or_default();
-                let thread_only = place.thread.is_some();
-                let rest: Vec<Schedule> = match place.thread {
+                let thread_only = place.thread_id.is_some();
+                let rest: Vec<Schedule> = match place.thread_id {
                     Some(thread) => rest
                         .into_iter()
                         .filter(|s| s.thread_id == Some(thread))
@@ -424,8 +424,8 @@ impl Leader {
             return self.fire_first(schedule).await;
         };
         let place = Place {
-            chat: schedule.chat_id,
-            thread: schedule.thread_id,
+            chat_id: schedule.chat_id,
+            thread_id: schedule.thread_id,
         };
         if self.store().own_prompt_pending(&owner).unwrap_or(false) {
             let text = format!(
@@ -457,8 +457,8 @@ impl Leader {
             schedule.id
         );
         let topic = Place {
-            chat: target.chat_id,
-            thread: Some(target.thread_id),
+            chat_id: target.chat_id,
+            thread_id: Some(target.thread_id),
         };
         if let Err(e) = self.post_now(topic, notice, None).await {
             tracing::warn!("cannot say a schedule fired: {e}");
@@ -486,8 +486,8 @@ impl Leader {
     /// session in its folder, with the prompt as its first.
     async fn fire_first(self: &Arc<Self>, schedule: &Schedule) {
         let place = Place {
-            chat: schedule.chat_id,
-            thread: schedule.thread_id,
+            chat_id: schedule.chat_id,
+            thread_id: schedule.thread_id,
         };
         let launch = schedule
             .launch_id
@@ -557,12 +557,12 @@ impl Leader {
             .and_then(|b| b.target())
             .map_or(
                 Place {
-                    chat: schedule.chat_id,
-                    thread: schedule.thread_id,
+                    chat_id: schedule.chat_id,
+                    thread_id: schedule.thread_id,
                 },
                 |t| Place {
-                    chat: t.chat_id,
-                    thread: Some(t.thread_id),
+                    chat_id: t.chat_id,
+                    thread_id: Some(t.thread_id),
                 },
             );
         self.router.replies.spawn(self, move |leader| async move {

@@ -40,7 +40,7 @@ use rusqlite::{
 };
 
 use crate::ids::{Epoch, Slot, Target};
-pub use outbox::{EntryKind, EntryState, NewOutboxEntry, OutboxEntry, Place};
+pub use outbox::{EntryKind, EntryState, Lane, NewOutboxEntry, OutboxEntry};
 use schema::{APPLICATION_ID, CURRENT_VERSION, MIGRATIONS};
 
 pub type Result<T> = std::result::Result<T, StoreError>;

@@ -13,6 +13,7 @@
 use rusqlite::{OptionalExtension, Row, params};
 
 use super::{Result, Step, Store, now_ms};
+use crate::ids::Place;
 
 /// What an entry asks for in its topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,22 +34,19 @@ pub enum EntryKind {
     },
 }
 
-/// Where an entry goes.
+/// Where an entry goes: the lane it waits in, sent in order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Place {
+pub enum Lane {
     /// The topic of this session, as it is when the entry goes out.
     Session(String),
-    /// A fixed place (the leader's own notices); `None`: outside topics.
-    Chat {
-        chat_id: i64,
-        thread_id: Option<i64>,
-    },
+    /// A fixed place (the leader's own notices).
+    Fixed(Place),
 }
 
 /// An entry to hand over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOutboxEntry {
-    pub place: Place,
+    pub lane: Lane,
     pub kind: EntryKind,
     pub body: String,
     pub html: bool,
@@ -114,12 +112,12 @@ const COLUMNS: &str = "id, profile_key, chat_id, thread_id, kind, body, html, me
 fn post_from_row(row: &Row<'_>) -> rusqlite::Result<OutboxEntry> {
     let profile: Option<String> = row.get(1)?;
     let chat: Option<i64> = row.get(2)?;
-    let place = match (profile, chat) {
-        (Some(profile), _) => Place::Session(profile),
-        (None, Some(chat_id)) => Place::Chat {
+    let lane = match (profile, chat) {
+        (Some(profile), _) => Lane::Session(profile),
+        (None, Some(chat_id)) => Lane::Fixed(Place {
             chat_id,
             thread_id: row.get(3)?,
-        },
+        }),
         // The table's CHECK rules this out.
         (None, None) => {
             return Err(rusqlite::Error::FromSqlConversionFailure(
@@ -149,7 +147,7 @@ fn post_from_row(row: &Row<'_>) -> rusqlite::Result<OutboxEntry> {
     Ok(OutboxEntry {
         id: row.get(0)?,
         new: NewOutboxEntry {
-            place,
+            lane,
             kind,
             body: row.get(5)?,
             html: row.get::<_, i64>(6)? == 1,
@@ -176,9 +174,9 @@ impl Store {
             let mut existing = tx.prepare_cached("SELECT id FROM outbox WHERE origin = ?1")?;
             let mut ids = Vec::with_capacity(posts.len());
             for post in posts {
-                let (profile, chat, thread) = match &post.place {
-                    Place::Session(profile) => (Some(profile.as_str()), None, None),
-                    Place::Chat { chat_id, thread_id } => (None, Some(*chat_id), *thread_id),
+                let (profile, chat, thread) = match &post.lane {
+                    Lane::Session(profile) => (Some(profile.as_str()), None, None),
+                    Lane::Fixed(place) => (None, Some(place.chat_id), place.thread_id),
                 };
                 let (kind, message_ref, merge, file_name, caption) = match &post.kind {
                     EntryKind::Text { reply_to, merge } => ("text", *reply_to, *merge, None, None),

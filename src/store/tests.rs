@@ -891,7 +891,7 @@ fn an_unflushed_batch_is_visible_at_once_and_flushes_without_error() {
 
 fn answer(text: &str, origin: Option<&str>) -> NewOutboxEntry {
     NewOutboxEntry {
-        place: Place::Session("file:a".into()),
+        lane: Lane::Session("file:a".into()),
         kind: EntryKind::Text {
             reply_to: None,
             merge: true,
@@ -984,13 +984,13 @@ fn sent_entries_are_pruned_beyond_the_newest_and_pending_ones_never() {
 fn a_settled_questions_edit_keeps_its_button_label_across_a_reopen() {
     let (_dir, path) = temp_db();
     let mut store = Store::open(&path).expect("open");
-    let place = Place::Chat {
+    let lane = Lane::Fixed(crate::ids::Place {
         chat_id: -100,
         thread_id: Some(7),
-    };
+    });
     let edits = [
         NewOutboxEntry {
-            place: place.clone(),
+            lane: lane.clone(),
             kind: EntryKind::Edit {
                 message_id: 41,
                 settled: Some("✅ Allow · Ann".into()),
@@ -1000,7 +1000,7 @@ fn a_settled_questions_edit_keeps_its_button_label_across_a_reopen() {
             origin: None,
         },
         NewOutboxEntry {
-            place,
+            lane,
             kind: EntryKind::Edit {
                 message_id: 42,
                 settled: None,

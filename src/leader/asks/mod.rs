@@ -33,7 +33,7 @@ use super::triage::Entry;
 use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::render;
-use crate::store::{EntryKind, NewOutboxEntry, Place};
+use crate::store::{EntryKind, Lane, NewOutboxEntry};
 use crate::telegram::CallbackQuery;
 
 /// How much of the outcome the disabled button of a settled question
@@ -185,10 +185,7 @@ impl Leader {
             format!("{text}\n\n{outcome}")
         };
         let edit = NewOutboxEntry {
-            place: Place::Chat {
-                chat_id: target.chat_id,
-                thread_id: Some(target.thread_id),
-            },
+            lane: Lane::Fixed(target.into()),
             kind: EntryKind::Edit {
                 message_id,
                 settled: Some(crate::policy::clip(label.trim(), SETTLED_LABEL)),
