@@ -1,4 +1,5 @@
-//! Who may drive sessions: the one computation of it, and pairing.
+//! Who may drive sessions: the one computation of it, and the pairing
+//! code (the flows that hand one out and redeem it are `pairing.rs`).
 //!
 //! The users in `allowed_users` of the configuration and the users paired
 //! through a one-time `/start <code>` link may write into topics and tap
@@ -6,18 +7,11 @@
 //! once, when the leader starts, and kept current by [`Access::pair`]:
 //! nothing asks the store per update.
 //!
-//! Pairing is two flows of the leader: a session asks for a link
-//! (`/telegram-connect` while nobody is paired), and the person presses
-//! Start on it (`/start <code>` in the bot's private chat).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::Leader;
-use super::registry::ConnId;
-use super::replies::Refusal;
-use crate::protocol::bus::*;
 use crate::store::{Store, StoreError};
 
 /// How long a pairing code stays valid.
@@ -98,68 +92,6 @@ impl Access {
 
     fn allowed(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
         self.allowed.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Leader {
-    /// A one-time pairing link for `/telegram-connect`, only while nobody
-    /// may drive sessions: a paired relay never hands out another code.
-    pub(super) async fn pair(
-        &self,
-        conn: ConnId,
-        generation: Generation,
-    ) -> Result<PairingLink, BusError> {
-        self.registry.session(conn, generation)?;
-        if self.cluster.is_some() {
-            // The machine that polls would get the link's code, and each
-            // machine keeps its own users: a pairing made here would reach
-            // one machine at most.
-            return Err(BusError::new(
-                BusErrorCode::Forbidden,
-                "this relay spans machines: put your Telegram user id in allowed_users in config.toml on every machine (agent-relay setup writes it)",
-            ));
-        }
-        if !self.access.needs_pairing() {
-            return Err(BusError::new(
-                BusErrorCode::Forbidden,
-                "somebody is paired already; add more users with allowed_users in config.toml",
-            ));
-        }
-        let bot = self.outbox.bot().await?;
-        if bot.username.is_empty() {
-            return Err(BusError::new(
-                BusErrorCode::Telegram,
-                "the bot has no username, so it cannot be paired by link",
-            ));
-        }
-        let code = self.access.new_pairing_code();
-        Ok(PairingLink {
-            url: format!("https://t.me/{}?start={code}", bot.username),
-            expires_in_s: PAIRING_TTL.as_secs(),
-        })
-    }
-
-    /// `/start <code>` from `user` in the bot's private chat.
-    pub(super) fn pair_user(self: &Arc<Self>, user: i64, chat: i64, code: &str) {
-        let reply = match self.access.pair(&self.store, user, code) {
-            Ok(true) => {
-                tracing::info!(user, "paired a Telegram user");
-                self.registry
-                    .broadcast(&FromLeader::Paired(Paired { user_id: user }));
-                "✅ Paired. Your agent sessions will appear here as topics."
-            }
-            Ok(false) => {
-                if !self.router.replies.admit(chat, Refusal::Guess) {
-                    return;
-                }
-                "That pairing code is wrong or has expired. Run /telegram-connect in your agent for a new link."
-            }
-            Err(e) => {
-                tracing::error!("cannot store the paired user: {e}");
-                "⚠️ Pairing failed: the relay could not save it. Try /telegram-connect again."
-            }
-        };
-        self.router.replies.say(self, chat, None, reply.into());
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Leader;
+use super::outbox::Outbox;
 use crate::telegram::Spent;
 
 /// How often a changed budget is written: a leader killed outright loses
@@ -43,17 +43,11 @@ impl Kept {
         };
         (kept, spent)
     }
-}
 
-impl Leader {
     /// Writes the limiter's spending when it changed since the last write.
-    pub(super) fn keep_budget(&self) {
-        let spent = self.outbox.spent();
-        let mut written = self
-            .budget
-            .written
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    pub fn keep(&self, outbox: &Outbox) {
+        let spent = outbox.spent();
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         if *written == spent {
             return;
         }
@@ -64,10 +58,10 @@ impl Leader {
                 return;
             }
         };
-        match crate::paths::replace_file(&self.budget.path, &bytes, 0o600) {
+        match crate::paths::replace_file(&self.path, &bytes, 0o600) {
             Ok(()) => *written = spent,
             Err(e) => tracing::warn!(
-                path = %self.budget.path.display(),
+                path = %self.path.display(),
                 "cannot keep the message budget for the next leader: {e}"
             ),
         }

@@ -25,6 +25,7 @@ const OUTBOX_FRAMES: usize = 4096;
 
 pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     // Only processes of the same user may join the bus.
+    let cx = leader.cx.clone();
     if let Err(e) = crate::bus::election::check_peer_is_me(&stream) {
         tracing::warn!("refused a bus connection: {e}");
         return;
@@ -32,7 +33,7 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     let (mut reader, writer) = wire::split(stream);
     let (outbox, outgoing) = mpsc::channel::<FromLeader>(OUTBOX_FRAMES);
     let close = CancellationToken::new();
-    let id = match leader.registry.open(outbox, close.clone()) {
+    let id = match cx.registry.open(outbox, close.clone()) {
         Ok(id) => id,
         Err(why) => {
             tracing::warn!("refused a bus connection: {why}");
@@ -44,18 +45,18 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     loop {
         let incoming = tokio::select! {
             () = close.cancelled() => break,
-            () = leader.stop.cancelled() => break,
+            () = cx.stop.cancelled() => break,
             incoming = reader.recv::<ToLeader>() => incoming,
             Some(_) = requests.join_next(), if !requests.is_empty() => continue,
         };
         match incoming {
             Ok(Some(Received::Envelope(envelope))) => {
-                leader.registry.touch(id);
+                cx.registry.touch(id);
                 handle(&leader, id, envelope, &mut requests);
             }
             Ok(Some(Received::Malformed { id: request, error })) => {
                 tracing::debug!(conn = id, "malformed bus frame: {error}");
-                leader.registry.send(
+                cx.registry.send(
                     id,
                     leader.ack::<Heartbeat>(
                         request,
@@ -76,10 +77,10 @@ pub(super) async fn serve(leader: Arc<Leader>, stream: Stream) {
     }
     // Wait for the cancelled requests so none of them writes after we leave.
     requests.shutdown().await;
-    if let Some(session) = leader.registry.remove(id) {
+    if let Some(session) = cx.registry.remove(id) {
         tracing::info!(slot = %session.route.slot, "session left the bus; its binding stays");
     }
-    leader.launcher_gone(id);
+    leader.launches.launcher_gone(id);
     // Removing the registry entry dropped the outbox sender: the writer
     // drains what is queued (an ack, an error) and ends.
     let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
@@ -114,47 +115,48 @@ fn handle(leader: &Arc<Leader>, conn: ConnId, envelope: ToLeader, requests: &mut
     let this = leader.clone();
     match envelope {
         ToLeader::Heartbeat(hb) => {
-            let alive = leader.registry.lock().alive(conn, hb.generation);
+            let alive = leader.cx.registry.lock().alive(conn, hb.generation);
             reply.now(&hb, alive);
         }
-        ToLeader::Serve(hello) => reply.now(&hello, leader.serve_hello(conn, &hello)),
-        ToLeader::OrderDone(done) => reply.now(&done, leader.order_done(conn, &done)),
-        ToLeader::LaunchReport(report) => reply.now(&report, leader.launch_report(conn, &report)),
+        ToLeader::Serve(hello) => reply.now(&hello, leader.launches.serve_hello(conn, &hello)),
+        ToLeader::OrderDone(done) => reply.now(&done, leader.launches.order_done(conn, &done)),
+        ToLeader::LaunchReport(report) => {
+            reply.now(&report, leader.launches.launch_report(conn, &report))
+        }
         // Every machine is asked: up to 2 s.
-        ToLeader::Status(q) if q.cluster && leader.cluster.is_some() => {
-            reply.later::<StatusQuery>(q.id, async move { this.cluster_status().await })
+        ToLeader::Status(q) if q.cluster && leader.cx.cluster.is_some() => {
+            reply.later::<StatusQuery>(q.id, async move { this.status_view().everywhere().await })
         }
         ToLeader::Status(q) => reply.now(&q, leader.status()),
-        ToLeader::DeliveryAck(ack) => match leader.registry.session(conn, ack.generation) {
+        ToLeader::DeliveryAck(ack) => match leader.cx.registry.session(conn, ack.generation) {
             Ok(session) => leader
                 .router
                 .delivered(session.route.profile_key, ack.delivery_id),
             Err(_) => tracing::debug!("delivery ack with a stale generation ignored"),
         },
-        ToLeader::Reconcile(req) => reply.now(&req, leader.reconcile(conn, &req)),
-        ToLeader::Restart(req) => super::restart::restart(leader, conn, &req),
-        ToLeader::Pair(req) => {
-            reply.later::<Pair>(req.id, async move { this.pair(conn, req.generation).await })
-        }
+        ToLeader::Reconcile(req) => reply.now(&req, leader.registrations.reconcile(conn, &req)),
+        ToLeader::Restart(req) => leader.restart.request(conn, &req),
+        ToLeader::Pair(req) => reply.later::<Pair>(req.id, async move {
+            super::pairing::link(&this.cx, conn, req.generation).await
+        }),
         ToLeader::Register(req) => {
             reply
                 .requests
                 .spawn(crate::tasks::boxed(register(this, conn, req)));
         }
         ToLeader::Disconnect(req) => reply.later::<Disconnect>(req.id, async move {
-            this.disconnect(conn, req.generation).await
+            this.registrations.disconnect(conn, req.generation).await
         }),
         ToLeader::Fetch(req) => {
-            reply.later::<Fetch>(req.id, async move { this.fetch(conn, &req).await })
+            reply.later::<Fetch>(req.id, async move { this.files.fetch(conn, &req).await })
         }
-        ToLeader::Topic(req) => {
-            reply.later::<TopicRequest>(req.id, async move { this.topic(conn, &req).await })
-        }
+        ToLeader::Topic(req) => reply
+            .later::<TopicRequest>(req.id, async move { this.topics.request(conn, &req).await }),
         ToLeader::Post(req) => {
-            reply.later::<Post>(req.id, async move { this.post(conn, &req).await })
+            reply.later::<Post>(req.id, async move { this.courier.post(conn, &req).await })
         }
         ToLeader::Resend(req) => {
-            reply.later::<Resend>(req.id, async move { this.resend(conn, &req).await })
+            reply.later::<Resend>(req.id, async move { this.courier.resend(conn, &req).await })
         }
     }
 }
@@ -170,7 +172,7 @@ impl Reply<'_> {
     /// Answers `request` at once.
     fn now<R: Request>(&self, request: &R, result: Result<R::Reply, BusError>) {
         let frame = self.leader.ack::<R>(Some(request.id()), result);
-        self.leader.registry.send(self.conn, frame);
+        self.leader.cx.registry.send(self.conn, frame);
     }
 
     /// Answers request `id` with what `answer` comes to, off the reader.
@@ -182,7 +184,7 @@ impl Reply<'_> {
         let (leader, conn) = (self.leader.clone(), self.conn);
         self.requests.spawn(crate::tasks::boxed(async move {
             let frame = leader.ack::<R>(Some(id), answer.await);
-            leader.registry.send(conn, frame);
+            leader.cx.registry.send(conn, frame);
         }));
     }
 }
@@ -190,24 +192,22 @@ impl Reply<'_> {
 /// Registers, answers, and only then starts deliveries: the session knows
 /// its route before its first message arrives.
 async fn register(leader: Arc<Leader>, conn: ConnId, req: Register) {
+    let cx = &leader.cx;
     let (id, generation) = (req.id, req.registration_generation);
-    let result = leader.register(conn, req).await;
+    let result = leader.registrations.register(conn, req).await;
     let registered = result.is_ok();
-    leader
-        .registry
+    cx.registry
         .send(conn, leader.ack::<Register>(Some(id), result));
     if registered {
-        leader
-            .registry
-            .send(conn, FromLeader::Health(leader.wire_health()));
+        cx.registry.send(conn, FromLeader::Health(cx.wire_health()));
         if let Some(frame) = leader.wire_cluster() {
-            leader.registry.send(conn, frame);
+            cx.registry.send(conn, frame);
         }
-        leader.go_live(conn, generation);
+        leader.router.go_live(conn, generation);
         // What waited for this session's topic may go now.
         leader.courier.wake();
-        if let Ok(session) = leader.registry.session(conn, generation) {
-            leader.report_outbox(&session.route.profile_key);
+        if let Ok(session) = cx.registry.session(conn, generation) {
+            leader.courier.report_outbox(&session.route.profile_key);
         }
     }
 }

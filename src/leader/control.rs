@@ -22,19 +22,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::cluster::questions;
 use super::command::{Command, NewArgs, parse};
+use super::context::Context;
+use super::errands::Refusal;
 use super::failure::Failure;
-use super::launches::{NO_SERVE, new_launch_id};
-use super::outbox::Pace;
-use super::{Leader, now_ms};
+use super::launches::{Launches, NO_SERVE, refused, topic_html};
+use super::schedules::Schedules;
+use super::speaker::Say;
+use super::status::Status;
 use crate::ids::Place;
 use crate::protocol::bus::*;
-use crate::protocol::launch::{
-    LaunchSpec, ModelChoice, OrderOp, OrderOutcome, RemoteDone, RemoteOp,
-};
+use crate::protocol::launch::{ModelChoice, OrderOp, OrderOutcome, RemoteDone, RemoteOp};
 use crate::render::escape;
-use crate::telegram::types::{EditMessageText, LinkPreviewOptions, ParseMode, SendMessage};
-use crate::telegram::{BotCall, CallbackQuery, ChatKind, Message};
+use crate::store::Launch;
+use crate::telegram::{CallbackQuery, Message};
 
 /// Sessions per page of `/sessions`.
 const PAGE: usize = 8;
@@ -62,15 +64,13 @@ enum Offer {
     },
 }
 
-/// The control place's own state: what its buttons offer.
+/// What the control place's buttons offer, kept under short tokens.
 #[derive(Default)]
-pub(super) struct Control {
-    offers: Mutex<HashMap<String, (Instant, Offer)>>,
-}
+struct Offers(Mutex<HashMap<String, (Instant, Offer)>>);
 
-impl Control {
+impl Offers {
     fn keep(&self, offer: Offer) -> String {
-        let mut offers = self.offers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut offers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         offers.retain(|_, (made, _)| made.elapsed() < OFFER_LIFE);
         if offers.len() >= MAX_OFFERS
             && let Some(oldest) = offers
@@ -87,7 +87,7 @@ impl Control {
 
     /// The `/new` a folder button stands for.
     fn folder(&self, token: &str, index: usize) -> Option<NewArgs> {
-        let offers = self.offers.lock().unwrap_or_else(PoisonError::into_inner);
+        let offers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match offers.get(token) {
             Some((_, Offer::Folders { folders, then })) => {
                 let (machine, folder) = folders.get(index)?.clone();
@@ -103,7 +103,7 @@ impl Control {
 
     /// The model a `/model` button offered, with its launch.
     fn model(&self, token: &str, index: usize) -> Option<(String, ModelChoice)> {
-        let offers = self.offers.lock().unwrap_or_else(PoisonError::into_inner);
+        let offers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match offers.get(token) {
             Some((_, Offer::Models { launch_id, models })) => {
                 Some((launch_id.clone(), models.get(index)?.clone()))
@@ -113,47 +113,38 @@ impl Control {
     }
 }
 
-/// A link to a topic, where Telegram has one (a supergroup's topic: its
-/// `-100` id without the prefix).
-pub(super) fn topic_link(target: Target) -> Option<String> {
-    let id = target.chat_id.to_string();
-    let bare = id.strip_prefix("-100")?;
-    Some(format!("https://t.me/c/{bare}/{}", target.thread_id))
+/// The control place and the commands about a session the leader answers
+/// itself (see the module docs).
+pub(super) struct ControlPlace {
+    cx: Arc<Context>,
+    launches: Arc<Launches>,
+    schedules: Arc<Schedules>,
+    offers: Offers,
 }
 
-/// A topic's name as HTML, linked where Telegram allows.
-fn topic_html(name: &str, target: Option<Target>) -> String {
-    match target.and_then(topic_link) {
-        Some(link) => format!("<a href=\"{}\">{}</a>", escape(&link), escape(name)),
-        None => format!("<b>{}</b>", escape(name)),
-    }
-}
-
-impl Leader {
-    /// Whether `chat` is one of the relay's own chats, where its lists
-    /// (which name local paths) may go.
-    pub(super) fn is_ours(&self, message: &Message) -> bool {
-        message.chat.kind == ChatKind::Private || Some(message.chat.id) == self.chat_id
-    }
-
-    /// The engines `/new` knows by name: every `[launch.commands]` name
-    /// (each engine has one, its default command), and those this
-    /// machine's `serve` said it starts (`Engine`'s names, which the leader
-    /// may not import: `launch` is a bus member). A new engine needs no
-    /// edit here.
-    fn engines(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.serve_status().map(|s| s.engines).unwrap_or_default();
-        for name in self.launch_policy.commands.keys() {
-            if !names.contains(name) {
-                names.push(name.clone());
-            }
+impl ControlPlace {
+    pub fn new(cx: Arc<Context>, launches: Arc<Launches>, schedules: Arc<Schedules>) -> Self {
+        Self {
+            cx,
+            launches,
+            schedules,
+            offers: Offers::default(),
         }
-        names
+    }
+
+    /// The bus's status, on every machine.
+    async fn status(&self) -> Result<BusStatus, BusError> {
+        Status {
+            cx: &self.cx,
+            launches: &self.launches,
+        }
+        .everywhere()
+        .await
     }
 
     /// A message from an allowed user in the relay's own chat that no
     /// session takes: a command, or the list. Never awaits.
-    pub(super) fn control_message(self: &Arc<Self>, message: &Message, prefix: String) {
+    pub fn message(self: &Arc<Self>, message: &Message, prefix: String) {
         let text = message.text.as_deref().unwrap_or_default().to_string();
         let place = Place {
             chat_id: message.chat.id,
@@ -161,21 +152,25 @@ impl Leader {
         };
         let user = message.from.as_ref().map_or(0, |u| u.id);
         let owner = place.thread_id.and_then(|thread| {
-            self.store()
+            self.cx
+                .store()
                 .binding_by_thread(place.chat_id, thread)
                 .ok()
                 .flatten()
                 .filter(|b| b.target().is_some())
                 .map(|b| b.profile_key)
         });
-        let command = parse(&text, &self.engines());
-        self.router.replies.spawn(self, move |leader| async move {
+        let command = parse(&text, &self.launches.engines());
+        let control = self.clone();
+        self.cx.errands.run(async move {
             match (command, owner) {
                 (Some(command), owner) => {
-                    leader.command(place, user, command, owner.as_deref()).await
+                    control
+                        .command(place, user, command, owner.as_deref())
+                        .await
                 }
                 (None, _) => {
-                    let said = leader.sessions_message(place, None, 0, &prefix).await;
+                    let said = control.sessions_message(place, None, 0, &prefix).await;
                     if let Err(e) = said {
                         tracing::warn!("cannot answer with the session list: {e}");
                     }
@@ -199,74 +194,12 @@ impl Leader {
             Command::Resume(which) => self.resume_command(place, user, which, owner).await,
             Command::End => self.end_command(place, user, owner).await,
             Command::Model => self.model_command(place, owner).await,
-            Command::Every(rest) => {
-                self.schedule_command(place, user, owner, &rest, false)
-                    .await
-            }
-            Command::At(rest) => self.schedule_command(place, user, owner, &rest, true).await,
-            Command::Schedules => self.schedules_message(place, owner).await,
+            Command::Every(rest) => self.schedules.every(place, user, owner, &rest).await,
+            Command::At(rest) => self.schedules.at(place, user, owner, &rest).await,
+            Command::Schedules => self.schedules.list(place, owner).await,
         };
         if let Err(e) = said {
             tracing::warn!("cannot answer a command: {e}");
-        }
-    }
-
-    /// Posts `html` with `buttons` in `place` at once; answers the message
-    /// id. Not through the outbox of record (`courier.rs`): the control
-    /// place edits its messages later by that id, and an answer to a
-    /// command lost with its leader is asked for again.
-    pub(super) async fn post_now(
-        &self,
-        place: Place,
-        html: String,
-        buttons: Option<Keyboard>,
-    ) -> Result<i64, Failure> {
-        let call = BotCall::SendMessage(SendMessage {
-            chat_id: place.chat_id,
-            message_thread_id: place.thread_id,
-            text: html,
-            parse_mode: Some(ParseMode::Html),
-            reply_markup: buttons.as_ref().map(super::topic::markup),
-            reply_parameters: None,
-            link_preview_options: Some(LinkPreviewOptions::default()),
-        });
-        let done = self.outbox.call(call, Pace::high()).await?;
-        Ok(done.reply.message_id().unwrap_or_default())
-    }
-
-    /// Replaces a message's text and buttons.
-    pub(super) async fn edit(
-        &self,
-        place: Place,
-        message_id: i64,
-        html: String,
-        buttons: Option<Keyboard>,
-    ) -> Result<(), Failure> {
-        let call = BotCall::EditMessageText(EditMessageText {
-            chat_id: place.chat_id,
-            message_id,
-            text: html,
-            parse_mode: Some(ParseMode::Html),
-            reply_markup: buttons.as_ref().map(super::topic::markup),
-            link_preview_options: Some(LinkPreviewOptions::default()),
-        });
-        self.outbox
-            .call(call, Pace::of(crate::telegram::Priority::Normal))
-            .await
-            .map(drop)
-    }
-
-    /// Posts `html` in `place`, or edits `message_id` to it.
-    async fn say_or_edit(
-        &self,
-        place: Place,
-        message_id: Option<i64>,
-        html: String,
-        buttons: Option<Keyboard>,
-    ) -> Result<i64, Failure> {
-        match message_id {
-            Some(id) => self.edit(place, id, html, buttons).await.map(|()| id),
-            None => self.post_now(place, html, buttons).await,
         }
     }
 
@@ -286,7 +219,7 @@ impl Leader {
         let engine = args
             .engine
             .clone()
-            .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+            .unwrap_or_else(|| self.launches.policy().default_engine.clone());
         let wait = format!(
             "⏳ Starting {} in <code>{}</code>{}…",
             escape(&engine),
@@ -296,7 +229,7 @@ impl Leader {
                 .map(|m| format!(" on {}", escape(m)))
                 .unwrap_or_default()
         );
-        let message_id = self.post_now(place, wait, None).await?;
+        let message_id = self.cx.speaker.now(place, Say::html(wait)).await?;
         let op = RemoteOp::New {
             folder,
             engine: Some(engine),
@@ -304,7 +237,10 @@ impl Leader {
             by_user: user,
         };
         let done = self.run_op(args.machine.as_deref(), op).await;
-        self.edit(place, message_id, done.text, None).await
+        self.cx
+            .speaker
+            .edit(place, message_id, Say::html(done.text))
+            .await
     }
 
     /// Runs `op` on `machine` (this one when none is named, or the only
@@ -314,24 +250,26 @@ impl Leader {
         machine: Option<&str>,
         op: RemoteOp,
     ) -> RemoteDone {
-        let here = self.cluster.as_ref().map(|node| node.name().to_string());
+        let here = self.cx.cluster.as_ref().map(|node| node.name().to_string());
         let machine = match machine {
             Some(m) => Some(m.to_string()),
-            None if self.serve_status().is_some() || self.cluster.is_none() => None,
+            None if self.launches.serve_status().is_some() || self.cx.cluster.is_none() => None,
             None => match self.machine_with_serve().await {
                 Ok(m) => m,
                 Err(why) => return refused(&why),
             },
         };
         match machine {
-            Some(m) if Some(&m) != here.as_ref() => self.ask_machine(&m, op).await,
-            _ => self.run_here(op).await,
+            Some(m) if Some(&m) != here.as_ref() => {
+                questions::ask_machine(self.cx.cluster.as_deref(), &m, op).await
+            }
+            _ => self.launches.run_here(op).await,
         }
     }
 
     /// The only other machine whose `serve` runs, when this one has none.
     async fn machine_with_serve(&self) -> Result<Option<String>, String> {
-        let status = self.cluster_status().await.map_err(|e| e.message)?;
+        let status = self.status().await.map_err(|e| e.message)?;
         let machines: Vec<String> = status
             .cluster
             .iter()
@@ -350,92 +288,19 @@ impl Leader {
         }
     }
 
-    /// Runs `op` with this machine's `serve`; what it says is one line of
-    /// HTML for the control place.
-    pub(super) async fn run_here(self: &Arc<Self>, op: RemoteOp) -> RemoteDone {
-        match op {
-            RemoteOp::New {
-                folder,
-                engine,
-                prompt,
-                by_user,
-            } => {
-                let engine = engine.unwrap_or_else(|| self.launch_policy.default_engine.clone());
-                if self.launch_policy.roots.is_empty() {
-                    return refused(&self.no_roots());
-                }
-                tracing::info!(target: "audit", user = by_user, %folder, %engine, "start a session from the phone");
-                let spec = LaunchSpec {
-                    launch_id: new_launch_id(),
-                    engine: engine.clone(),
-                    folder,
-                    resume_id: None,
-                    model: None,
-                    by_user,
-                };
-                match self.start_new(spec, prompt).await {
-                    Ok(route) => RemoteDone {
-                        ok: true,
-                        text: format!(
-                            "▶ {} started: {}",
-                            escape(&engine),
-                            topic_html(&route.topic_name, route.target)
-                        ),
-                    },
-                    Err(why) => refused(&why),
-                }
-            }
-            RemoteOp::Resume { launch_id, by_user } => match self.resume(&launch_id, by_user).await
-            {
-                Ok((route, started)) => RemoteDone {
-                    ok: true,
-                    text: format!(
-                        "{}: {}",
-                        if started {
-                            "▶ Resumed"
-                        } else {
-                            "● Running already"
-                        },
-                        topic_html(&route.topic_name, route.target)
-                    ),
-                },
-                Err(why) => refused(&why),
-            },
-            RemoteOp::End { launch_id, by_user } => match self.end(&launch_id, by_user).await {
-                Ok(()) => RemoteDone {
-                    ok: true,
-                    text: "⏹ Ended.".into(),
-                },
-                Err(why) => refused(&why),
-            },
-        }
-    }
-
-    /// What `/new` says when no folder may have agents.
-    fn no_roots(&self) -> String {
-        format!(
-            "starting agents from the phone is off on this machine: add the folders agents may work in to {} as <code>[launch] roots = [\"~/code\"]</code>, then restart agent-relay serve",
-            escape(&self.config_file_name())
-        )
-    }
-
-    fn config_file_name(&self) -> String {
-        "config.toml".into()
-    }
-
     /// `/new` without a folder (alone, or with an engine and a first
     /// prompt): the folders sessions ran in lately, under the roots, as
     /// buttons that start what `args` names there.
     async fn offer_folders(&self, place: Place, args: NewArgs) -> Result<(), Failure> {
-        if self.launch_policy.roots.is_empty() {
-            self.post_now(place, format!("⚠️ {}", self.no_roots()), None)
-                .await?;
+        let policy = self.launches.policy();
+        if policy.roots.is_empty() {
+            let text = format!("⚠️ {}", self.launches.no_roots());
+            self.cx.speaker.now(place, Say::html(text)).await?;
             return Ok(());
         }
         let folders = self.recent_folders();
         if folders.is_empty() {
-            let roots: Vec<String> = self
-                .launch_policy
+            let roots: Vec<String> = policy
                 .roots
                 .iter()
                 .map(|r| r.display().to_string())
@@ -445,20 +310,20 @@ impl Leader {
                 Some(engine) => format!("/new {} ~/&lt;folder&gt;", escape(engine)),
                 None => format!(
                     "/new &lt;folder&gt; [{}]",
-                    escape(&self.engines().join("|"))
+                    escape(&self.launches.engines().join("|"))
                 ),
             };
             let text = format!(
                 "Start a session: <code>{syntax} [first prompt]</code>, in a folder under {}.",
                 escape(&roots.join(", "))
             );
-            self.post_now(place, text, None).await?;
+            self.cx.speaker.now(place, Say::html(text)).await?;
             return Ok(());
         }
         let engine = args
             .engine
             .clone()
-            .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+            .unwrap_or_else(|| self.launches.policy().default_engine.clone());
         let mut text = format!(
             "Start {} in which folder? (or <code>/new &lt;folder&gt; [engine] [first prompt]</code>)",
             escape(&engine)
@@ -471,7 +336,7 @@ impl Leader {
         }
         let offered: Vec<(Option<String>, String)> =
             folders.iter().map(|f| (None, f.clone())).collect();
-        let token = self.control.keep(Offer::Folders {
+        let token = self.offers.keep(Offer::Folders {
             folders: offered,
             then: NewArgs {
                 engine: Some(engine),
@@ -488,17 +353,20 @@ impl Leader {
                 }]
             })
             .collect();
-        self.post_now(place, text, Some(Keyboard { rows })).await?;
+        self.cx
+            .speaker
+            .now(place, Say::html(text).with(Some(Keyboard { rows })))
+            .await?;
         Ok(())
     }
 
     /// The folders sessions ran in, newest first, under a root.
     fn recent_folders(&self) -> Vec<String> {
         let mut folders: Vec<(u64, String)> = Vec::new();
-        if let Ok(bindings) = self.store().bindings() {
+        if let Ok(bindings) = self.cx.store().bindings() {
             folders.extend(bindings.into_iter().map(|b| (b.updated_ms, b.cwd)));
         }
-        if let Ok(launches) = self.store().launches() {
+        if let Ok(launches) = self.cx.store().launches() {
             // Only launches that ran: one `serve` refused is no place the
             // person worked in.
             folders.extend(
@@ -513,7 +381,8 @@ impl Leader {
         for (_, folder) in folders {
             let path = std::path::Path::new(&folder);
             let under = self
-                .launch_policy
+                .launches
+                .policy()
                 .roots
                 .iter()
                 .any(|root| path.starts_with(root));
@@ -531,14 +400,14 @@ impl Leader {
 
     /// The session list: one message (`edit` replaces it), a page of
     /// [`PAGE`] sessions with their buttons.
-    pub(super) async fn sessions_message(
+    async fn sessions_message(
         self: &Arc<Self>,
         place: Place,
         edit: Option<i64>,
         page: usize,
         prefix: &str,
     ) -> Result<i64, Failure> {
-        let status = self.cluster_status().await;
+        let status = self.status().await;
         let (text, buttons) = match status {
             Ok(status) => sessions_page(&status, page, prefix),
             Err(e) => (
@@ -549,7 +418,8 @@ impl Leader {
                 None,
             ),
         };
-        self.say_or_edit(place, edit, text, buttons).await
+        let say = Say::html(text).with(buttons);
+        self.cx.speaker.now_or_edit(place, edit, say).await
     }
 
     // ------------------------------------------------------------ /resume, /end
@@ -563,28 +433,28 @@ impl Leader {
     ) -> Result<(), Failure> {
         let launch = match (which, owner) {
             (None, Some(owner)) => {
-                let Some(launch) = self.store().launch_by_profile(owner).ok().flatten() else {
+                let Some(launch) = self.cx.store().launch_by_profile(owner).ok().flatten() else {
                     let text = "This session was started at a keyboard: resume it there. /resume starts again sessions the relay launched (/new).";
-                    return self.post_now(place, text.into(), None).await.map(drop);
+                    return self.cx.speaker.now(place, Say::html(text)).await.map(drop);
                 };
                 // In its own topic, on this machine (the topic's updates
                 // come to the machine of its session): a resume says so in
                 // the topic itself, so only what else happened is answered.
-                let text = match self.resume(&launch.id, user).await {
+                let text = match self.launches.resume(&launch.id, user).await {
                     Ok((_, true)) => return Ok(()),
                     Ok((_, false)) => {
                         "● This session is running already: write here to talk to it.".to_string()
                     }
                     Err(why) => refused(&why).text,
                 };
-                return self.post_now(place, text, None).await.map(drop);
+                return self.cx.speaker.now(place, Say::html(text)).await.map(drop);
             }
             (None, None) => return self.sessions_message(place, None, 0, "").await.map(drop),
             (Some(which), _) => self.find_launch(&which).await,
         };
         let Some((machine, id)) = launch else {
             let text = "⚠️ No session the relay launched goes by that name here; /sessions lists them (a session started at a keyboard resumes there).";
-            self.post_now(place, text.into(), None).await?;
+            self.cx.speaker.now(place, Say::html(text)).await?;
             return Ok(());
         };
         let done = self
@@ -596,12 +466,16 @@ impl Leader {
                 },
             )
             .await;
-        self.post_now(place, done.text, None).await.map(drop)
+        self.cx
+            .speaker
+            .now(place, Say::html(done.text))
+            .await
+            .map(drop)
     }
 
     /// The launch a slot letter or a session's name names, on any machine.
     async fn find_launch(&self, which: &str) -> Option<(Option<String>, String)> {
-        let status = self.cluster_status().await.ok()?;
+        let status = self.status().await.ok()?;
         let which = which.trim();
         machines_of(&status).into_iter().find_map(|m| {
             m.sessions.iter().find_map(|s| {
@@ -624,78 +498,67 @@ impl Leader {
         user: i64,
         owner: Option<&str>,
     ) -> Result<(), Failure> {
-        let launch = owner.and_then(|owner| self.store().launch_by_profile(owner).ok().flatten());
+        let launch =
+            owner.and_then(|owner| self.cx.store().launch_by_profile(owner).ok().flatten());
         let text = match (owner, launch) {
             (None, _) => "/end works in the topic of a session the relay launched; /sessions has an end button for each.".to_string(),
             (Some(_), None) => "This session was started at a keyboard: end it there. /end ends sessions the relay launched (/new).".to_string(),
             (Some(_), Some(launch)) if !launch.state.is_running() => "This session is not running; write here to start it again.".to_string(),
-            (Some(_), Some(launch)) => match self.end(&launch.id, user).await {
+            (Some(_), Some(launch)) => match self.launches.end(&launch.id, user).await {
                 // The report of its end says so in the topic.
                 Ok(()) => return Ok(()),
                 Err(why) => format!("⚠️ Could not end it: {}", escape(&why)),
             },
         };
-        self.post_now(place, text, None).await.map(drop)
+        self.cx.speaker.now(place, Say::html(text)).await.map(drop)
     }
 
     // ------------------------------------------------------------ /model
 
     /// `/model` in a launched session's topic: the models its agent offers,
     /// as buttons.
-    ///
-    /// Long because it is one conversation: the order to the machine that runs
-    /// the agent, each way its answer can end, and the buttons that follow.
-    async fn model_command(
-        self: &Arc<Self>,
-        place: Place,
+    async fn model_command(&self, place: Place, owner: Option<&str>) -> Result<(), Failure> {
+        let say = match self.models_of(owner).await {
+            Ok((launch, models, current)) => self.model_buttons(&launch, &models, current),
+            Err(why) => Say::html(why),
+        };
+        self.cx.speaker.now(place, say).await.map(drop)
+    }
+
+    /// The models the agent of `owner`'s launch offers and the one in use;
+    /// or what to say instead.
+    async fn models_of(
+        &self,
         owner: Option<&str>,
-    ) -> Result<(), Failure> {
-        let launch = owner.and_then(|owner| self.store().launch_by_profile(owner).ok().flatten());
+    ) -> Result<(Launch, Vec<ModelChoice>, Option<String>), String> {
+        let launch =
+            owner.and_then(|owner| self.cx.store().launch_by_profile(owner).ok().flatten());
         let Some(launch) = launch.filter(|l| l.state.is_running()) else {
-            let text = "/model switches the model of a running session the relay launched (/new), in its topic.";
-            return self.post_now(place, text.into(), None).await.map(drop);
+            return Err("/model switches the model of a running session the relay launched (/new), in its topic.".into());
         };
-        let outcome = self
-            .order(
-                OrderOp::Models {
-                    launch_id: launch.id.clone(),
-                },
-                Duration::from_secs(30),
-            )
-            .await;
-        let (models, current) = match outcome {
-            Ok(OrderOutcome::Models { models, current }) => (models, current),
-            Ok(OrderOutcome::Refused { reason }) => {
-                return self
-                    .post_now(place, format!("⚠️ {}", escape(&reason)), None)
-                    .await
-                    .map(drop);
-            }
-            Ok(other) => {
-                return self
-                    .post_now(place, format!("⚠️ serve answered {other:?}"), None)
-                    .await
-                    .map(drop);
-            }
-            Err(e) => {
-                return self
-                    .post_now(place, format!("⚠️ {}", escape(&e.message)), None)
-                    .await
-                    .map(drop);
-            }
+        let op = OrderOp::Models {
+            launch_id: launch.id.clone(),
         };
-        if models.is_empty() {
-            return self
-                .post_now(
-                    place,
-                    "The agent offers no models to switch to.".into(),
-                    None,
-                )
-                .await
-                .map(drop);
+        match self.launches.order(op, Duration::from_secs(30)).await {
+            Ok(OrderOutcome::Models { models, .. }) if models.is_empty() => {
+                Err("The agent offers no models to switch to.".into())
+            }
+            Ok(OrderOutcome::Models { models, current }) => Ok((launch, models, current)),
+            Ok(OrderOutcome::Refused { reason }) => Err(format!("⚠️ {}", escape(&reason))),
+            Ok(other) => Err(format!("⚠️ serve answered {other:?}")),
+            Err(e) => Err(format!("⚠️ {}", escape(&e.message))),
         }
+    }
+
+    /// The models as buttons, two a row, the one in use ticked.
+    fn model_buttons(
+        &self,
+        launch: &Launch,
+        models: &[ModelChoice],
+        current: Option<String>,
+    ) -> Say {
         let shown: Vec<ModelChoice> = models.iter().take(MAX_MODELS).cloned().collect();
-        let token = self.control.keep(Offer::Models {
+        let token = self.offers.keep(Offer::Models {
             launch_id: launch.id.clone(),
             models: shown.clone(),
         });
@@ -728,27 +591,26 @@ impl Leader {
                 models.len()
             ));
         }
-        self.post_now(place, text, Some(Keyboard { rows }))
-            .await
-            .map(drop)
+        Say::html(text).with(Some(Keyboard { rows }))
     }
 
     // ------------------------------------------------------------ buttons
 
     /// A tap on one of the control place's buttons (`c:…`). Never awaits.
-    pub(super) fn control_tap(self: &Arc<Self>, query: &CallbackQuery) {
-        let replies = &self.router.replies;
+    pub fn tap(self: &Arc<Self>, query: &CallbackQuery) {
+        let cx = &self.cx;
+        let toast = |text: &'static str| {
+            let (speaker, id) = (cx.speaker.clone(), query.id.clone());
+            cx.errands
+                .run(async move { speaker.toast(&id, text).await });
+        };
         let (Some(data), Some(message)) = (query.data.clone(), query.message.clone()) else {
-            replies.answer_tap(self, query.id.clone(), "This button is no longer valid.");
+            toast("This button is no longer valid.");
             return;
         };
-        if query.from.is_bot || !self.access.is_allowed(query.from.id) || !self.is_ours(&message) {
-            if replies.admit(query.from.id, super::replies::Refusal::Tap) {
-                replies.answer_tap(
-                    self,
-                    query.id.clone(),
-                    "You are not allowed to use these buttons.",
-                );
+        if query.from.is_bot || !cx.access.is_allowed(query.from.id) || !cx.is_ours(&message) {
+            if cx.errands.admit(query.from.id, Refusal::Tap) {
+                toast("You are not allowed to use these buttons.");
             }
             return;
         }
@@ -757,11 +619,10 @@ impl Leader {
             thread_id: message.topic(),
         };
         let (tap, user) = (query.id.clone(), query.from.id);
-        self.router.replies.spawn(self, move |leader| async move {
-            let toast = leader.tapped(place, message.message_id, user, &data).await;
-            if let Err(e) = leader.outbox.answer_tap(&tap, Some(&toast)).await {
-                tracing::debug!("cannot answer a tap: {e}");
-            }
+        let control = self.clone();
+        self.cx.errands.run(async move {
+            let toast = control.tapped(place, message.message_id, user, &data).await;
+            control.cx.speaker.toast(&tap, &toast).await;
         });
     }
 
@@ -818,7 +679,7 @@ impl Leader {
             "n" => {
                 let Some(args) = extra
                     .and_then(|i| i.parse().ok())
-                    .and_then(|i| self.control.folder(arg, i))
+                    .and_then(|i| self.offers.folder(arg, i))
                 else {
                     return "This list is old: send /new again.".into();
                 };
@@ -830,14 +691,14 @@ impl Leader {
             "m" => {
                 let Some((launch_id, model)) = extra
                     .and_then(|i| i.parse().ok())
-                    .and_then(|i| self.control.model(arg, i))
+                    .and_then(|i| self.offers.model(arg, i))
                 else {
                     return "This list is old: send /model again.".into();
                 };
                 self.switch_model(place, message_id, &launch_id, model)
                     .await
             }
-            "x" => self.cancel_schedule(place, message_id, arg).await,
+            "x" => self.schedules.cancel(place, message_id, arg).await,
             _ => "This button is no longer valid.".into(),
         }
     }
@@ -851,6 +712,7 @@ impl Leader {
         model: ModelChoice,
     ) -> String {
         let outcome = self
+            .launches
             .order(
                 OrderOp::SetModel {
                     launch_id: launch_id.to_string(),
@@ -861,7 +723,11 @@ impl Leader {
             .await;
         let text = match outcome {
             Ok(OrderOutcome::ModelSet { model: set }) => {
-                if let Err(e) = self.store().set_launch_started(launch_id, None, Some(&set)) {
+                if let Err(e) = self
+                    .cx
+                    .store()
+                    .set_launch_started(launch_id, None, Some(&set))
+                {
                     tracing::warn!("cannot record the model: {e}");
                 }
                 format!(
@@ -874,7 +740,12 @@ impl Leader {
             Err(e) => format!("⚠️ {}", escape(&e.message)),
         };
         let toast = toast_of(&text);
-        if let Err(e) = self.edit(place, message_id, text, None).await {
+        let said = self
+            .cx
+            .speaker
+            .edit(place, message_id, Say::html(text))
+            .await;
+        if let Err(e) = said {
             tracing::warn!("cannot show the model switched: {e}");
         }
         toast
@@ -882,10 +753,10 @@ impl Leader {
 
     /// The machine whose session is launch `id` (none: this one).
     async fn machine_of_launch(&self, id: &str) -> Option<String> {
-        if self.store().launch(id).ok().flatten().is_some() {
+        if self.cx.store().launch(id).ok().flatten().is_some() {
             return None;
         }
-        let status = self.cluster_status().await.ok()?;
+        let status = self.status().await.ok()?;
         machines_of(&status).into_iter().find_map(|m| {
             m.sessions
                 .iter()
@@ -898,14 +769,6 @@ impl Leader {
 /// A toast (at most 200 characters, plain) of an HTML line.
 fn toast_of(html: &str) -> String {
     crate::policy::clip(&crate::render::to_plain(html), 190)
-}
-
-/// What an order that did nothing says.
-fn refused(why: &str) -> RemoteDone {
-    RemoteDone {
-        ok: false,
-        text: format!("⚠️ Not done: {}", escape(why)),
-    }
 }
 
 /// A folder as a button shows it: its last two parts.
@@ -1022,7 +885,7 @@ pub(super) fn sessions_page(
 
 /// How a session is doing, in words.
 fn session_state(s: &SessionStatus) -> String {
-    let how = match (&s.launch, s.live) {
+    match (&s.launch, s.live) {
         (Some(l), true) => format!("● live · {} (launched)", l.engine),
         (Some(l), false) => match l.state.as_str() {
             "starting" | "running" => format!("◌ starting · {}", l.engine),
@@ -1032,31 +895,12 @@ fn session_state(s: &SessionStatus) -> String {
         },
         (None, true) => "● live".into(),
         (None, false) => "○ offline".into(),
-    };
-    let _ = now_ms;
-    how
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topic_links_exist_in_supergroups_only() {
-        let group = Target {
-            chat_id: -1_001_234_567_890,
-            thread_id: 42,
-        };
-        assert_eq!(
-            topic_link(group).as_deref(),
-            Some("https://t.me/c/1234567890/42")
-        );
-        let private = Target {
-            chat_id: 1001,
-            thread_id: 42,
-        };
-        assert_eq!(topic_link(private), None);
-    }
 
     fn session(slot: usize, launched: Option<&str>) -> SessionStatus {
         SessionStatus {

@@ -28,10 +28,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::asks::Asks;
+use super::context::Context;
+use super::failure::store_error;
 use super::failure::{Failure, FailureKind, Performed};
 use super::outbox::{Pace, Upload};
 use super::registry::ConnId;
-use super::{Leader, store_error};
 use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::render;
@@ -57,9 +59,10 @@ const MERGED: &str = "\n\n";
 const LAND_WITHIN: Duration = Duration::from_secs(5);
 
 /// The courier's own state; the entries are in the store.
-#[derive(Default)]
 pub(super) struct Courier {
-    wake: Notify,
+    cx: Arc<Context>,
+    /// Notices of what did not arrive are questions with a button.
+    asks: Arc<Asks>,
     /// Lanes with a task sending now.
     busy: Mutex<HashSet<Lane>>,
     /// The open notices, by entry: their ask's token.
@@ -75,6 +78,19 @@ pub(super) struct Courier {
 }
 
 impl Courier {
+    pub fn new(cx: Arc<Context>, asks: Arc<Asks>) -> Self {
+        Self {
+            cx,
+            asks,
+            busy: Mutex::default(),
+            offers: Mutex::default(),
+            leaving: CancellationToken::new(),
+            halt: CancellationToken::new(),
+            flying: AtomicUsize::new(0),
+            landed: Notify::new(),
+        }
+    }
+
     /// Stops starting calls, waits (up to [`LAND_WITHIN`]) until those on
     /// their way were answered, and stops the lanes. Calls that had not
     /// left yet are pending again for the next leader.
@@ -103,7 +119,7 @@ impl Courier {
 
     /// Something new to send, or a place that may be reachable again.
     pub fn wake(&self) {
-        self.wake.notify_one();
+        self.cx.speaker.handed_over().notify_one();
     }
 
     fn busy(&self) -> std::sync::MutexGuard<'_, HashSet<Lane>> {
@@ -115,11 +131,11 @@ impl Courier {
     }
 }
 
-impl Leader {
+impl Courier {
     /// Takes a session's items for its topic: checked, then on disk before
     /// this returns.
     pub(super) async fn post(&self, conn: ConnId, req: &Post) -> Result<Posted, BusError> {
-        let session = self.registry.session(conn, req.generation)?;
+        let session = self.cx.registry.session(conn, req.generation)?;
         let profile = session.route.profile_key;
         let mut posts = Vec::with_capacity(req.items.len());
         for (i, item) in req.items.iter().enumerate() {
@@ -130,49 +146,8 @@ impl Leader {
                 .map(|hand| format!("{}:{hand}:{i}", session.instance_id));
             posts.push(self.checked_post(&profile, session.route.target, item, origin)?);
         }
-        let ids = self.hand_over(posts).await?;
+        let ids = self.cx.speaker.hand_over(posts).await?;
         Ok(Posted { ids })
-    }
-
-    /// The leader's own `text` for `chat` (in `thread`, or outside topics),
-    /// handed to the outbox.
-    pub(super) async fn say_later(
-        &self,
-        chat: i64,
-        thread: Option<i64>,
-        text: String,
-    ) -> Result<(), BusError> {
-        let notice = NewOutboxEntry {
-            lane: Lane::Fixed(Place {
-                chat_id: chat,
-                thread_id: thread,
-            }),
-            kind: EntryKind::Text {
-                reply_to: None,
-                merge: false,
-            },
-            body: text,
-            html: false,
-            origin: None,
-        };
-        self.hand_over(vec![notice]).await.map(drop)
-    }
-
-    /// Writes entries to the outbox, on disk (on a blocking thread: it
-    /// waits for the disk), and wakes the courier; their ids.
-    pub(super) async fn hand_over(&self, posts: Vec<NewOutboxEntry>) -> Result<Vec<i64>, BusError> {
-        let store = self.store.clone();
-        let ids = tokio::task::spawn_blocking(move || {
-            store
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .post(&posts)
-        })
-        .await
-        .map_err(|e| BusError::new(BusErrorCode::Internal, e.to_string()))?
-        .map_err(store_error)?;
-        self.courier.wake();
-        Ok(ids)
     }
 
     /// One item as an entry of the outbox, after the checks a request in
@@ -188,7 +163,7 @@ impl Leader {
         origin: Option<String>,
     ) -> Result<NewOutboxEntry, BusError> {
         let own = |message_id| match target {
-            Some(target) => self.own_message(profile, target, message_id),
+            Some(target) => self.cx.own_message(profile, target, message_id),
             None => Err(BusError::new(
                 BusErrorCode::NoTopic,
                 "this session has no topic yet",
@@ -258,19 +233,21 @@ impl Leader {
     /// `/resend`: every entry of the session that did not arrive goes again.
     pub(super) async fn resend(&self, conn: ConnId, req: &Resend) -> Result<Resent, BusError> {
         let profile = self
+            .cx
             .registry
             .session(conn, req.generation)?
             .route
             .profile_key;
         let count = self
+            .cx
             .store()
             .posts_again(&profile, None)
             .map_err(store_error)?;
-        let kept: Vec<(i64, String)> = self.courier.offers().drain().collect();
+        let kept: Vec<(i64, String)> = self.offers().drain().collect();
         for (id, token) in kept {
             self.withdraw_offer(id, &token, &profile).await;
         }
-        self.courier.wake();
+        self.wake();
         self.report_outbox(&profile);
         Ok(Resent {
             count: count as u32,
@@ -285,7 +262,7 @@ impl Leader {
 
     fn report_outbox_paced(&self, profile: &str, paced: Option<Duration>) {
         let (waiting, undelivered) = {
-            let store = self.store();
+            let store = self.cx.store();
             let waiting = store.posts_due().map_or(0, |due| {
                 due.iter()
                     .filter(|p| p.new.lane == Lane::Session(profile.to_string()))
@@ -293,9 +270,14 @@ impl Leader {
             });
             (waiting, store.posts_unoffered(profile).unwrap_or(0))
         };
-        let conn = self.registry.lock().owner_of(profile).map(|(conn, _)| conn);
+        let conn = self
+            .cx
+            .registry
+            .lock()
+            .owner_of(profile)
+            .map(|(conn, _)| conn);
         if let Some(conn) = conn {
-            self.registry.send(
+            self.cx.registry.send(
                 conn,
                 FromLeader::Outbox(OutboxReport {
                     waiting,
@@ -306,12 +288,32 @@ impl Leader {
         }
     }
 
+    /// Messages waiting to go that have a place to go to now.
+    pub fn sendable(&self) -> usize {
+        let due = match self.cx.store().posts_due() {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::error!("cannot read the outbox: {e}");
+                return 0;
+            }
+        };
+        let lanes: HashSet<Lane> = due.iter().map(|p| p.new.lane.clone()).collect();
+        let reachable: HashSet<Lane> = lanes
+            .into_iter()
+            .filter(|lane| self.place_of(lane).is_some())
+            .collect();
+        due.iter()
+            .filter(|p| reachable.contains(&p.new.lane))
+            .count()
+    }
+
     /// Where a lane's entries go now; `None` while its session has no topic.
     pub(super) fn place_of(&self, lane: &Lane) -> Option<Place> {
         match lane {
             Lane::Fixed(place) => Some(*place),
             Lane::Session(profile) => {
                 let live = self
+                    .cx
                     .registry
                     .lock()
                     .owner_of(profile)
@@ -319,11 +321,17 @@ impl Leader {
                 let target = match live {
                     Some(target) => Some(target),
                     // A session that is gone still gets what it handed over.
-                    None => self.store().binding(profile).ok().flatten().and_then(|b| {
-                        (b.status == crate::store::BindingStatus::Active)
-                            .then(|| b.target())
-                            .flatten()
-                    }),
+                    None => self
+                        .cx
+                        .store()
+                        .binding(profile)
+                        .ok()
+                        .flatten()
+                        .and_then(|b| {
+                            (b.status == crate::store::BindingStatus::Active)
+                                .then(|| b.target())
+                                .flatten()
+                        }),
                 };
                 target.map(Place::from)
             }
@@ -334,8 +342,8 @@ impl Leader {
 /// The courier's loop, for the leader's life: what a predecessor was
 /// sending is of unknown fate now (offered, never sent again blindly);
 /// then every lane with entries due gets a task.
-pub(super) async fn run(leader: Arc<Leader>) {
-    let orphaned = leader.store().posts_orphaned();
+pub(super) async fn run(courier: Arc<Courier>) {
+    let orphaned = courier.cx.store().posts_orphaned();
     match orphaned {
         Ok(orphaned) => {
             for post in orphaned {
@@ -343,27 +351,27 @@ pub(super) async fn run(leader: Arc<Leader>) {
                     id = post.id,
                     "a message a previous leader was sending may be missing"
                 );
-                leader.offer(post.id).await;
+                courier.offer(post.id).await;
             }
         }
         Err(e) => tracing::error!("cannot read the outbox: {e}"),
     }
     loop {
-        let due = leader.store().posts_due();
+        let due = courier.cx.store().posts_due();
         match due {
             Ok(due) => {
                 let lanes: Vec<Lane> = due.into_iter().map(|p| p.new.lane).collect();
                 for lane in lanes {
-                    if leader.courier.busy().insert(lane.clone()) {
-                        crate::tasks::spawn(send_lane(leader.clone(), lane));
+                    if courier.busy().insert(lane.clone()) {
+                        crate::tasks::spawn(send_lane(courier.clone(), lane));
                     }
                 }
             }
             Err(e) => tracing::error!("cannot read the outbox: {e}"),
         }
         tokio::select! {
-            () = leader.stop.cancelled() => return,
-            () = leader.courier.wake.notified() => {}
+            () = courier.cx.stop.cancelled() => return,
+            () = courier.cx.speaker.handed_over().notified() => {}
             () = tokio::time::sleep(RETRY_EVERY) => {}
         }
     }
@@ -371,20 +379,20 @@ pub(super) async fn run(leader: Arc<Leader>) {
 
 /// Sends one lane's entries in order until none is left, or its place
 /// cannot be reached now (the courier comes back to it).
-async fn send_lane(leader: Arc<Leader>, lane: Lane) {
+async fn send_lane(courier: Arc<Courier>, lane: Lane) {
     tokio::select! {
-        () = leader.courier.halt.cancelled() => {}
-        () = drain_lane(&leader, &lane) => {}
+        () = courier.halt.cancelled() => {}
+        () = drain_lane(&courier, &lane) => {}
     }
-    leader.courier.busy().remove(&lane);
+    courier.busy().remove(&lane);
     if let Lane::Session(profile) = &lane {
-        leader.report_outbox(profile);
+        courier.report_outbox(profile);
     }
 }
 
-async fn drain_lane(leader: &Arc<Leader>, lane: &Lane) {
-    while !leader.courier.leaving.is_cancelled() {
-        let due = match leader.store().posts_due() {
+async fn drain_lane(courier: &Arc<Courier>, lane: &Lane) {
+    while !courier.leaving.is_cancelled() {
+        let due = match courier.cx.store().posts_due() {
             Ok(due) => due,
             Err(e) => {
                 tracing::error!("cannot read the outbox: {e}");
@@ -392,14 +400,14 @@ async fn drain_lane(leader: &Arc<Leader>, lane: &Lane) {
             }
         };
         let mine: Vec<OutboxEntry> = due.into_iter().filter(|p| &p.new.lane == lane).collect();
-        let Some(place) = leader.place_of(lane) else {
+        let Some(place) = courier.place_of(lane) else {
             return;
         };
         let batch = next_batch(&mine);
         if batch.is_empty() {
             return;
         }
-        if !leader.send_batch(lane, place, &batch).await {
+        if !courier.send_batch(lane, place, &batch).await {
             return;
         }
     }
@@ -411,7 +419,7 @@ async fn drain_lane(leader: &Arc<Leader>, lane: &Lane) {
 /// next leader sends it. Once the call left, it stays `sending`: the next
 /// leader offers it, never replays it.
 struct Going<'a> {
-    leader: &'a Leader,
+    courier: &'a Courier,
     ids: &'a [i64],
     departed: AtomicBool,
     settled: AtomicBool,
@@ -421,14 +429,14 @@ impl Going<'_> {
     /// The call leaves now.
     fn depart(&self) {
         if !self.departed.swap(true, Ordering::AcqRel) {
-            self.leader.courier.flying.fetch_add(1, Ordering::AcqRel);
+            self.courier.flying.fetch_add(1, Ordering::AcqRel);
         }
     }
 
     /// Ends when the leader leaves before this call left: a call on its
     /// way is let finish.
     async fn given_up(&self) {
-        self.leader.courier.leaving.cancelled().await;
+        self.courier.leaving.cancelled().await;
         if self.departed.load(Ordering::Acquire) {
             std::future::pending::<()>().await;
         }
@@ -438,10 +446,10 @@ impl Going<'_> {
 impl Drop for Going<'_> {
     fn drop(&mut self) {
         if self.departed.load(Ordering::Acquire) {
-            self.leader.courier.flying.fetch_sub(1, Ordering::AcqRel);
-            self.leader.courier.landed.notify_waiters();
+            self.courier.flying.fetch_sub(1, Ordering::AcqRel);
+            self.courier.landed.notify_waiters();
         } else if !self.settled.load(Ordering::Acquire)
-            && let Err(e) = self.leader.store().posts_back(self.ids)
+            && let Err(e) = self.courier.cx.store().posts_back(self.ids)
         {
             tracing::error!("cannot put back messages that did not go: {e}");
         }
@@ -481,7 +489,7 @@ fn next_batch(due: &[OutboxEntry]) -> Vec<OutboxEntry> {
     batch
 }
 
-impl Leader {
+impl Courier {
     /// Sends one batch; false when the lane must stop for now.
     ///
     /// Long because the call, the guard that keeps the entries' state true if
@@ -494,12 +502,12 @@ impl Leader {
         batch: &[OutboxEntry],
     ) -> bool {
         let ids: Vec<i64> = batch.iter().map(|p| p.id).collect();
-        if let Err(e) = self.store().posts_sending(&ids) {
+        if let Err(e) = self.cx.store().posts_sending(&ids) {
             tracing::error!("cannot mark messages as going: {e}");
             return false;
         }
         let going = Going {
-            leader: self,
+            courier: self,
             ids: &ids,
             departed: AtomicBool::new(false),
             settled: AtomicBool::new(false),
@@ -544,7 +552,8 @@ impl Leader {
                         thread_id,
                     };
                     going.depart();
-                    self.outbox
+                    self.cx
+                        .outbox
                         .send_file(target, &upload)
                         .await
                         .map(|(performed, _)| performed)
@@ -553,7 +562,7 @@ impl Leader {
                     FailureKind::Refused,
                     "a file goes into a topic only",
                 )),
-                _ => self.outbox.call(call_for(place, batch), pace).await,
+                _ => self.cx.outbox.call(call_for(place, batch), pace).await,
             }
         };
         let result = tokio::select! {
@@ -575,17 +584,21 @@ impl Leader {
     /// for an unreachable Telegram, which is waited for) given up, logged.
     fn settle_notice(&self, ids: &[i64], result: Result<Performed, Failure>) -> bool {
         let recorded = match &result {
-            Ok(performed) => self.store().posts_sent(ids, performed.reply.message_id()),
+            Ok(performed) => self
+                .cx
+                .store()
+                .posts_sent(ids, performed.reply.message_id()),
             Err(f) if f.kind == FailureKind::Unavailable => {
                 // Waits for Telegram; the lane stops for now either way.
-                if let Err(e) = self.store().posts_back(ids) {
+                if let Err(e) = self.cx.store().posts_back(ids) {
                     tracing::error!("cannot put a notice back in line: {e}");
                 }
                 return false;
             }
             Err(f) => {
                 tracing::warn!("a notice of the relay's did not arrive: {f}");
-                self.store()
+                self.cx
+                    .store()
                     .posts_missing(ids, EntryState::Failed, &f.message)
             }
         };
@@ -614,11 +627,11 @@ impl Leader {
         match result {
             Ok(performed) => {
                 let message_id = performed.reply.message_id();
-                if let Err(e) = self.store().posts_sent(ids, message_id) {
+                if let Err(e) = self.cx.store().posts_sent(ids, message_id) {
                     return store_failed(e);
                 }
                 if let Some(id) = message_id
-                    && let Err(e) = self.store().record_sent(chat, id, profile, None)
+                    && let Err(e) = self.cx.store().record_sent(chat, id, profile, None)
                 {
                     tracing::warn!("cannot remember who posted message {id}: {e}");
                 }
@@ -636,7 +649,7 @@ impl Leader {
                     // Nothing was posted: the entries wait for the place to
                     // be reachable again.
                     kind => {
-                        if let Err(e) = self.store().posts_back(ids) {
+                        if let Err(e) = self.cx.store().posts_back(ids) {
                             return store_failed(e);
                         }
                         if kind == FailureKind::TopicGone {
@@ -650,7 +663,7 @@ impl Leader {
                     messages = ids.len(),
                     "Telegram did not take a message ({f}); it is offered in its topic"
                 );
-                if let Err(e) = self.store().posts_missing(ids, missing, &f.message) {
+                if let Err(e) = self.cx.store().posts_missing(ids, missing, &f.message) {
                     return store_failed(e);
                 }
                 for id in ids {
@@ -664,8 +677,8 @@ impl Leader {
     /// The topic of `profile` is gone: its next registration makes a new
     /// one, and the session is told to register.
     fn topic_lost(&self, profile: &str) {
-        self.mark_stale(profile);
-        let conns = self.registry.lock();
+        self.cx.mark_stale(profile);
+        let conns = self.cx.registry.lock();
         if let Some((conn, session)) = conns.owner_of(profile) {
             let thread_id = session.route.target.map_or(0, |t| t.thread_id);
             conns.push(conn, FromLeader::TopicGone(TopicGone { thread_id }));
@@ -676,7 +689,7 @@ impl Leader {
     /// a notice with a button that sends it again. Entries of the leader's
     /// own (a fixed place) are only logged.
     async fn offer(self: &Arc<Self>, id: i64) {
-        let post = match self.store().post_by_id(id) {
+        let post = match self.cx.store().post_by_id(id) {
             Ok(Some(post)) => post,
             Ok(None) => return,
             Err(e) => {
@@ -710,16 +723,16 @@ impl Leader {
             free_text: false,
             expires_in_ms: OFFER_FOR.as_millis() as u64,
         };
-        match self.ask(profile, target, &ask).await {
+        match self.asks.ask(profile, target, &ask).await {
             Ok(_) => {
-                if let Err(e) = self.store().posts_offered(&[id], true) {
+                if let Err(e) = self.cx.store().posts_offered(&[id], true) {
                     tracing::warn!("cannot remember a notice was posted: {e}");
                 }
-                self.courier.offers().insert(id, token.clone());
+                self.offers().insert(id, token.clone());
                 self.report_outbox(profile);
-                let leader = self.clone();
+                let courier = self.clone();
                 let profile = profile.clone();
-                crate::tasks::spawn(async move { leader.await_offer(id, token, profile).await });
+                crate::tasks::spawn(async move { courier.await_offer(id, token, profile).await });
             }
             Err(e) => {
                 tracing::warn!("cannot offer a message again in its topic: {e}");
@@ -729,7 +742,7 @@ impl Leader {
     }
 
     fn not_offered(&self, post: &OutboxEntry, profile: &str) {
-        if let Err(e) = self.store().posts_offered(&[post.id], false) {
+        if let Err(e) = self.cx.store().posts_offered(&[post.id], false) {
             tracing::warn!("cannot remember a notice was not posted: {e}");
         }
         self.report_outbox(profile);
@@ -737,7 +750,7 @@ impl Leader {
 
     /// Notices that could not be posted, tried again.
     async fn offer_unoffered(self: &Arc<Self>, profile: &str) {
-        let kept = self.store().posts_kept(profile);
+        let kept = self.cx.store().posts_kept(profile);
         let Ok(kept) = kept else { return };
         for post in kept.into_iter().filter(|p| !p.offered) {
             self.offer(post.id).await;
@@ -746,17 +759,17 @@ impl Leader {
 
     /// Waits for a notice's button: a tap sends the entry again.
     async fn await_offer(self: Arc<Self>, id: i64, token: String, profile: String) {
-        let Ok(answer) = self.asks.wait(&token, &profile) else {
-            return;
-        };
         let tapped = tokio::select! {
-            () = self.stop.cancelled() => return,
-            answer = answer => matches!(answer, Ok(Ok(_))),
+            () = self.cx.stop.cancelled() => return,
+            tapped = self.asks.answered(&token, &profile) => match tapped {
+                Some(tapped) => tapped,
+                None => return,
+            },
         };
-        self.courier.offers().remove(&id);
+        self.offers().remove(&id);
         if tapped {
-            match self.store().posts_again(&profile, Some(&[id])) {
-                Ok(_) => self.courier.wake(),
+            match self.cx.store().posts_again(&profile, Some(&[id])) {
+                Ok(_) => self.wake(),
                 Err(e) => tracing::error!("cannot send a message again: {e}"),
             }
         }
@@ -777,7 +790,7 @@ impl Leader {
         }) = place
         {
             let target = Target { chat_id, thread_id };
-            if let Err(e) = self.close_ask(profile, target, &close).await {
+            if let Err(e) = self.asks.close_ask(profile, target, &close).await {
                 tracing::debug!("cannot close a notice: {e}");
             }
         }

@@ -10,30 +10,32 @@
 
 use std::sync::Arc;
 
+use super::context::Context;
+use super::failure::store_error;
+use super::register::Registrations;
 use super::registry::{ConnId, Registration};
-use super::{Leader, store_error};
 use crate::protocol::bus::*;
 use crate::store::{BindingStatus, NewCleanup};
 
-impl Leader {
+impl Registrations {
     /// Deletes the session's topic, marks its binding offline and ends its
     /// registration (see the module docs).
-    pub(super) async fn disconnect(
-        self: &Arc<Self>,
+    pub async fn disconnect(
+        &self,
         conn: ConnId,
         generation: Generation,
     ) -> Result<Disconnected, BusError> {
-        let base_key = self.registry.session(conn, generation)?.base_key;
-        let lock = self.registry.profile_lock(&base_key);
+        let base_key = self.cx.registry.session(conn, generation)?.base_key;
+        let lock = self.cx.registry.profile_lock(&base_key);
         let _serialized = lock.lock().await;
         // Checked again under the profile lock: a re-register may have won.
-        let session = self.registry.session(conn, generation)?;
+        let session = self.cx.registry.session(conn, generation)?;
         let (deleted, cleanup_pending) = match session.route.target {
             Some(target) => self.delete_topic_of(&session, target).await?,
             None => (None, false),
         };
         self.set_offline(conn, &session)?;
-        self.release_claims(
+        self.claims().release(
             &session.route.profile_key,
             Some(session.route.slot),
             session.route.target,
@@ -43,15 +45,16 @@ impl Leader {
         // topic is gone, so the chat is told outside the topics — before
         // answering, since a leader whose own session this was steps down
         // next, and a reply still on its way would go with it.
-        let pending = self.store().pending_for(&session.route.profile_key);
+        let pending = self.cx.store().pending_for(&session.route.profile_key);
         match pending {
             Ok(pending) => {
-                self.give_up_now(
-                    pending.into_iter().map(|e| e.update).collect(),
-                    &format!("{} was disconnected", session.route.topic_name),
-                    deleted.is_none() && !cleanup_pending,
-                )
-                .await;
+                self.router
+                    .give_up_now(
+                        pending.into_iter().map(|e| e.update).collect(),
+                        &format!("{} was disconnected", session.route.topic_name),
+                        deleted.is_none() && !cleanup_pending,
+                    )
+                    .await;
             }
             Err(e) => tracing::error!("cannot read what the session left behind: {e}"),
         }
@@ -68,27 +71,31 @@ impl Leader {
         session: &Registration,
         target: Target,
     ) -> Result<(Option<Target>, bool), BusError> {
-        let intent = if session.instance_id == self.instance_id {
+        let intent = if session.instance_id == self.cx.instance_id {
             let intent = NewCleanup {
                 chat_id: target.chat_id,
                 thread_id: target.thread_id,
                 profile_key: session.route.profile_key.clone(),
                 reason: "the leader's session disconnected".into(),
             };
-            Some(self.store().add_cleanup(&intent).map_err(store_error)?)
+            Some(self.cx.store().add_cleanup(&intent).map_err(store_error)?)
         } else {
             None
         };
-        match (self.outbox.delete_topic(target).await, intent) {
+        match (self.cx.outbox.delete_topic(target).await, intent) {
             (Ok(()), intent) => {
                 if let Some(intent) = intent {
-                    self.store().finish_cleanup(intent).map_err(store_error)?;
+                    self.cx
+                        .store()
+                        .finish_cleanup(intent)
+                        .map_err(store_error)?;
                 }
                 Ok((Some(target), false))
             }
             (Err(e), Some(intent)) => {
                 tracing::warn!("topic deletion not confirmed; the next leader finishes it: {e}");
-                self.store()
+                self.cx
+                    .store()
                     .record_cleanup_attempt(intent)
                     .map_err(store_error)?;
                 Ok((None, true))
@@ -104,7 +111,7 @@ impl Leader {
     /// registration ends.
     fn set_offline(&self, conn: ConnId, session: &Registration) -> Result<(), BusError> {
         {
-            let mut store = self.store();
+            let mut store = self.cx.store();
             match store
                 .binding(&session.route.profile_key)
                 .map_err(store_error)?
@@ -129,17 +136,33 @@ impl Leader {
                 None => tracing::warn!("disconnecting a session without a stored binding"),
             }
         }
-        if let Some(c) = self.registry.lock().map.get_mut(&conn) {
+        if let Some(c) = self.cx.registry.lock().map.get_mut(&conn) {
             c.session = None;
         }
         Ok(())
+    }
+
+    /// Finishes the deletions a predecessor left. The cleanup lock is taken
+    /// before the first accept, so no registration provisions anything
+    /// until they are done.
+    pub fn start_cleanups(self: &Arc<Self>) {
+        match self.cleanup.clone().try_lock_owned() {
+            Ok(guard) => {
+                let registrations = self.clone();
+                crate::tasks::spawn(async move {
+                    finish_cleanups(&registrations.cx).await;
+                    drop(guard);
+                });
+            }
+            Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
+        }
     }
 }
 
 /// Finishes the topic deletions a previous leader promised but could not
 /// confirm, before anything is provisioned.
-pub(super) async fn finish_cleanups(leader: &Leader) {
-    let intents = match leader.store().pending_cleanups() {
+async fn finish_cleanups(cx: &Context) {
+    let intents = match cx.store().pending_cleanups() {
         Ok(intents) => intents,
         Err(e) => {
             tracing::error!("cannot read cleanup intents: {e}");
@@ -152,10 +175,10 @@ pub(super) async fn finish_cleanups(leader: &Leader) {
             thread_id: intent.thread_id,
         };
         let result = tokio::select! {
-            () = leader.stop.cancelled() => return,
-            r = leader.outbox.delete_topic(target) => r,
+            () = cx.stop.cancelled() => return,
+            r = cx.outbox.delete_topic(target) => r,
         };
-        let mut store = leader.store();
+        let mut store = cx.store();
         let recorded = match result {
             Ok(()) => {
                 tracing::info!(

@@ -18,7 +18,6 @@ use super::{Leader, LeaderError};
 use crate::bus::election::BusDir;
 use crate::config::Config;
 use crate::paths::Paths;
-use crate::store::Lane;
 
 /// How long a drain leads at most.
 pub const DRAIN_FOR: Duration = Duration::from_secs(120);
@@ -44,37 +43,6 @@ pub(crate) enum Drained {
     Removed,
 }
 
-impl Leader {
-    /// Whether this leader, leaving for good, hands its work to a drain:
-    /// messages wait that could go now. Other sessions on the bus may be
-    /// leaving at the same moment (two `claude -p` ending together), so
-    /// they are not counted on: when one of them leads next, the drain
-    /// finds the lock taken and nothing left to it, and ends.
-    pub(super) fn wants_drain(&self) -> bool {
-        !self.draining && self.sendable_posts() > 0
-    }
-
-    /// Messages waiting to go that have a place to go to now.
-    pub(super) fn sendable_posts(&self) -> usize {
-        let due = match self.store().posts_due() {
-            Ok(due) => due,
-            Err(e) => {
-                tracing::error!("cannot read the outbox: {e}");
-                return 0;
-            }
-        };
-        let lanes: std::collections::HashSet<Lane> =
-            due.iter().map(|p| p.new.lane.clone()).collect();
-        let reachable: std::collections::HashSet<Lane> = lanes
-            .into_iter()
-            .filter(|lane| self.place_of(lane).is_some())
-            .collect();
-        due.iter()
-            .filter(|p| reachable.contains(&p.new.lane))
-            .count()
-    }
-}
-
 /// Starts `agent-relay drain` for this leader's bot: detached (a session of
 /// its own, no terminal, no pipes), with this process's environment.
 pub(super) fn spawn(leader: &Leader) {
@@ -90,7 +58,7 @@ pub(super) fn spawn(leader: &Leader) {
     match detached(exe) {
         Ok(pid) => tracing::info!(
             pid,
-            waiting = leader.sendable_posts(),
+            waiting = leader.courier.sendable(),
             "the last session leaves with messages still to go: a drain sends them"
         ),
         Err(e) => tracing::error!(
@@ -156,7 +124,7 @@ pub(crate) async fn drain(paths: &Paths, config: &Config) -> Result<Drained, Lea
         if !bus.path().exists() {
             break Drained::Removed;
         }
-        let waiting = leader.sendable_posts();
+        let waiting = leader.courier.sendable();
         if waiting == 0 {
             break Drained::Done;
         }

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::bus::{BusError, BusErrorCode};
+use crate::store::StoreError;
 use crate::telegram::{BotReply, TelegramError};
 
 /// A call that was made.
@@ -81,6 +82,11 @@ pub(crate) fn decide(e: &TelegramError) -> Failure {
         _ => FailureKind::Refused,
     };
     Failure::new(kind, e.to_string())
+}
+
+/// A store failure as a session hears it.
+pub(super) fn store_error(e: StoreError) -> BusError {
+    BusError::new(BusErrorCode::Internal, format!("relay database: {e}"))
 }
 
 impl From<Failure> for BusError {

@@ -14,24 +14,41 @@
 //!   answer as a file) travel inline, bounded well inside a frame.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::context::Context;
+use super::failure::store_error;
 use super::inbox::FileInbox;
 use super::outbox::Upload;
 use super::registry::ConnId;
 use super::triage::Entry;
-use super::{Leader, store_error};
+use crate::config::FilesPolicy;
 use crate::files::{PHOTO_UPLOAD_MAX, UPLOAD_MAX, describe_against, is_picture, safe_name};
 use crate::paths::open_sendable;
 use crate::protocol::bus::*;
 use crate::telegram::UploadSource;
 
-impl Leader {
+/// Files both ways (see the module docs).
+pub(super) struct Files {
+    cx: Arc<Context>,
+    /// Where the files users send are saved, one folder per session.
+    pub inbox: FileInbox,
+    /// `[files]`: the folders files may be sent from besides a session's own.
+    policy: FilesPolicy,
+}
+
+impl Files {
+    pub fn new(cx: Arc<Context>, inbox: FileInbox, policy: FilesPolicy) -> Self {
+        Self { cx, inbox, policy }
+    }
+
     /// Downloads the files of one of the session's own journal entries into
     /// its inbox; answers with where they are.
-    pub(super) async fn fetch(&self, conn: ConnId, req: &Fetch) -> Result<Fetched, BusError> {
-        let session = self.registry.session(conn, req.generation)?;
+    pub async fn fetch(&self, conn: ConnId, req: &Fetch) -> Result<Fetched, BusError> {
+        let session = self.cx.registry.session(conn, req.generation)?;
         let profile = session.route.profile_key;
         let entry = self
+            .cx
             .store()
             .journal_entry(req.update_id)
             .map_err(store_error)?
@@ -65,7 +82,7 @@ impl Leader {
                     self.inbox
                         .make_room(dir.clone(), file.size.unwrap_or(0), keep.clone())
                         .await;
-                    self.outbox.download(&file.file_id, &dir, name).await?
+                    self.cx.outbox.download(&file.file_id, &dir, name).await?
                 }
             };
             files.push(FetchedFile {
@@ -86,7 +103,7 @@ impl Leader {
     }
 
     /// Posts a file into the session's topic.
-    pub(super) async fn send_file(
+    pub async fn send_file(
         &self,
         profile: &str,
         cwd: &str,
@@ -112,8 +129,8 @@ impl Leader {
                 }
             }
         };
-        let done = self.outbox.send_file(target, &upload).await;
-        self.record(
+        let done = self.cx.outbox.send_file(target, &upload).await;
+        self.cx.record(
             profile,
             target,
             done.as_ref().map(|(performed, _)| performed),
@@ -144,7 +161,7 @@ impl Leader {
             )));
         }
         let mut roots = vec![PathBuf::from(cwd)];
-        roots.extend(self.files.send_from.iter().cloned());
+        roots.extend(self.policy.send_from.iter().cloned());
         let forbidden = self.inbox.relay_files();
         let wanted = path.to_path_buf();
         let opened = tokio::task::spawn_blocking(move || {

@@ -17,12 +17,17 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::outbox::Pace;
+use super::context::Context;
+use super::failure::store_error;
 use super::registry::{ConnId, LauncherReg};
-use super::{Leader, store_error};
+use super::speaker::Say;
+use crate::config::LaunchPolicy;
 use crate::protocol::bus::*;
 use crate::protocol::launch::START_WAIT;
-use crate::protocol::launch::{LaunchEvent, LaunchSpec, OrderOp, OrderOutcome};
+use crate::protocol::launch::{
+    LaunchEvent, LaunchSpec, OrderOp, OrderOutcome, RemoteDone, RemoteOp,
+};
+use crate::render::escape;
 use crate::store::{Launch, LaunchState, NewUpdate};
 
 /// The data of a button that resumes launch `id` (`c:r:`, read by the
@@ -47,8 +52,10 @@ const ORDER_WAIT: Duration = Duration::from_secs(30);
 
 /// The leader's side of launching: orders on their way, and who waits for
 /// a launch's session.
-#[derive(Default)]
 pub(super) struct Launches {
+    cx: Arc<Context>,
+    /// `[launch]`: where agents may be started, and how.
+    policy: LaunchPolicy,
     next_order: AtomicU64,
     /// Orders `serve` has not answered yet: its connection, and who waits.
     orders: Mutex<HashMap<u64, (ConnId, oneshot::Sender<OrderOutcome>)>>,
@@ -67,7 +74,104 @@ pub(super) fn new_launch_id() -> String {
     format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff)
 }
 
-impl Leader {
+impl Launches {
+    pub fn new(cx: Arc<Context>, policy: LaunchPolicy) -> Self {
+        Self {
+            cx,
+            policy,
+            next_order: AtomicU64::new(0),
+            orders: Mutex::default(),
+            registered: Mutex::default(),
+            resuming: Mutex::default(),
+        }
+    }
+
+    /// `[launch]`, as configured.
+    pub fn policy(&self) -> &LaunchPolicy {
+        &self.policy
+    }
+
+    /// The engines `/new` knows by name: every `[launch.commands]` name
+    /// (each engine has one, its default command), and those this
+    /// machine's `serve` said it starts (`Engine`'s names, which the leader
+    /// may not import: `launch` is a bus member). A new engine needs no
+    /// edit here.
+    pub fn engines(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.serve_status().map(|s| s.engines).unwrap_or_default();
+        for name in self.policy.commands.keys() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
+    }
+
+    /// What `/new` says when no folder may have agents.
+    pub fn no_roots(&self) -> String {
+        "starting agents from the phone is off on this machine: add the folders agents may work in to config.toml as <code>[launch] roots = [\"~/code\"]</code>, then restart agent-relay serve".into()
+    }
+
+    /// Runs `op` with this machine's `serve`; what it says is one line of
+    /// HTML for the control place.
+    pub async fn run_here(self: &Arc<Self>, op: RemoteOp) -> RemoteDone {
+        match op {
+            RemoteOp::New {
+                folder,
+                engine,
+                prompt,
+                by_user,
+            } => {
+                let engine = engine.unwrap_or_else(|| self.policy.default_engine.clone());
+                if self.policy.roots.is_empty() {
+                    return refused(&self.no_roots());
+                }
+                tracing::info!(target: "audit", user = by_user, %folder, %engine, "start a session from the phone");
+                let spec = LaunchSpec {
+                    launch_id: new_launch_id(),
+                    engine: engine.clone(),
+                    folder,
+                    resume_id: None,
+                    model: None,
+                    by_user,
+                };
+                match self.start_new(spec, prompt).await {
+                    Ok(route) => RemoteDone {
+                        ok: true,
+                        text: format!(
+                            "▶ {} started: {}",
+                            escape(&engine),
+                            topic_html(&route.topic_name, route.target)
+                        ),
+                    },
+                    Err(why) => refused(&why),
+                }
+            }
+            RemoteOp::Resume { launch_id, by_user } => match self.resume(&launch_id, by_user).await
+            {
+                Ok((route, started)) => RemoteDone {
+                    ok: true,
+                    text: format!(
+                        "{}: {}",
+                        if started {
+                            "▶ Resumed"
+                        } else {
+                            "● Running already"
+                        },
+                        topic_html(&route.topic_name, route.target)
+                    ),
+                },
+                Err(why) => refused(&why),
+            },
+            RemoteOp::End { launch_id, by_user } => match self.end(&launch_id, by_user).await {
+                Ok(()) => RemoteDone {
+                    ok: true,
+                    text: "⏹ Ended.".into(),
+                },
+                Err(why) => refused(&why),
+            },
+        }
+    }
+
     /// `serve` joins as this machine's launcher. A launcher registered
     /// before is replaced: `serve` holds its own lock while it runs, so the
     /// one before is gone. The welcome names every session that should be
@@ -86,9 +190,11 @@ impl Leader {
                 ),
             ));
         }
-        self.registry
+        self.cx
+            .registry
             .vouch(&hello.instance_id, &hello.instance_secret)?;
         let resume: Vec<LaunchSpec> = self
+            .cx
             .store()
             .launches()
             .map_err(store_error)?
@@ -97,7 +203,7 @@ impl Leader {
             .map(|l| spec_of(&l, l.by_user))
             .collect();
         {
-            let mut conns = self.registry.lock();
+            let mut conns = self.cx.registry.lock();
             let before: Vec<ConnId> = conns
                 .map
                 .iter()
@@ -126,14 +232,14 @@ impl Leader {
             "serve joined the bus"
         );
         Ok(ServeWelcome {
-            epoch: self.epoch,
+            epoch: self.cx.epoch,
             resume,
         })
     }
 
     /// `serve` as `/relay status` shows it.
     pub(super) fn serve_status(&self) -> Option<ServeStatus> {
-        let conns = self.registry.lock();
+        let conns = self.cx.registry.lock();
         conns.launcher().map(|(_, l)| ServeStatus {
             pid: l.pid,
             engines: l.engines.clone(),
@@ -147,16 +253,16 @@ impl Leader {
         wait: Duration,
     ) -> Result<OrderOutcome, BusError> {
         let unavailable = |why: &str| BusError::new(BusErrorCode::Unavailable, why);
-        let order_id = self.launches.next_order.fetch_add(1, Ordering::Relaxed) + 1;
+        let order_id = self.next_order.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = oneshot::channel();
         {
-            let conns = self.registry.lock();
+            let conns = self.cx.registry.lock();
             let Some((conn, _)) = conns.launcher() else {
                 return Err(unavailable(NO_SERVE));
             };
-            lock(&self.launches.orders).insert(order_id, (conn, tx));
+            lock(&self.orders).insert(order_id, (conn, tx));
             if !conns.push(conn, FromLeader::Order(Order { order_id, op })) {
-                lock(&self.launches.orders).remove(&order_id);
+                lock(&self.orders).remove(&order_id);
                 return Err(unavailable("agent-relay serve is not reading its orders"));
             }
         }
@@ -166,7 +272,7 @@ impl Leader {
                 "agent-relay serve left the bus before it answered",
             )),
             Err(_) => {
-                lock(&self.launches.orders).remove(&order_id);
+                lock(&self.orders).remove(&order_id);
                 Err(unavailable(&format!(
                     "agent-relay serve did not answer within {} s",
                     wait.as_secs()
@@ -177,8 +283,8 @@ impl Leader {
 
     /// `serve` answered an order.
     pub(super) fn order_done(&self, conn: ConnId, done: &OrderDone) -> Result<(), BusError> {
-        self.registry.lock().launcher_of(conn, done.generation)?;
-        let waiting = lock(&self.launches.orders).remove(&done.order_id);
+        self.cx.registry.lock().launcher_of(conn, done.generation)?;
+        let waiting = lock(&self.orders).remove(&done.order_id);
         match waiting {
             Some((from, answer)) if from == conn => {
                 let _ = answer.send(done.outcome.clone());
@@ -194,7 +300,7 @@ impl Leader {
     /// A connection closed: the orders it had not answered fail now rather
     /// than at their timeout.
     pub(super) fn launcher_gone(&self, conn: ConnId) {
-        lock(&self.launches.orders).retain(|_, (from, _)| *from != conn);
+        lock(&self.orders).retain(|_, (from, _)| *from != conn);
     }
 
     /// Records a new launch and has `serve` start it; answers once its
@@ -220,12 +326,13 @@ impl Leader {
             created_ms: 0,
             updated_ms: 0,
         };
-        self.store()
+        self.cx
+            .store()
             .insert_launch(&launch)
             .map_err(|e| e.to_string())?;
         let started = self.start(spec.clone()).await;
         if started.is_err()
-            && let Err(e) = self.store().set_launch_state(
+            && let Err(e) = self.cx.store().set_launch_state(
                 &spec.launch_id,
                 LaunchState::Ended,
                 Some("not started"),
@@ -240,28 +347,28 @@ impl Leader {
     async fn start(&self, spec: LaunchSpec) -> Result<Route, String> {
         let id = spec.launch_id.clone();
         let (tx, registered) = oneshot::channel();
-        lock(&self.launches.registered)
+        lock(&self.registered)
             .entry(id.clone())
             .or_default()
             .push(tx);
         let outcome = self.order(OrderOp::Start(spec), START_WAIT).await;
         let folder = match outcome {
             Ok(OrderOutcome::Started { folder, .. }) => {
-                if let Err(e) = self.store().set_launch_folder(&id, &folder) {
+                if let Err(e) = self.cx.store().set_launch_folder(&id, &folder) {
                     tracing::warn!("cannot record where a launch runs: {e}");
                 }
                 folder
             }
             Ok(OrderOutcome::Refused { reason }) => {
-                lock(&self.launches.registered).remove(&id);
+                lock(&self.registered).remove(&id);
                 return Err(reason);
             }
             Ok(other) => {
-                lock(&self.launches.registered).remove(&id);
+                lock(&self.registered).remove(&id);
                 return Err(format!("serve answered {other:?}"));
             }
             Err(e) => {
-                lock(&self.launches.registered).remove(&id);
+                lock(&self.registered).remove(&id);
                 return Err(e.message);
             }
         };
@@ -285,6 +392,7 @@ impl Leader {
         by_user: i64,
     ) -> Result<(Route, bool), String> {
         let launch = self
+            .cx
             .store()
             .launch(id)
             .map_err(|e| e.to_string())?
@@ -294,18 +402,19 @@ impl Leader {
         {
             return Ok((route, false));
         }
-        if !lock(&self.launches.resuming).insert(id.to_string()) {
+        if !lock(&self.resuming).insert(id.to_string()) {
             return Err("it is being started already".into());
         }
         tracing::info!(target: "audit", user = by_user, launch = id, engine = %launch.engine, folder = %launch.folder, "resume a launched session");
         if let Err(e) = self
+            .cx
             .store()
             .set_launch_state(id, LaunchState::Starting, None)
         {
             tracing::warn!("cannot record the resume: {e}");
         }
         let resumed = self.start(spec_of(&launch, by_user)).await;
-        lock(&self.launches.resuming).remove(id);
+        lock(&self.resuming).remove(id);
         match &resumed {
             // The topic shows the session came back, as it shows its end;
             // it was reopened when the session registered.
@@ -318,7 +427,11 @@ impl Leader {
                 Told::Running,
             ),
             Err(why) => {
-                if let Err(e) = self.store().set_launch_state(id, launch.state, Some(why)) {
+                if let Err(e) = self
+                    .cx
+                    .store()
+                    .set_launch_state(id, launch.state, Some(why))
+                {
                     tracing::warn!("cannot record a failed resume: {e}");
                 }
             }
@@ -348,7 +461,7 @@ impl Leader {
 
     /// The route of a live session, if `profile_key` has one.
     fn live_route(&self, profile_key: Option<&str>) -> Option<Route> {
-        let conns = self.registry.lock();
+        let conns = self.cx.registry.lock();
         conns.owner_of(profile_key?).map(|(_, s)| s.route.clone())
     }
 
@@ -356,7 +469,7 @@ impl Leader {
     /// is linked to it, its first prompt journaled (before the session goes
     /// live, so it is delivered first), and whoever waits is told.
     pub(super) fn launched_registered(&self, launch_id: &str, route: &Route, user_hint: i64) {
-        let linked = self.store().link_launch(launch_id, &route.profile_key);
+        let linked = self.cx.store().link_launch(launch_id, &route.profile_key);
         let launch = match linked {
             Ok(Some(launch)) => launch,
             Ok(None) => {
@@ -372,7 +485,7 @@ impl Leader {
             }
         };
         if let (Some(prompt), Some(target)) = (launch.first_prompt.clone(), route.target) {
-            let journaled = self.store().journal_own_prompt(NewUpdate {
+            let journaled = self.cx.store().journal_own_prompt(NewUpdate {
                 update_id: 0,
                 owner: Some(route.profile_key.clone()),
                 chat_id: target.chat_id,
@@ -390,10 +503,7 @@ impl Leader {
                 tracing::error!("cannot hand the launch's first prompt to its session: {e}");
             }
         }
-        for waiter in lock(&self.launches.registered)
-            .remove(launch_id)
-            .unwrap_or_default()
-        {
+        for waiter in lock(&self.registered).remove(launch_id).unwrap_or_default() {
             let _ = waiter.send(route.clone());
         }
     }
@@ -408,9 +518,12 @@ impl Leader {
         conn: ConnId,
         report: &LaunchReport,
     ) -> Result<(), BusError> {
-        self.registry.lock().launcher_of(conn, report.generation)?;
+        self.cx
+            .registry
+            .lock()
+            .launcher_of(conn, report.generation)?;
         let id = &report.launch_id;
-        let Some(launch) = self.store().launch(id).map_err(store_error)? else {
+        let Some(launch) = self.cx.store().launch(id).map_err(store_error)? else {
             return Err(BusError::new(BusErrorCode::Forbidden, "no such launch"));
         };
         let (state, note, said) = match &report.event {
@@ -420,7 +533,8 @@ impl Leader {
                 after_restart,
             } => {
                 if let Err(e) =
-                    self.store()
+                    self.cx
+                        .store()
                         .set_launch_started(id, resume_id.as_deref(), model.as_deref())
                 {
                     tracing::warn!("cannot record the launch's session: {e}");
@@ -476,7 +590,7 @@ impl Leader {
             }
         };
         if let Some(state) = state
-            && let Err(e) = self.store().set_launch_state(id, state, note.as_deref())
+            && let Err(e) = self.cx.store().set_launch_state(id, state, note.as_deref())
         {
             tracing::warn!("cannot record what happened to a launch: {e}");
         }
@@ -491,7 +605,7 @@ impl Leader {
         let Some(binding) = launch
             .profile_key
             .as_deref()
-            .and_then(|key| self.store().binding(key).ok().flatten())
+            .and_then(|key| self.cx.store().binding(key).ok().flatten())
         else {
             return;
         };
@@ -506,23 +620,16 @@ impl Leader {
             }]],
         });
         let profile = binding.profile_key.clone();
-        self.router.replies.spawn(self, move |leader| async move {
-            let send = super::topic::send_message(
-                target,
-                &SendText {
-                    text,
-                    format: TextFormat::Plain,
-                    buttons,
-                    reply_to: None,
-                },
-            );
-            if let Err(e) = leader.outbox.call(send, Pace::high()).await {
+        let cx = self.cx.clone();
+        self.cx.errands.run(async move {
+            let say = Say::plain(text).with(buttons);
+            if let Err(e) = cx.speaker.now(target.into(), say).await {
                 tracing::warn!("cannot tell a launch's topic: {e}");
             }
             if close {
-                match leader.outbox.close_topic(target).await {
+                match cx.outbox.close_topic(target).await {
                     Ok(()) => {
-                        if let Err(e) = leader.store().set_topic_closed(&profile, true) {
+                        if let Err(e) = cx.store().set_topic_closed(&profile, true) {
                             tracing::warn!("cannot remember the topic is closed: {e}");
                         }
                     }
@@ -536,25 +643,21 @@ impl Leader {
     /// waits in the journal, and the session is started again for it (once
     /// per absence). Answers whether the owner is such a launch.
     pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> bool {
-        let launch = match self.store().launch_by_profile(owner) {
+        let launch = match self.cx.store().launch_by_profile(owner) {
             Ok(Some(launch)) if !launch.state.is_running() => launch,
-            Ok(Some(launch)) if lock(&self.launches.resuming).contains(&launch.id) => return true,
+            Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => return true,
             _ => return false,
         };
-        let leader = self.clone();
-        self.router.replies.spawn(self, move |_| async move {
-            if let Err(why) = leader.resume(&launch.id, user).await {
+        let launches = self.clone();
+        self.cx.errands.run(async move {
+            if let Err(why) = launches.resume(&launch.id, user).await {
                 tracing::warn!(launch = %launch.id, "cannot resume for a message: {why}");
-                let binding = leader.store().binding(owner_key(&launch));
+                let binding = launches.cx.store().binding(owner_key(&launch));
                 if let Some(target) = binding.ok().flatten().and_then(|b| b.target()) {
                     let text = format!(
                         "⚠️ This session could not be started again: {why}. Your message is kept."
                     );
-                    if let Err(e) = leader
-                        .outbox
-                        .say(target.chat_id, Some(target.thread_id), &text)
-                        .await
-                    {
+                    if let Err(e) = launches.cx.speaker.post(target.into(), text).await {
                         tracing::warn!("cannot say a resume failed: {e}");
                     }
                 }
@@ -565,7 +668,7 @@ impl Leader {
 
     /// The line a launched session's new topic opens with, under its name.
     pub(super) fn launch_note(&self, id: &str) -> Option<String> {
-        let launch = self.store().launch(id).ok().flatten()?;
+        let launch = self.cx.store().launch(id).ok().flatten()?;
         let mut note = format!("▶ {}, started from the phone", launch.engine);
         if let Some(prompt) = &launch.first_prompt {
             note.push_str(&format!(": “{}”", crate::policy::clip(prompt.trim(), 300)));
@@ -575,7 +678,7 @@ impl Leader {
 
     /// The launch of a session, as `/sessions` and the status show it.
     pub(super) fn session_launches(&self) -> HashMap<String, SessionLaunch> {
-        match self.store().launches() {
+        match self.cx.store().launches() {
             Ok(launches) => launches
                 .into_iter()
                 .filter_map(|l| {
@@ -597,6 +700,30 @@ impl Leader {
     }
 }
 
+/// A link to a topic, where Telegram has one (a supergroup's topic: its
+/// `-100` id without the prefix).
+pub(super) fn topic_link(target: Target) -> Option<String> {
+    let id = target.chat_id.to_string();
+    let bare = id.strip_prefix("-100")?;
+    Some(format!("https://t.me/c/{bare}/{}", target.thread_id))
+}
+
+/// A topic's name as HTML, linked where Telegram allows.
+pub(super) fn topic_html(name: &str, target: Option<Target>) -> String {
+    match target.and_then(topic_link) {
+        Some(link) => format!("<a href=\"{}\">{}</a>", escape(&link), escape(name)),
+        None => format!("<b>{}</b>", escape(name)),
+    }
+}
+
+/// What an order that did nothing says.
+pub(super) fn refused(why: &str) -> RemoteDone {
+    RemoteDone {
+        ok: false,
+        text: format!("⚠️ Not done: {}", escape(why)),
+    }
+}
+
 fn owner_key(launch: &Launch) -> &str {
     launch.profile_key.as_deref().unwrap_or_default()
 }
@@ -610,5 +737,27 @@ fn spec_of(launch: &Launch, by_user: i64) -> LaunchSpec {
         resume_id: launch.resume_id.clone(),
         model: launch.model.clone(),
         by_user,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_links_exist_in_supergroups_only() {
+        let group = Target {
+            chat_id: -1_001_234_567_890,
+            thread_id: 42,
+        };
+        assert_eq!(
+            topic_link(group).as_deref(),
+            Some("https://t.me/c/1234567890/42")
+        );
+        let private = Target {
+            chat_id: 1001,
+            thread_id: 42,
+        };
+        assert_eq!(topic_link(private), None);
     }
 }

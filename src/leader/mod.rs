@@ -2,35 +2,43 @@
 //! socket, the registry of live sessions, the Telegram poller and outbox,
 //! and every write to the store.
 //!
-//! [`Leader`] is made of owners, each with one job:
+//! [`Leader`] is a hub: it starts, runs one loop over everything it
+//! serves, and hands each request, update and tick to the flow that owns
+//! it. What the flows share is one [`context::Context`]: the store, who is
+//! on the bus ([`registry`]), every Bot API call ([`outbox`], each failure
+//! decided in [`failure`]), the one way to speak ([`speaker`]), the work
+//! done off the routing path ([`errands`]), who may write ([`access`]).
+//! Each flow is a type that owns its state and takes the context; a flow
+//! that needs another holds it, so the order below is the order they may
+//! call each other in (`tests/tidy.rs` keeps their files free of circles;
+//! ARCHITECTURE.md has the map):
 //!
-//! * [`registry::Registry`] — connections, registrations, the generation
-//!   check, who owns which profile. Bookkeeping only.
-//! * [`router::Router`] — delivery: journaled updates to their sessions (one
-//!   path for a new batch and for a backlog), acknowledgements, and the
-//!   leader's own answers off the routing path ([`replies`]).
-//! * [`outbox::Outbox`] — every Bot API call, typed and paced, each failure
-//!   decided once ([`failure`]). Never touches the store.
-//! * [`access::Access`] — who may drive sessions, and pairing.
-//! * [`asks::Asks`] — the questions open on the phone.
-//! * [`inbox::FileInbox`] — the sessions' inboxes, where files users send
-//!   are saved.
-//! * the store, behind a mutex, written by the leader alone.
+//! * [`asks::Asks`] — questions on the phone and the taps that answer them;
+//! * [`courier::Courier`] — what sessions hand over, sent from the store
+//!   (asks: a message that did not arrive is offered with a button);
+//! * [`launches::Launches`] — sessions `serve` launches, and its orders;
+//! * [`router::Router`] — journaled messages to their sessions (asks:
+//!   a reply may answer a question; launches: a message starts its
+//!   session again);
+//! * [`schedules::Schedules`] — scheduled prompts (router, launches);
+//! * [`restart::Restart`] — `/relay restart` (launches, for the status);
+//! * [`control::ControlPlace`] — the commands and buttons the leader
+//!   answers itself (launches, schedules);
+//! * [`register::Registrations`] — sessions joining, and leaving for good
+//!   ([`disconnect`]) (router, launches);
+//! * [`files::Files`] — files both ways, into the sessions' [`inbox`]es;
+//! * [`topic::Topics`] — a session's request in its topic (asks, files);
+//! * [`pairing`] — pairing links and `/start <code>`.
 //!
-//! The flows that combine them have a file each, named for the flow:
-//! registration in three steps ([`register`]), leaving for good
-//! ([`disconnect`]), a session's request in its topic ([`topic`]), the
-//! questions and their taps ([`asks`]), files both ways ([`files`]), the
-//! status ([`status`]) and `/relay restart` ([`restart`]); inbound, the
-//! poll ([`poller`]), the [`triage`] and the [`batch`] on its way to the
-//! router; one connection's reader and writer in [`conn`]. The lock order
-//! is written where the locks are ([`registry::Registry`]).
+//! Inbound, the [`poller`] reads Telegram, the [`triage`] decides what
+//! enters the journal, and a [`batch`] comes to the loop here; one
+//! connection's reader and writer are [`conn`]. [`status`] is what the bus
+//! looks like; [`budget`] keeps the message budget for the next leader,
+//! and [`drain`] sends what a last process left behind.
 //!
 //! When the relay spans machines (`[cluster]`, docs/CLUSTER.md), the
-//! leader is also one machine of the cluster ([`cluster`]): it polls only
-//! while it holds the bot-wide lease, reads its own updates from the
-//! cluster's stream, and makes its Bot API calls through the machine that
-//! polls (chosen in [`outbox::Outbox::call`]).
+//! leader is also one machine of the cluster ([`cluster`], which names no
+//! flow: what other machines ask is answered here, as [`cluster::Machine`]).
 
 mod access;
 mod asks;
@@ -39,49 +47,63 @@ mod budget;
 mod cluster;
 mod command;
 mod conn;
+mod context;
 mod control;
 mod courier;
 mod disconnect;
+mod errands;
 mod failure;
 mod files;
 mod inbox;
 mod launches;
 mod outbox;
+mod pairing;
 mod poller;
 mod register;
 mod registry;
-mod replies;
 mod restart;
 mod router;
 mod schedules;
+mod speaker;
 mod status;
 mod topic;
 mod triage;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use interprocess::local_socket::tokio::Listener;
 use interprocess::local_socket::traits::tokio::Listener as _;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::bus::election::{LeaderInfo, LeaderLock};
-use crate::config::{Config, FilesPolicy};
+use crate::config::Config;
 use crate::paths::Paths;
 use crate::protocol::bus::*;
+use crate::protocol::launch::{RemoteDone, RemoteOp};
 use crate::store::{Store, StoreError};
-use crate::telegram::SetupError;
+use crate::telegram::{BotCall, ChatKind, Message, Priority, SetupError, Update, UpdateKind};
 use access::Access;
+use asks::Asks;
 use batch::Batch;
-use cluster::ClusterNode;
+use cluster::{ClusterNode, Ground, Machine};
+use context::Context;
+use control::ControlPlace;
+use courier::Courier;
+use failure::{Failure, Performed};
+use files::Files;
 use inbox::FileInbox;
+use launches::Launches;
 use outbox::Outbox;
-use poller::{Journal, LocalJournal, PollFacts, PollHealth, Poller};
-use registry::Registry;
+use poller::{LocalJournal, Poller};
+use register::Registrations;
+use restart::Restart;
 use router::Router;
+use schedules::Schedules;
+use status::Status;
+use topic::Topics;
 
 /// Why a sidecar that won the lock could not lead.
 #[derive(Debug, thiserror::Error)]
@@ -94,110 +116,23 @@ pub(crate) enum LeaderError {
     Telegram(#[from] SetupError),
 }
 
-/// The leader's owners and the little it knows besides.
+/// The hub: the context and the flows (see the module docs).
 pub(super) struct Leader {
-    epoch: Epoch,
-    instance_id: String,
-    since_ms: u64,
-    /// The configured chat for topics, if any.
-    chat_id: Option<i64>,
-    store: Arc<Mutex<Store>>,
-    registry: Registry,
-    router: Router,
-    /// Every Bot API call: made here, or through the machine that polls
-    /// when the relay spans machines.
-    outbox: Outbox,
-    access: Arc<Access>,
-    asks: asks::Asks,
-    /// Sends what sessions handed over, from the store.
-    courier: courier::Courier,
+    cx: Arc<Context>,
+    asks: Arc<Asks>,
+    courier: Arc<Courier>,
+    launches: Arc<Launches>,
+    router: Arc<Router>,
+    schedules: Arc<Schedules>,
+    restart: Arc<Restart>,
+    control: Arc<ControlPlace>,
+    registrations: Arc<Registrations>,
+    files: Arc<Files>,
+    topics: Arc<Topics>,
     /// What the message budget was, for the next leader.
     budget: budget::Kept,
-    /// Where the files users send are saved, one folder per session.
-    inbox: FileInbox,
-    /// `[files]`: the folders files may be sent from besides a session's own.
-    files: FilesPolicy,
-    health: watch::Sender<PollHealth>,
-    poll: Arc<Mutex<PollFacts>>,
-    /// The restart this leader is stepping down for, once one was asked:
-    /// a second request joins it.
-    restarting: OnceLock<Restarting>,
-    /// Held while the cleanup intents a predecessor left are worked off:
-    /// nothing is provisioned before.
-    cleanup: Arc<tokio::sync::Mutex<()>>,
-    /// This machine in the cluster; `None` for a single machine.
-    cluster: Option<Arc<ClusterNode>>,
-    /// Sessions `agent-relay serve` launches: orders on their way, and who
-    /// waits for a launch's session.
-    launches: launches::Launches,
-    /// The control place's state: what its buttons offer.
-    control: control::Control,
-    /// `[launch]`: where agents may be started, and how.
-    launch_policy: crate::config::LaunchPolicy,
     /// A drain (`drain.rs`): it leads only to send what waits.
     draining: bool,
-    stop: CancellationToken,
-}
-
-impl Leader {
-    fn store(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The ack of request `R`, typed as the member reads it.
-    fn ack<R: Request>(&self, id: Option<u64>, result: Result<R::Reply, BusError>) -> FromLeader {
-        FromLeader::Ack(Ack::answer::<R>(id, self.epoch, result))
-    }
-
-    fn prune(self: &Arc<Self>) {
-        match self.store().prune() {
-            Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
-            Err(e) => tracing::warn!("cannot prune the store: {e}"),
-        }
-        if let Err(e) = self.store().prune_launches() {
-            tracing::warn!("cannot prune the launches: {e}");
-        }
-        // The inboxes of sessions whose binding is gone go too.
-        match self.store().bindings() {
-            Ok(bindings) => {
-                let live = bindings.into_iter().map(|b| b.profile_key).collect();
-                let leader = self.clone();
-                crate::tasks::spawn(async move { leader.inbox.prune(live).await });
-            }
-            Err(e) => tracing::warn!("cannot read the bindings to prune the inboxes: {e}"),
-        }
-    }
-
-    /// A poller of this leader into `journal`: its own (a single machine),
-    /// or the cluster's stream (one per lease term).
-    fn poller<J: Journal>(&self, journal: J, stop: CancellationToken) -> Poller<J> {
-        Poller {
-            api: self.outbox.api().clone(),
-            journal,
-            health: self.health.clone(),
-            facts: self.poll.clone(),
-            stop,
-        }
-    }
-
-    /// This machine's own journal, for a single machine's poller.
-    fn local_journal(&self, batches: mpsc::Sender<Batch>) -> LocalJournal {
-        LocalJournal {
-            store: self.store.clone(),
-            triage: triage::Triage::new(self.store.clone(), self.access.clone()),
-            batches,
-        }
-    }
-
-    /// This machine's cluster link as the bus wire states it, when it has one.
-    fn wire_cluster(&self) -> Option<FromLeader> {
-        let node = self.cluster.as_ref()?;
-        Some(FromLeader::Cluster(node.link().borrow().clone()))
-    }
-}
-
-fn store_error(e: StoreError) -> BusError {
-    BusError::new(BusErrorCode::Internal, format!("relay database: {e}"))
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -270,34 +205,19 @@ async fn start_with(
         tracing::warn!("cannot write leader.json: {e}");
     }
     tracing::info!(epoch, "leading the bus");
-    let (settle, acks) = mpsc::unbounded_channel();
-    let (health, _) = watch::channel(PollHealth::Starting);
-    let leader = Arc::new(Leader {
+    let cx = Arc::new(Context::new(context::Parts {
         epoch,
         instance_id,
         since_ms,
         chat_id: config.chat_id,
-        store: Arc::new(Mutex::new(store)),
-        registry: Registry::default(),
-        router: Router::new(settle),
+        store,
         outbox,
-        access: Arc::new(access),
-        asks: asks::Asks::default(),
-        courier: courier::Courier::default(),
-        budget,
-        inbox: FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes),
-        files: config.files.clone(),
-        health,
-        poll: Arc::default(),
-        restarting: OnceLock::new(),
-        cleanup: Arc::default(),
+        access,
         cluster,
-        launches: launches::Launches::default(),
-        control: control::Control::default(),
-        launch_policy: config.launch.clone(),
-        draining,
-        stop: CancellationToken::new(),
-    });
+    }));
+    let (settle, acks) = mpsc::unbounded_channel();
+    let inbox = FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes);
+    let leader = Arc::new(Leader::new(cx, config, inbox, budget, settle, draining));
     let task = crate::tasks::spawn(run(leader.clone(), listener, acks));
     Ok(LeaderHandle { leader, task, lock })
 }
@@ -323,7 +243,7 @@ impl LeaderHandle {
     /// removes the control files and only then releases the lock, so there
     /// are never two pollers and never a socket without a lock holder.
     pub async fn stop(self) {
-        self.leader.stop.cancel();
+        self.leader.cx.stop.cancel();
         if let Err(e) = self.task.await {
             tracing::warn!("leader task ended abnormally: {e}");
         }
@@ -349,8 +269,9 @@ async fn run(
     listener: Listener,
     mut acks: mpsc::UnboundedReceiver<(String, i64)>,
 ) {
-    leader.start_cleanups();
-    let mut courier = crate::tasks::spawn(courier::run(leader.clone()));
+    let cx = leader.cx.clone();
+    leader.registrations.start_cleanups();
+    let mut courier = crate::tasks::spawn(courier::run(leader.courier.clone()));
     let (batches_tx, mut batches) = mpsc::channel(64);
     let mut poller = leader.start_poll(batches_tx);
     // A single machine's link never changes (its sender lives as long).
@@ -360,8 +281,8 @@ async fn run(
         reason: None,
         polled_by: None,
     });
-    let mut link = leader.cluster.as_ref().map_or(single, |node| node.link());
-    let mut health = leader.health.subscribe();
+    let mut link = cx.cluster.as_ref().map_or(single, |node| node.link());
+    let mut health = cx.health.subscribe();
     let mut conns = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
     let mut prune = tokio::time::interval(PRUNE_EVERY);
@@ -372,7 +293,7 @@ async fn run(
     let mut settled_since_prune = 0;
     loop {
         tokio::select! {
-            () = leader.stop.cancelled() => break,
+            () = cx.stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
                     conns.spawn(crate::tasks::boxed(conn::serve(leader.clone(), stream)));
@@ -383,7 +304,7 @@ async fn run(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            Some(batch) = batches.recv() => leader.route(batch),
+            Some(batch) = batches.recv() => leader.take(batch),
             Some(first) = acks.recv() => {
                 settled_since_prune += leader.settle_queued(first, &mut acks);
                 if settled_since_prune >= crate::store::KEEP_SETTLED {
@@ -392,33 +313,33 @@ async fn run(
                 }
             }
             Ok(()) = health.changed() => {
-                leader.registry.broadcast(&FromLeader::Health(leader.wire_health()));
+                cx.registry.broadcast(&FromLeader::Health(cx.wire_health()));
             }
             Ok(()) = link.changed() => {
                 if let Some(frame) = leader.wire_cluster() {
-                    leader.registry.broadcast(&frame);
+                    cx.registry.broadcast(&frame);
                 }
             }
             _ = sweep.tick() => {
-                leader.registry.sweep(silent_limit);
-                leader.expire_asks();
+                cx.registry.sweep(silent_limit);
+                leader.asks.expire();
             }
             _ = prune.tick() => leader.prune(),
-            _ = schedules.tick() => leader.fire_schedules(),
-            _ = keep_budget.tick() => leader.keep_budget(),
+            _ = schedules.tick() => leader.schedules.fire_due(),
+            _ = keep_budget.tick() => leader.budget.keep(&cx.outbox),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller (and a cluster's side) only returns on a store
                 // failure, or when stopping: without its journal the
                 // leader must not go on.
-                if !leader.stop.is_cancelled() {
+                if !cx.stop.is_cancelled() {
                     tracing::error!("the poller stopped: {polled:?}; stepping down");
                 }
                 break;
             }
         }
     }
-    leader.stop.cancel();
+    cx.stop.cancel();
     if !poller.is_finished() {
         let _ = poller.await;
     }
@@ -426,7 +347,7 @@ async fn run(
     // Calls on their way to Telegram may land; cut off, their messages
     // would be of unknown fate for the next leader.
     leader.courier.land().await;
-    leader.registry.close_all();
+    cx.registry.close_all();
     while conns.join_next().await.is_some() {}
     drop(listener);
     // Acknowledgements that came in before the connections closed.
@@ -434,25 +355,193 @@ async fn run(
     while let Ok(ack) = acks.try_recv() {
         rest.push(ack);
     }
-    leader.settle(&rest);
-    leader.keep_budget();
+    leader.router.settle(&rest);
+    leader.budget.keep(&cx.outbox);
 }
 
 impl Leader {
-    /// Finishes the deletions a predecessor left (`disconnect.rs`). The
-    /// cleanup lock is taken before the first accept, so no registration
-    /// provisions anything until they are done.
-    fn start_cleanups(self: &Arc<Self>) {
-        match self.cleanup.clone().try_lock_owned() {
-            Ok(guard) => {
-                let leader = self.clone();
-                crate::tasks::spawn(async move {
-                    disconnect::finish_cleanups(&leader).await;
-                    drop(guard);
-                });
-            }
-            Err(_) => tracing::error!("the cleanup lock is taken before the leader started"),
+    /// The flows, each handed the context and the flows it calls, in the
+    /// order they may call each other.
+    fn new(
+        cx: Arc<Context>,
+        config: &Config,
+        inbox: FileInbox,
+        budget: budget::Kept,
+        settle: mpsc::UnboundedSender<(String, i64)>,
+        draining: bool,
+    ) -> Self {
+        let asks = Arc::new(Asks::new(cx.clone()));
+        let courier = Arc::new(Courier::new(cx.clone(), asks.clone()));
+        let launches = Arc::new(Launches::new(cx.clone(), config.launch.clone()));
+        let router = Arc::new(Router::new(
+            cx.clone(),
+            asks.clone(),
+            launches.clone(),
+            settle,
+        ));
+        let schedules = Arc::new(Schedules::new(cx.clone(), router.clone(), launches.clone()));
+        let restart = Arc::new(Restart::new(cx.clone(), launches.clone()));
+        let control = Arc::new(ControlPlace::new(
+            cx.clone(),
+            launches.clone(),
+            schedules.clone(),
+        ));
+        let registrations = Arc::new(Registrations::new(
+            cx.clone(),
+            router.clone(),
+            launches.clone(),
+        ));
+        let files = Arc::new(Files::new(cx.clone(), inbox, config.files.clone()));
+        let topics = Arc::new(Topics::new(cx.clone(), asks.clone(), files.clone()));
+        Self {
+            cx,
+            asks,
+            courier,
+            launches,
+            router,
+            schedules,
+            restart,
+            control,
+            registrations,
+            files,
+            topics,
+            budget,
+            draining,
         }
+    }
+
+    /// The bus as this leader sees it (this machine).
+    fn status(&self) -> Result<BusStatus, BusError> {
+        self.status_view().here()
+    }
+
+    fn status_view(&self) -> Status<'_> {
+        Status {
+            cx: &self.cx,
+            launches: &self.launches,
+        }
+    }
+
+    /// The ack of request `R`, typed as the member reads it.
+    fn ack<R: Request>(&self, id: Option<u64>, result: Result<R::Reply, BusError>) -> FromLeader {
+        FromLeader::Ack(Ack::answer::<R>(id, self.cx.epoch, result))
+    }
+
+    /// What a batch brought: its journaled messages routed, its notices
+    /// said, and the updates no session takes answered. Never awaits.
+    fn take(&self, batch: Batch) {
+        self.router.route(batch.journaled);
+        for notice in batch.notices {
+            let place = crate::ids::Place {
+                chat_id: notice.chat_id,
+                thread_id: Some(notice.thread_id),
+            };
+            self.cx.speaker.later(place, notice.text);
+        }
+        for update in batch.others {
+            self.answer(update);
+        }
+    }
+
+    /// An update that is not for a session: pairing, a message outside any
+    /// session's topic, a tap. Never awaits.
+    fn answer(&self, update: Update) {
+        match update.kind {
+            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
+                self.answer_message(&message)
+            }
+            UpdateKind::CallbackQuery(query)
+                if query.data.as_deref().is_some_and(|d| d.starts_with("c:")) =>
+            {
+                self.control.tap(&query)
+            }
+            UpdateKind::CallbackQuery(query) => self.asks.tap(&query),
+            // A stop button in no session's topic, or pressed by someone
+            // who may not write: there is no turn of theirs to stop.
+            UpdateKind::GenerationStopped(_) | UpdateKind::Unknown { .. } => {}
+        }
+    }
+
+    /// A message no session takes: `/start <code>`, a command the leader
+    /// answers itself, or anything else (the session list).
+    fn answer_message(&self, message: &Message) {
+        let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
+            return;
+        };
+        let text = message.text.as_deref().unwrap_or_default().trim();
+        let private = message.chat.kind == ChatKind::Private;
+        let allowed = self.cx.access.is_allowed(user.id);
+        let mut greeting = "";
+        if private && let Some(code) = text.strip_prefix("/start") {
+            let code = code.trim();
+            // A user who may already drive sessions does not spend the
+            // code (someone else may be about to use it): they are told.
+            if !code.is_empty() && !allowed {
+                pairing::redeem(&self.cx, user.id, message.chat.id, code);
+                return;
+            }
+            if allowed {
+                greeting = "You are already paired with this bot.\n";
+            }
+        }
+        // Service messages (a topic made, a member joined) have neither.
+        if !allowed || (text.is_empty() && message.media().is_none()) {
+            return;
+        }
+        let mut prefix = greeting.to_string();
+        let owned = message.topic().is_some_and(|thread| {
+            self.cx
+                .store()
+                .binding_by_thread(message.chat.id, thread)
+                .ok()
+                .flatten()
+                .is_some()
+        });
+        if message.topic().is_some() && !owned {
+            prefix
+                .push_str("This topic belongs to no session, so your message reached no agent.\n");
+        }
+        // The session list names local paths: only where the relay lives,
+        // never in some other group an allowed user happens to be in.
+        if self.cx.is_ours(message) {
+            // The control place's commands, the commands about a session in
+            // its topic, and the session list for anything else.
+            self.control.message(message, prefix);
+        }
+    }
+
+    fn prune(&self) {
+        match self.cx.store().prune() {
+            Ok(pruned) => tracing::debug!(?pruned, "pruned the store"),
+            Err(e) => tracing::warn!("cannot prune the store: {e}"),
+        }
+        if let Err(e) = self.cx.store().prune_launches() {
+            tracing::warn!("cannot prune the launches: {e}");
+        }
+        // The inboxes of sessions whose binding is gone go too.
+        match self.cx.store().bindings() {
+            Ok(bindings) => {
+                let live = bindings.into_iter().map(|b| b.profile_key).collect();
+                let files = self.files.clone();
+                crate::tasks::spawn(async move { files.inbox.prune(live).await });
+            }
+            Err(e) => tracing::warn!("cannot read the bindings to prune the inboxes: {e}"),
+        }
+    }
+
+    /// This machine's cluster link as the bus wire states it, when it has one.
+    fn wire_cluster(&self) -> Option<FromLeader> {
+        let node = self.cx.cluster.as_ref()?;
+        Some(FromLeader::Cluster(node.link().borrow().clone()))
+    }
+
+    /// Whether this leader, leaving for good, hands its work to a drain:
+    /// messages wait that could go now. Other sessions on the bus may be
+    /// leaving at the same moment (two `claude -p` ending together), so
+    /// they are not counted on: when one of them leads next, the drain
+    /// finds the lock taken and nothing left to it, and ends.
+    fn wants_drain(&self) -> bool {
+        !self.draining && self.courier.sendable() > 0
     }
 
     /// One machine polls by itself; a machine of a cluster polls only while
@@ -462,12 +551,36 @@ impl Leader {
         self: &Arc<Self>,
         batches: mpsc::Sender<Batch>,
     ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
-        match self.cluster.clone() {
+        let cx = &self.cx;
+        match cx.cluster.clone() {
             None => {
-                let journal = self.local_journal(batches);
-                crate::tasks::spawn(self.poller(journal, self.stop.clone()).run())
+                let journal = LocalJournal {
+                    store: cx.shared_store(),
+                    triage: triage::Triage::new(cx.shared_store(), cx.access.clone()),
+                    batches,
+                };
+                let poller = Poller {
+                    api: cx.outbox.api().clone(),
+                    journal,
+                    health: cx.health.clone(),
+                    facts: cx.poll.clone(),
+                    stop: cx.stop.clone(),
+                };
+                crate::tasks::spawn(poller.run())
             }
-            Some(node) => crate::tasks::spawn(cluster::run(self.clone(), node, batches)),
+            Some(node) => {
+                let ground = Arc::new(Ground {
+                    node,
+                    store: cx.shared_store(),
+                    access: cx.access.clone(),
+                    chat_id: cx.chat_id,
+                    api: cx.outbox.api().clone(),
+                    health: cx.health.clone(),
+                    poll: cx.poll.clone(),
+                    stop: cx.stop.clone(),
+                });
+                crate::tasks::spawn(cluster::run(self.clone(), ground, batches))
+            }
         }
     }
 
@@ -484,7 +597,35 @@ impl Leader {
         {
             batch.push(ack);
         }
-        self.settle(&batch);
+        self.router.settle(&batch);
         batch.len()
+    }
+}
+
+/// What the other machines of a cluster ask of this one, answered by the
+/// flows.
+impl Machine for Leader {
+    async fn call(
+        &self,
+        call: BotCall,
+        priority: Priority,
+        deadline: Duration,
+    ) -> Result<Performed, Failure> {
+        self.cx
+            .outbox
+            .call_for_another_machine(call, priority, deadline)
+            .await
+    }
+
+    fn status(&self) -> Result<BusStatus, BusError> {
+        Leader::status(self)
+    }
+
+    fn restart(&self, plan: Restarting) {
+        self.restart.asked_by_another_machine(plan);
+    }
+
+    async fn launch(&self, op: RemoteOp) -> RemoteDone {
+        self.launches.run_here(op).await
     }
 }

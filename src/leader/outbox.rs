@@ -46,7 +46,6 @@ use crate::render;
 use crate::telegram::call::{
     AnswerCallbackQuery, ChatAction, CreateForumTopic, InTopic, SendChatAction,
 };
-use crate::telegram::types::{LinkPreviewOptions, SendMessage};
 use crate::telegram::{
     BotApi, BotCall, BotInfo, BotReply, ChatBudget, DownloadError, Priority, RateLimiter, SendFile,
     SetupError, TelegramError, UploadSource,
@@ -269,21 +268,6 @@ impl Outbox {
                 Recovery::Plain | Recovery::Reopen(_) => return Err(decide(&error)),
             }
         }
-    }
-
-    /// Plain text into a topic, or outside topics when `thread` is None:
-    /// the leader's own notices.
-    pub async fn say(&self, chat: i64, thread: Option<i64>, text: &str) -> Result<(), Failure> {
-        let call = BotCall::SendMessage(SendMessage {
-            chat_id: chat,
-            message_thread_id: thread,
-            text: text.to_string(),
-            parse_mode: None,
-            reply_markup: None,
-            reply_parameters: None,
-            link_preview_options: Some(LinkPreviewOptions::default()),
-        });
-        self.call(call, Pace::high()).await.map(drop)
     }
 
     /// Ends a tap's spinner, with `text` as a toast. Not paced per chat: an

@@ -20,10 +20,15 @@
 
 use std::sync::Arc;
 
-use super::cluster::SlotClaim;
+use super::cluster::claims::{Claims, SlotClaim, topic_name};
+use super::context::Context;
+use super::failure::store_error;
 use super::failure::{Failure, FailureKind};
+use super::launches::Launches;
+use super::now_ms;
 use super::registry::{ConnId, Conns, Registration};
-use super::{Leader, now_ms, store_error};
+use super::router::Router;
+use super::speaker::Say;
 use crate::protocol::bus::*;
 use crate::store::{Binding, BindingStatus};
 use crate::telegram::TOPICS_SWITCH;
@@ -32,9 +37,22 @@ use crate::topics;
 /// The most routes one instance may claim in a reconcile.
 const MAX_ROUTES: usize = Slot::ALL;
 
+/// Sessions joining the bus, and leaving it for good (`disconnect.rs`).
+pub(super) struct Registrations {
+    pub(super) cx: Arc<Context>,
+    /// What a reclaimed slot's old holder left is given up; a disconnected
+    /// session's too.
+    pub(super) router: Arc<Router>,
+    /// A launched session's first prompt, and who waits for it.
+    launches: Arc<Launches>,
+    /// Held while the cleanup intents a predecessor left are worked off:
+    /// nothing is provisioned before.
+    pub(super) cleanup: Arc<tokio::sync::Mutex<()>>,
+}
+
 /// One registration on its way through its steps.
 struct Registering<'a> {
-    leader: &'a Arc<Leader>,
+    leader: &'a Registrations,
     conn: ConnId,
     req: &'a Register,
     /// Every stored binding, read once when the registration began.
@@ -69,9 +87,32 @@ enum Provisioned {
     CreateUnknown(Failure),
 }
 
-impl Leader {
+impl Registrations {
+    pub fn new(cx: Arc<Context>, router: Arc<Router>, launches: Arc<Launches>) -> Self {
+        Self {
+            cx,
+            router,
+            launches,
+            cleanup: Arc::default(),
+        }
+    }
+
+    /// This machine's claims across machines (none without a cluster).
+    pub(super) fn claims(&self) -> Claims<'_> {
+        Claims {
+            node: self.cx.cluster.as_deref(),
+            chat: self.cx.chat_id.or_else(|| self.cx.access.owner()),
+        }
+    }
+
+    /// The topic name of `slot`, with this machine's name when the relay
+    /// spans machines.
+    fn topic_name(&self, slot: Slot, session_name: &str) -> String {
+        topic_name(self.cx.cluster.as_deref(), slot, session_name)
+    }
+
     /// Registers a session (see the module docs).
-    pub(super) async fn register(
+    pub async fn register(
         self: &Arc<Self>,
         conn: ConnId,
         req: Register,
@@ -85,12 +126,16 @@ impl Leader {
                 ),
             ));
         }
-        self.registry
+        self.cx
+            .registry
             .vouch(&req.instance_id, &req.instance_secret)?;
-        let lock = self.registry.profile_lock(&req.profile_key);
+        let lock = self.cx.registry.profile_lock(&req.profile_key);
         let _serialized = lock.lock().await;
-        let launch_note = req.launch.as_deref().and_then(|id| self.launch_note(id));
-        let stored = self.store().bindings().map_err(store_error)?;
+        let launch_note = req
+            .launch
+            .as_deref()
+            .and_then(|id| self.launches.launch_note(id));
+        let stored = self.cx.store().bindings().map_err(store_error)?;
         let registering = Registering {
             leader: self,
             conn,
@@ -102,7 +147,8 @@ impl Leader {
         match &result {
             Ok(registered) => {
                 if let Some(launch) = &req.launch {
-                    self.launched_registered(launch, &registered.route, 0);
+                    self.launches
+                        .launched_registered(launch, &registered.route, 0);
                 }
                 if let Some(left) = req
                     .left
@@ -124,23 +170,12 @@ impl Leader {
 
     /// Gives back what the claim step reserved for this registration.
     fn unclaim(&self, conn: ConnId, generation: Generation) {
-        if let Some(c) = self.registry.lock().map.get_mut(&conn)
+        if let Some(c) = self.cx.registry.lock().map.get_mut(&conn)
             && c.session
                 .as_ref()
                 .is_some_and(|s| s.generation == generation)
         {
             c.session = None;
-        }
-    }
-
-    /// Remembers that a session's topic is gone, so the next registration
-    /// provisions a new one instead of trusting it.
-    pub(super) fn mark_stale(&self, profile_key: &str) {
-        if let Err(e) = self
-            .store()
-            .set_binding_status(profile_key, BindingStatus::Stale)
-        {
-            tracing::warn!("cannot mark the binding stale: {e}");
         }
     }
 }
@@ -158,7 +193,10 @@ impl Registering<'_> {
             _ => self.provision(&claim, binding).await?,
         };
         if let Provisioned::Topic { target, .. } = &provisioned {
-            self.leader.claim_topic(*target, &claim.profile_key).await;
+            self.leader
+                .claims()
+                .claim_topic(*target, &claim.profile_key)
+                .await;
         }
         self.finish(claim, provisioned)
     }
@@ -172,10 +210,11 @@ impl Registering<'_> {
     /// machines; a slot another machine took meanwhile is never picked
     /// again (at most 26 rounds, then `noFreeSlot`).
     async fn claim(&self) -> Result<Claim, BusError> {
-        let mut foreign = self.leader.foreign_slots().await;
+        let claims = self.leader.claims();
+        let mut foreign = claims.foreign_slots().await;
         loop {
             let mut claim = self.reserve(&foreign)?;
-            match self.leader.claim_slot(claim.slot, &claim.profile_key).await {
+            match claims.claim_slot(claim.slot, &claim.profile_key).await {
                 SlotClaim::Held => return Ok(claim),
                 SlotClaim::Taken => {
                     self.leader
@@ -194,7 +233,7 @@ impl Registering<'_> {
     /// slots other machines hold: never picked.
     fn reserve(&self, foreign: &[Slot]) -> Result<Claim, BusError> {
         let req = self.req;
-        let mut conns = self.leader.registry.lock();
+        let mut conns = self.leader.cx.registry.lock();
         if !conns.map.contains_key(&self.conn) {
             return Err(BusError::new(
                 BusErrorCode::Unavailable,
@@ -310,13 +349,13 @@ impl Registering<'_> {
             binding.is_some_and(|b| b.status == BindingStatus::Stale && b.target() == Some(*t))
         };
         if let Some(target) = claim.hint.filter(|t| t.chat_id == chat && !known_gone(t))
-            && self.leader.topic_is_ours(target).await
+            && self.leader.claims().topic_is_ours(target).await
             && let Some(kept) = self.keep(claim, binding, target, chat).await?
         {
             return Ok(kept);
         }
         let name = self.leader.topic_name(claim.slot, &self.req.session_name);
-        match self.leader.outbox.create_topic(chat, &name).await {
+        match self.leader.cx.outbox.create_topic(chat, &name).await {
             Ok(target) => Ok(Provisioned::Topic {
                 target,
                 created: true,
@@ -350,10 +389,10 @@ impl Registering<'_> {
         let leader = self.leader;
         // Its host switched back to it (`/resume`): open it again.
         if binding.is_some_and(|b| b.closed && b.target() == Some(target)) {
-            return match leader.outbox.reopen_topic(target).await {
+            return match leader.cx.outbox.reopen_topic(target).await {
                 Ok(()) => Ok(Some(kept)),
                 Err(e) if e.kind == FailureKind::TopicGone => {
-                    leader.mark_stale(&claim.profile_key);
+                    leader.cx.mark_stale(&claim.profile_key);
                     Ok(None)
                 }
                 Err(e) => match blocked(&e, chat) {
@@ -374,14 +413,14 @@ impl Registering<'_> {
         if same_process && binding.is_some_and(|b| b.status == BindingStatus::Active) {
             return Ok(Some(kept));
         }
-        match leader.outbox.probe(target).await {
+        match leader.cx.outbox.probe(target).await {
             Ok(true) => Ok(Some(kept)),
             Ok(false) => {
                 tracing::info!(
                     thread = target.thread_id,
                     "stored topic is gone; creating a new one"
                 );
-                leader.mark_stale(&claim.profile_key);
+                leader.cx.mark_stale(&claim.profile_key);
                 Ok(None)
             }
             Err(e) => match blocked(&e, chat) {
@@ -432,6 +471,7 @@ impl Registering<'_> {
         leader.bind(&record, claim.reclaimed_from.as_ref())?;
         // Deliveries start once the session has its answer (`go_live`).
         leader
+            .cx
             .registry
             .lock()
             .session_mut(self.conn, req.registration_generation)
@@ -444,7 +484,9 @@ impl Registering<'_> {
             .route = route.clone();
         if let Some(holder) = &claim.reclaimed_from {
             // Its slot is this session's now; its topic nobody's.
-            leader.release_claims(&holder.profile_key, None, holder.target());
+            leader
+                .claims()
+                .release(&holder.profile_key, None, holder.target());
         }
         leader.router.back(&claim.profile_key);
         if let Some(target) = outcome.target
@@ -460,10 +502,10 @@ impl Registering<'_> {
         }
         tracing::info!(slot = %claim.slot, profile = %claim.profile_key, "session registered");
         Ok(Registered {
-            epoch: leader.epoch,
+            epoch: leader.cx.epoch,
             route,
             problem: outcome.problem,
-            needs_pairing: leader.access.needs_pairing(),
+            needs_pairing: leader.cx.access.needs_pairing(),
             blocker: outcome.blocker,
         })
     }
@@ -514,19 +556,19 @@ impl Outcome {
     }
 }
 
-impl Leader {
+impl Registrations {
     /// The chat that holds the topics: the configured one, else the private
     /// chat with the paired user when the bot has topics enabled there.
     /// The error is what to provision instead: blocked, or without a topic
     /// for now.
     async fn topic_chat(&self) -> Result<i64, Provisioned> {
-        if let Some(chat) = self.chat_id {
+        if let Some(chat) = self.cx.chat_id {
             return Ok(chat);
         }
-        let Some(user) = self.access.owner() else {
+        let Some(user) = self.cx.access.owner() else {
             return Err(Provisioned::Without("no chat configured and nobody paired: set chat_id or run /telegram-connect to pair".into()));
         };
-        match self.outbox.bot().await {
+        match self.cx.outbox.bot().await {
             Ok(bot) if bot.has_topics_enabled => Ok(user),
             Ok(_) => Err(Provisioned::Blocked(
                 Blocker::NotAForum,
@@ -542,14 +584,10 @@ impl Leader {
 
     /// Writes a session's binding; a binding whose slot it takes over is
     /// removed, and the messages that waited for it are given up.
-    fn bind(
-        self: &Arc<Self>,
-        record: &Binding,
-        reclaimed: Option<&Binding>,
-    ) -> Result<(), BusError> {
+    fn bind(&self, record: &Binding, reclaimed: Option<&Binding>) -> Result<(), BusError> {
         let mut orphaned = None;
         {
-            let mut store = self.store();
+            let mut store = self.cx.store();
             if let Some(holder) = reclaimed {
                 tracing::info!(slot = %record.slot, holder = %holder.profile_key, "reclaiming a slot from a session that is away");
                 let left_behind = store
@@ -567,7 +605,7 @@ impl Leader {
         }
         if let Some((left_behind, had_topic)) = orphaned {
             // Its messages have nobody to go to any more.
-            self.give_up(
+            self.router.give_up(
                 left_behind.into_iter().map(|e| e.update).collect(),
                 &format!(
                     "its session was away so long that its slot went to {}",
@@ -586,7 +624,7 @@ impl Leader {
     /// else has taken the session up.
     async fn close_left(&self, left: &Route, instance: &str, now: &str) {
         let Some(target) = left.target else { return };
-        let binding = match self.store().binding(&left.profile_key) {
+        let binding = match self.cx.store().binding(&left.profile_key) {
             Ok(Some(b)) => b,
             Ok(None) => return,
             Err(e) => {
@@ -598,22 +636,25 @@ impl Leader {
             && binding.target() == Some(target)
             && binding.status == BindingStatus::Active
             && !binding.closed;
-        if !ours || self.registry.lock().owner_of(&left.profile_key).is_some() {
+        if !ours
+            || self
+                .cx
+                .registry
+                .lock()
+                .owner_of(&left.profile_key)
+                .is_some()
+        {
             return;
         }
         let text = format!(
             "⏸ Switched to another session: {now}. This topic is closed until this session is resumed; what you write here waits for it."
         );
-        if let Err(e) = self
-            .outbox
-            .say(target.chat_id, Some(target.thread_id), &text)
-            .await
-        {
+        if let Err(e) = self.cx.speaker.now(target.into(), Say::plain(text)).await {
             tracing::warn!("cannot say where the session went: {e}");
         }
-        match self.outbox.close_topic(target).await {
+        match self.cx.outbox.close_topic(target).await {
             Ok(()) => {
-                if let Err(e) = self.store().set_topic_closed(&left.profile_key, true) {
+                if let Err(e) = self.cx.store().set_topic_closed(&left.profile_key, true) {
                     tracing::warn!("cannot remember the topic is closed: {e}");
                 }
                 tracing::info!(profile = %left.profile_key, "closed the topic of a session its host left");
@@ -624,14 +665,14 @@ impl Leader {
 
     /// Posts the "connected" notice in a topic that was just bound.
     fn announce(
-        self: &Arc<Self>,
+        &self,
         target: Target,
         profile_key: &str,
         topic_name: &str,
         cwd: &str,
         launch_note: Option<&str>,
     ) {
-        let leader = self.clone();
+        let cx = self.cx.clone();
         let profile_key = profile_key.to_string();
         let mut text = format!("🟢 {topic_name} connected\n{cwd}");
         if let Some(note) = launch_note {
@@ -639,13 +680,9 @@ impl Leader {
             text.push_str(note);
         }
         crate::tasks::spawn(async move {
-            match leader
-                .outbox
-                .say(target.chat_id, Some(target.thread_id), &text)
-                .await
-            {
-                Ok(()) => {
-                    let mut store = leader.store();
+            match cx.speaker.now(target.into(), Say::plain(text)).await {
+                Ok(_) => {
+                    let mut store = cx.store();
                     let marked = store.binding(&profile_key).and_then(|b| match b {
                         Some(mut b) if b.target() == Some(target) => {
                             b.announced = true;
@@ -665,7 +702,7 @@ impl Leader {
     /// Replaces what the leader holds for this instance with its route
     /// snapshot: each route is accepted when it is exactly the session's
     /// current registration, and rejected with the reason otherwise.
-    pub(super) fn reconcile(&self, conn: ConnId, req: &Reconcile) -> Result<Reconciled, BusError> {
+    pub fn reconcile(&self, conn: ConnId, req: &Reconcile) -> Result<Reconciled, BusError> {
         if req.routes.len() > MAX_ROUTES {
             return Err(BusError::new(
                 BusErrorCode::BadFrame,
@@ -675,16 +712,16 @@ impl Leader {
                 ),
             ));
         }
-        if req.observed_epoch > self.epoch {
+        if req.observed_epoch > self.cx.epoch {
             return Err(BusError::new(
                 BusErrorCode::Unavailable,
                 format!(
                     "this leader's epoch {} is older than the observed {}",
-                    self.epoch, req.observed_epoch
+                    self.cx.epoch, req.observed_epoch
                 ),
             ));
         }
-        let mut conns = self.registry.lock();
+        let mut conns = self.cx.registry.lock();
         let session = conns.session_mut(conn, req.generation)?;
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
@@ -709,7 +746,7 @@ impl Leader {
         }
         session.reconciled = accepted.contains(&session.route.profile_key);
         Ok(Reconciled {
-            epoch: self.epoch,
+            epoch: self.cx.epoch,
             accepted,
             rejected,
         })

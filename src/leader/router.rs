@@ -1,28 +1,26 @@
-//! Inbound routing: journaled messages to the session that owns their
-//! topic, acknowledgements back into the journal, messages that can never
-//! be delivered given up with a word to whoever wrote them, and everything
-//! else handed to whoever answers it (taps and replies to the asks,
-//! pairing to access, people outside any session a session list).
+//! Inbound routing ([`Router`]): journaled messages to the session that
+//! owns their topic (a reply that answers an open question to the
+//! question), acknowledgements back into the journal, and messages that
+//! can never be delivered given up with a word to whoever wrote them.
 //!
 //! Nothing here awaits Telegram on the routing path: deliveries are frames
-//! queued to connections, and every answer the leader writes itself goes
-//! through [`Replies`], a small bounded queue served off the path, so a
-//! stranger's flood can never delay anybody else's messages.
+//! queued to connections, and whatever the leader says meanwhile goes to
+//! the outbox of record off the path (`Speaker::later`), so a flood can
+//! never delay anybody else's messages.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::mpsc;
 
-use super::Leader;
-use super::batch::Batch;
+use super::asks::Asks;
+use super::context::Context;
+use super::launches::Launches;
 use super::registry::{ConnId, Conns};
-use super::replies::Replies;
 use super::triage::{Entry, JournaledFile};
 use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::store::NewUpdate;
-use crate::telegram::{ChatKind, Message, Update, UpdateKind};
 
 /// What the topic is told when its session is away.
 const AWAY_NOTICE: &str =
@@ -40,20 +38,31 @@ pub(super) const MAX_ATTEMPTS: u32 = 10;
 const QUOTE: usize = 60;
 
 pub(super) struct Router {
+    cx: Arc<Context>,
+    /// A reply may answer an open question instead of reaching the agent.
+    asks: Arc<Asks>,
+    /// A launched session that is not running is started again for a message.
+    launches: Arc<Launches>,
     /// Profiles whose topic was told that the session is away, so it is told
     /// only once per absence.
     told_away: Mutex<HashSet<String>>,
-    /// Delivery acknowledgements waiting to be written (`Leader::settle`).
+    /// Delivery acknowledgements waiting to be written ([`Router::settle`]).
     settle: mpsc::UnboundedSender<(String, i64)>,
-    pub replies: Replies,
 }
 
 impl Router {
-    pub fn new(settle: mpsc::UnboundedSender<(String, i64)>) -> Self {
+    pub fn new(
+        cx: Arc<Context>,
+        asks: Arc<Asks>,
+        launches: Arc<Launches>,
+        settle: mpsc::UnboundedSender<(String, i64)>,
+    ) -> Self {
         Self {
+            cx,
+            asks,
+            launches,
             told_away: Mutex::default(),
             settle,
-            replies: Replies::default(),
         }
     }
 
@@ -93,29 +102,28 @@ impl Router {
     }
 
     /// A follower handed a delivery to its host: queue it to be settled in
-    /// the journal. Acks are written in batches (`Leader::settle`): one
+    /// the journal. Acks are written in batches ([`Router::settle`]): one
     /// fsync per batch instead of per message. An ack lost with a crashing
     /// leader only means the message comes again, and the session drops
     /// the repeat.
     pub fn delivered(&self, profile_key: String, delivery_id: u64) {
         let _ = self.settle.send((profile_key, delivery_id as i64));
     }
-}
 
-impl Leader {
-    /// Routes one journaled batch. The journal already holds it durably, so
-    /// a failure here only delays delivery until the owner registers again.
-    pub(super) fn route(self: &Arc<Self>, batch: Batch) {
+    /// Routes what a batch journaled. The journal already holds it durably,
+    /// so a failure here only delays delivery until the owner registers
+    /// again.
+    pub fn route(&self, journaled: Vec<Entry>) {
         let mut sent = Vec::new();
         let mut away = Vec::new();
         let mut answers = Vec::new();
         {
-            let conns = self.registry.lock();
+            let conns = self.cx.registry.lock();
             let mut by_owner: Vec<(String, Vec<Entry>)> = Vec::new();
-            for entry in batch.journaled {
+            for entry in journaled {
                 // A reply that answers an open question is the question's,
                 // not a prompt.
-                if self.answers_ask(&entry) {
+                if self.asks.answers(&entry) {
                     let update = &entry.update;
                     answers.extend(update.owner.clone().map(|o| (o, update.update_id)));
                     continue;
@@ -130,25 +138,17 @@ impl Leader {
             }
             for (owner, updates) in by_owner {
                 match conns.owner_of(&owner).filter(|(_, s)| s.ready) {
-                    Some((conn, _)) => sent.extend(self.router.push(&conns, conn, &updates)),
+                    Some((conn, _)) => sent.extend(self.push(&conns, conn, &updates)),
                     None => away.extend(updates),
                 }
             }
         }
-        if let Err(e) = self.store().record_attempts(&sent) {
+        if let Err(e) = self.cx.store().record_attempts(&sent) {
             tracing::warn!("cannot count delivery attempts: {e}");
         }
         self.settle(&answers);
         for entry in away {
             self.tell_away(entry.update);
-        }
-        for notice in batch.notices {
-            self.router
-                .replies
-                .say(self, notice.chat_id, Some(notice.thread_id), notice.text);
-        }
-        for update in batch.others {
-            self.answer_directly(update);
         }
     }
 
@@ -157,14 +157,14 @@ impl Leader {
     /// Both happen under the registry lock, so an update arriving meanwhile
     /// can come twice (the session drops the repeat) but never ahead of
     /// older ones.
-    pub(super) fn go_live(self: &Arc<Self>, conn: ConnId, generation: Generation) {
+    pub fn go_live(&self, conn: ConnId, generation: Generation) {
         let queued = {
-            let mut conns = self.registry.lock();
+            let mut conns = self.cx.registry.lock();
             let Ok(session) = conns.session(conn, generation) else {
                 return;
             };
             let profile = session.route.profile_key.clone();
-            let pending = match self.store().pending_for(&profile) {
+            let pending = match self.cx.store().pending_for(&profile) {
                 Ok(pending) => pending,
                 Err(e) => {
                     tracing::error!("cannot read the journal: {e}");
@@ -183,7 +183,7 @@ impl Leader {
                 .into_iter()
                 .map(|e| Entry::stored(e.update))
                 .collect();
-            let queued = self.router.push(&conns, conn, &entries);
+            let queued = self.push(&conns, conn, &entries);
             if queued.len() < entries.len() {
                 return;
             }
@@ -192,19 +192,18 @@ impl Leader {
             }
             queued
         };
-        if let Err(e) = self.store().record_attempts(&queued) {
+        if let Err(e) = self.cx.store().record_attempts(&queued) {
             tracing::warn!("cannot count delivery attempts: {e}");
         }
     }
 
     /// A message for a session that is away waits in the journal; its topic
     /// is told once per absence.
-    fn tell_away(self: &Arc<Self>, update: NewUpdate) {
+    fn tell_away(&self, update: NewUpdate) {
         let Some(owner) = update.owner.clone() else {
             return;
         };
         let first = self
-            .router
             .told_away
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -212,16 +211,16 @@ impl Leader {
         if first {
             // A launched session that does not run is started again for
             // the message, which waits in the journal meanwhile.
-            if self.resume_for_message(&owner, update.user_id) {
-                self.router.replies.say(
-                    self,
-                    update.chat_id,
-                    update.thread_id,
-                    RESUMING_NOTICE.into(),
-                );
+            let topic = Place {
+                chat_id: update.chat_id,
+                thread_id: update.thread_id,
+            };
+            if self.launches.resume_for_message(&owner, update.user_id) {
+                self.cx.speaker.later(topic, RESUMING_NOTICE.into());
                 return;
             }
             let switched = self
+                .cx
                 .store()
                 .binding(&owner)
                 .ok()
@@ -232,9 +231,7 @@ impl Leader {
             } else {
                 AWAY_NOTICE
             };
-            self.router
-                .replies
-                .say(self, update.chat_id, update.thread_id, notice.into());
+            self.cx.speaker.later(topic, notice.into());
         }
     }
 
@@ -242,20 +239,18 @@ impl Leader {
     /// with `why`, and whoever wrote them is told, in their topic
     /// (`in_topic`) or, when that is gone, in the chat outside the topics.
     /// Nothing the user wrote disappears without a word.
-    pub(super) fn give_up(self: &Arc<Self>, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
+    pub fn give_up(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
         for (place, text) in self.drop_entries(entries, why, in_topic) {
-            self.router
-                .replies
-                .say(self, place.chat_id, place.thread_id, text);
+            self.cx.speaker.later(place, text);
         }
     }
 
-    /// [`Leader::give_up`], the notices handed to the outbox before it
+    /// [`Router::give_up`], the notices handed to the outbox before it
     /// returns: for a flow after which this leader may step down (a
     /// disconnect of its own session).
-    pub(super) async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
+    pub async fn give_up_now(&self, entries: Vec<NewUpdate>, why: &str, in_topic: bool) {
         for (place, text) in self.drop_entries(entries, why, in_topic) {
-            if let Err(e) = self.say_later(place.chat_id, place.thread_id, text).await {
+            if let Err(e) = self.cx.speaker.post(place, text).await {
                 let chat = place.chat_id;
                 tracing::warn!(chat, "cannot tell that messages were given up: {e}");
             }
@@ -272,7 +267,7 @@ impl Leader {
     ) -> Vec<(Place, String)> {
         let mut places: Vec<(Place, Vec<NewUpdate>)> = Vec::new();
         for entry in entries {
-            if let Err(e) = self.store().mark_dropped(entry.update_id, why) {
+            if let Err(e) = self.cx.store().mark_dropped(entry.update_id, why) {
                 tracing::error!("cannot drop update {}: {e}", entry.update_id);
                 continue;
             }
@@ -301,75 +296,10 @@ impl Leader {
             .collect()
     }
 
-    /// Updates that are not for a session: pairing, messages outside any
-    /// session's topic, taps nobody can take. Never awaits.
-    fn answer_directly(self: &Arc<Self>, update: Update) {
-        match update.kind {
-            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
-                self.answer_message(&message)
-            }
-            UpdateKind::CallbackQuery(query)
-                if query.data.as_deref().is_some_and(|d| d.starts_with("c:")) =>
-            {
-                self.control_tap(&query)
-            }
-            UpdateKind::CallbackQuery(query) => self.tap(&query),
-            // A stop button in no session's topic, or pressed by someone
-            // who may not write: there is no turn of theirs to stop.
-            UpdateKind::GenerationStopped(_) | UpdateKind::Unknown { .. } => {}
-        }
-    }
-
-    fn answer_message(self: &Arc<Self>, message: &Message) {
-        let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
-            return;
-        };
-        let text = message.text.as_deref().unwrap_or_default().trim();
-        let private = message.chat.kind == ChatKind::Private;
-        let allowed = self.access.is_allowed(user.id);
-        let mut greeting = "";
-        if private && let Some(code) = text.strip_prefix("/start") {
-            let code = code.trim();
-            // A user who may already drive sessions does not spend the
-            // code (someone else may be about to use it): they are told.
-            if !code.is_empty() && !allowed {
-                self.pair_user(user.id, message.chat.id, code);
-                return;
-            }
-            if allowed {
-                greeting = "You are already paired with this bot.\n";
-            }
-        }
-        // Service messages (a topic made, a member joined) have neither.
-        if !allowed || (text.is_empty() && message.media().is_none()) {
-            return;
-        }
-        // The session list names local paths: only where the relay lives,
-        // never in some other group an allowed user happens to be in.
-        let ours = private || Some(message.chat.id) == self.chat_id;
-        let mut prefix = greeting.to_string();
-        let owned = message.topic().is_some_and(|thread| {
-            self.store()
-                .binding_by_thread(message.chat.id, thread)
-                .ok()
-                .flatten()
-                .is_some()
-        });
-        if message.topic().is_some() && !owned {
-            prefix
-                .push_str("This topic belongs to no session, so your message reached no agent.\n");
-        }
-        if ours {
-            // The control place's commands, the commands about a session in
-            // its topic, and the session list for anything else.
-            self.control_message(message, prefix);
-        }
-    }
-
     /// Writes a batch of acknowledgements: pending → delivered, each only for
     /// the session that owns the entry.
-    pub(super) fn settle(&self, acks: &[(String, i64)]) {
-        match self.store().mark_delivered(acks) {
+    pub fn settle(&self, acks: &[(String, i64)]) {
+        match self.cx.store().mark_delivered(acks) {
             Ok(changed) if changed < acks.len() => tracing::debug!(
                 acks = acks.len(),
                 changed,

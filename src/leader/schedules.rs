@@ -21,12 +21,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Local, NaiveDate, NaiveTime, TimeZone};
 
-use super::batch::Batch;
 use super::command::{new_args, next_word};
+use super::context::Context;
 use super::failure::Failure;
-use super::launches::new_launch_id;
+use super::launches::{Launches, new_launch_id};
+use super::now_ms;
+use super::router::Router;
+use super::speaker::Say;
 use super::triage::Entry;
-use super::{Leader, now_ms};
 use crate::ids::Place;
 use crate::protocol::bus::{Button, Keyboard};
 use crate::protocol::launch::LaunchSpec;
@@ -179,49 +181,81 @@ fn rhythm(schedule: &Schedule) -> String {
     }
 }
 
-impl Leader {
-    /// `/every` or `/at` (`once`): in a session's topic for that session,
-    /// in the control place with a folder to start one in.
-    pub(super) async fn schedule_command(
-        self: &Arc<Self>,
-        place: Place,
-        user: i64,
-        owner: Option<&str>,
-        rest: &str,
-        once: bool,
-    ) -> Result<(), Failure> {
-        let text = match self.add_schedule(place, user, owner, rest, once) {
-            Ok(text) => text,
-            Err(why) => format!("⚠️ {}", escape(&why)),
-        };
-        self.post_now(place, text, None).await.map(drop)
+/// Scheduled prompts: made, listed, cancelled and fired (see the module
+/// docs).
+pub(super) struct Schedules {
+    cx: Arc<Context>,
+    /// A firing is routed like a message the person wrote…
+    router: Arc<Router>,
+    /// …and starts the session it is for when that is not running.
+    launches: Arc<Launches>,
+}
+
+impl Schedules {
+    pub fn new(cx: Arc<Context>, router: Arc<Router>, launches: Arc<Launches>) -> Self {
+        Self {
+            cx,
+            router,
+            launches,
+        }
     }
 
-    /// `/every` and `/at`: the command's text to a stored schedule, and its
-    /// confirmation. Long because it is the one path from the text to the
-    /// store: each refusal names what to change, in the order a person reads
-    /// the command, and nothing is recorded before all of them passed.
-    fn add_schedule(
+    /// `/every <interval or cron> …`: in a session's topic for that
+    /// session, in the control place with a folder to start one in.
+    pub async fn every(
         &self,
         place: Place,
         user: i64,
         owner: Option<&str>,
         rest: &str,
-        once: bool,
-    ) -> Result<String, String> {
-        let now = Local::now();
-        let (when, rest) = if once {
-            let (at, rest) = parse_at(rest, now)?;
-            (When::At(at), rest)
-        } else {
-            parse_every(rest)?
+    ) -> Result<(), Failure> {
+        let added =
+            parse_every(rest).and_then(|(when, rest)| self.add(place, user, owner, when, rest));
+        self.confirm(place, added).await
+    }
+
+    /// `/at <time> …`, as [`Schedules::every`].
+    pub async fn at(
+        &self,
+        place: Place,
+        user: i64,
+        owner: Option<&str>,
+        rest: &str,
+    ) -> Result<(), Failure> {
+        let added = parse_at(rest, Local::now())
+            .and_then(|(at, rest)| self.add(place, user, owner, When::At(at), rest));
+        self.confirm(place, added).await
+    }
+
+    /// Says how a schedule command went.
+    async fn confirm(&self, place: Place, added: Result<String, String>) -> Result<(), Failure> {
+        let text = match added {
+            Ok(text) => text,
+            Err(why) => format!("⚠️ {}", escape(&why)),
         };
+        self.cx.speaker.now(place, Say::html(text)).await.map(drop)
+    }
+
+    /// `/every` and `/at`: the command read, to a stored schedule, and its
+    /// confirmation. Each refusal names what to change, in the order a
+    /// person reads the command, and nothing is recorded before all of them
+    /// passed.
+    fn add(
+        &self,
+        place: Place,
+        user: i64,
+        owner: Option<&str>,
+        when: When,
+        rest: &str,
+    ) -> Result<String, String> {
+        let once = matches!(when, When::At(_));
         // Before anything is recorded: a schedule that cannot fire makes
         // no launch.
-        let next_ms = first_at(&when, now)?;
+        let next_ms = first_at(&when, Local::now())?;
         let (profile_key, launch_id, prompt, what) = match owner {
             Some(owner) => {
                 let launch = self
+                    .cx
                     .store()
                     .launch_by_profile(owner)
                     .map_err(|e| e.to_string())?;
@@ -243,6 +277,7 @@ impl Leader {
             When::At(_) => (None, None),
         };
         let added = self
+            .cx
             .store()
             .add_schedule(&NewSchedule {
                 profile_key,
@@ -280,7 +315,8 @@ impl Leader {
         user: i64,
         rest: &str,
     ) -> Result<(Option<String>, Option<String>, String, String), String> {
-        let engines: Vec<String> = self.launch_policy.commands.keys().cloned().collect();
+        let policy = self.launches.policy();
+        let engines: Vec<String> = policy.commands.keys().cloned().collect();
         let args = new_args(rest, &engines);
         let folder = args
             .folder
@@ -290,16 +326,14 @@ impl Leader {
                 "a schedule on another machine is made in its session's topic there".into(),
             );
         }
-        if self.launch_policy.roots.is_empty() {
+        if policy.roots.is_empty() {
             return Err("starting agents from the phone is off on this machine: set [launch] roots in config.toml".into());
         }
         let prompt = args.prompt.unwrap_or_default();
         if prompt.trim().is_empty() {
             return Err("a scheduled prompt needs its text".into());
         }
-        let engine = args
-            .engine
-            .unwrap_or_else(|| self.launch_policy.default_engine.clone());
+        let engine = args.engine.unwrap_or_else(|| policy.default_engine.clone());
         let launch = Launch {
             id: new_launch_id(),
             engine: engine.clone(),
@@ -314,7 +348,8 @@ impl Leader {
             created_ms: 0,
             updated_ms: 0,
         };
-        self.store()
+        self.cx
+            .store()
             .insert_launch(&launch)
             .map_err(|e| e.to_string())?;
         Ok((
@@ -327,12 +362,8 @@ impl Leader {
 
     /// `/schedules`: the schedules of this topic's session, or all of this
     /// machine's in the control place, each with a cancel button.
-    pub(super) async fn schedules_message(
-        &self,
-        place: Place,
-        owner: Option<&str>,
-    ) -> Result<(), Failure> {
-        let stored = self.store().schedules();
+    pub async fn list(&self, place: Place, owner: Option<&str>) -> Result<(), Failure> {
+        let stored = self.cx.store().schedules();
         let schedules: Vec<Schedule> = match stored {
             Ok(all) => all
                 .into_iter()
@@ -340,25 +371,31 @@ impl Leader {
                 .collect(),
             Err(e) => {
                 return self
-                    .post_now(place, format!("⚠️ {}", escape(&e.to_string())), None)
+                    .cx
+                    .speaker
+                    .now(place, Say::html(format!("⚠️ {}", escape(&e.to_string()))))
                     .await
                     .map(drop);
             }
         };
         let (text, buttons) = schedules_text(&schedules, owner.is_some());
-        self.post_now(place, text, buttons).await.map(drop)
+        self.cx
+            .speaker
+            .now(place, Say::html(text).with(buttons))
+            .await
+            .map(drop)
     }
 
     /// A cancel button of `/schedules`.
-    pub(super) async fn cancel_schedule(&self, place: Place, message_id: i64, id: &str) -> String {
+    pub async fn cancel(&self, place: Place, message_id: i64, id: &str) -> String {
         let Ok(id) = id.parse::<i64>() else {
             return "This button is no longer valid.".into();
         };
-        let removed = self.store().remove_schedule(id);
+        let removed = self.cx.store().remove_schedule(id);
         match removed {
             Ok(true) => {
                 tracing::info!(target: "audit", schedule = id, "a schedule was cancelled");
-                let stored = self.store().schedules();
+                let stored = self.cx.store().schedules();
                 let rest: Vec<Schedule> = stored.unwrap_or_default();
                 let thread_only = place.thread_id.is_some();
                 let rest: Vec<Schedule> = match place.thread_id {
@@ -369,7 +406,12 @@ impl Leader {
                     None => rest,
                 };
                 let (text, buttons) = schedules_text(&rest, thread_only);
-                if let Err(e) = self.edit(place, message_id, text, buttons).await {
+                if let Err(e) = self
+                    .cx
+                    .speaker
+                    .edit(place, message_id, Say::html(text).with(buttons))
+                    .await
+                {
                     tracing::warn!("cannot show the schedules left: {e}");
                 }
                 format!("#{id} cancelled")
@@ -381,9 +423,9 @@ impl Leader {
 
     /// Fires the schedules that are due (see the module docs). Never
     /// awaits: the firings go off the loop.
-    pub(super) fn fire_schedules(self: &Arc<Self>) {
+    pub fn fire_due(self: &Arc<Self>) {
         let now = now_ms() as i64;
-        let due = match self.store().due_schedules(now) {
+        let due = match self.cx.store().due_schedules(now) {
             Ok(due) => due,
             Err(e) => {
                 tracing::warn!("cannot read the schedules: {e}");
@@ -394,8 +436,8 @@ impl Leader {
             // Moved on first, so the next tick does not fire it again.
             let next = next_after(&schedule, now);
             let moved = match next {
-                Some(next) => self.store().set_schedule_next(schedule.id, next),
-                None => self.store().remove_schedule(schedule.id),
+                Some(next) => self.cx.store().set_schedule_next(schedule.id, next),
+                None => self.cx.store().remove_schedule(schedule.id),
             };
             if let Err(e) = moved {
                 tracing::warn!("cannot move a schedule on: {e}");
@@ -406,9 +448,9 @@ impl Leader {
                 self.say_missed(&schedule, now, next);
                 continue;
             }
-            let leader = self.clone();
-            self.router.replies.spawn(self, move |_| async move {
-                leader.fire(&schedule).await;
+            let schedules = self.clone();
+            self.cx.errands.run(async move {
+                schedules.fire(&schedule).await;
             });
         }
     }
@@ -418,7 +460,7 @@ impl Leader {
     ///
     /// Long because one firing journals the prompt and, for a launch that
     /// does not run, asks its machine to start it: both or neither is told.
-    async fn fire(self: &Arc<Self>, schedule: &Schedule) {
+    async fn fire(&self, schedule: &Schedule) {
         tracing::info!(schedule = schedule.id, "a scheduled prompt fires");
         let Some(owner) = schedule.profile_key.clone() else {
             return self.fire_first(schedule).await;
@@ -427,16 +469,17 @@ impl Leader {
             chat_id: schedule.chat_id,
             thread_id: schedule.thread_id,
         };
-        if self.store().own_prompt_pending(&owner).unwrap_or(false) {
+        if self.cx.store().own_prompt_pending(&owner).unwrap_or(false) {
             let text = format!(
                 "⏰ Skipped #{} (“{}”): the session has not taken the previous scheduled prompt yet.",
                 schedule.id,
                 escape(&crate::policy::clip(&schedule.prompt, 100))
             );
-            let _ = self.post_now(place, text, None).await;
+            let _ = self.cx.speaker.now(place, Say::html(text)).await;
             return;
         }
         let Some(target) = self
+            .cx
             .store()
             .binding(&owner)
             .ok()
@@ -447,7 +490,7 @@ impl Leader {
                 "⏰ #{} could not fire: its session has no topic any more.",
                 schedule.id
             );
-            let _ = self.post_now(place, text, None).await;
+            let _ = self.cx.speaker.now(place, Say::html(text)).await;
             return;
         };
         let notice = format!(
@@ -460,10 +503,10 @@ impl Leader {
             chat_id: target.chat_id,
             thread_id: Some(target.thread_id),
         };
-        if let Err(e) = self.post_now(topic, notice, None).await {
+        if let Err(e) = self.cx.speaker.now(topic, Say::html(notice)).await {
             tracing::warn!("cannot say a schedule fired: {e}");
         }
-        let journaled = self.store().journal_own_prompt(NewUpdate {
+        let journaled = self.cx.store().journal_own_prompt(NewUpdate {
             update_id: 0,
             owner: Some(owner),
             chat_id: target.chat_id,
@@ -474,17 +517,14 @@ impl Leader {
             detail: None,
         });
         match journaled {
-            Ok(update) => self.route(Batch {
-                journaled: vec![Entry::stored(update)],
-                ..Batch::default()
-            }),
+            Ok(update) => self.router.route(vec![Entry::stored(update)]),
             Err(e) => tracing::error!("cannot journal a scheduled prompt: {e}"),
         }
     }
 
     /// The first firing of a schedule made in the control place: a new
     /// session in its folder, with the prompt as its first.
-    async fn fire_first(self: &Arc<Self>, schedule: &Schedule) {
+    async fn fire_first(&self, schedule: &Schedule) {
         let place = Place {
             chat_id: schedule.chat_id,
             thread_id: schedule.thread_id,
@@ -492,21 +532,16 @@ impl Leader {
         let launch = schedule
             .launch_id
             .as_deref()
-            .and_then(|id| self.store().launch(id).ok().flatten());
+            .and_then(|id| self.cx.store().launch(id).ok().flatten());
         let Some(launch) = launch else {
-            let _ = self
-                .post_now(
-                    place,
-                    format!(
-                        "⏰ #{} lost its session; cancel it with /schedules.",
-                        schedule.id
-                    ),
-                    None,
-                )
-                .await;
+            let text = format!(
+                "⏰ #{} lost its session; cancel it with /schedules.",
+                schedule.id
+            );
+            let _ = self.cx.speaker.now(place, Say::html(text)).await;
             return;
         };
-        if let Err(e) = self.store().forget_unstarted_launch(&launch.id) {
+        if let Err(e) = self.cx.store().forget_unstarted_launch(&launch.id) {
             tracing::warn!("cannot renew a scheduled launch: {e}");
         }
         let spec = LaunchSpec {
@@ -517,7 +552,11 @@ impl Leader {
             model: None,
             by_user: launch.by_user,
         };
-        let text = match self.start_new(spec, Some(schedule.prompt.clone())).await {
+        let text = match self
+            .launches
+            .start_new(spec, Some(schedule.prompt.clone()))
+            .await
+        {
             Ok(route) => format!(
                 "⏰ #{} started {} for “{}”.",
                 schedule.id,
@@ -530,11 +569,11 @@ impl Leader {
                 escape(&why)
             ),
         };
-        let _ = self.post_now(place, text, None).await;
+        let _ = self.cx.speaker.now(place, Say::html(text)).await;
     }
 
     /// Says what a schedule missed while no relay ran.
-    fn say_missed(self: &Arc<Self>, schedule: &Schedule, now: i64, next: Option<i64>) {
+    fn say_missed(&self, schedule: &Schedule, now: i64, next: Option<i64>) {
         let missed = match schedule.every_s {
             Some(every) => ((now - schedule.next_ms) / (every as i64 * 1000) + 1).max(1),
             None => 1,
@@ -550,6 +589,7 @@ impl Leader {
             None => text.push('.'),
         }
         let place = self
+            .cx
             .store()
             .binding(schedule.profile_key.as_deref().unwrap_or_default())
             .ok()
@@ -565,8 +605,9 @@ impl Leader {
                     thread_id: Some(t.thread_id),
                 },
             );
-        self.router.replies.spawn(self, move |leader| async move {
-            if let Err(e) = leader.post_now(place, text, None).await {
+        let speaker = self.cx.speaker.clone();
+        self.cx.errands.run(async move {
+            if let Err(e) = speaker.now(place, Say::html(text)).await {
                 tracing::warn!("cannot say a schedule missed its time: {e}");
             }
         });

@@ -1,22 +1,41 @@
-//! What the leader says about itself: the bus status (`/relay status`,
-//! `agent-relay status`, a restart's convergence), the health of its poll
-//! as the status line shows it. The session list a message outside every
-//! topic gets is the control place's (`control.rs`).
+//! What the leader says about the bus: its status (`/relay status`,
+//! `agent-relay status`, a restart's convergence, the control place's
+//! session list), on this machine or on every machine of a cluster.
 
 use std::sync::PoisonError;
 
-use super::poller::PollHealth;
-use super::{Leader, now_ms, store_error};
+use super::cluster::questions;
+use super::context::Context;
+use super::failure::store_error;
+use super::launches::Launches;
+use super::now_ms;
 use crate::protocol::bus::*;
 use crate::store::BindingStatus;
 
-impl Leader {
+/// The status of the bus, as this leader sees it.
+pub(super) struct Status<'a> {
+    pub cx: &'a Context,
+    pub launches: &'a Launches,
+}
+
+impl Status<'_> {
+    /// Every machine's sessions when the relay spans machines (asked, up
+    /// to 2 s), else this machine's.
+    pub async fn everywhere(&self) -> Result<BusStatus, BusError> {
+        let local = self.here()?;
+        Ok(match &self.cx.cluster {
+            Some(node) => questions::everyone(node, local).await,
+            None => local,
+        })
+    }
+
     /// The bus as this leader sees it: every live session, and every
     /// stored one that is away.
-    pub(super) fn status(&self) -> Result<BusStatus, BusError> {
-        let stored = self.store().bindings().map_err(store_error)?;
-        let launches = self.session_launches();
-        let conns = self.registry.lock();
+    pub fn here(&self) -> Result<BusStatus, BusError> {
+        let cx = self.cx;
+        let stored = cx.store().bindings().map_err(store_error)?;
+        let launches = self.launches.session_launches();
+        let conns = cx.registry.lock();
         let mut sessions: Vec<SessionStatus> = conns
             .map
             .values()
@@ -59,21 +78,22 @@ impl Leader {
         }
         sessions.sort_by_key(|s| (s.slot, !s.live));
         Ok(BusStatus {
-            epoch: self.epoch,
+            epoch: cx.epoch,
             leader_pid: std::process::id(),
-            leader_instance: self.instance_id.clone(),
-            leader_since_ms: self.since_ms,
+            leader_instance: cx.instance_id.clone(),
+            leader_since_ms: cx.since_ms,
             sessions,
             poll: Some(self.poll_report()),
             pacing: self.pacing(),
             cluster: None,
-            serve: self.serve_status(),
+            serve: self.launches.serve_status(),
         })
     }
 
     /// The chats' message budgets, as `/relay status` shows them.
     fn pacing(&self) -> Vec<ChatPacing> {
-        self.outbox
+        self.cx
+            .outbox
             .budgets()
             .into_iter()
             .map(|b| ChatPacing {
@@ -89,25 +109,11 @@ impl Leader {
             .collect()
     }
 
-    /// The poll health as the bus wire states it.
-    pub(super) fn wire_health(&self) -> Health {
-        match &*self.health.borrow() {
-            PollHealth::Starting => Health::Starting,
-            PollHealth::Ok => Health::Ok,
-            PollHealth::Conflict => Health::Conflict,
-            PollHealth::Offline(reason) => Health::Offline {
-                reason: reason.clone(),
-            },
-            PollHealth::Unauthorized => Health::Unauthorized,
-            PollHealth::Deaf(pending) => Health::Deaf { pending: *pending },
-        }
-    }
-
     /// The poll for `/relay status`.
     fn poll_report(&self) -> PollReport {
-        let facts = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
+        let facts = self.cx.poll.lock().unwrap_or_else(PoisonError::into_inner);
         PollReport {
-            health: self.wire_health(),
+            health: self.cx.wire_health(),
             last_ok_age_ms: facts.last_ok.map(|at| at.elapsed().as_millis() as u64),
             pending_updates: facts.pending,
             restarts: facts.restarts,

@@ -4,39 +4,49 @@
 //! comes from the session's registration; a message to edit or reply to
 //! must be one the session posted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::failure::{Failure, FailureKind, Performed};
+use super::asks::Asks;
+use super::context::Context;
+use super::files::Files;
 use super::outbox::Pace;
 use super::registry::ConnId;
-use super::{Leader, store_error};
+use super::speaker::markup;
 use crate::protocol::bus::*;
 use crate::telegram::call::{ChatAction, SendChatAction, SendMessageDraft};
 use crate::telegram::types::{
-    EditMessageReplyMarkup, EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup,
-    LinkPreviewOptions, ParseMode, ReplyParameters, SendMessage,
+    EditMessageReplyMarkup, EditMessageText, LinkPreviewOptions, ParseMode, ReplyParameters,
+    SendMessage,
 };
 use crate::telegram::{BotCall, Priority};
 
 /// Longest `callback_data` Telegram accepts, in bytes.
 const MAX_BUTTON_DATA: usize = 64;
 
-impl Leader {
+/// A session's requests in its own topic.
+pub(super) struct Topics {
+    cx: Arc<Context>,
+    asks: Arc<Asks>,
+    files: Arc<Files>,
+}
+
+impl Topics {
+    pub fn new(cx: Arc<Context>, asks: Arc<Asks>, files: Arc<Files>) -> Self {
+        Self { cx, asks, files }
+    }
+
     /// Does what a session asked in its own topic. Long because it is the
     /// one match over [`TopicOp`]: each request's checks, its call and its
     /// rank stand side by side.
-    pub(super) async fn topic(
-        &self,
-        conn: ConnId,
-        req: &TopicRequest,
-    ) -> Result<TopicDone, BusError> {
-        let session = self.registry.session(conn, req.generation)?;
+    pub async fn request(&self, conn: ConnId, req: &TopicRequest) -> Result<TopicDone, BusError> {
+        let session = self.cx.registry.session(conn, req.generation)?;
         let profile = &session.route.profile_key;
         let target = session
             .route
             .target
             .ok_or_else(|| BusError::new(BusErrorCode::NoTopic, "this session has no topic yet"))?;
-        let own = |message_id| self.own_message(profile, target, message_id);
+        let own = |message_id| self.cx.own_message(profile, target, message_id);
         // What a person waits for goes first; an edit after; what a later
         // request supersedes never waits.
         let (call, priority) = match &req.op {
@@ -60,11 +70,16 @@ impl Leader {
             TopicOp::Typing => (typing(target), Priority::Normal),
             TopicOp::Draft(draft) => (message_draft(target, draft)?, Priority::Normal),
             TopicOp::SendFile(send) => {
-                return self.send_file(profile, &session.cwd, target, send).await;
+                return self
+                    .files
+                    .send_file(profile, &session.cwd, target, send)
+                    .await;
             }
-            TopicOp::Ask(ask) => return self.ask(profile, target, ask).await,
-            TopicOp::AwaitAnswer(wait) => return self.await_answer(profile, target, wait).await,
-            TopicOp::CloseAsk(close) => return self.close_ask(profile, target, close).await,
+            TopicOp::Ask(ask) => return self.asks.ask(profile, target, ask).await,
+            TopicOp::AwaitAnswer(wait) => {
+                return self.asks.await_answer(profile, target, wait).await;
+            }
+            TopicOp::CloseAsk(close) => return self.asks.close_ask(profile, target, close).await,
         };
         let priority = if req.background {
             Priority::Background
@@ -72,7 +87,7 @@ impl Leader {
             priority
         };
         let waiting = |wait: Duration| {
-            self.registry.send(
+            self.cx.registry.send(
                 conn,
                 FromLeader::Paced(Paced {
                     id: req.id,
@@ -84,52 +99,14 @@ impl Leader {
             waiting: &waiting,
             ..Pace::of(priority)
         };
-        let done = self.outbox.call(call, pace).await;
-        self.record(profile, target, done.as_ref());
+        let done = self.cx.outbox.call(call, pace).await;
+        self.cx.record(profile, target, done.as_ref());
         let performed = done?;
         Ok(TopicDone {
             message_id: performed.reply.message_id(),
             plain: performed.plain,
             ..TopicDone::default()
         })
-    }
-
-    /// Whether `message_id` is one this session posted in its topic.
-    pub(super) fn own_message(
-        &self,
-        profile: &str,
-        target: Target,
-        message_id: i64,
-    ) -> Result<(), BusError> {
-        let owner = self
-            .store()
-            .message_owner(target.chat_id, message_id)
-            .map_err(store_error)?;
-        if owner.as_deref() == Some(profile) {
-            Ok(())
-        } else {
-            Err(BusError::new(
-                BusErrorCode::Forbidden,
-                format!("message {message_id} is not one of this session's"),
-            ))
-        }
-    }
-
-    /// Records what a call in a session's topic did: who posted the
-    /// message, or that the topic is gone.
-    pub(super) fn record(&self, profile: &str, target: Target, done: Result<&Performed, &Failure>) {
-        match done {
-            Ok(performed) => {
-                if let Some(id) = performed.reply.message_id()
-                    && let Err(e) = self.store().record_sent(target.chat_id, id, profile, None)
-                {
-                    tracing::warn!("cannot remember who posted message {id}: {e}");
-                }
-            }
-            // Its next registration must not trust the topic.
-            Err(e) if e.kind == FailureKind::TopicGone => self.mark_stale(profile),
-            Err(_) => {}
-        }
     }
 }
 
@@ -139,7 +116,7 @@ fn parse_mode(format: TextFormat) -> Option<ParseMode> {
 }
 
 /// A message into `target`.
-pub(super) fn send_message(target: Target, send: &SendText) -> BotCall {
+fn send_message(target: Target, send: &SendText) -> BotCall {
     BotCall::SendMessage(SendMessage {
         chat_id: target.chat_id,
         message_thread_id: Some(target.thread_id),
@@ -156,7 +133,7 @@ pub(super) fn send_message(target: Target, send: &SendText) -> BotCall {
 }
 
 /// A new text (and buttons) for a message of `target`'s chat.
-pub(super) fn edit_text(target: Target, edit: &EditText) -> BotCall {
+fn edit_text(target: Target, edit: &EditText) -> BotCall {
     BotCall::EditMessageText(EditMessageText {
         chat_id: target.chat_id,
         message_id: edit.message_id,
@@ -224,20 +201,5 @@ fn check_buttons(keyboard: Option<&Keyboard>) -> Result<(), BusError> {
             ),
         )),
         None => Ok(()),
-    }
-}
-
-/// Buttons as Telegram takes them.
-pub(super) fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
-    InlineKeyboardMarkup {
-        inline_keyboard: keyboard
-            .rows
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|b| InlineKeyboardButton::callback(b.text.clone(), b.data.clone()))
-                    .collect()
-            })
-            .collect(),
     }
 }

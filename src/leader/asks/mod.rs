@@ -16,21 +16,23 @@
 //! a tap in the few milliseconds between is told the question is not open,
 //! and the person taps again.
 //!
-//! [`open::Asks`] keeps the open asks; the flows that post, wait, close,
-//! take a tap or a reply and show how a question ended are here.
+//! [`open::OpenAsks`] keeps the open asks; [`Asks`], the flow that posts,
+//! waits, closes, takes a tap or a reply and shows how a question ended,
+//! is here.
 
 mod open;
 
 use std::sync::Arc;
 
-pub(super) use open::Asks;
-use open::{Key, Taken};
+use open::{Key, OpenAsks, Taken};
 
+use super::context::Context;
+use super::errands::Refusal;
 use super::failure::FailureKind;
-use super::outbox::Pace;
-use super::replies::Refusal;
+use super::failure::store_error;
+use super::now_ms;
+use super::speaker::Say;
 use super::triage::Entry;
-use super::{Leader, now_ms, store_error};
 use crate::protocol::bus::*;
 use crate::render;
 use crate::store::{EntryKind, Lane, NewOutboxEntry};
@@ -46,18 +48,31 @@ fn clock() -> String {
     format!("{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60)
 }
 
-impl Leader {
+/// The questions open on the phone, and what they do (see the module docs).
+pub(super) struct Asks {
+    cx: Arc<Context>,
+    open: OpenAsks,
+}
+
+impl Asks {
+    pub fn new(cx: Arc<Context>) -> Self {
+        Self {
+            cx,
+            open: OpenAsks::default(),
+        }
+    }
+
     /// Posts a question with its buttons and opens it; asked again with the
     /// same token (the asker lost its leader while posting), it finds the
     /// message instead of posting another.
-    pub(super) async fn ask(
+    pub async fn ask(
         &self,
         profile: &str,
         target: Target,
         ask: &Ask,
     ) -> Result<TopicDone, BusError> {
-        let buttons = self.asks.buttons(ask)?;
-        let posted = self.store().asked(&ask.token).map_err(store_error)?;
+        let buttons = self.open.buttons(ask)?;
+        let posted = self.cx.store().asked(&ask.token).map_err(store_error)?;
         if let Some((chat_id, message_id, owner)) = posted {
             if owner != profile || chat_id != target.chat_id {
                 return Err(BusError::new(
@@ -65,40 +80,34 @@ impl Leader {
                     "that token is another question's",
                 ));
             }
-            self.asks.insert(profile, target, message_id, ask.clone());
+            self.open.insert(profile, target, message_id, ask.clone());
             return Ok(TopicDone {
                 message_id: Some(message_id),
                 ..TopicDone::default()
             });
         }
-        let send = super::topic::send_message(
-            target,
-            &SendText {
-                text: ask.text.clone(),
-                format: TextFormat::Html,
-                buttons: Some(buttons),
-                reply_to: None,
-            },
-        );
-        let done = self.outbox.call(send, Pace::high()).await;
-        if let Err(e) = &done
+        let say = Say::html(ask.text.clone()).with(Some(buttons));
+        let posted = self.cx.speaker.now(target.into(), say).await;
+        if let Err(e) = &posted
             && e.kind == FailureKind::TopicGone
         {
-            self.mark_stale(profile);
+            self.cx.mark_stale(profile);
         }
-        let message_id = done?.reply.message_id().ok_or_else(|| {
-            BusError::new(
+        let message_id = posted?;
+        if message_id == 0 {
+            return Err(BusError::new(
                 BusErrorCode::Internal,
                 "the question was posted without an id",
-            )
-        })?;
+            ));
+        }
         if let Err(e) =
-            self.store()
+            self.cx
+                .store()
                 .record_sent(target.chat_id, message_id, profile, Some(&ask.token))
         {
             tracing::warn!("cannot remember who asked message {message_id}: {e}");
         }
-        self.asks.insert(profile, target, message_id, ask.clone());
+        self.open.insert(profile, target, message_id, ask.clone());
         Ok(TopicDone {
             message_id: Some(message_id),
             ..TopicDone::default()
@@ -107,18 +116,18 @@ impl Leader {
 
     /// Waits for the answer to an ask of the session's; one asked of a
     /// predecessor is adopted first, if its message is the session's.
-    pub(super) async fn await_answer(
+    pub async fn await_answer(
         &self,
         profile: &str,
         target: Target,
         wait: &AwaitAnswer,
     ) -> Result<TopicDone, BusError> {
-        if !self.asks.knows(&wait.token) {
-            self.own_message(profile, target, wait.message_id)?;
-            self.asks
+        if !self.open.knows(&wait.token) {
+            self.cx.own_message(profile, target, wait.message_id)?;
+            self.open
                 .insert(profile, target, wait.message_id, wait.ask.clone());
         }
-        let answer = self.asks.wait(&wait.token, profile)?;
+        let answer = self.open.wait(&wait.token, profile)?;
         match answer.await {
             Ok(Ok(answer)) => Ok(TopicDone {
                 answer: Some(answer),
@@ -132,18 +141,26 @@ impl Leader {
         }
     }
 
+    /// Waits for the answer to an ask of the leader's own (a notice's
+    /// button, `courier.rs`): whether it was answered. `None` when it is
+    /// not open.
+    pub async fn answered(&self, token: &str, profile: &str) -> Option<bool> {
+        let answer = self.open.wait(token, profile).ok()?;
+        Some(matches!(answer.await, Ok(Ok(_))))
+    }
+
     /// Closes an ask answered elsewhere (or not at all) and shows its
     /// outcome; when the phone answered first, that answer comes back.
-    pub(super) async fn close_ask(
+    pub async fn close_ask(
         &self,
         profile: &str,
         target: Target,
         close: &CloseAsk,
     ) -> Result<TopicDone, BusError> {
-        let closed = if self.asks.knows(&close.token) {
-            self.asks.close(&close.token, profile, &close.outcome)?
+        let closed = if self.open.knows(&close.token) {
+            self.open.close(&close.token, profile, &close.outcome)?
         } else {
-            self.own_message(profile, target, close.message_id)?;
+            self.cx.own_message(profile, target, close.message_id)?;
             Ok((target, close.message_id, String::new()))
         };
         match closed {
@@ -152,7 +169,8 @@ impl Leader {
                 ..TopicDone::default()
             }),
             Ok((target, message_id, text)) => {
-                self.settle_ask(
+                settle(
+                    &self.cx,
                     target,
                     message_id,
                     &text,
@@ -165,43 +183,9 @@ impl Leader {
         }
     }
 
-    /// Shows how a question ended (`outcome`, HTML) under its text, and
-    /// puts one disabled button in place of its buttons that says so in
-    /// short (`label`, plain text), so the keyboard does not vanish without
-    /// a word: handed to the outbox (`courier.rs`), so it happens even when
-    /// this process ends next, and nobody waits for the chat's budget
-    /// meanwhile. The decision stands either way.
-    async fn settle_ask(
-        &self,
-        target: Target,
-        message_id: i64,
-        text: &str,
-        outcome: &str,
-        label: &str,
-    ) {
-        let body = if text.is_empty() {
-            outcome.to_string()
-        } else {
-            format!("{text}\n\n{outcome}")
-        };
-        let edit = NewOutboxEntry {
-            lane: Lane::Fixed(target.into()),
-            kind: EntryKind::Edit {
-                message_id,
-                settled: Some(crate::policy::clip(label.trim(), SETTLED_LABEL)),
-            },
-            body,
-            html: true,
-            origin: None,
-        };
-        if let Err(e) = self.hand_over(vec![edit]).await {
-            tracing::warn!(message_id, "cannot show how a question ended: {e}");
-        }
-    }
-
     /// Whether `entry` is a reply that answers an open free-text ask; the
     /// answer is shown on the question then.
-    pub(super) fn answers_ask(self: &Arc<Self>, entry: &Entry) -> bool {
+    pub fn answers(&self, entry: &Entry) -> bool {
         let update = &entry.update;
         let Some(message_id) = entry.detail.reply_to else {
             return false;
@@ -216,7 +200,7 @@ impl Leader {
             .clone()
             .unwrap_or_else(|| format!("user {}", update.user_id));
         match self
-            .asks
+            .open
             .take(key, update.chat_id, update.thread_id, update.user_id, &name)
         {
             Taken::Answered {
@@ -233,24 +217,20 @@ impl Leader {
         }
     }
 
-    /// A tap on a button: asks are the only buttons there are.
-    pub(super) fn tap(self: &Arc<Self>, query: &CallbackQuery) {
-        let replies = &self.router.replies;
-        if query.from.is_bot || !self.access.is_allowed(query.from.id) {
+    /// A tap on a question's button (`a:…`).
+    pub fn tap(&self, query: &CallbackQuery) {
+        let cx = &self.cx;
+        if query.from.is_bot || !cx.access.is_allowed(query.from.id) {
             // Every tap is answered, or the phone shows a spinner; a
             // stranger's taps at most once a window.
-            if replies.admit(query.from.id, Refusal::Tap) {
-                replies.answer_tap(
-                    self,
-                    query.id.clone(),
-                    "You are not allowed to use these buttons.",
-                );
+            if cx.errands.admit(query.from.id, Refusal::Tap) {
+                toast(cx, &query.id, "You are not allowed to use these buttons.");
             }
             return;
         }
         let button = query.data.as_deref().and_then(open::parse_button);
         let taken = match (button, &query.message) {
-            (Some((token, choice)), Some(message)) => self.asks.take(
+            (Some((token, choice)), Some(message)) => self.open.take(
                 Key::Tap {
                     token,
                     message_id: message.message_id,
@@ -288,17 +268,15 @@ impl Leader {
                     Some(query.id.clone()),
                 );
             }
-            Taken::Settled => replies.answer_tap(self, query.id.clone(), "Already answered."),
-            Taken::Unknown => {
-                replies.answer_tap(self, query.id.clone(), "This question is no longer open.")
-            }
+            Taken::Settled => toast(cx, &query.id, "Already answered."),
+            Taken::Unknown => toast(cx, &query.id, "This question is no longer open."),
         }
     }
 
     /// Shows who answered a question, with what and when, and answers the
     /// tap, off the routing path.
     fn show_answer(
-        self: &Arc<Self>,
+        &self,
         target: Target,
         messages: &[i64],
         text: String,
@@ -306,7 +284,7 @@ impl Leader {
         who: String,
         tap: Option<String>,
     ) {
-        let leader = self.clone();
+        let cx = self.cx.clone();
         let outcome = format!(
             "<b>{}</b> — {}, {}",
             render::escape(&label),
@@ -316,34 +294,71 @@ impl Leader {
         let button = format!("{label} · {who}");
         let messages = messages.to_vec();
         crate::tasks::spawn(async move {
-            if let Some(tap) = tap
-                && let Err(e) = leader.outbox.answer_tap(&tap, Some(&label)).await
-            {
-                tracing::debug!("cannot answer a tap: {e}");
+            if let Some(tap) = tap {
+                cx.speaker.toast(&tap, &label).await;
             }
             for message_id in messages {
-                leader
-                    .settle_ask(target, message_id, &text, &outcome, &button)
-                    .await;
+                settle(&cx, target, message_id, &text, &outcome, &button).await;
             }
         });
     }
 
     /// Closes the asks past their expiry and shows it on their messages.
-    pub(super) fn expire_asks(self: &Arc<Self>) {
-        for (target, message_id, text) in self.asks.sweep() {
-            let leader = self.clone();
+    pub fn expire(&self) {
+        for (target, message_id, text) in self.open.sweep() {
+            let cx = self.cx.clone();
             crate::tasks::spawn(async move {
-                leader
-                    .settle_ask(
-                        target,
-                        message_id,
-                        &text,
-                        "⌛ <i>Expired: nobody answered.</i>",
-                        "⌛ Expired",
-                    )
-                    .await;
+                settle(
+                    &cx,
+                    target,
+                    message_id,
+                    &text,
+                    "⌛ <i>Expired: nobody answered.</i>",
+                    "⌛ Expired",
+                )
+                .await;
             });
         }
+    }
+}
+
+/// Answers a tap with `text` as its toast, off the caller's path.
+fn toast(cx: &Arc<Context>, callback_id: &str, text: &'static str) {
+    let (speaker, id) = (cx.speaker.clone(), callback_id.to_string());
+    cx.errands
+        .run(async move { speaker.toast(&id, text).await });
+}
+
+/// Shows how a question ended (`outcome`, HTML) under its text, and puts
+/// one disabled button in place of its buttons that says so in short
+/// (`label`, plain text), so the keyboard does not vanish without a word:
+/// handed to the outbox of record, so it happens even when this process
+/// ends next, and nobody waits for the chat's budget meanwhile. The
+/// decision stands either way.
+async fn settle(
+    cx: &Context,
+    target: Target,
+    message_id: i64,
+    text: &str,
+    outcome: &str,
+    label: &str,
+) {
+    let body = if text.is_empty() {
+        outcome.to_string()
+    } else {
+        format!("{text}\n\n{outcome}")
+    };
+    let edit = NewOutboxEntry {
+        lane: Lane::Fixed(target.into()),
+        kind: EntryKind::Edit {
+            message_id,
+            settled: Some(crate::policy::clip(label.trim(), SETTLED_LABEL)),
+        },
+        body,
+        html: true,
+        origin: None,
+    };
+    if let Err(e) = cx.speaker.hand_over(vec![edit]).await {
+        tracing::warn!(message_id, "cannot show how a question ended: {e}");
     }
 }

@@ -73,11 +73,11 @@ pub(in crate::leader) enum Taken {
 
 /// The open asks of this leader.
 #[derive(Default)]
-pub(in crate::leader) struct Asks {
+pub(in crate::leader) struct OpenAsks {
     open: Mutex<HashMap<String, Open>>,
 }
 
-impl Asks {
+impl OpenAsks {
     fn open(&self) -> MutexGuard<'_, HashMap<String, Open>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn button_data_fits_telegram_and_parses_back() {
-        let asks = Asks::default();
+        let asks = OpenAsks::default();
         let question = ask(false);
         let token = question.token.clone();
         let keyboard = asks.buttons(&question).unwrap();
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn the_first_answer_wins_and_every_later_one_changes_nothing() {
-        let asks = Asks::default();
+        let asks = OpenAsks::default();
         let question = ask(false);
         let token = question.token.clone();
         asks.insert("api", TARGET, 5, question);
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn only_the_asker_waits_or_closes_and_a_close_wakes_the_waiter() {
-        let asks = Asks::default();
+        let asks = OpenAsks::default();
         let question = ask(true);
         let token = question.token.clone();
         asks.insert("api", TARGET, 5, question);
@@ -443,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_reply_answers_a_free_text_ask_only() {
-        let asks = Asks::default();
+        let asks = OpenAsks::default();
         let free_question = ask(true);
         let free = free_question.token.clone();
         asks.insert("api", TARGET, 5, free_question);
@@ -467,7 +467,7 @@ mod tests {
 
     #[test]
     fn open_asks_expire_and_are_reported_once() {
-        let asks = Asks::default();
+        let asks = OpenAsks::default();
         let quick = Ask {
             expires_in_ms: 0,
             ..ask(false)

@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::super::Leader;
 use super::super::failure::{Failure, FailureKind, Performed};
+use super::Machine;
 use super::node::ClusterNode;
 use crate::backoff::Backoff;
 use crate::cluster::Cluster;
@@ -177,8 +177,8 @@ async fn leader_term(
 /// made by this machine's outbox as its own sessions' calls are, until
 /// the term ends. Calls under way then end with it: their callers see the
 /// lease move and decide (a send is `commitUnknown`, never repeated).
-pub(in crate::leader) async fn serve(
-    leader: Arc<Leader>,
+pub(in crate::leader) async fn serve<M: Machine>(
+    machine: Arc<M>,
     cluster: Cluster,
     term: Term,
     stop: CancellationToken,
@@ -206,7 +206,7 @@ pub(in crate::leader) async fn serve(
             next = server.next::<RemoteCall>() => next,
         };
         let Some(incoming) = next else { break };
-        let leader = leader.clone();
+        let machine = machine.clone();
         running.spawn(crate::tasks::boxed(async move {
             tracing::debug!(from = %incoming.from, "a call from another machine");
             let RemoteCall {
@@ -215,10 +215,7 @@ pub(in crate::leader) async fn serve(
                 deadline_ms,
             } = incoming.request.clone();
             let deadline = Duration::from_millis(deadline_ms);
-            let answer: RemoteAnswer = leader
-                .outbox
-                .call_for_another_machine(call, priority, deadline)
-                .await;
+            let answer: RemoteAnswer = machine.call(call, priority, deadline).await;
             if let Err(e) = incoming.answer(&answer).await {
                 tracing::debug!("cannot answer a call: {e}");
             }

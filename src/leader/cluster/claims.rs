@@ -4,7 +4,9 @@
 //! picks; a disconnect or a reclaimed slot gives it back; a machine that
 //! joins (or comes back) claims what its bindings hold.
 
-use super::super::Leader;
+use std::sync::PoisonError;
+
+use super::Ground;
 use super::node::ClusterNode;
 use crate::cluster::claims::{ClaimKey, SessionClaim};
 use crate::cluster::{Cluster, ClusterError};
@@ -63,8 +65,13 @@ async fn release(cluster: &Cluster, key: &ClaimKey, profile_key: &str) -> Result
 /// whenever the connection comes back. A slot or topic another machine
 /// took meanwhile stays theirs; the session gets another at its next
 /// registration.
-pub(super) async fn adopt(leader: &Leader, cluster: &Cluster) {
-    let bindings = match leader.store().bindings() {
+pub(super) async fn adopt(ground: &Ground, cluster: &Cluster) {
+    let bindings = ground
+        .store
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .bindings();
+    let bindings = match bindings {
         Ok(bindings) => bindings,
         Err(e) => {
             tracing::warn!("cannot read the bindings to claim them: {e}");
@@ -75,7 +82,7 @@ pub(super) async fn adopt(leader: &Leader, cluster: &Cluster) {
         if b.status == crate::store::BindingStatus::Offline {
             continue;
         }
-        let Some(chat) = b.chat_id.or(leader.chat_id) else {
+        let Some(chat) = b.chat_id.or(ground.chat_id) else {
             continue;
         };
         let mut keys = vec![ClaimKey::Slot { chat, slot: b.slot }];
@@ -101,23 +108,29 @@ pub(in crate::leader) enum SlotClaim {
     Unreachable(String),
 }
 
-impl Leader {
+/// The topic name, with this machine's name when the relay spans machines.
+pub(in crate::leader) fn topic_name(
+    node: Option<&ClusterNode>,
+    slot: Slot,
+    session_name: &str,
+) -> String {
+    let node = node.map(|c| c.name().to_string());
+    crate::topics::topic_name(slot, node.as_deref(), session_name)
+}
+
+/// A registration's claims across machines: none without a cluster.
+pub(in crate::leader) struct Claims<'a> {
+    pub node: Option<&'a ClusterNode>,
     /// The chat that holds the topics, as far as it is known without
     /// asking Telegram: slots are claimed per chat.
-    fn claims_chat(&self) -> Option<i64> {
-        self.chat_id.or_else(|| self.access.owner())
-    }
+    pub chat: Option<i64>,
+}
 
-    /// The topic name, with this machine's name when the relay spans machines.
-    pub(in crate::leader) fn topic_name(&self, slot: Slot, session_name: &str) -> String {
-        let node = self.cluster.as_ref().map(|c| c.name().to_string());
-        crate::topics::topic_name(slot, node.as_deref(), session_name)
-    }
-
+impl Claims<'_> {
     /// The slots other machines hold in the topics' chat: a registration
     /// here never picks them.
     pub(in crate::leader) async fn foreign_slots(&self) -> Vec<Slot> {
-        let (Some(node), Some(chat)) = (&self.cluster, self.claims_chat()) else {
+        let (Some(node), Some(chat)) = (self.node, self.chat) else {
             return Vec::new();
         };
         let Some(cluster) = node.connected().await else {
@@ -138,7 +151,7 @@ impl Leader {
 
     /// Makes the slot a registration picked the session's across the cluster.
     pub(in crate::leader) async fn claim_slot(&self, slot: Slot, profile_key: &str) -> SlotClaim {
-        let (Some(node), Some(chat)) = (&self.cluster, self.claims_chat()) else {
+        let (Some(node), Some(chat)) = (self.node, self.chat) else {
             return SlotClaim::Held;
         };
         let Some(cluster) = node.connected().await else {
@@ -157,7 +170,7 @@ impl Leader {
     /// Whether a stored topic may still be this session's: not claimed by
     /// another machine (unknown when NATS is away: then it stays ours).
     pub(in crate::leader) async fn topic_is_ours(&self, target: Target) -> bool {
-        let Some(cluster) = self.cluster.as_ref().and_then(|n| n.cluster()) else {
+        let Some(cluster) = self.node.and_then(ClusterNode::cluster) else {
             return true;
         };
         let key = ClaimKey::Topic {
@@ -181,7 +194,7 @@ impl Leader {
     /// come to this machine. A failure is logged: the claim is made again
     /// when the connection is back.
     pub(in crate::leader) async fn claim_topic(&self, target: Target, profile_key: &str) {
-        let Some(cluster) = self.cluster.as_ref().and_then(|n| n.cluster()) else {
+        let Some(cluster) = self.node.and_then(ClusterNode::cluster) else {
             return;
         };
         let key = ClaimKey::Topic {
@@ -195,17 +208,17 @@ impl Leader {
 
     /// Gives up a session's slot and topic across the cluster (a
     /// disconnect, a slot reclaimed here), off the caller's path.
-    pub(in crate::leader) fn release_claims(
+    pub(in crate::leader) fn release(
         &self,
         profile_key: &str,
         slot: Option<Slot>,
         target: Option<Target>,
     ) {
-        let Some(cluster) = self.cluster.as_ref().and_then(|n| n.cluster()) else {
+        let Some(cluster) = self.node.and_then(ClusterNode::cluster) else {
             return;
         };
         let mut keys: Vec<ClaimKey> = Vec::new();
-        if let (Some(slot), Some(chat)) = (slot, target.map(|t| t.chat_id).or(self.claims_chat())) {
+        if let (Some(slot), Some(chat)) = (slot, target.map(|t| t.chat_id).or(self.chat)) {
             keys.push(ClaimKey::Slot { chat, slot });
         }
         keys.extend(target.map(|t| ClaimKey::Topic {

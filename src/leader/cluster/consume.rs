@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::super::Leader;
 use super::super::batch::{Batch, route_then_flush};
 use super::super::triage::Triage;
+use super::Ground;
 use crate::backoff::Backoff;
 use crate::cluster::inbound::{Delivery, NodeConsumer};
 use crate::cluster::{Cluster, Link};
@@ -30,19 +30,19 @@ const FETCH_MAX: usize = 100;
 /// Reads this machine's consumer until the leader stops (see the module
 /// docs). Returns early only with a journal that failed.
 pub(super) async fn consume(
-    leader: Arc<Leader>,
+    ground: Arc<Ground>,
     cluster: Cluster,
     batches: mpsc::Sender<Batch>,
 ) -> Result<(), StoreError> {
     let mut reading = Reading {
-        triage: Triage::new(leader.store.clone(), leader.access.clone()),
+        triage: Triage::new(ground.store.clone(), ground.access.clone()),
         backoff: Backoff::new(Duration::from_millis(250), Duration::from_secs(5)),
         consumer: None,
         // The first consumer of this process is made afresh: a predecessor
         // that died (a local failover) may hold deliveries it never
         // acknowledged.
         fresh: true,
-        leader,
+        ground,
         cluster,
         batches,
     };
@@ -51,7 +51,7 @@ pub(super) async fn consume(
 
 /// This machine's consumer and what reading it needs.
 struct Reading {
-    leader: Arc<Leader>,
+    ground: Arc<Ground>,
     cluster: Cluster,
     batches: mpsc::Sender<Batch>,
     triage: Triage,
@@ -62,7 +62,7 @@ struct Reading {
 
 impl Reading {
     async fn run(&mut self) -> Result<(), StoreError> {
-        let stop = self.leader.stop.clone();
+        let stop = self.ground.stop.clone();
         let mut link = self.cluster.link();
         while !stop.is_cancelled() {
             if *link.borrow_and_update() == Link::Down {
@@ -106,7 +106,7 @@ impl Reading {
         let inbound = self.cluster.inbound();
         let name = &self.cluster.node().name;
         let made = tokio::select! {
-            () = self.leader.stop.cancelled() => return false,
+            () = self.ground.stop.cancelled() => return false,
             made = async {
                 if self.fresh {
                     inbound.fresh_consumer(name).await
@@ -131,7 +131,7 @@ impl Reading {
 
     async fn pause(&mut self) {
         tokio::select! {
-            () = self.leader.stop.cancelled() => {}
+            () = self.ground.stop.cancelled() => {}
             () = tokio::time::sleep(self.backoff.step()) => {}
         }
     }
@@ -159,8 +159,10 @@ impl Reading {
         });
         let batch = Batch::sorted(&mut self.triage, updates);
         let written = self
-            .leader
-            .store()
+            .ground
+            .store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .journal_received_unflushed(batch.journaled.iter().map(|e| &e.update))?;
         if !route_then_flush(&self.batches, batch, written).await? {
             return Ok(false);

@@ -2,6 +2,12 @@
 //! (docs/CLUSTER.md, *Where it plugs in*). Without `[cluster]` nothing here
 //! runs and the leader is the single-machine leader of docs/DESIGN.md.
 //!
+//! This folder is the leader's lowest layer but one: it names none of the
+//! leader's flows. What it needs of its leader comes in a [`Ground`] (the
+//! store, who may write, the poll's client and health), and what the other
+//! machines ask of this one is answered through [`Machine`], which the
+//! leader implements with its flows.
+//!
 //! * [`run`] — connects (and keeps trying), then for the leader's whole
 //!   life: campaigns for the lease and, while it holds it, polls Telegram
 //!   ([`poll`]) and serves the other machines' Bot API calls ([`calls`]);
@@ -15,75 +21,127 @@
 //! NATS itself stays behind `crate::cluster`.
 
 pub(super) mod calls;
-mod claims;
+pub(super) mod claims;
 mod consume;
 mod node;
 mod poll;
-mod questions;
+pub(super) mod questions;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-use super::Leader;
+use super::access::Access;
 use super::batch::Batch;
-use super::poller::PollHealth;
+use super::failure::{Failure, Performed};
+use super::poller::{Journal, PollFacts, PollHealth, Poller};
 use crate::backoff::Backoff;
 use crate::cluster::lease::{Leadership, Term};
 use crate::cluster::{Cluster, Link};
-use crate::protocol::bus::ClusterLinkState;
-use crate::store::StoreError;
+use crate::protocol::bus::{BusError, BusStatus, ClusterLinkState, Restarting};
+use crate::protocol::launch::{RemoteDone, RemoteOp};
+use crate::store::{Store, StoreError};
+use crate::telegram::{BotApi, BotCall, Priority};
 use claims::adopt;
 use consume::consume;
 use poll::ClusterPoll;
 use questions::{answer_launch, answer_restart, answer_status};
 
-pub(super) use claims::SlotClaim;
 pub(super) use node::ClusterNode;
+
+/// What the cluster side works with, from its leader.
+pub(super) struct Ground {
+    pub node: Arc<ClusterNode>,
+    pub store: Arc<Mutex<Store>>,
+    pub access: Arc<Access>,
+    /// The configured chat for topics, if any.
+    pub chat_id: Option<i64>,
+    /// The poll's client.
+    pub api: BotApi,
+    pub health: watch::Sender<PollHealth>,
+    pub poll: Arc<Mutex<PollFacts>>,
+    /// The leader's: cancelled when it steps down.
+    pub stop: CancellationToken,
+}
+
+impl Ground {
+    /// A poller into `journal`, until `stop`.
+    fn poller<J: Journal>(&self, journal: J, stop: CancellationToken) -> Poller<J> {
+        Poller {
+            api: self.api.clone(),
+            journal,
+            health: self.health.clone(),
+            facts: self.poll.clone(),
+            stop,
+        }
+    }
+}
+
+/// What the other machines ask of this one, answered by its leader.
+pub(super) trait Machine: Send + Sync + 'static {
+    /// Makes a Bot API call another machine sent to this one, which holds
+    /// the bot-wide lease.
+    fn call(
+        &self,
+        call: BotCall,
+        priority: Priority,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Performed, Failure>> + Send;
+    /// This machine's sessions, for another machine's `/relay status`.
+    fn status(&self) -> Result<BusStatus, BusError>;
+    /// Another machine's `/relay restart`: step down for `plan`.
+    fn restart(&self, plan: Restarting);
+    /// An order for this machine's `serve` (`/new box:…`).
+    fn launch(&self, op: RemoteOp) -> impl Future<Output = RemoteDone> + Send;
+}
 
 /// The leader's cluster side, for the leader's whole life: returns when
 /// the leader stops, or with the error of a journal that failed (then the
 /// leader must not go on, as when its own poller fails).
-pub(super) async fn run(
-    leader: Arc<Leader>,
-    node: Arc<ClusterNode>,
+pub(super) async fn run<M: Machine>(
+    machine: Arc<M>,
+    ground: Arc<Ground>,
     batches: mpsc::Sender<Batch>,
 ) -> Result<(), StoreError> {
-    let Some(cluster) = connect(&leader, &node).await else {
+    let Some(cluster) = connect(&ground).await else {
         return Ok(());
     };
     let keeper = cluster.campaign();
+    let stop = ground.stop.clone();
     let mut helpers = tokio::task::JoinSet::new();
     helpers.spawn(crate::tasks::boxed(follow_link(
-        leader.clone(),
-        node.clone(),
+        ground.clone(),
         cluster.clone(),
     )));
     helpers.spawn(crate::tasks::boxed(mirror_leadership(
-        leader.clone(),
-        node.clone(),
+        ground.clone(),
         keeper.leadership(),
     )));
     helpers.spawn(crate::tasks::boxed(answer_status(
-        leader.clone(),
+        machine.clone(),
         cluster.clone(),
+        stop.clone(),
     )));
     helpers.spawn(crate::tasks::boxed(answer_restart(
-        leader.clone(),
+        machine.clone(),
         cluster.clone(),
+        stop.clone(),
     )));
     helpers.spawn(crate::tasks::boxed(answer_launch(
-        leader.clone(),
+        machine.clone(),
         cluster.clone(),
+        stop.clone(),
     )));
     let mut consuming =
-        crate::tasks::spawn(consume(leader.clone(), cluster.clone(), batches.clone()));
+        crate::tasks::spawn(consume(ground.clone(), cluster.clone(), batches.clone()));
     let result = tokio::select! {
-        led = lead(&leader, &cluster, keeper.leadership(), &batches) => led,
+        led = lead(&machine, &ground, &cluster, keeper.leadership(), &batches) => led,
         consumed = &mut consuming => consumed.unwrap_or(Ok(())),
     };
-    leader.stop.cancel();
+    stop.cancel();
     if !consuming.is_finished() {
         let _ = consuming.await;
     }
@@ -96,20 +154,21 @@ pub(super) async fn run(
 
 /// Connects, and keeps trying until it works or the leader stops; the link
 /// says why meanwhile.
-async fn connect(leader: &Arc<Leader>, node: &ClusterNode) -> Option<Cluster> {
+async fn connect(ground: &Ground) -> Option<Cluster> {
+    let (node, stop) = (&ground.node, &ground.stop);
     let node_id = match &node.node_id {
         Ok(id) => id.clone(),
         Err(why) => {
             tracing::error!("cannot join the cluster: {why}");
             node.set_link(ClusterLinkState::Down, Some(why.clone()));
-            leader.stop.cancelled().await;
+            stop.cancelled().await;
             return None;
         }
     };
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
     loop {
         let attempt = tokio::select! {
-            () = leader.stop.cancelled() => return None,
+            () = stop.cancelled() => return None,
             r = Cluster::connect(&node.config, node.bot, &node_id) => r,
         };
         match attempt {
@@ -117,7 +176,7 @@ async fn connect(leader: &Arc<Leader>, node: &ClusterNode) -> Option<Cluster> {
                 tracing::info!(node = %node.name(), "joined the cluster");
                 node.cluster.send_replace(Some(cluster.clone()));
                 node.set_link(ClusterLinkState::Up, None);
-                adopt(leader, &cluster).await;
+                adopt(ground, &cluster).await;
                 return Some(cluster);
             }
             Err(e) => {
@@ -127,7 +186,7 @@ async fn connect(leader: &Arc<Leader>, node: &ClusterNode) -> Option<Cluster> {
                 }
                 node.set_link(ClusterLinkState::Down, Some(why));
                 tokio::select! {
-                    () = leader.stop.cancelled() => return None,
+                    () = stop.cancelled() => return None,
                     () = tokio::time::sleep(backoff.step()) => {}
                 }
             }
@@ -138,7 +197,8 @@ async fn connect(leader: &Arc<Leader>, node: &ClusterNode) -> Option<Cluster> {
 /// Mirrors the connection's state into the link; when it comes back, the
 /// claims of this machine's sessions are asserted again (they may have
 /// been made while it was away, or lost with a NATS server's disk).
-async fn follow_link(leader: Arc<Leader>, node: Arc<ClusterNode>, cluster: Cluster) {
+async fn follow_link(ground: Arc<Ground>, cluster: Cluster) {
+    let node = &ground.node;
     let mut link = cluster.link();
     let mut was = Link::Up;
     loop {
@@ -152,25 +212,23 @@ async fn follow_link(leader: Arc<Leader>, node: Arc<ClusterNode>, cluster: Clust
         }
         if now == Link::Up && was == Link::Down {
             tracing::info!("the cluster connection is back");
-            adopt(&leader, &cluster).await;
+            adopt(&ground, &cluster).await;
         }
         was = now;
         tokio::select! {
-            () = leader.stop.cancelled() => return,
+            () = ground.stop.cancelled() => return,
             changed = link.changed() => if changed.is_err() { return },
         }
     }
 }
 
-async fn mirror_leadership(
-    leader: Arc<Leader>,
-    node: Arc<ClusterNode>,
-    mut leadership: watch::Receiver<Leadership>,
-) {
+async fn mirror_leadership(ground: Arc<Ground>, mut leadership: watch::Receiver<Leadership>) {
     loop {
-        node.set_leadership(leadership.borrow_and_update().clone());
+        ground
+            .node
+            .set_leadership(leadership.borrow_and_update().clone());
         tokio::select! {
-            () = leader.stop.cancelled() => return,
+            () = ground.stop.cancelled() => return,
             changed = leadership.changed() => if changed.is_err() { return },
         }
     }
@@ -178,8 +236,9 @@ async fn mirror_leadership(
 
 /// While this machine holds the lease: polls Telegram under its term and
 /// serves the other machines' calls; between terms, waits.
-async fn lead(
-    leader: &Arc<Leader>,
+async fn lead<M: Machine>(
+    machine: &Arc<M>,
+    ground: &Ground,
     cluster: &Cluster,
     mut leadership: watch::Receiver<Leadership>,
     batches: &mpsc::Sender<Batch>,
@@ -187,13 +246,13 @@ async fn lead(
     loop {
         let now = leadership.borrow_and_update().clone();
         if let Leadership::Leading { term } = now {
-            poll_under(leader, cluster, term, &mut leadership, batches).await?;
+            poll_under(machine, ground, cluster, term, &mut leadership, batches).await?;
         }
-        if leader.stop.is_cancelled() {
+        if ground.stop.is_cancelled() {
             return Ok(());
         }
         tokio::select! {
-            () = leader.stop.cancelled() => return Ok(()),
+            () = ground.stop.cancelled() => return Ok(()),
             changed = leadership.changed() => if changed.is_err() { return Ok(()) },
         }
     }
@@ -206,7 +265,7 @@ fn leading(leadership: &watch::Receiver<Leadership>, term: Term) -> bool {
 /// The offset the term polls from: the bot-wide one (the first leader
 /// ever starts from its own). `None`: the term or the leader ended first.
 async fn cluster_offset(
-    leader: &Arc<Leader>,
+    ground: &Ground,
     cluster: &Cluster,
     term: Term,
     leadership: &mut watch::Receiver<Leadership>,
@@ -215,11 +274,14 @@ async fn cluster_offset(
     loop {
         match cluster.claims().offset().await {
             Ok(Some(offset)) => return Ok(Some(Some(offset))),
-            Ok(None) => return leader.store().offset().map(Some),
+            Ok(None) => {
+                let store = ground.store.lock().unwrap_or_else(PoisonError::into_inner);
+                return store.offset().map(Some);
+            }
             Err(e) => {
                 tracing::warn!(%term, "cannot read the cluster's offset: {e}");
                 tokio::select! {
-                    () = leader.stop.cancelled() => return Ok(None),
+                    () = ground.stop.cancelled() => return Ok(None),
                     _ = leadership.changed() => if !leading(leadership, term) { return Ok(None) },
                     () = tokio::time::sleep(retry.step()) => {}
                 }
@@ -230,19 +292,20 @@ async fn cluster_offset(
 
 /// One term of polling: from the cluster's offset, until the lease is
 /// lost, the poller is fenced off, or the leader stops.
-async fn poll_under(
-    leader: &Arc<Leader>,
+async fn poll_under<M: Machine>(
+    machine: &Arc<M>,
+    ground: &Ground,
     cluster: &Cluster,
     term: Term,
     leadership: &mut watch::Receiver<Leadership>,
     batches: &mpsc::Sender<Batch>,
 ) -> Result<(), StoreError> {
-    let stop = leader.stop.child_token();
-    let Some(offset) = cluster_offset(leader, cluster, term, leadership).await? else {
+    let stop = ground.stop.child_token();
+    let Some(offset) = cluster_offset(ground, cluster, term, leadership).await? else {
         return Ok(());
     };
     let serving = crate::tasks::spawn(calls::serve(
-        leader.clone(),
+        machine.clone(),
         cluster.clone(),
         term,
         stop.clone(),
@@ -256,7 +319,7 @@ async fn poll_under(
         stop: stop.clone(),
         batches: batches.clone(),
     };
-    let mut polling = crate::tasks::spawn(leader.poller(journal, stop.clone()).run());
+    let mut polling = crate::tasks::spawn(ground.poller(journal, stop.clone()).run());
     let ended = loop {
         tokio::select! {
             ended = &mut polling => break ended,
@@ -270,7 +333,7 @@ async fn poll_under(
     };
     stop.cancel();
     let _ = serving.await;
-    leader
+    ground
         .health
         .send_if_modified(|h| std::mem::replace(h, PollHealth::Starting) != PollHealth::Starting);
     match ended {
@@ -278,9 +341,9 @@ async fn poll_under(
         Err(e) => tracing::error!("the poller ended abnormally: {e}"),
     }
     // Fenced off before the lease watch said so: wait until it does.
-    while leading(leadership, term) && !leader.stop.is_cancelled() {
+    while leading(leadership, term) && !ground.stop.is_cancelled() {
         tokio::select! {
-            () = leader.stop.cancelled() => {}
+            () = ground.stop.cancelled() => {}
             changed = leadership.changed() => if changed.is_err() { break },
         }
     }
