@@ -41,6 +41,7 @@ mod leader;
 mod logging;
 mod member;
 mod paths;
+pub mod phone;
 mod policy;
 pub mod protocol;
 mod redact;

@@ -9,6 +9,7 @@
 use tokio::sync::mpsc;
 
 use super::triage::{Entry, Notice, Triage, Triaged};
+use crate::phone::PhoneCommand;
 use crate::store::{StoreError, Unflushed};
 use crate::telegram::Update;
 
@@ -20,7 +21,10 @@ pub(super) struct Batch {
     /// What topics are told instead of journaling (a file too big to
     /// download, a sticker).
     pub notices: Vec<Notice>,
-    /// Decoded updates the triage did not journal (pairing, General, …).
+    /// Commands the leader answers, each read once by the triage.
+    pub commands: Vec<(Update, PhoneCommand)>,
+    /// Decoded updates the triage did not journal (a tap, a message in
+    /// General, …).
     pub others: Vec<Update>,
 }
 
@@ -36,8 +40,24 @@ impl Batch {
             match triage.triage(&update) {
                 Triaged::Journal(entry) => batch.journaled.push(entry),
                 Triaged::Notice(notice) if first => batch.notices.push(notice),
+                Triaged::Command(command) if first => batch.commands.push((update, command)),
                 Triaged::Leader if first => batch.others.push(update),
-                Triaged::Notice(_) | Triaged::Leader => {}
+                Triaged::Notice(_) | Triaged::Command(_) | Triaged::Leader => {}
+            }
+        }
+        batch
+    }
+}
+
+impl Batch {
+    /// Updates no session of this machine takes (across machines: in no
+    /// machine's topic): the commands among them read, the rest as they are.
+    pub fn unowned(updates: Vec<Update>) -> Self {
+        let mut batch = Self::default();
+        for update in updates {
+            match super::triage::command_of(&update) {
+                Some(command) => batch.commands.push((update, command)),
+                None => batch.others.push(update),
             }
         }
         batch

@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cluster::questions;
-use super::command::{Command, NewArgs, parse};
 use super::context::Context;
 use super::errands::Refusal;
 use super::failure::Failure;
@@ -32,6 +31,7 @@ use super::schedules::Schedules;
 use super::speaker::Say;
 use super::status::Status;
 use crate::ids::Place;
+use crate::phone::{NewArgs, PhoneCommand, new_args};
 use crate::protocol::bus::*;
 use crate::protocol::launch::{ModelChoice, OrderOp, OrderOutcome, RemoteDone, RemoteOp};
 use crate::render::escape;
@@ -145,11 +145,21 @@ impl ControlPlace {
     /// A message from an allowed user in the relay's own chat that no
     /// session takes: a command, or the list. Never awaits.
     pub fn message(self: &Arc<Self>, message: &Message, prefix: String) {
-        let text = message.text.as_deref().unwrap_or_default().to_string();
-        let place = Place {
-            chat_id: message.chat.id,
-            thread_id: message.topic(),
-        };
+        let place = place_of(message);
+        let control = self.clone();
+        self.cx.errands.run(async move {
+            let said = control.sessions_message(place, None, 0, &prefix).await;
+            if let Err(e) = said {
+                tracing::warn!("cannot answer with the session list: {e}");
+            }
+        });
+    }
+
+    /// A command from the phone the leader answers (the triage read it),
+    /// in the control place or in a session's topic; `prefix` goes before
+    /// the session list, which is the answer to any other. Never awaits.
+    pub fn command(self: &Arc<Self>, message: &Message, command: PhoneCommand, prefix: String) {
+        let place = place_of(message);
         let user = message.from.as_ref().map_or(0, |u| u.id);
         let owner = place.thread_id.and_then(|thread| {
             self.cx
@@ -160,46 +170,47 @@ impl ControlPlace {
                 .filter(|b| b.target().is_some())
                 .map(|b| b.profile_key)
         });
-        let command = parse(&text, &self.launches.engines());
         let control = self.clone();
         self.cx.errands.run(async move {
-            match (command, owner) {
-                (Some(command), owner) => {
-                    control
-                        .command(place, user, command, owner.as_deref())
-                        .await
-                }
-                (None, _) => {
-                    let said = control.sessions_message(place, None, 0, &prefix).await;
-                    if let Err(e) = said {
-                        tracing::warn!("cannot answer with the session list: {e}");
-                    }
-                }
+            let owner = owner.as_deref();
+            let said = control.run(place, user, command, owner, &prefix).await;
+            if let Err(e) = said {
+                tracing::warn!("cannot answer a command: {e}");
             }
         });
     }
 
     /// Runs one command from `user`; `owner` is the session whose topic it
     /// was written in, if any.
-    async fn command(
+    async fn run(
         self: &Arc<Self>,
         place: Place,
         user: i64,
-        command: Command,
+        command: PhoneCommand,
         owner: Option<&str>,
-    ) {
-        let said = match command {
-            Command::New(args) => self.new_command(place, user, args).await,
-            Command::Sessions => self.sessions_message(place, None, 0, "").await.map(drop),
-            Command::Resume(which) => self.resume_command(place, user, which, owner).await,
-            Command::End => self.end_command(place, user, owner).await,
-            Command::Model => self.model_command(place, owner).await,
-            Command::Every(rest) => self.schedules.every(place, user, owner, &rest).await,
-            Command::At(rest) => self.schedules.at(place, user, owner, &rest).await,
-            Command::Schedules => self.schedules.list(place, owner).await,
-        };
-        if let Err(e) = said {
-            tracing::warn!("cannot answer a command: {e}");
+        prefix: &str,
+    ) -> Result<(), Failure> {
+        match command {
+            PhoneCommand::New(rest) => {
+                let args = new_args(&rest, &self.launches.engines());
+                self.new_command(place, user, args).await
+            }
+            PhoneCommand::Resume(which) => self.resume_command(place, user, which, owner).await,
+            PhoneCommand::End => self.end_command(place, user, owner).await,
+            PhoneCommand::Model => self.model_command(place, owner).await,
+            PhoneCommand::Every(rest) => self.schedules.every(place, user, owner, &rest).await,
+            PhoneCommand::At(rest) => self.schedules.at(place, user, owner, &rest).await,
+            PhoneCommand::Schedules => self.schedules.list(place, owner).await,
+            // `/sessions`, and what is no command here: `/start` in a group,
+            // a session's own command outside its topic.
+            PhoneCommand::Sessions
+            | PhoneCommand::Start(_)
+            | PhoneCommand::Status
+            | PhoneCommand::Stop
+            | PhoneCommand::Resend => self
+                .sessions_message(place, None, 0, prefix)
+                .await
+                .map(drop),
         }
     }
 
@@ -763,6 +774,14 @@ impl ControlPlace {
                 .any(|s| s.launch.as_ref().is_some_and(|l| l.launch_id == id))
                 .then(|| m.node.clone())
         })
+    }
+}
+
+/// Where the leader answers a message: where it was written.
+fn place_of(message: &Message) -> Place {
+    Place {
+        chat_id: message.chat.id,
+        thread_id: message.topic(),
     }
 }
 

@@ -45,7 +45,6 @@ mod asks;
 mod batch;
 mod budget;
 mod cluster;
-mod command;
 mod conn;
 mod context;
 mod control;
@@ -80,7 +79,9 @@ use tokio::task::JoinSet;
 
 use crate::bus::election::{LeaderInfo, LeaderLock};
 use crate::config::Config;
+use crate::ids::Place;
 use crate::paths::Paths;
+use crate::phone::PhoneCommand;
 use crate::protocol::bus::*;
 use crate::protocol::launch::{RemoteDone, RemoteOp};
 use crate::store::{Store, StoreError};
@@ -428,28 +429,61 @@ impl Leader {
     }
 
     /// What a batch brought: its journaled messages routed, its notices
-    /// said, and the updates no session takes answered. Never awaits.
+    /// said, its commands run and the updates no session takes answered.
+    /// Never awaits.
     fn take(&self, batch: Batch) {
         self.router.route(batch.journaled);
         for notice in batch.notices {
-            let place = crate::ids::Place {
+            let place = Place {
                 chat_id: notice.chat_id,
                 thread_id: Some(notice.thread_id),
             };
             self.cx.speaker.later(place, notice.text);
+        }
+        for (update, command) in batch.commands {
+            if let UpdateKind::Message(message) = &update.kind {
+                self.command(message, command);
+            }
         }
         for update in batch.others {
             self.answer(update);
         }
     }
 
-    /// An update that is not for a session: pairing, a message outside any
-    /// session's topic, a tap. Never awaits.
+    /// A command the leader answers (the triage read it): pairing for
+    /// anybody in the bot's private chat, the rest for allowed users in
+    /// the relay's own chats.
+    fn command(&self, message: &Message, command: PhoneCommand) {
+        let Some(user) = message.from.as_ref() else {
+            return;
+        };
+        let allowed = self.cx.access.is_allowed(user.id);
+        let private = message.chat.kind == ChatKind::Private;
+        let mut prefix = String::new();
+        if let (PhoneCommand::Start(code), true) = (&command, private) {
+            // A user who may already drive sessions does not spend the
+            // code (someone else may be about to use it): they are told.
+            if !code.is_empty() && !allowed {
+                pairing::redeem(&self.cx, user.id, message.chat.id, code);
+                return;
+            }
+            if allowed {
+                prefix.push_str("You are already paired with this bot.\n");
+            }
+        }
+        if !allowed || !self.cx.is_ours(message) {
+            return;
+        }
+        prefix.push_str(self.no_session_here(message));
+        self.control.command(message, command, prefix);
+    }
+
+    /// An update that is not for a session and no command: a message
+    /// outside any session's topic, an edit, a tap. Never awaits.
     fn answer(&self, update: Update) {
         match update.kind {
-            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
-                self.answer_message(&message)
-            }
+            UpdateKind::Message(message) => self.answer_message(&message),
+            UpdateKind::EditedMessage(message) => self.edited(&message),
             UpdateKind::CallbackQuery(query)
                 if query.data.as_deref().is_some_and(|d| d.starts_with("c:")) =>
             {
@@ -462,51 +496,60 @@ impl Leader {
         }
     }
 
-    /// A message no session takes: `/start <code>`, a command the leader
-    /// answers itself, or anything else (the session list).
+    /// A message no session takes and no command: the session list, in the
+    /// relay's own chats, for an allowed user.
     fn answer_message(&self, message: &Message) {
         let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
             return;
         };
         let text = message.text.as_deref().unwrap_or_default().trim();
-        let private = message.chat.kind == ChatKind::Private;
-        let allowed = self.cx.access.is_allowed(user.id);
-        let mut greeting = "";
-        if private && let Some(code) = text.strip_prefix("/start") {
-            let code = code.trim();
-            // A user who may already drive sessions does not spend the
-            // code (someone else may be about to use it): they are told.
-            if !code.is_empty() && !allowed {
-                pairing::redeem(&self.cx, user.id, message.chat.id, code);
-                return;
-            }
-            if allowed {
-                greeting = "You are already paired with this bot.\n";
-            }
-        }
         // Service messages (a topic made, a member joined) have neither.
-        if !allowed || (text.is_empty() && message.media().is_none()) {
+        if !self.cx.access.is_allowed(user.id) || (text.is_empty() && message.media().is_none()) {
             return;
-        }
-        let mut prefix = greeting.to_string();
-        let owned = message.topic().is_some_and(|thread| {
-            self.cx
-                .store()
-                .binding_by_thread(message.chat.id, thread)
-                .ok()
-                .flatten()
-                .is_some()
-        });
-        if message.topic().is_some() && !owned {
-            prefix
-                .push_str("This topic belongs to no session, so your message reached no agent.\n");
         }
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
         if self.cx.is_ours(message) {
-            // The control place's commands, the commands about a session in
-            // its topic, and the session list for anything else.
+            let prefix = self.no_session_here(message).to_string();
             self.control.message(message, prefix);
+        }
+    }
+
+    /// An edited message no session takes: an edit of a command does not
+    /// run it again, and the person is told so; other edits change
+    /// nothing.
+    fn edited(&self, message: &Message) {
+        let command = message.text.as_deref().and_then(PhoneCommand::parse);
+        let allowed = message
+            .from
+            .as_ref()
+            .is_some_and(|u| !u.is_bot && self.cx.access.is_allowed(u.id));
+        if command.is_some() && allowed && self.cx.is_ours(message) {
+            let place = Place {
+                chat_id: message.chat.id,
+                thread_id: message.topic(),
+            };
+            let text = "✏️ An edited command is not run again; send it as a new message to run it.";
+            self.cx.speaker.later(place, text.into());
+        }
+    }
+
+    /// What a message in a topic no session owns is told first.
+    fn no_session_here(&self, message: &Message) -> &'static str {
+        let Some(thread) = message.topic() else {
+            return "";
+        };
+        let owned = self
+            .cx
+            .store()
+            .binding_by_thread(message.chat.id, thread)
+            .ok()
+            .flatten()
+            .is_some();
+        if owned {
+            ""
+        } else {
+            "This topic belongs to no session, so your message reached no agent.\n"
         }
     }
 

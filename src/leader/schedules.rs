@@ -19,9 +19,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Local, NaiveDate, NaiveTime, TimeZone};
+use chrono::{DateTime, Local, TimeZone};
 
-use super::command::{new_args, next_word};
 use super::context::Context;
 use super::failure::Failure;
 use super::launches::{Launches, new_launch_id};
@@ -30,6 +29,7 @@ use super::router::Router;
 use super::speaker::Say;
 use super::triage::Entry;
 use crate::ids::Place;
+use crate::phone::{When, new_args, read_at, read_every};
 use crate::protocol::bus::{Button, Keyboard};
 use crate::protocol::launch::LaunchSpec;
 use crate::render::escape;
@@ -39,94 +39,6 @@ use crate::store::{Launch, LaunchState, NewSchedule, NewUpdate, Schedule};
 pub(super) const TICK: Duration = Duration::from_secs(1);
 /// A firing later than this was missed, not run.
 const LATE: Duration = Duration::from_secs(120);
-/// The shortest interval `/every` takes.
-const SHORTEST: Duration = Duration::from_secs(5);
-
-/// When a schedule fires.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum When {
-    Every(Duration),
-    /// Five cron fields (or a nickname such as `@daily`).
-    Cron(String),
-    /// Once, at this Unix millisecond.
-    At(i64),
-}
-
-/// Reads `/every`'s `<interval or cron>`; answers it and what follows.
-pub(super) fn parse_every(rest: &str) -> Result<(When, &str), String> {
-    let Some((first, after)) = next_word(rest) else {
-        return Err("say how often: /every 30m <prompt>, or /every 0 9 * * 1-5 <prompt>".into());
-    };
-    // A bare number is a cron field (`0 9 * * *`), never an interval.
-    let interval = first.bytes().any(|b| b.is_ascii_alphabetic());
-    if let Some(every) = interval
-        .then(|| humantime::parse_duration(&first).ok())
-        .flatten()
-    {
-        if every < SHORTEST {
-            return Err(format!("at most once every {} s", SHORTEST.as_secs()));
-        }
-        return Ok((When::Every(every), after));
-    }
-    if first.starts_with('@') {
-        croner::Cron::from_str(&first).map_err(|e| format!("{first}: {e}"))?;
-        return Ok((When::Cron(first), after));
-    }
-    let mut fields = vec![first];
-    let mut rest = after;
-    while fields.len() < 5 {
-        let Some((word, after)) = next_word(rest) else {
-            break;
-        };
-        fields.push(word);
-        rest = after;
-    }
-    let pattern = fields.join(" ");
-    croner::Cron::from_str(&pattern).map_err(|e| {
-        format!("“{pattern}” is neither an interval (30m, 2h, 1d) nor five cron fields: {e}")
-    })?;
-    Ok((When::Cron(pattern), rest))
-}
-
-/// Reads `/at`'s `<time>`: `+30m` or `in 30m`, `14:30` (the next one), or
-/// `2026-07-01 09:00`; answers the Unix millisecond and what follows.
-pub(super) fn parse_at(rest: &str, now: DateTime<Local>) -> Result<(i64, &str), String> {
-    let usage = "say when: /at 14:30 <prompt>, /at +2h <prompt> or /at 2026-07-01 09:00 <prompt>";
-    let Some((first, after)) = next_word(rest) else {
-        return Err(usage.into());
-    };
-    let relative = match first.as_str() {
-        "in" => next_word(after),
-        word => word.strip_prefix('+').map(|d| (d.to_string(), after)),
-    };
-    if let Some((span, after)) = relative {
-        let span = humantime::parse_duration(&span).map_err(|e| format!("{span}: {e}"))?;
-        let at = now + chrono::Duration::from_std(span).map_err(|e| e.to_string())?;
-        return Ok((at.timestamp_millis(), after));
-    }
-    if let Ok(time) = NaiveTime::parse_from_str(&first, "%H:%M") {
-        let today = now.date_naive().and_time(time);
-        let mut at = local(today).ok_or("that time does not exist today here")?;
-        if at <= now {
-            at = local(today + chrono::Duration::days(1)).ok_or("that time does not exist here")?;
-        }
-        return Ok((at.timestamp_millis(), after));
-    }
-    if let Ok(date) = NaiveDate::parse_from_str(&first, "%Y-%m-%d") {
-        let (time, after) = next_word(after).ok_or(usage)?;
-        let time = NaiveTime::parse_from_str(&time, "%H:%M").map_err(|_| usage.to_string())?;
-        let at = local(date.and_time(time)).ok_or("that time does not exist here")?;
-        if at <= now {
-            return Err(format!("{} has passed", at.format("%Y-%m-%d %H:%M")));
-        }
-        return Ok((at.timestamp_millis(), after));
-    }
-    Err(usage.into())
-}
-
-fn local(naive: chrono::NaiveDateTime) -> Option<DateTime<Local>> {
-    Local.from_local_datetime(&naive).earliest()
-}
 
 /// When `schedule` fires next after `now_ms`; `None` for a one-off.
 fn next_after(schedule: &Schedule, now_ms: i64) -> Option<i64> {
@@ -210,7 +122,7 @@ impl Schedules {
         rest: &str,
     ) -> Result<(), Failure> {
         let added =
-            parse_every(rest).and_then(|(when, rest)| self.add(place, user, owner, when, rest));
+            read_every(rest).and_then(|(when, rest)| self.add(place, user, owner, when, rest));
         self.confirm(place, added).await
     }
 
@@ -222,7 +134,7 @@ impl Schedules {
         owner: Option<&str>,
         rest: &str,
     ) -> Result<(), Failure> {
-        let added = parse_at(rest, Local::now())
+        let added = read_at(rest, Local::now())
             .and_then(|(at, rest)| self.add(place, user, owner, When::At(at), rest));
         self.confirm(place, added).await
     }
@@ -648,51 +560,8 @@ mod tests {
     use super::*;
 
     fn at(text: &str) -> DateTime<Local> {
-        local(chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M").unwrap()).unwrap()
-    }
-
-    #[test]
-    fn intervals_and_cron_patterns_are_read_with_what_follows() {
-        let (when, rest) = parse_every("90m check the queue").unwrap();
-        assert_eq!(when, When::Every(Duration::from_secs(5400)));
-        assert_eq!(rest.trim(), "check the queue");
-        let (when, rest) = parse_every("0 9 * * 1-5 standup notes").unwrap();
-        assert_eq!(when, When::Cron("0 9 * * 1-5".into()));
-        assert_eq!(rest.trim(), "standup notes");
-        let (when, _) = parse_every("@daily x").unwrap();
-        assert_eq!(when, When::Cron("@daily".into()));
-        assert!(
-            parse_every("1s spin")
-                .unwrap_err()
-                .contains("at most once every")
-        );
-        assert!(parse_every("often please").is_err());
-    }
-
-    #[test]
-    fn a_time_of_day_is_the_next_one_and_a_date_must_come() {
-        let now = at("2026-03-10 15:00");
-        let (ms, rest) = parse_at("14:30 review", now).unwrap();
-        assert_eq!(
-            ms,
-            at("2026-03-11 14:30").timestamp_millis(),
-            "passed today: tomorrow"
-        );
-        assert_eq!(rest.trim(), "review");
-        let (ms, _) = parse_at("16:00 x", now).unwrap();
-        assert_eq!(ms, at("2026-03-10 16:00").timestamp_millis());
-        let (ms, _) = parse_at("+2h x", now).unwrap();
-        assert_eq!(ms, at("2026-03-10 17:00").timestamp_millis());
-        let (ms, _) = parse_at("in 30m x", now).unwrap();
-        assert_eq!(ms, at("2026-03-10 15:30").timestamp_millis());
-        let (ms, _) = parse_at("2026-04-01 09:00 x", now).unwrap();
-        assert_eq!(ms, at("2026-04-01 09:00").timestamp_millis());
-        assert!(
-            parse_at("2026-01-01 09:00 x", now)
-                .unwrap_err()
-                .contains("passed")
-        );
-        assert!(parse_at("soon x", now).is_err());
+        let naive = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M").unwrap();
+        Local.from_local_datetime(&naive).earliest().unwrap()
     }
 
     #[test]

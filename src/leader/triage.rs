@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::access::Access;
 use crate::files::{DOWNLOAD_MAX, describe_against};
+use crate::phone::PhoneCommand;
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
 use crate::telegram::types::MessageGenerationStopped;
@@ -115,6 +116,9 @@ pub(super) enum Triaged {
     Journal(Entry),
     /// The topic is told why the message goes nowhere; nothing else happens.
     Notice(Notice),
+    /// A command the leader answers (`/new`, `/end`, `/start <code>`…):
+    /// read here, once.
+    Command(PhoneCommand),
     /// The leader answers it itself (pairing, a tap, a stranger…).
     Leader,
 }
@@ -176,15 +180,33 @@ impl Triage {
         let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
             return Triaged::Leader;
         };
-        let Some(thread) = message.topic() else {
-            return Triaged::Leader;
-        };
-        if !self.allowed.contains(&user.id) {
+        let command = command_of(update);
+        // An edited command is neither run again nor a prompt: the
+        // leader says so.
+        if edited
+            && message
+                .text
+                .as_deref()
+                .and_then(PhoneCommand::parse)
+                .is_some()
+        {
             return Triaged::Leader;
         }
-        let Some(owner) = self.owners.get(&(message.chat.id, thread)).cloned() else {
-            return Triaged::Leader;
+        let owner = message
+            .topic()
+            .filter(|_| self.allowed.contains(&user.id))
+            .and_then(|thread| self.owners.get(&(message.chat.id, thread)).cloned());
+        let (Some(owner), Some(thread)) = (owner, message.topic()) else {
+            return command.map_or(Triaged::Leader, Triaged::Command);
         };
+        if let Some(command) = command {
+            return match command.journaled() {
+                // The session's own (`/stop`, `/status`, `/resend`): in
+                // order with the messages around it.
+                Some(text) => self.journal(update, message, &owner, text.into(), Vec::new()),
+                None => Triaged::Command(command),
+            };
+        }
         let (text, files) = match content(message, edited) {
             Ok(content) => content,
             Err(Some(text)) => {
@@ -196,30 +218,39 @@ impl Triage {
             }
             Err(None) => return Triaged::Leader,
         };
-        // `/end`, `/model`, `/every`… are about the session, not prompts
-        // for its agent: the leader answers them (`control.rs`).
-        if !edited && files.is_empty() && super::command::is_topic_command(&text) {
-            return Triaged::Leader;
-        }
         let text = if edited {
             format!("(edited) {text}")
         } else {
             text
         };
+        self.journal(update, message, &owner, text, files)
+    }
+
+    /// A message from an allowed user for the session of `owner`, as the
+    /// journal keeps it.
+    fn journal(
+        &self,
+        update: &Update,
+        message: &Message,
+        owner: &str,
+        text: String,
+        files: Vec<JournaledFile>,
+    ) -> Triaged {
+        let user = message.from.as_ref();
         let reply_to = message.reply_to_message.as_ref().map(|m| m.message_id);
         let detail = MessageDetail {
             reply_to,
-            from: reply_to.map(|_| user.first_name.clone()),
+            from: reply_to.and(user.map(|u| u.first_name.clone())),
             media_group_id: message.media_group_id.clone().filter(|_| !files.is_empty()),
             files,
         };
         Triaged::Journal(Entry {
             update: NewUpdate {
                 update_id: update.update_id,
-                owner: Some(owner),
+                owner: Some(owner.to_string()),
                 chat_id: message.chat.id,
-                thread_id: Some(thread),
-                user_id: user.id,
+                thread_id: message.topic(),
+                user_id: user.map_or(0, |u| u.id),
                 message_id: message.message_id,
                 text,
                 detail: (detail != MessageDetail::default())
@@ -233,8 +264,8 @@ impl Triage {
 
 impl Triage {
     /// A draft's stop button, pressed in a session's topic of a private
-    /// chat (whose id is the person's): it stops that session's turn as
-    /// `/stop` typed there would, in order with the messages around it. It
+    /// chat (whose id is the person's): it is [`PhoneCommand::Stop`], as
+    /// `/stop` typed there is, in order with the messages around it. It
     /// names no message, so its entry names message 0.
     fn stop_button(&self, update: &Update, stopped: &MessageGenerationStopped) -> Triaged {
         let person = stopped.chat.id;
@@ -255,7 +286,7 @@ impl Triage {
                 thread_id: Some(thread),
                 user_id: person,
                 message_id: 0,
-                text: STOP.into(),
+                text: PhoneCommand::Stop.journaled().unwrap_or_default().into(),
                 detail: None,
             },
             detail: MessageDetail::default(),
@@ -263,8 +294,17 @@ impl Triage {
     }
 }
 
-/// What the stop button of a draft means to a session.
-pub(super) const STOP: &str = "/stop";
+/// The command a message is, read once: only a message as first written
+/// is one (an edit of a command is not a new command), and only a
+/// person's.
+pub(super) fn command_of(update: &Update) -> Option<PhoneCommand> {
+    match &update.kind {
+        UpdateKind::Message(message) if message.from.as_ref().is_some_and(|u| !u.is_bot) => {
+            PhoneCommand::parse(message.text.as_deref()?)
+        }
+        _ => None,
+    }
+}
 
 /// What a message from an allowed user in a session's topic carries for
 /// its agent: its text, or its file with the caption. `Err(Some(notice))`:

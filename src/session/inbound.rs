@@ -39,6 +39,7 @@ use super::media::{self, ALBUM_WAIT, Prepared};
 use super::outbound::ToTopic;
 use crate::host::OutboundError;
 use crate::member::Member;
+use crate::phone::PhoneCommand;
 use crate::protocol::bus::Deliver;
 use crate::protocol::host::{
     Attachment, DeliverAs, MessageOrigin, SendUserMessageParams, SendUserMessageResult,
@@ -77,15 +78,6 @@ impl Seen {
             }
         }
     }
-}
-
-/// A command typed in the topic, as Telegram sends it in groups too
-/// (`/stop@relay_bot`).
-fn topic_command(text: &str) -> Option<&str> {
-    let word = text.trim().strip_prefix('/')?;
-    let word = word.split_whitespace().next()?;
-    let word = word.split('@').next()?;
-    matches!(word, "status" | "stop" | "resend").then_some(word)
 }
 
 /// Prompts handed to the host and not answered yet, at most. They go out
@@ -176,7 +168,7 @@ pub async fn run(
                     break;
                 };
                 let has_files = parts.iter().any(|d| !d.message.attachments.is_empty());
-                if !has_files && topic_command(&parts[0].message.text).is_some() {
+                if !has_files && PhoneCommand::delivered(&parts[0].message.text).is_some() {
                     // A command acts on what came before it: the prompts
                     // on their way are answered first.
                     while let Some(answered) = in_flight.next().await {
@@ -304,12 +296,12 @@ fn accepted(
 /// Runs a command typed in the topic. Whatever it came to, the person
 /// hears of it in the topic, so the command is settled once it ran.
 async fn run_command(session: &Session, deliver: &Deliver) {
-    match topic_command(&deliver.message.text) {
-        Some("status") => {
+    match PhoneCommand::delivered(&deliver.message.text) {
+        Some(PhoneCommand::Status) => {
             let report = session.status_report(false).await;
             session.send_out(ToTopic::Plain(report));
         }
-        Some("stop") => {
+        Some(PhoneCommand::Stop) => {
             let reply = match session.host.abort(HOST_TIMEOUT).await {
                 Ok(()) => {
                     session.stopped_by_user();
@@ -319,7 +311,7 @@ async fn run_command(session: &Session, deliver: &Deliver) {
             };
             session.send_out(ToTopic::Plain(reply));
         }
-        Some("resend") => match session.resend().await {
+        Some(PhoneCommand::Resend) => match session.resend().await {
             Ok(0) => session.send_out(ToTopic::Plain(
                 "Nothing to send again: every answer arrived.".into(),
             )),
@@ -335,15 +327,6 @@ async fn run_command(session: &Session, deliver: &Deliver) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topic_commands_are_recognised_with_or_without_the_bot_name() {
-        assert_eq!(topic_command("/stop"), Some("stop"));
-        assert_eq!(topic_command(" /status@relay_bot "), Some("status"));
-        assert_eq!(topic_command("/stopper"), None);
-        assert_eq!(topic_command("please /stop"), None);
-        assert_eq!(topic_command("/start abc"), None);
-    }
 
     #[test]
     fn seen_is_bounded_and_forgets_the_oldest() {

@@ -88,10 +88,7 @@ impl Journal for ClusterPoll {
         self.retry.reset();
         // Published and confirmed: the updates for no session are this
         // leader's to answer.
-        let batch = Batch {
-            others,
-            ..Batch::default()
-        };
+        let batch = Batch::unowned(others);
         let _ = self.batches.send(batch).await;
         Ok(Step::Confirm)
     }
