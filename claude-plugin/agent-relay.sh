@@ -20,10 +20,15 @@
 # exit 0, as a hook that cannot help must.
 
 # The npm platform (linux-x64, …) of this machine, as npm/binary.js names it.
+# (Each hook runs this script: it forks as little as it can.)
 npm_platform() {
-	case $(uname -s) in Linux) os=linux ;; Darwin) os=darwin ;; *) return 1 ;; esac
-	case $(uname -m) in x86_64 | amd64) cpu=x64 ;; aarch64 | arm64) cpu=arm64 ;; *) return 1 ;; esac
-	echo "$os-$cpu"
+	case $(uname -sm) in
+	"Linux x86_64") echo linux-x64 ;;
+	"Linux aarch64" | "Linux arm64") echo linux-arm64 ;;
+	"Darwin x86_64") echo darwin-x64 ;;
+	"Darwin arm64") echo darwin-arm64 ;;
+	*) return 1 ;;
+	esac
 }
 
 # Sets `relay` to $1, or, when $1 is npm's link to the package's launcher
@@ -38,7 +43,7 @@ use() {
 	esac
 	case $link in
 	/*) ;;
-	*) link="$(dirname "$1")/$link" ;;
+	*) link="${1%/*}/$link" ;;
 	esac
 	package=${link%/npm/agent-relay.js}
 	platform=$(npm_platform) || return 0
@@ -57,18 +62,23 @@ npm_prefix() {
 		return 0
 	fi
 	npmrc=${npm_config_userconfig:-${NPM_CONFIG_USERCONFIG:-${HOME:-}/.npmrc}}
+	prefix=""
 	if [ -f "$npmrc" ]; then
-		prefix=$(sed -n 's/^[[:space:]]*prefix[[:space:]]*=[[:space:]]*//p' "$npmrc" | tail -n 1 | sed 's/[[:space:]]*$//')
+		# The last `prefix = …` line wins, as in npm.
+		while IFS='= 	' read -r key value || [ -n "$key" ]; do
+			[ "$key" = prefix ] && prefix=$value
+		done <"$npmrc"
 		case $prefix in
 		"~/"*) prefix="${HOME:-}/${prefix#"~/"}" ;;
 		esac
-		if [ -n "$prefix" ]; then
-			echo "$prefix"
-			return 0
-		fi
+	fi
+	if [ -n "$prefix" ]; then
+		echo "$prefix"
+		return 0
 	fi
 	node=$(command -v node 2>/dev/null) || return 1
-	dirname "$(dirname "$node")"
+	node=${node%/*}
+	echo "${node%/*}"
 }
 
 # Sets `relay` to the binary, or `why` to why there is none.
