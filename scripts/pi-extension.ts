@@ -166,9 +166,10 @@ function packageVersion(dir: string): string | undefined {
 
 /**
  * The binary npm installed with this package (its platform's package, an optional
- * dependency, found from here as Node finds modules: `npm/binary.js`), or why there
- * is none. `undefined` outside an npm install (a checkout has no `node_modules` of it):
- * then it says nothing.
+ * dependency, found from the package's folder as Node finds modules:
+ * `npm/binary.js`), or why there is none. `undefined` for a checkout, whose own build
+ * matches it, and where `npm/binary.js` is not beside the extension: then the places
+ * `resolveBinary` looks next decide.
  */
 function packageBinary(manifest: Manifest): { binary?: string; problem?: string } | undefined {
 	if (manifest.dir === "" || existsSync(join(manifest.dir, "Cargo.toml"))) {
