@@ -6,8 +6,10 @@
  * file spawns `agent-relay stdio` and speaks the host protocol (docs/DESIGN.md,
  * "The host protocol") with it
  * (JSON-RPC 2.0, one object per line). The repository is a pi package holding this
- * file (`package.json`'s `pi` key): `pi install git:…` or `pi install <checkout>`; for
- * one run, `pi -e /path/to/scripts/pi-extension.ts` (README.md, "Use it with pi").
+ * file (`package.json`'s `pi` key), published on npm with the binary
+ * (docs/decisions/0009-npm-packages.md): `pi install npm:agent-relay`, `pi install
+ * git:…` or `pi install <checkout>`; for one run, `pi -e
+ * /path/to/scripts/pi-extension.ts` (README.md, "Use it with pi").
  *
  * One sidecar per pi process. pi re-runs extension factories on `/new`, `/resume`,
  * `/fork` and `/reload`, and every run gets a fresh `pi`/`ctx` pair whose
@@ -20,6 +22,7 @@
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
 import { accessSync, constants, existsSync, readFileSync, statSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
+import { createRequire } from "node:module";
 import { homedir } from "node:os";
 import { delimiter, dirname, join, resolve } from "node:path";
 import { StringDecoder } from "node:string_decoder";
@@ -85,6 +88,8 @@ interface CommandSpec {
 
 interface Manifest {
 	dir: string;
+	/** The package's version (its package.json), to compare with the binary's. */
+	version: string | undefined;
 	command: string;
 	args: string[];
 	envOverride: string;
@@ -118,6 +123,7 @@ class SidecarUnavailable extends Error {}
 function readManifest(): Manifest {
 	const fallback: Manifest = {
 		dir: "",
+		version: undefined,
 		command: "agent-relay",
 		args: ["stdio"],
 		envOverride: "AGENT_RELAY_BIN",
@@ -138,6 +144,7 @@ function readManifest(): Manifest {
 		const spawnSpec = raw.spawn ?? {};
 		return {
 			dir: dirname(path),
+			version: packageVersion(dirname(path)),
 			command: typeof spawnSpec.command === "string" ? spawnSpec.command : fallback.command,
 			args: Array.isArray(spawnSpec.args) ? spawnSpec.args.filter((a) => typeof a === "string") : fallback.args,
 			envOverride: typeof spawnSpec.envOverride === "string" ? spawnSpec.envOverride : fallback.envOverride,
@@ -148,15 +155,48 @@ function readManifest(): Manifest {
 	}
 }
 
+function packageVersion(dir: string): string | undefined {
+	try {
+		const { version } = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as { version?: unknown };
+		return typeof version === "string" ? version : undefined;
+	} catch {
+		return undefined;
+	}
+}
+
 /**
- * Which binary to run: the manifest's env override, else a build in the checkout the
- * manifest belongs to (release before debug), else the command on PATH, else where
- * `cargo install` puts it (`${CARGO_HOME:-~/.cargo}/bin`, which pi's PATH may lack).
- * `undefined` when there is none: `missingNotice` says how to install it.
+ * The binary npm installed with this package (its platform's package, an optional
+ * dependency, found from the package's folder as Node finds modules:
+ * `npm/binary.js`), or why there is none. `undefined` for a checkout, whose own build
+ * matches it, and where `npm/binary.js` is not beside the extension: then the places
+ * `resolveBinary` looks next decide.
+ */
+function packageBinary(manifest: Manifest): { binary?: string; problem?: string } | undefined {
+	if (manifest.dir === "" || existsSync(join(manifest.dir, "Cargo.toml"))) {
+		// A checkout: its own build, not a package's, is the one that matches it.
+		return undefined;
+	}
+	try {
+		const require = createRequire(join(manifest.dir, "package.json"));
+		return (require("./npm/binary.js") as { findBinary(): { binary?: string; problem?: string } }).findBinary();
+	} catch {
+		return undefined;
+	}
+}
+
+/**
+ * Which binary to run: the manifest's env override, else the binary npm installed
+ * with this package (pi installs `npm:` packages with `npm install -g`, whose `bin`
+ * folder pi's PATH may lack), else a build in the checkout the manifest belongs to
+ * (release before debug), else the command on PATH, else where `cargo install` puts
+ * it (`${CARGO_HOME:-~/.cargo}/bin`, which pi's PATH may lack). `undefined` when there
+ * is none: `missingNotice` says how to install it.
  */
 function resolveBinary(manifest: Manifest): string | undefined {
 	const override = process.env[manifest.envOverride];
 	if (override && override.trim() !== "") return override;
+	const packaged = packageBinary(manifest)?.binary;
+	if (packaged !== undefined) return packaged;
 	if (manifest.dir !== "") {
 		for (const profile of ["release", "debug"]) {
 			const built = join(manifest.dir, "target", profile, manifest.command);
@@ -184,14 +224,19 @@ function runnable(path: string): boolean {
 /**
  * What pi shows when there is no binary: the one command that installs it. A package
  * installed from git or a path is a checkout of the repository, so `cargo install
- * --path` of that very folder builds the version that matches this extension.
+ * --path` of that very folder builds the version that matches this extension; one
+ * installed from npm says why its platform's binary is not there.
  */
 function missingNotice(manifest: Manifest, tried: string | undefined): string {
+	const packaged = tried === undefined ? packageBinary(manifest)?.problem : undefined;
+	if (packaged !== undefined) {
+		return `agent-relay not found: ${packaged} Or set ${manifest.envOverride} to the binary; then /telegram-connect.`;
+	}
 	const where = tried ?? `${manifest.command} (not in the checkout's target/, on PATH or in ~/.cargo/bin)`;
 	const install =
 		manifest.dir !== "" && existsSync(join(manifest.dir, "Cargo.toml"))
 			? `cargo install --locked --path ${shellQuote(manifest.dir)}`
-			: "cargo install --locked --git <the agent-relay repository> agent-relay";
+			: "npm i -g agent-relay";
 	return `agent-relay not found: ${where}. Install it with \`${install}\`, or set ${manifest.envOverride} to the binary; then /telegram-connect.`;
 }
 
@@ -459,6 +504,7 @@ class Bridge {
 	/** The latest prompt came from Telegram (relayed), not from the keyboard. */
 	fromTelegram = false;
 	private readonly rebindWaiters = new Set<() => void>();
+	private versionNoticed = false;
 
 	constructor(readonly manifest: Manifest) {
 		this.commands = manifest.commands;
@@ -560,10 +606,16 @@ class Bridge {
 					hasUI: ctx.hasUI,
 				},
 				INITIALIZE_TIMEOUT_MS,
-			)) as { protocolVersion?: unknown; commands?: unknown } | null;
+			)) as { protocolVersion?: unknown; sidecar?: { version?: unknown }; commands?: unknown } | null;
 			if (result?.protocolVersion !== PROTOCOL_VERSION) {
-				this.warn(`agent-relay speaks protocol ${String(result?.protocolVersion)}, this extension ${PROTOCOL_VERSION}.`);
+				// Another protocol is another program: it is not let into the relay.
+				this.warn(
+					`agent-relay at ${sidecar.binary} speaks protocol ${String(result?.protocolVersion)}, this extension ${PROTOCOL_VERSION}, so it does not run: install the agent-relay of this extension's version${this.manifest.version ? ` (${this.manifest.version})` : ""}.`,
+				);
+				void sidecar.stop("another protocol");
+				return false;
 			}
+			this.noticeVersion(sidecar.binary, result?.sidecar?.version);
 			const commands = parseCommands(result?.commands);
 			if (commands.length > 0) {
 				this.commands = commands;
@@ -607,6 +659,22 @@ class Bridge {
 		this.statuses.set("relay", { text: "TG ✕ agent-relay missing", tone: "error" });
 		this.showStatus("relay", "TG ✕ agent-relay missing", "error");
 		this.warn(missingNotice(this.manifest, tried));
+	}
+
+	/** Once per pi process: the binary is of another version than this extension (same protocol, so it runs). */
+	private noticeVersion(binary: string, version: unknown): void {
+		const ours = this.manifest.version;
+		if (this.versionNoticed || ours === undefined || typeof version !== "string" || version === ours) return;
+		this.versionNoticed = true;
+		try {
+			this.binding?.ctx.ui.notify(
+				`agent-relay at ${binary} is version ${version}, this extension ${ours}; it speaks the same protocol (${PROTOCOL_VERSION}), so it runs.`,
+				"warning",
+			);
+		} catch {
+			// a stale ctx: the next start says it
+			this.versionNoticed = false;
+		}
 	}
 
 	private warn(message: string): void {

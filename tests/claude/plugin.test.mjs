@@ -170,6 +170,7 @@ test("without the binary the plugin says how to install it, and Claude Code runs
 	assert.ok(started, JSON.stringify(out.events.map((e) => e.subtype ?? e.type)));
 	const said = JSON.parse(started.stdout || started.output);
 	assert.match(said.systemMessage, /^agent-relay is not installed, so this session is not relayed to Telegram/);
+	assert.ok(said.systemMessage.includes("Install it with `npm i -g agent-relay`"), said.systemMessage);
 	assert.ok(said.systemMessage.includes(`\`cargo install --locked --path '${REPO}'\``), said.systemMessage);
 	assert.deepEqual(await telegram.topics(), [], "no topic without the relay");
 

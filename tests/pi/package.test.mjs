@@ -8,21 +8,26 @@
 //   clones it and runs npm, the extension finds `agent-relay` on PATH or in
 //   cargo's bin folder, names
 //   the one command that installs it when it is missing, `pi update` follows
-//   a new commit and `pi remove` deletes the clone.
+//   a new commit and `pi remove` deletes the clone;
+// * a binary of another version than the extension's package is named once
+//   and runs; one that speaks another protocol is stopped after the handshake,
+//   before it joins the relay.
+//
+// `pi install npm:agent-relay`, from a registry, is tests/npm/install.test.mjs.
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
-import { copyFile, mkdir, symlink, writeFile } from "node:fs/promises";
+import { chmod, copyFile, mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { delimiter, join, relative } from "node:path";
 import { test } from "node:test";
-import { REPO, World, stripAnsi } from "./harness.mjs";
+import { REPO, World, eventually, isRunning, stripAnsi } from "./harness.mjs";
 
 const TEST_MS = 180_000;
 const OUR_COMMANDS = ["relay", "telegram-connect", "telegram-disconnect", "telegram-status"];
 /** What the package is made of (package.json `files`), and Cargo.toml, which makes a checkout. */
-const PACKAGE_FILES = ["package.json", "scripts/pi-extension.ts", "extension-manifest.json", "Cargo.toml"];
+const PACKAGE_FILES = ["package.json", "npm/agent-relay.js", "npm/binary.js", "scripts/pi-extension.ts", "extension-manifest.json", "Cargo.toml"];
 const GIT_SOURCE = "git:github.com/agent-relay-test/agent-relay";
 
 function packages(world) {
@@ -171,4 +176,82 @@ test("pi install git:… clones the package, finds agent-relay on PATH or says h
 	assert.equal(removed.code, 0, removed.stderr);
 	assert.ok(!existsSync(clone), "pi remove deleted the clone");
 	assert.deepEqual(packages(world), []);
+});
+
+/** The extension's files in a folder of their own, its package.json saying `version`. */
+async function extensionOfVersion(world, version) {
+	const dir = join(world.root, `extension-${version}`);
+	for (const file of ["scripts/pi-extension.ts", "extension-manifest.json", "npm/binary.js"]) {
+		await mkdir(join(dir, file, ".."), { recursive: true });
+		await copyFile(join(REPO, file), join(dir, file));
+	}
+	const pkg = JSON.parse(await readFile(join(REPO, "package.json"), "utf8"));
+	await writeFile(join(dir, "package.json"), JSON.stringify({ ...pkg, version }));
+	return join(dir, "scripts", "pi-extension.ts");
+}
+
+const notices = (pi, pattern) =>
+	pi.events.filter((e) => e.type === "extension_ui_request" && e.method === "notify" && pattern.test(String(e.message)));
+
+test("a binary of another version is named once and runs; one of another protocol does not join the relay", { timeout: TEST_MS }, async (t) => {
+	const world = await World.create(t);
+	const binary = world.piEnv().AGENT_RELAY_BIN;
+	// The binary's version is the crate's, which scripts/npm-pack keeps equal to package.json's.
+	const { version } = JSON.parse(await readFile(join(REPO, "package.json"), "utf8"));
+	const pi = await world.startPi("alpha", { extension: await extensionOfVersion(world, "0.0.1-older") });
+	const said = await pi.uiRequest("notify", (e) => /is version/.test(String(e.message)));
+	assert.equal(
+		said.message,
+		`agent-relay at ${binary} is version ${version}, this extension 0.0.1-older; it speaks the same protocol (1), so it runs.`,
+	);
+	await pi.bound();
+	// The sidecar dies and /telegram-connect starts another: the handshake again, the notice not.
+	const [first] = pi.sidecars();
+	process.kill(first, "SIGKILL");
+	await pi.uiRequest("notify", (e) => String(e.message).startsWith("agent-relay stopped"));
+	const from = pi.mark();
+	await pi.prompt("/telegram-connect", 60_000);
+	await pi.bound({ from });
+	assert.notDeepEqual(pi.sidecars(), [first]);
+	assert.equal(notices(pi, /is version/).length, 1, "said once per pi process");
+	await pi.close();
+
+	// A sidecar that answers `initialize` with another protocol: stopped, never `initialized`.
+	const log = join(world.root, "other-protocol.log");
+	const fake = join(world.root, "other-protocol-sidecar");
+	await writeFile(
+		fake,
+		`#!${process.execPath}
+const fs = require("node:fs");
+fs.appendFileSync(${JSON.stringify(log)}, \`pid \${process.pid}\\n\`);
+let buffer = "";
+process.stdin.on("data", (chunk) => {
+	buffer += chunk;
+	for (let nl = buffer.indexOf("\\n"); nl !== -1; nl = buffer.indexOf("\\n")) {
+		const message = JSON.parse(buffer.slice(0, nl));
+		buffer = buffer.slice(nl + 1);
+		fs.appendFileSync(${JSON.stringify(log)}, \`\${message.method}\\n\`);
+		if (message.id === undefined) continue;
+		const result = message.method === "initialize"
+			? { protocolVersion: 99, sidecar: { name: "agent-relay", version: "9.0.0" }, commands: [], statusKey: "relay" }
+			: null;
+		process.stdout.write(JSON.stringify({ jsonrpc: "2.0", id: message.id, result }) + "\\n");
+	}
+});
+process.stdin.on("end", () => process.exit(0));
+`,
+	);
+	await chmod(fake, 0o755);
+	const other = await world.startPi("beta", { env: { AGENT_RELAY_BIN: fake } });
+	const refused = await other.uiRequest("notify", (e) => /speaks protocol/.test(String(e.message)));
+	assert.equal(
+		refused.message,
+		`agent-relay at ${fake} speaks protocol 99, this extension 1, so it does not run: install the agent-relay of this extension's version (${version}).`,
+	);
+	const pid = Number(/^pid (\d+)$/m.exec(readFileSync(log, "utf8"))[1]);
+	await eventually(() => !isRunning(pid), 15_000, "the sidecar of another protocol to be stopped");
+	const methods = readFileSync(log, "utf8").split("\n").filter((line) => line && !line.startsWith("pid "));
+	assert.equal(methods[0], "initialize");
+	assert.ok(!methods.includes("initialized"), `never let in: ${methods.join(", ")}`);
+	assert.equal(await world.topicOf("beta"), undefined, "no topic for it");
 });
