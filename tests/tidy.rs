@@ -823,6 +823,64 @@ fn no_import_circle_between_the_files_of_a_module() {
     );
 }
 
+/// The leader's map (ARCHITECTURE.md, *The leader*): each of its files
+/// (a folder by its name) and the siblings it may name.
+fn leader_map() -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let section = text
+        .split("## The leader\n")
+        .nth(1)
+        .expect("a section on the leader")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    let mut map = std::collections::BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [file, _, may] = cells[..] else {
+            continue;
+        };
+        let name = ticked(file).concat();
+        let name = name
+            .trim_end_matches('/')
+            .trim_end_matches(".rs")
+            .to_string();
+        map.insert(name, ticked(may).into_iter().collect());
+    }
+    map
+}
+
+/// The leader's flows call each other in one direction: a file names only
+/// the siblings its row of the leader's map allows, and every file has a
+/// row, so a new door between two flows is a change to the map a reader
+/// sees.
+#[test]
+fn the_leaders_files_name_only_what_its_map_allows() {
+    let map = leader_map();
+    let folder = root().join("src/leader");
+    let mut missing: Vec<String> = children(&folder)
+        .into_iter()
+        .filter(|child| !map.contains_key(child))
+        .collect();
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "not on ARCHITECTURE.md's map of the leader: {missing:?}"
+    );
+    let graphs = sibling_imports();
+    let edges = graphs.get(&folder).cloned().unwrap_or_default();
+    let unlisted: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| !map.get(from).is_some_and(|may| may.contains(to)))
+        .map(|((from, to), why)| format!("{from} → {to} ({why})"))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "the leader's files name siblings their row of ARCHITECTURE.md's map does not allow:\n{}",
+        unlisted.join("\n")
+    );
+}
+
 #[test]
 fn citations_are_paths_with_their_items_and_patterns_are_not() {
     let text = "See `src/leader/outbox.rs::call` and (docs/CLUSTER.md).\n\

@@ -867,39 +867,51 @@ pub(super) fn sessions_page(
             topic_html(&s.topic_name, s.target),
             escape(&s.cwd)
         ));
-        if let Some(launch) = &s.launch {
-            let running = matches!(launch.state.as_str(), "running" | "starting");
-            buttons.push(Button {
-                text: format!("{} {}", if running { "⏹" } else { "▶" }, s.slot),
-                data: format!(
-                    "c:{}:{}:{page}",
-                    if running { "e" } else { "r" },
-                    launch.launch_id
-                ),
-            });
-        }
+        buttons.extend(session_button(s, page));
     }
     for node in silent {
         text.push_str(&format!("\n• machine {} is not answering", escape(node)));
     }
     let mut rows: Vec<Vec<Button>> = buttons.chunks(4).map(<[Button]>::to_vec).collect();
-    if pages > 1 {
-        let mut paging = Vec::new();
-        if page > 0 {
-            paging.push(Button {
-                text: "◀".into(),
-                data: format!("c:s:{}", page - 1),
-            });
-        }
-        if page + 1 < pages {
-            paging.push(Button {
-                text: "▶".into(),
-                data: format!("c:s:{}", page + 1),
-            });
-        }
-        rows.push(paging);
-    }
+    rows.extend(paging("s", page, pages));
     (text, (!rows.is_empty()).then_some(Keyboard { rows }))
+}
+
+/// A launched session's button on page `page` of the list: end it while
+/// it runs, resume it when not.
+fn session_button(s: &SessionStatus, page: usize) -> Option<Button> {
+    let launch = s.launch.as_ref()?;
+    let running = matches!(launch.state.as_str(), "running" | "starting");
+    Some(Button {
+        text: format!("{} {}", if running { "⏹" } else { "▶" }, s.slot),
+        data: format!(
+            "c:{}:{}:{page}",
+            if running { "e" } else { "r" },
+            launch.launch_id
+        ),
+    })
+}
+
+/// The ◀ ▶ row of a list of `pages` pages shown at `page`: buttons whose
+/// data is `c:<verb>:<page>`. None for a list of one page.
+pub(super) fn paging(verb: &str, page: usize, pages: usize) -> Option<Vec<Button>> {
+    if pages < 2 {
+        return None;
+    }
+    let mut row = Vec::new();
+    if page > 0 {
+        row.push(Button {
+            text: "◀".into(),
+            data: format!("c:{verb}:{}", page - 1),
+        });
+    }
+    if page + 1 < pages {
+        row.push(Button {
+            text: "▶".into(),
+            data: format!("c:{verb}:{}", page + 1),
+        });
+    }
+    Some(row)
 }
 
 /// How a session is doing, in words.

@@ -490,11 +490,10 @@ fn next_batch(due: &[OutboxEntry]) -> Vec<OutboxEntry> {
 }
 
 impl Courier {
-    /// Sends one batch; false when the lane must stop for now.
-    ///
-    /// Long because the call, the guard that keeps the entries' state true if
-    /// the leader leaves meanwhile, and the settling belong together: the guard
-    /// borrows across all three.
+    /// Sends one batch; false when the lane must stop for now. The call,
+    /// the guard that keeps the entries' state true if the leader leaves
+    /// meanwhile, and the settling belong together: the guard borrows
+    /// across all three.
     async fn send_batch(
         self: &Arc<Self>,
         lane: &Lane,
@@ -540,23 +539,13 @@ impl Courier {
         let call = async {
             match (&batch[0].new.kind, place.thread_id) {
                 (EntryKind::Document { file_name, caption }, Some(thread_id)) => {
-                    let upload = Upload {
-                        source: UploadSource::Bytes(batch[0].new.body.clone().into_bytes()),
-                        file_name: file_name.clone(),
-                        caption: caption.clone(),
-                        send_as: SendAs::Document,
-                        chosen: false,
-                    };
                     let target = Target {
                         chat_id: place.chat_id,
                         thread_id,
                     };
                     going.depart();
-                    self.cx
-                        .outbox
-                        .send_file(target, &upload)
+                    self.send_document(target, &batch[0], file_name, caption)
                         .await
-                        .map(|(performed, _)| performed)
                 }
                 (EntryKind::Document { .. }, None) => Err(Failure::new(
                     FailureKind::Refused,
@@ -578,6 +567,29 @@ impl Courier {
             }
             None => self.settle_notice(&ids, result),
         }
+    }
+
+    /// A short file the session made (a long answer's code), as a
+    /// document in `target`.
+    async fn send_document(
+        &self,
+        target: Target,
+        entry: &OutboxEntry,
+        file_name: &str,
+        caption: &Option<String>,
+    ) -> Result<Performed, Failure> {
+        let upload = Upload {
+            source: UploadSource::Bytes(entry.new.body.clone().into_bytes()),
+            file_name: file_name.to_string(),
+            caption: caption.clone(),
+            send_as: SendAs::Document,
+            chosen: false,
+        };
+        self.cx
+            .outbox
+            .send_file(target, &upload)
+            .await
+            .map(|(performed, _)| performed)
     }
 
     /// Records how one of the leader's own notices went: sent, or (but

@@ -45,6 +45,74 @@ enum Told {
     Stopped { close: bool },
 }
 
+/// What a report from `serve` means for its launch: the state it is in
+/// now and why (unchanged when `None`), and what its topic is told.
+struct Happened {
+    state: Option<LaunchState>,
+    note: Option<String>,
+    said: Option<(String, Told)>,
+}
+
+impl Happened {
+    /// The one match over what `serve` reports (started, ended, idle,
+    /// crashed): each event's state, note and line side by side.
+    fn of(launch: &Launch, event: &LaunchEvent) -> Self {
+        let (state, note, said) = match event {
+            LaunchEvent::Started { after_restart, .. } => {
+                let said = after_restart.then(|| {
+                    format!("↻ agent-relay serve restarted; this session was started again from {}'s own session store.", launch.engine)
+                });
+                (None, None, said.map(|s| (s, Told::Running)))
+            }
+            LaunchEvent::Ended { by_user } => {
+                tracing::info!(target: "audit", user = by_user, launch = %launch.id, engine = %launch.engine, folder = %launch.folder, "a launched session ended");
+                let said = "⏹ Session ended. This topic is closed; /resume in the chat, or the button, starts it again with its history.".to_string();
+                (
+                    Some(LaunchState::Ended),
+                    Some("ended with /end".to_string()),
+                    Some((said, Told::Stopped { close: true })),
+                )
+            }
+            LaunchEvent::Idle { idle_s } => {
+                let hours = *idle_s as f64 / 3600.0;
+                let said = format!(
+                    "💤 Ended after {hours:.1} h without a turn ([launch] idle_end_hours). Write here to start it again with its history."
+                );
+                (
+                    Some(LaunchState::Idle),
+                    Some(format!("idle for {hours:.1} h")),
+                    Some((said, Told::Stopped { close: false })),
+                )
+            }
+            LaunchEvent::Crashed {
+                code,
+                signal,
+                stderr,
+            } => {
+                let how = match (code, signal) {
+                    (Some(code), _) => format!("exit code {code}"),
+                    (None, Some(signal)) => format!("signal {signal}"),
+                    (None, None) => "no exit status".into(),
+                };
+                let mut said = format!("⚠️ {} stopped by itself ({how}).", launch.engine);
+                if !stderr.trim().is_empty() {
+                    said.push_str(&format!(
+                        "\nIts last words on stderr:\n{}",
+                        crate::policy::clip(stderr.trim(), 1500)
+                    ));
+                }
+                said.push_str("\nWrite here or tap Resume to start it again with its history.");
+                (
+                    Some(LaunchState::Crashed),
+                    Some(how),
+                    Some((said, Told::Stopped { close: false })),
+                )
+            }
+        };
+        Self { state, note, said }
+    }
+}
+
 /// What the person is told when this machine has no `serve`.
 pub(super) const NO_SERVE: &str = "agent-relay serve is not running on this machine: start it with `agent-relay serve` (or `agent-relay install service` to keep it running)";
 /// How long any other order may take.
@@ -510,9 +578,6 @@ impl Launches {
 
     /// What `serve` says about one of its agents: recorded, and said in the
     /// session's topic.
-    ///
-    /// Long because it is the one match over what `serve` reports (started,
-    /// ended, idle, crashed): each event's state, note and line side by side.
     pub(super) fn launch_report(
         self: &Arc<Self>,
         conn: ConnId,
@@ -526,75 +591,26 @@ impl Launches {
         let Some(launch) = self.cx.store().launch(id).map_err(store_error)? else {
             return Err(BusError::new(BusErrorCode::Forbidden, "no such launch"));
         };
-        let (state, note, said) = match &report.event {
-            LaunchEvent::Started {
-                resume_id,
-                model,
-                after_restart,
-            } => {
-                if let Err(e) =
-                    self.cx
-                        .store()
-                        .set_launch_started(id, resume_id.as_deref(), model.as_deref())
-                {
-                    tracing::warn!("cannot record the launch's session: {e}");
-                }
-                let said = after_restart.then(|| {
-                    format!("↻ agent-relay serve restarted; this session was started again from {}'s own session store.", launch.engine)
-                });
-                (None, None, said.map(|s| (s, Told::Running)))
-            }
-            LaunchEvent::Ended { by_user } => {
-                tracing::info!(target: "audit", user = by_user, launch = %id, engine = %launch.engine, folder = %launch.folder, "a launched session ended");
-                let said = "⏹ Session ended. This topic is closed; /resume in the chat, or the button, starts it again with its history.".to_string();
-                (
-                    Some(LaunchState::Ended),
-                    Some("ended with /end".to_string()),
-                    Some((said, Told::Stopped { close: true })),
-                )
-            }
-            LaunchEvent::Idle { idle_s } => {
-                let hours = *idle_s as f64 / 3600.0;
-                let said = format!(
-                    "💤 Ended after {hours:.1} h without a turn ([launch] idle_end_hours). Write here to start it again with its history."
-                );
-                (
-                    Some(LaunchState::Idle),
-                    Some(format!("idle for {hours:.1} h")),
-                    Some((said, Told::Stopped { close: false })),
-                )
-            }
-            LaunchEvent::Crashed {
-                code,
-                signal,
-                stderr,
-            } => {
-                let how = match (code, signal) {
-                    (Some(code), _) => format!("exit code {code}"),
-                    (None, Some(signal)) => format!("signal {signal}"),
-                    (None, None) => "no exit status".into(),
-                };
-                let mut said = format!("⚠️ {} stopped by itself ({how}).", launch.engine);
-                if !stderr.trim().is_empty() {
-                    said.push_str(&format!(
-                        "\nIts last words on stderr:\n{}",
-                        crate::policy::clip(stderr.trim(), 1500)
-                    ));
-                }
-                said.push_str("\nWrite here or tap Resume to start it again with its history.");
-                (
-                    Some(LaunchState::Crashed),
-                    Some(how),
-                    Some((said, Told::Stopped { close: false })),
-                )
-            }
-        };
-        if let Some(state) = state
-            && let Err(e) = self.cx.store().set_launch_state(id, state, note.as_deref())
+        if let LaunchEvent::Started {
+            resume_id, model, ..
+        } = &report.event
+            && let Err(e) =
+                self.cx
+                    .store()
+                    .set_launch_started(id, resume_id.as_deref(), model.as_deref())
+        {
+            tracing::warn!("cannot record the launch's session: {e}");
+        }
+        let happened = Happened::of(&launch, &report.event);
+        if let Some(state) = happened.state
+            && let Err(e) = self
+                .cx
+                .store()
+                .set_launch_state(id, state, happened.note.as_deref())
         {
             tracing::warn!("cannot record what happened to a launch: {e}");
         }
-        if let Some((text, told)) = said {
+        if let Some((text, told)) = happened.said {
             self.tell_launch(&launch, text, told);
         }
         Ok(())

@@ -261,10 +261,32 @@ const SETTLE_BATCH: usize = 1024;
 /// relay keeps at most twice that many settled entries.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
+/// What the leader's loop does on a clock.
+struct Ticks {
+    /// Silent connections closed, expired questions settled.
+    sweep: tokio::time::Interval,
+    prune: tokio::time::Interval,
+    schedules: tokio::time::Interval,
+    keep_budget: tokio::time::Interval,
+}
+
+impl Ticks {
+    fn new() -> Self {
+        let mut schedules = tokio::time::interval(schedules::TICK);
+        schedules.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        Self {
+            sweep: tokio::time::interval(Duration::from_millis(500)),
+            prune: tokio::time::interval(PRUNE_EVERY),
+            schedules,
+            keep_budget: tokio::time::interval(budget::KEEP_EVERY),
+        }
+    }
+}
+
 /// The leader's life: it starts the cleanups and the poll, then serves the
 /// socket and the acknowledgements until it steps down, and stops what it
-/// started before it returns. Long because it is one `select!` over every
-/// source the leader serves: one place shows what each of them does.
+/// started before it returns. One `select!` over every source the leader
+/// serves: one place shows what each of them does.
 async fn run(
     leader: Arc<Leader>,
     listener: Listener,
@@ -285,11 +307,7 @@ async fn run(
     let mut link = cx.cluster.as_ref().map_or(single, |node| node.link());
     let mut health = cx.health.subscribe();
     let mut conns = JoinSet::new();
-    let mut sweep = tokio::time::interval(Duration::from_millis(500));
-    let mut prune = tokio::time::interval(PRUNE_EVERY);
-    let mut schedules = tokio::time::interval(schedules::TICK);
-    schedules.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut keep_budget = tokio::time::interval(budget::KEEP_EVERY);
+    let mut ticks = Ticks::new();
     let silent_limit = Duration::from_millis(HEARTBEAT_INTERVAL_MS * u64::from(HEARTBEAT_MISSES));
     let mut settled_since_prune = 0;
     loop {
@@ -321,13 +339,13 @@ async fn run(
                     cx.registry.broadcast(&frame);
                 }
             }
-            _ = sweep.tick() => {
+            _ = ticks.sweep.tick() => {
                 cx.registry.sweep(silent_limit);
                 leader.asks.expire();
             }
-            _ = prune.tick() => leader.prune(),
-            _ = schedules.tick() => leader.schedules.fire_due(),
-            _ = keep_budget.tick() => leader.budget.keep(&cx.outbox),
+            _ = ticks.prune.tick() => leader.prune(),
+            _ = ticks.schedules.tick() => leader.schedules.fire_due(),
+            _ = ticks.keep_budget.tick() => leader.budget.keep(&cx.outbox),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             polled = &mut poller => {
                 // The poller (and a cluster's side) only returns on a store
@@ -345,19 +363,7 @@ async fn run(
         let _ = poller.await;
     }
     let _ = (&mut courier).await;
-    // Calls on their way to Telegram may land; cut off, their messages
-    // would be of unknown fate for the next leader.
-    leader.courier.land().await;
-    cx.registry.close_all();
-    while conns.join_next().await.is_some() {}
-    drop(listener);
-    // Acknowledgements that came in before the connections closed.
-    let mut rest = Vec::new();
-    while let Ok(ack) = acks.try_recv() {
-        rest.push(ack);
-    }
-    leader.router.settle(&rest);
-    leader.budget.keep(&cx.outbox);
+    leader.wind_down(conns, listener, acks).await;
 }
 
 impl Leader {
@@ -409,6 +415,30 @@ impl Leader {
             budget,
             draining,
         }
+    }
+
+    /// After the loop, the poller and the courier: the calls on their way
+    /// land, the connections close, and what was acknowledged meanwhile is
+    /// settled.
+    async fn wind_down(
+        &self,
+        mut conns: JoinSet<()>,
+        listener: Listener,
+        mut acks: mpsc::UnboundedReceiver<(String, i64)>,
+    ) {
+        // Calls on their way to Telegram may land; cut off, their messages
+        // would be of unknown fate for the next leader.
+        self.courier.land().await;
+        self.cx.registry.close_all();
+        while conns.join_next().await.is_some() {}
+        drop(listener);
+        // Acknowledgements that came in before the connections closed.
+        let mut rest = Vec::new();
+        while let Ok(ack) = acks.try_recv() {
+            rest.push(ack);
+        }
+        self.router.settle(&rest);
+        self.budget.keep(&self.cx.outbox);
     }
 
     /// The bus as this leader sees it (this machine).
