@@ -61,7 +61,19 @@ pub fn init(log_dir: &Path, to_stderr: bool) -> Result<LogGuard, LoggingError> {
         .from_env_lossy();
     let (subscriber, guard) = subscriber(log_dir, to_stderr, filter)?;
     subscriber.try_init()?;
+    log_panics();
     Ok(guard)
+}
+
+/// Every panic goes to the log too: the default hook prints it on stderr
+/// only, which a host may swallow, and whoever looks at why a relay
+/// stepped down reads the log.
+fn log_panics() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!("panic: {info}");
+        previous(info);
+    }));
 }
 
 fn subscriber(

@@ -195,8 +195,11 @@ fn split_machine(place: &str) -> (Option<String>, String) {
     (None, place.to_string())
 }
 
-/// The shortest interval `/every` takes.
-const SHORTEST: Duration = Duration::from_secs(5);
+/// The shortest interval `/every` takes…
+pub const SHORTEST: Duration = Duration::from_secs(5);
+/// …and the longest; nor does `/at` reach further ahead. Beyond a year a
+/// schedule is a typo, and its milliseconds must fit the store's integers.
+pub const LONGEST: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// When a schedule fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +224,11 @@ pub fn read_every(rest: &str) -> Result<(When, &str), String> {
     {
         if every < SHORTEST {
             return Err(format!("at most once every {} s", SHORTEST.as_secs()));
+        }
+        if every > LONGEST {
+            return Err(format!(
+                "{first} is longer than a year: /every takes at most 366d"
+            ));
         }
         return Ok((When::Every(every), after));
     }
@@ -256,8 +264,12 @@ pub fn read_at(rest: &str, now: DateTime<Local>) -> Result<(i64, &str), String> 
         word => word.strip_prefix('+').map(|d| (d.to_string(), after)),
     };
     if let Some((span, after)) = relative {
-        let span = humantime::parse_duration(&span).map_err(|e| format!("{span}: {e}"))?;
-        let at = now + chrono::Duration::from_std(span).map_err(|e| e.to_string())?;
+        let parsed = humantime::parse_duration(&span).map_err(|e| format!("{span}: {e}"))?;
+        let at = (parsed <= LONGEST)
+            .then(|| chrono::Duration::from_std(parsed).ok())
+            .flatten()
+            .and_then(|span| now.checked_add_signed(span))
+            .ok_or_else(|| format!("{span} is more than a year ahead: /at reaches 366d at most"))?;
         return Ok((at.timestamp_millis(), after));
     }
     if let Ok(time) = NaiveTime::parse_from_str(&first, "%H:%M") {
@@ -274,6 +286,12 @@ pub fn read_at(rest: &str, now: DateTime<Local>) -> Result<(i64, &str), String> 
         let at = local(date.and_time(time)).ok_or("that time does not exist here")?;
         if at <= now {
             return Err(format!("{} has passed", at.format("%Y-%m-%d %H:%M")));
+        }
+        if (at - now).to_std().map_or(true, |ahead| ahead > LONGEST) {
+            return Err(format!(
+                "{} is more than a year ahead: /at reaches 366 days at most",
+                at.format("%Y-%m-%d %H:%M")
+            ));
         }
         return Ok((at.timestamp_millis(), after));
     }
@@ -469,6 +487,17 @@ mod tests {
                 .contains("at most once every")
         );
         assert!(read_every("often please").is_err());
+        assert!(
+            read_every("2305843009213693952s boom")
+                .unwrap_err()
+                .contains("longer than a year"),
+            "an interval too long for the store's milliseconds is refused"
+        );
+        assert!(read_every("367d x").is_err());
+        assert_eq!(
+            read_every("366d x").unwrap().0,
+            When::Every(Duration::from_secs(366 * 24 * 3600))
+        );
     }
 
     #[test]
@@ -495,5 +524,13 @@ mod tests {
                 .contains("passed")
         );
         assert!(read_at("soon x", now).is_err());
+        for far in [
+            "+200000000y x",
+            "in 400d x",
+            "9999-12-31 23:59 x",
+            "+99999999999999999999s x",
+        ] {
+            assert!(read_at(far, now).is_err(), "{far}");
+        }
     }
 }

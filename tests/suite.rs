@@ -26,6 +26,7 @@ mod install;
 mod launch;
 mod lifecycle;
 mod local_trust;
+mod never_down;
 mod never_silent;
 mod private_chat;
 mod proptest_entry;

@@ -71,13 +71,25 @@ impl Errands {
             return;
         };
         let stop = self.stop.clone();
+        let errand = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(errand));
         crate::tasks::spawn(async move {
             tokio::select! {
-                () = errand => {}
+                ran = errand => if let Err(panic) = ran {
+                    tracing::error!("an answer of the leader's panicked: {}", panic_text(panic.as_ref()));
+                },
                 () = stop.cancelled() => {}
             }
             drop(permit);
         });
+    }
+}
+
+/// What a panic said, as far as it said it in words.
+pub(super) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => (*text).to_string(),
+        (None, Some(text)) => text.clone(),
+        (None, None) => "no message".into(),
     }
 }
 

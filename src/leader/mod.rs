@@ -68,6 +68,7 @@ mod status;
 mod topic;
 mod triage;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,7 +220,7 @@ async fn start_with(
     let (settle, acks) = mpsc::unbounded_channel();
     let inbox = FileInbox::new(paths.clone(), bot, config.files.inbox_max_bytes);
     let leader = Arc::new(Leader::new(cx, config, inbox, budget, settle, draining));
-    let task = crate::tasks::spawn(run(leader.clone(), listener, acks));
+    let task = crate::tasks::spawn(guarded(leader.clone(), listener, acks));
     Ok(LeaderHandle { leader, task, lock })
 }
 
@@ -260,6 +261,36 @@ const SETTLE_BATCH: usize = 1024;
 /// is pruned sooner after every `KEEP_SETTLED` acknowledgements, so a busy
 /// relay keeps at most twice that many settled entries.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
+/// The leader's life, guarded: a panic anywhere on its loop must not leave
+/// this process holding `bus.lock` while nobody leads. The leader steps
+/// down at once, says so in the log, and drops every connection: the
+/// member that holds the lock sees its own connection go, releases the
+/// lock and the bus elects a leader again, as after a crash.
+async fn guarded(
+    leader: Arc<Leader>,
+    listener: Listener,
+    acks: mpsc::UnboundedReceiver<(String, i64)>,
+) {
+    let cx = leader.cx.clone();
+    unless_it_panics(run(leader, listener, acks), |why| {
+        tracing::error!(
+            "the leader panicked ({why}); stepping down so the bus elects a leader again"
+        );
+        cx.stop.cancel();
+        cx.registry.drop_all();
+    })
+    .await;
+}
+
+/// Runs `life`; if it panics, `then` gets what the panic said instead of
+/// the panic going on up.
+async fn unless_it_panics(life: impl Future<Output = ()>, then: impl FnOnce(String)) {
+    let life = std::panic::AssertUnwindSafe(life);
+    if let Err(panic) = futures::FutureExt::catch_unwind(life).await {
+        then(errands::panic_text(panic.as_ref()));
+    }
+}
 
 /// What the leader's loop does on a clock.
 struct Ticks {
@@ -700,5 +731,26 @@ impl Machine for Leader {
 
     async fn launch(&self, op: RemoteOp) -> RemoteDone {
         self.launches.run_here(op).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_on_the_leaders_loop_steps_it_down_instead_of_going_on_up() {
+        let (said, heard) = std::sync::mpsc::channel();
+        unless_it_panics(
+            async {
+                let every: u64 = std::hint::black_box(0);
+                let _ = 60 / every;
+            },
+            |why| said.send(why).unwrap(),
+        )
+        .await;
+        let why = heard.try_recv().expect("told of the panic");
+        assert!(why.contains("divide by zero"), "{why}");
+        unless_it_panics(async {}, |_| panic!("no panic, nothing to say")).await;
     }
 }

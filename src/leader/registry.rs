@@ -325,6 +325,15 @@ impl Registry {
         }
     }
 
+    /// Closes and forgets every connection at once, for a leader whose
+    /// loop is gone (it panicked): no task is left to take them out one
+    /// by one, and each writer ends only when its queue's sender goes.
+    pub fn drop_all(&self) {
+        for (_, c) in self.lock().map.drain() {
+            c.close.cancel();
+        }
+    }
+
     /// Closes sessions that missed every heartbeat for `silent` (their
     /// bindings stay: only live routing authority goes) and connections that
     /// did not register within [`UNREGISTERED_TIMEOUT`].

@@ -29,7 +29,7 @@ use super::router::Router;
 use super::speaker::Say;
 use super::triage::Entry;
 use crate::ids::Place;
-use crate::phone::{When, new_args, read_at, read_every};
+use crate::phone::{LONGEST, SHORTEST, When, new_args, read_at, read_every};
 use crate::protocol::bus::{Button, Keyboard};
 use crate::protocol::launch::LaunchSpec;
 use crate::render::escape;
@@ -41,26 +41,47 @@ pub(super) const TICK: Duration = Duration::from_secs(1);
 const LATE: Duration = Duration::from_secs(120);
 
 /// When `schedule` fires next after `now_ms`; `None` for a one-off.
-fn next_after(schedule: &Schedule, now_ms: i64) -> Option<i64> {
+/// `Err`: a stored schedule no firing can be computed for (written by
+/// another version, or by hand): it is set aside, never fired again.
+fn next_after(schedule: &Schedule, now_ms: i64) -> Result<Option<i64>, String> {
     if let Some(every) = schedule.every_s {
-        let every = (every * 1000) as i64;
+        let every = Duration::from_secs(every);
+        if !(SHORTEST..=LONGEST).contains(&every) {
+            return Err(format!(
+                "its interval of {} s is outside 5 s to 366 days",
+                every.as_secs()
+            ));
+        }
+        let every = every.as_millis() as i64;
         // On its own beat: the first of its times after now.
-        let behind = (now_ms - schedule.next_ms).max(0);
-        return Some(schedule.next_ms + (behind / every + 1) * every);
+        let behind = now_ms.saturating_sub(schedule.next_ms).max(0);
+        return (behind / every + 1)
+            .checked_mul(every)
+            .and_then(|ahead| schedule.next_ms.checked_add(ahead))
+            .map(Some)
+            .ok_or_else(|| "its next firing is out of range".into());
     }
-    let cron = croner::Cron::from_str(schedule.cron.as_deref()?).ok()?;
-    let now = Local.timestamp_millis_opt(now_ms).single()?;
-    Some(
-        cron.find_next_occurrence(&now, false)
-            .ok()?
-            .timestamp_millis(),
-    )
+    let Some(pattern) = schedule.cron.as_deref() else {
+        return Ok(None);
+    };
+    let cron = croner::Cron::from_str(pattern).map_err(|e| format!("“{pattern}”: {e}"))?;
+    let now = Local
+        .timestamp_millis_opt(now_ms)
+        .single()
+        .ok_or("the clock is out of range")?;
+    cron.find_next_occurrence(&now, false)
+        .map(|at| Some(at.timestamp_millis()))
+        .map_err(|e| format!("“{pattern}” fires no more: {e}"))
 }
 
 /// When `when` fires first.
 fn first_at(when: &When, now: DateTime<Local>) -> Result<i64, String> {
     match when {
-        When::Every(every) => Ok(now.timestamp_millis() + every.as_millis() as i64),
+        When::Every(every) => chrono::Duration::from_std(*every)
+            .ok()
+            .and_then(|every| now.checked_add_signed(every))
+            .map(|at| at.timestamp_millis())
+            .ok_or_else(|| "that interval is out of range".into()),
         When::At(at) => Ok(*at),
         When::Cron(pattern) => {
             let cron = croner::Cron::from_str(pattern).map_err(|e| e.to_string())?;
@@ -345,8 +366,19 @@ impl Schedules {
             }
         };
         for schedule in due {
+            // A schedule this leader cannot move on (even one that would
+            // make it panic) is set aside: kept, it would fire at every tick
+            // of every leader after this one.
+            let next = std::panic::catch_unwind(|| next_after(&schedule, now))
+                .unwrap_or_else(|_| Err("working out its next firing failed".into()));
+            let next = match next {
+                Ok(next) => next,
+                Err(why) => {
+                    self.set_aside(&schedule, &why);
+                    continue;
+                }
+            };
             // Moved on first, so the next tick does not fire it again.
-            let next = next_after(&schedule, now);
             let moved = match next {
                 Some(next) => self.cx.store().set_schedule_next(schedule.id, next),
                 None => self.cx.store().remove_schedule(schedule.id),
@@ -365,6 +397,26 @@ impl Schedules {
                 schedules.fire(&schedule).await;
             });
         }
+    }
+
+    /// Removes a stored schedule no firing can be computed for, and tells
+    /// its place why, with its prompt: nothing the person wrote goes without
+    /// a word.
+    fn set_aside(&self, schedule: &Schedule, why: &str) {
+        tracing::error!(
+            schedule = schedule.id,
+            "a stored schedule is set aside: {why}"
+        );
+        if let Err(e) = self.cx.store().remove_schedule(schedule.id) {
+            tracing::error!("cannot set a schedule aside: {e}");
+            return;
+        }
+        let text = format!(
+            "⚠️ Scheduled prompt #{} (“{}”) was set aside and will not fire: {why}. Schedule it again with /every or /at.",
+            schedule.id,
+            crate::policy::clip(&schedule.prompt, 200)
+        );
+        self.cx.speaker.later(self.place_of(schedule), text);
     }
 
     /// One firing: the prompt into the session's journal, the session
@@ -484,10 +536,33 @@ impl Schedules {
         let _ = self.cx.speaker.now(place, Say::html(text)).await;
     }
 
+    /// Where a schedule's notices go: its session's topic, else where it
+    /// was made.
+    fn place_of(&self, schedule: &Schedule) -> Place {
+        let topic = self
+            .cx
+            .store()
+            .binding(schedule.profile_key.as_deref().unwrap_or_default())
+            .ok()
+            .flatten()
+            .and_then(|b| b.target());
+        topic.map_or(
+            Place {
+                chat_id: schedule.chat_id,
+                thread_id: schedule.thread_id,
+            },
+            Place::from,
+        )
+    }
+
     /// Says what a schedule missed while no relay ran.
     fn say_missed(&self, schedule: &Schedule, now: i64, next: Option<i64>) {
         let missed = match schedule.every_s {
-            Some(every) => ((now - schedule.next_ms) / (every as i64 * 1000) + 1).max(1),
+            // A valid interval (next_after checked it): at least 5 s.
+            Some(every) => {
+                let every = i64::try_from(every.saturating_mul(1000)).unwrap_or(i64::MAX);
+                (now.saturating_sub(schedule.next_ms) / every.max(1)).saturating_add(1)
+            }
             None => 1,
         };
         let mut text = format!(
@@ -500,23 +575,7 @@ impl Schedules {
             Some(next) => text.push_str(&format!(". Next: {}.", shown(next))),
             None => text.push('.'),
         }
-        let place = self
-            .cx
-            .store()
-            .binding(schedule.profile_key.as_deref().unwrap_or_default())
-            .ok()
-            .flatten()
-            .and_then(|b| b.target())
-            .map_or(
-                Place {
-                    chat_id: schedule.chat_id,
-                    thread_id: schedule.thread_id,
-                },
-                |t| Place {
-                    chat_id: t.chat_id,
-                    thread_id: Some(t.thread_id),
-                },
-            );
+        let place = self.place_of(schedule);
         let speaker = self.cx.speaker.clone();
         self.cx.errands.run(async move {
             if let Err(e) = speaker.now(place, Say::html(text)).await {
@@ -580,10 +639,14 @@ mod tests {
             by_user: 1,
             created_ms: 0,
         };
-        assert_eq!(next_after(&schedule, 1_000_000), Some(1_060_000), "on time");
+        assert_eq!(
+            next_after(&schedule, 1_000_000),
+            Ok(Some(1_060_000)),
+            "on time"
+        );
         assert_eq!(
             next_after(&schedule, 1_000_000 + 10 * 60_000 + 5),
-            Some(1_000_000 + 11 * 60_000),
+            Ok(Some(1_000_000 + 11 * 60_000)),
             "ten missed: the next on the beat, not ten at once"
         );
         let once = Schedule {
@@ -591,16 +654,39 @@ mod tests {
             once: true,
             ..schedule.clone()
         };
-        assert_eq!(next_after(&once, 1_000_000), None);
+        assert_eq!(next_after(&once, 1_000_000), Ok(None));
         let cron = Schedule {
             every_s: None,
             cron: Some("0 9 * * *".into()),
             next_ms: at("2026-03-10 09:00").timestamp_millis(),
-            ..schedule
+            ..schedule.clone()
         };
         assert_eq!(
             next_after(&cron, at("2026-03-10 09:00").timestamp_millis()),
-            Some(at("2026-03-11 09:00").timestamp_millis())
+            Ok(Some(at("2026-03-11 09:00").timestamp_millis()))
         );
+        // What another version, or a hand, may have stored: set aside, never
+        // a panic (a zero or huge interval divided by, a sum that overflows).
+        for every_s in [0, 1, 2_305_843_009_213_693_952, u64::MAX] {
+            let broken = Schedule {
+                every_s: Some(every_s),
+                ..schedule.clone()
+            };
+            assert!(next_after(&broken, 1_000_000).is_err(), "{every_s}");
+        }
+        let far = Schedule {
+            next_ms: i64::MAX - 10,
+            ..schedule.clone()
+        };
+        assert_eq!(
+            next_after(&far, i64::MAX),
+            Err("its next firing is out of range".into())
+        );
+        let nonsense = Schedule {
+            every_s: None,
+            cron: Some("not a pattern".into()),
+            ..schedule
+        };
+        assert!(next_after(&nonsense, 1_000_000).is_err());
     }
 }

