@@ -107,3 +107,43 @@ async fn a_stored_schedule_no_leader_can_fire_is_set_aside_and_told() {
         .count();
     assert_eq!(told, 1, "told once");
 }
+
+/// A hundred commands at once each get their answer: past what runs at
+/// once they wait their turn (before: 64 were answered, the rest dropped
+/// without a word).
+#[tokio::test]
+async fn a_burst_of_commands_is_answered_in_full() {
+    let home = common::home();
+    let fake = common::fake().await;
+    // Telegram's pacing (20 messages a minute in a group) is not what is
+    // tested here.
+    let options = common::Options::new(home.path())
+        .configured(&fake)
+        .env("AGENT_RELAY_UNLIMITED", "1");
+    let _s = common::start(options, "/tmp/api", "api").await;
+    for _ in 0..100 {
+        inject(&fake, None, USER, "/schedules");
+    }
+    let answered = fake
+        .api()
+        .wait_until(
+            |api| {
+                let lists = api
+                    .messages(CHAT, None)
+                    .into_iter()
+                    .filter(|m| m.plain_text.starts_with("No prompts are scheduled"))
+                    .count();
+                (lists >= 100).then_some(lists)
+            },
+            common::WAIT,
+        )
+        .await;
+    let lists = fake
+        .api()
+        .messages(CHAT, None)
+        .into_iter()
+        .filter(|m| m.plain_text.starts_with("No prompts are scheduled"))
+        .count();
+    assert!(answered.is_ok(), "{lists} of 100 commands answered");
+    assert_eq!(lists, 100);
+}

@@ -27,8 +27,11 @@ pub(super) enum Refusal {
 const REFUSAL_WINDOW: Duration = Duration::from_secs(600);
 /// Refusals a chat may earn before it hears nothing at all for a window.
 const MAX_REFUSALS: u32 = 3;
-/// Errands running at once, at most; beyond, they are dropped (and
-/// logged).
+/// Errands running at once, at most; beyond, they wait their turn. None is
+/// dropped: each carries a person's command, a tap or a firing, and a batch
+/// brings at most a hundred updates, so what waits is bounded by what
+/// people can send (a stranger earns refusals, which are rationed, never
+/// errands).
 const MAX_ERRANDS: usize = 64;
 
 /// See the module docs.
@@ -63,16 +66,16 @@ impl Errands {
         *count == 1
     }
 
-    /// Runs `errand` off the caller's path, until it ends or the leader
-    /// stops.
+    /// Runs `errand` off the caller's path, in its turn, until it ends or
+    /// the leader stops.
     pub fn run(&self, errand: impl Future<Output = ()> + Send + 'static) {
-        let Ok(permit) = self.running.clone().try_acquire_owned() else {
-            tracing::warn!("too many answers waiting; dropping one");
-            return;
-        };
-        let stop = self.stop.clone();
+        let (running, stop) = (self.running.clone(), self.stop.clone());
         let errand = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(errand));
         crate::tasks::spawn(async move {
+            let permit = tokio::select! {
+                permit = running.acquire_owned() => permit,
+                () = stop.cancelled() => return,
+            };
             tokio::select! {
                 ran = errand => if let Err(panic) = ran {
                     tracing::error!("an answer of the leader's panicked: {}", panic_text(panic.as_ref()));
