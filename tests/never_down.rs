@@ -147,3 +147,46 @@ async fn a_burst_of_commands_is_answered_in_full() {
     assert!(answered.is_ok(), "{lists} of 100 commands answered");
     assert_eq!(lists, 100);
 }
+
+/// A bot token quoted by an agent's answer, or pasted by a person, never
+/// reaches the disk: what is kept (the journal, the outbox of record, the
+/// write-ahead log beside them) holds it masked, as Telegram is shown it.
+#[tokio::test]
+async fn a_token_is_masked_before_it_is_stored() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let quoted = format!("curl https://api.telegram.org/bot{}/getMe", common::TOKEN);
+    inject(
+        &fake,
+        Some(thread),
+        USER,
+        &format!("why does {quoted} fail?"),
+    );
+    let masked = quoted.replace(common::SECRET, "<redacted>");
+    wait_prompt(&s, &format!("why does {masked} fail?")).await;
+    s.notify(
+        "turn/ended",
+        serde_json::json!({"assistantText": format!("Run `{quoted}` again."), "toolCalls": []}),
+    );
+    wait_topic_text(&fake, thread, "again").await;
+    inject(
+        &fake,
+        Some(thread),
+        USER,
+        &format!("/every 1h check {quoted}"),
+    );
+    wait_topic_text(&fake, thread, "⏰ #1 scheduled").await;
+    let state = home.path().join("state");
+    for entry in std::fs::read_dir(&state).expect("the state folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).expect("readable");
+            let found = bytes
+                .windows(common::SECRET.len())
+                .any(|w| w == common::SECRET.as_bytes());
+            assert!(!found, "the token's secret is in {}", path.display());
+        }
+    }
+}

@@ -389,7 +389,7 @@ impl Launches {
             model: spec.model.clone(),
             state: LaunchState::Starting,
             note: None,
-            first_prompt: prompt,
+            first_prompt: prompt.map(|p| crate::redact::redact(&p).into_owned()),
             by_user: spec.by_user,
             created_ms: 0,
             updated_ms: 0,

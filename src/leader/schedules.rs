@@ -218,7 +218,7 @@ impl Schedules {
                 every_s,
                 cron,
                 once,
-                prompt: prompt.clone(),
+                prompt: crate::redact::redact(&prompt).into_owned(),
                 next_ms,
                 chat_id: place.chat_id,
                 thread_id: place.thread_id,

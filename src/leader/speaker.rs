@@ -22,6 +22,7 @@ use super::failure::store_error;
 use super::outbox::{Outbox, Pace};
 use crate::ids::Place;
 use crate::protocol::bus::*;
+use crate::redact::{redact, redact_html};
 use crate::store::{EntryKind, Lane, NewOutboxEntry, Store};
 use crate::telegram::types::{
     EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, LinkPreviewOptions, ParseMode,
@@ -162,7 +163,12 @@ impl Speaker {
 
     /// Writes entries to the outbox of record, on disk (on a blocking
     /// thread: it waits for the disk), and wakes the courier; their ids.
-    pub async fn hand_over(&self, entries: Vec<NewOutboxEntry>) -> Result<Vec<i64>, BusError> {
+    /// A token in them is masked first: what reaches the disk is what
+    /// Telegram would be shown (`telegram/client.rs` masks every text too).
+    pub async fn hand_over(&self, mut entries: Vec<NewOutboxEntry>) -> Result<Vec<i64>, BusError> {
+        for entry in &mut entries {
+            redact_entry(entry);
+        }
         let store = self.store.clone();
         let ids = tokio::task::spawn_blocking(move || {
             store
@@ -182,6 +188,30 @@ impl Speaker {
         if let Err(e) = self.outbox.answer_tap(callback_id, Some(text)).await {
             tracing::debug!("cannot answer a tap: {e}");
         }
+    }
+}
+
+/// `entry` with every token masked: its text (as HTML where it is HTML),
+/// a document's caption, a settled question's label.
+fn redact_entry(entry: &mut NewOutboxEntry) {
+    let masked = |text: &str, html: bool| {
+        if html {
+            redact_html(text).into_owned()
+        } else {
+            redact(text).into_owned()
+        }
+    };
+    entry.body = masked(&entry.body, entry.html);
+    match &mut entry.kind {
+        EntryKind::Document {
+            caption: Some(caption),
+            ..
+        } => *caption = masked(caption, false),
+        EntryKind::Edit {
+            settled: Some(label),
+            ..
+        } => *label = masked(label, false),
+        _ => {}
     }
 }
 

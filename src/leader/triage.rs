@@ -252,7 +252,9 @@ impl Triage {
                 thread_id: message.topic(),
                 user_id: user.map_or(0, |u| u.id),
                 message_id: message.message_id,
-                text,
+                // What a person pastes is kept as the agent would be told it:
+                // a bot token masked before it reaches the disk.
+                text: crate::redact::redact(&text).into_owned(),
                 detail: (detail != MessageDetail::default())
                     .then(|| serde_json::to_string(&detail).ok())
                     .flatten(),
