@@ -190,3 +190,150 @@ async fn a_token_is_masked_before_it_is_stored() {
         }
     }
 }
+
+/// What the control place builds from what a person wrote fits in a
+/// message: `/new` with a folder of 5,000 characters is answered (before:
+/// its "⏳ Starting" line was refused as too long, and nothing came).
+#[tokio::test]
+async fn a_command_with_a_huge_argument_is_answered() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let _s = session(home.path(), &fake, "/tmp/api", "api").await;
+    inject(
+        &fake,
+        None,
+        USER,
+        &format!("/new /tmp/{} pi", "a".repeat(5000)),
+    );
+    let answered = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, None)
+                    .into_iter()
+                    .find(|m| m.plain_text.starts_with("⚠️ Not done"))
+            },
+            common::WAIT,
+        )
+        .await
+        .expect("answered, in words");
+    assert!(
+        answered
+            .plain_text
+            .contains("starting agents from the phone is off"),
+        "{}",
+        answered.plain_text
+    );
+}
+
+/// `/schedules` with a hundred schedules is a list of pages with its
+/// buttons, each page within what Telegram takes (before: one message too
+/// long to send, so no list and no cancel button).
+#[tokio::test]
+async fn a_long_list_of_schedules_comes_a_page_at_a_time() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let mut s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    s.close_stdin();
+    s.wait_exit().await;
+    let db = rusqlite::Connection::open(store(home.path())).expect("the store");
+    let later = now_ms() + 3_600_000;
+    for i in 0..100 {
+        db.execute(
+            "INSERT INTO schedules (profile_key, every_s, once, prompt, next_ms, chat_id, thread_id, by_user, created_ms) \
+             VALUES ('cwd:/tmp/api#api', 3600, 0, ?1, ?2, ?3, ?4, ?5, ?2)",
+            rusqlite::params![format!("report number {i} {}", "x".repeat(70)), later, CHAT, thread, USER],
+        )
+        .expect("a schedule");
+    }
+    drop(db);
+    let _s = session(home.path(), &fake, "/tmp/api", "api").await;
+    inject(&fake, Some(thread), USER, "/schedules");
+    let list = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.plain_text.starts_with("Scheduled prompts"))
+            },
+            common::WAIT,
+        )
+        .await
+        .expect("the list");
+    assert!(list.plain_text.contains("page 1/10"), "{}", list.plain_text);
+    let markup = list.reply_markup.clone().unwrap_or_default();
+    let buttons: Vec<String> = markup["inline_keyboard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row.as_array())
+        .flatten()
+        .filter_map(|b| b["callback_data"].as_str().map(str::to_string))
+        .collect();
+    assert!(buttons.contains(&"c:x:1:0".to_string()), "{buttons:?}");
+    assert!(
+        buttons.contains(&"c:y:1".to_string()),
+        "to the next page: {buttons:?}"
+    );
+    fake.api()
+        .inject_callback_query(agent_relay::fake_bot_api::CallbackInject {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            message_id: list.message_id,
+            data: "c:y:1".into(),
+        });
+    fake.api()
+        .wait_until(
+            |api| {
+                api.message(CHAT, list.message_id)
+                    .filter(|m| m.plain_text.contains("page 2/10") && m.plain_text.contains("#11 "))
+            },
+            common::WAIT,
+        )
+        .await
+        .expect("the second page, in the same message");
+}
+
+/// An edit of a command is not a new command: editing `/every` in a
+/// session's topic schedules nothing again and reaches no agent, and the
+/// person is told why nothing happened (before: the edit ran the command
+/// a second time in the control place, and reached the agent as
+/// "(edited) /every …" in a topic).
+#[tokio::test]
+async fn an_edited_command_is_not_run_again() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let first = fake
+        .api()
+        .inject_user_message(agent_relay::fake_bot_api::UserMessage {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            text: "/every 1h check the queue".into(),
+            ..Default::default()
+        })
+        .expect("posted");
+    wait_topic_text(&fake, thread, "⏰ #1 scheduled").await;
+    fake.api()
+        .inject_edit(CHAT, first.message_id, "/every 2h check the queue")
+        .expect("edited");
+    wait_topic_text(&fake, thread, "An edited command is not run again").await;
+    inject(&fake, Some(thread), USER, "next");
+    wait_prompt(&s, "next").await;
+    assert!(
+        !s.messages().iter().any(|m| m["params"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("/every"))),
+        "no command reached the agent"
+    );
+    let db = rusqlite::Connection::open(store(home.path())).expect("the store");
+    let stored: i64 = db
+        .query_row("SELECT COUNT(*) FROM schedules", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(stored, 1, "scheduled once");
+}

@@ -528,6 +528,37 @@ impl FakeBotApi {
         })
     }
 
+    /// The user who wrote message `message_id` of `chat_id` edits it to `text`:
+    /// an `edited_message` update with the message as it is now (its
+    /// `edit_date` set). Returns the update id.
+    pub fn inject_edit(&self, chat_id: i64, message_id: i64, text: &str) -> Result<i64, FakeError> {
+        self.mutate(|inner| {
+            let bot = inner.bot_user_json();
+            let Inner { chats, users, .. } = &mut *inner;
+            let chat = chats
+                .get_mut(&chat_id)
+                .ok_or(FakeError::UnknownChat(chat_id))?;
+            let index = chat
+                .message_index(message_id)
+                .filter(|&i| matches!(chat.messages[i].author, Author::User(_)))
+                .ok_or(FakeError::UnknownMessage {
+                    chat_id,
+                    message_id,
+                })?;
+            let stored = &mut chat.messages[index];
+            stored.text = Text {
+                raw: text.to_string(),
+                parse_mode: None,
+                plain: text.to_string(),
+                entities: command_entities(text),
+            };
+            stored.edited = true;
+            let mut json = chat.message_json(&chat.messages[index], &bot, users);
+            json["edit_date"] = json!(json["date"].as_i64().unwrap_or_default() + 1);
+            Ok(inner.push_update(json!({ "edited_message": json })))
+        })
+    }
+
     /// Queues any update (e.g. of a kind the relay does not know); `update_id` is
     /// assigned by the fake. Returns the update id.
     pub fn inject_raw_update(&self, update: Value) -> i64 {

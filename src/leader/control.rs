@@ -14,7 +14,7 @@
 //!
 //! Its buttons carry `c:<verb>:<argument>` (`asks` own `a:`): a page of
 //! the list (`s`), resume (`r`), end (`e`), a folder `/new` offered (`n`),
-//! a model (`m`), a schedule to cancel (`x`). What a button offers that
+//! a model (`m`), a schedule to cancel (`x`), a page of the schedules (`y`). What a button offers that
 //! does not fit in 64 bytes (a folder, a model) is kept here under a short
 //! token for an hour.
 
@@ -28,10 +28,11 @@ use super::errands::Refusal;
 use super::failure::Failure;
 use super::launches::{Launches, NO_SERVE, refused, topic_html};
 use super::schedules::Schedules;
-use super::speaker::Say;
+use super::speaker::{Say, paging};
 use super::status::Status;
 use crate::ids::Place;
 use crate::phone::{NewArgs, PhoneCommand, new_args};
+use crate::policy::clip;
 use crate::protocol::bus::*;
 use crate::protocol::launch::{ModelChoice, OrderOp, OrderOutcome, RemoteDone, RemoteOp};
 use crate::render::escape;
@@ -200,7 +201,7 @@ impl ControlPlace {
             PhoneCommand::Model => self.model_command(place, owner).await,
             PhoneCommand::Every(rest) => self.schedules.every(place, user, owner, &rest).await,
             PhoneCommand::At(rest) => self.schedules.at(place, user, owner, &rest).await,
-            PhoneCommand::Schedules => self.schedules.list(place, owner).await,
+            PhoneCommand::Schedules => self.schedules.list(place).await,
             // `/sessions`, and what is no command here: `/start` in a group,
             // a session's own command outside its topic.
             PhoneCommand::Sessions
@@ -233,8 +234,8 @@ impl ControlPlace {
             .unwrap_or_else(|| self.launches.policy().default_engine.clone());
         let wait = format!(
             "⏳ Starting {} in <code>{}</code>{}…",
-            escape(&engine),
-            escape(&folder),
+            escape(&clip(&engine, 40)),
+            escape(&clip(&folder, 300)),
             args.machine
                 .as_deref()
                 .map(|m| format!(" on {}", escape(m)))
@@ -709,7 +710,8 @@ impl ControlPlace {
                 self.switch_model(place, message_id, &launch_id, model)
                     .await
             }
-            "x" => self.schedules.cancel(place, message_id, arg).await,
+            "x" => self.schedules.cancel(place, message_id, arg, extra).await,
+            "y" => self.schedules.turn(place, message_id, arg).await,
             _ => "This button is no longer valid.".into(),
         }
     }
@@ -890,28 +892,6 @@ fn session_button(s: &SessionStatus, page: usize) -> Option<Button> {
             launch.launch_id
         ),
     })
-}
-
-/// The ◀ ▶ row of a list of `pages` pages shown at `page`: buttons whose
-/// data is `c:<verb>:<page>`. None for a list of one page.
-pub(super) fn paging(verb: &str, page: usize, pages: usize) -> Option<Vec<Button>> {
-    if pages < 2 {
-        return None;
-    }
-    let mut row = Vec::new();
-    if page > 0 {
-        row.push(Button {
-            text: "◀".into(),
-            data: format!("c:{verb}:{}", page - 1),
-        });
-    }
-    if page + 1 < pages {
-        row.push(Button {
-            text: "▶".into(),
-            data: format!("c:{verb}:{}", page + 1),
-        });
-    }
-    Some(row)
 }
 
 /// How a session is doing, in words.

@@ -26,7 +26,7 @@ use super::failure::Failure;
 use super::launches::{Launches, new_launch_id};
 use super::now_ms;
 use super::router::Router;
-use super::speaker::Say;
+use super::speaker::{Say, paging};
 use super::triage::Entry;
 use crate::ids::Place;
 use crate::phone::{LONGEST, SHORTEST, When, new_args, read_at, read_every};
@@ -294,33 +294,33 @@ impl Schedules {
     }
 
     /// `/schedules`: the schedules of this topic's session, or all of this
-    /// machine's in the control place, each with a cancel button.
-    pub async fn list(&self, place: Place, owner: Option<&str>) -> Result<(), Failure> {
-        let stored = self.cx.store().schedules();
-        let schedules: Vec<Schedule> = match stored {
-            Ok(all) => all
-                .into_iter()
-                .filter(|s| owner.is_none() || s.profile_key.as_deref() == owner)
-                .collect(),
-            Err(e) => {
-                return self
-                    .cx
-                    .speaker
-                    .now(place, Say::html(format!("⚠️ {}", escape(&e.to_string()))))
-                    .await
-                    .map(drop);
-            }
+    /// machine's in the control place, a page at a time, each with a
+    /// cancel button.
+    pub async fn list(&self, place: Place) -> Result<(), Failure> {
+        let say = match self.shown_in(place) {
+            Ok((schedules, in_topic)) => page_of(&schedules, in_topic, 0),
+            Err(e) => Say::html(format!("⚠️ {}", escape(&e))),
         };
-        let (text, buttons) = schedules_text(&schedules, owner.is_some());
-        self.cx
-            .speaker
-            .now(place, Say::html(text).with(buttons))
-            .await
-            .map(drop)
+        self.cx.speaker.now(place, say).await.map(drop)
     }
 
-    /// A cancel button of `/schedules`.
-    pub async fn cancel(&self, place: Place, message_id: i64, id: &str) -> String {
+    /// A page button of `/schedules` (`c:y:<page>`); answers the toast.
+    pub async fn turn(&self, place: Place, message_id: i64, page: &str) -> String {
+        let page = page.parse().unwrap_or(0);
+        match self.show_again(place, message_id, page).await {
+            Ok(()) => format!("Page {}", page + 1),
+            Err(e) => format!("Could not turn the page: {e}"),
+        }
+    }
+
+    /// A cancel button of `/schedules` (`c:x:<id>:<page>`).
+    pub async fn cancel(
+        &self,
+        place: Place,
+        message_id: i64,
+        id: &str,
+        page: Option<&str>,
+    ) -> String {
         let Ok(id) = id.parse::<i64>() else {
             return "This button is no longer valid.".into();
         };
@@ -328,23 +328,8 @@ impl Schedules {
         match removed {
             Ok(true) => {
                 tracing::info!(target: "audit", schedule = id, "a schedule was cancelled");
-                let stored = self.cx.store().schedules();
-                let rest: Vec<Schedule> = stored.unwrap_or_default();
-                let thread_only = place.thread_id.is_some();
-                let rest: Vec<Schedule> = match place.thread_id {
-                    Some(thread) => rest
-                        .into_iter()
-                        .filter(|s| s.thread_id == Some(thread))
-                        .collect(),
-                    None => rest,
-                };
-                let (text, buttons) = schedules_text(&rest, thread_only);
-                if let Err(e) = self
-                    .cx
-                    .speaker
-                    .edit(place, message_id, Say::html(text).with(buttons))
-                    .await
-                {
+                let page = page.and_then(|p| p.parse().ok()).unwrap_or(0);
+                if let Err(e) = self.show_again(place, message_id, page).await {
                     tracing::warn!("cannot show the schedules left: {e}");
                 }
                 format!("#{id} cancelled")
@@ -352,6 +337,37 @@ impl Schedules {
             Ok(false) => format!("#{id} is gone already"),
             Err(e) => e.to_string(),
         }
+    }
+
+    /// The list's message shows page `page` of what is scheduled now.
+    async fn show_again(&self, place: Place, message_id: i64, page: usize) -> Result<(), String> {
+        let (schedules, in_topic) = self.shown_in(place)?;
+        let say = page_of(&schedules, in_topic, page);
+        self.cx
+            .speaker
+            .edit(place, message_id, say)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The schedules `/schedules` shows in `place`: its session's in a
+    /// session's topic, every one of this machine's elsewhere; and whether
+    /// it is a topic's.
+    fn shown_in(&self, place: Place) -> Result<(Vec<Schedule>, bool), String> {
+        let store = self.cx.store();
+        let owner = match place.thread_id {
+            Some(thread) => store
+                .binding_by_thread(place.chat_id, thread)
+                .map_err(|e| e.to_string())?
+                .map(|b| b.profile_key),
+            None => None,
+        };
+        let all = store.schedules().map_err(|e| e.to_string())?;
+        let shown = all
+            .into_iter()
+            .filter(|s| owner.is_none() || s.profile_key == owner)
+            .collect();
+        Ok((shown, owner.is_some()))
     }
 
     /// Fires the schedules that are due (see the module docs). Never
@@ -585,19 +601,32 @@ impl Schedules {
     }
 }
 
-/// The schedules as a message, each with its cancel button.
-fn schedules_text(schedules: &[Schedule], in_topic: bool) -> (String, Option<Keyboard>) {
+/// Schedules a page of `/schedules` shows.
+const PAGE: usize = 10;
+
+/// Page `page` of the schedules as a message: each with its cancel button,
+/// and the buttons to the other pages.
+fn page_of(schedules: &[Schedule], in_topic: bool, page: usize) -> Say {
     if schedules.is_empty() {
         let text = if in_topic {
             "No prompts are scheduled for this session. /every 1h <prompt> or /at 14:30 <prompt> schedules one."
         } else {
             "No prompts are scheduled on this machine. In a session's topic: /every 1h <prompt>, /at 14:30 <prompt>; here: /every 1d ~/folder <prompt>."
         };
-        return (text.into(), None);
+        return Say::html(text);
     }
+    let pages = schedules.len().div_ceil(PAGE);
+    let page = page.min(pages - 1);
     let mut text = String::from("<b>Scheduled prompts</b>");
+    if pages > 1 {
+        text.push_str(&format!(
+            " · {} · page {}/{pages}",
+            schedules.len(),
+            page + 1
+        ));
+    }
     let mut buttons = Vec::new();
-    for s in schedules {
+    for s in schedules.iter().skip(page * PAGE).take(PAGE) {
         text.push_str(&format!(
             "\n#{} {} — “{}” — next {}",
             s.id,
@@ -607,11 +636,12 @@ fn schedules_text(schedules: &[Schedule], in_topic: bool) -> (String, Option<Key
         ));
         buttons.push(Button {
             text: format!("✖ #{}", s.id),
-            data: format!("c:x:{}", s.id),
+            data: format!("c:x:{}:{page}", s.id),
         });
     }
-    let rows = buttons.chunks(4).map(<[Button]>::to_vec).collect();
-    (text, Some(Keyboard { rows }))
+    let mut rows: Vec<Vec<Button>> = buttons.chunks(4).map(<[Button]>::to_vec).collect();
+    rows.extend(paging("y", page, pages));
+    Say::html(text).with(Some(Keyboard { rows }))
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use super::outbox::{Outbox, Pace};
 use crate::ids::Place;
 use crate::protocol::bus::*;
 use crate::redact::{redact, redact_html};
+use crate::render;
 use crate::store::{EntryKind, Lane, NewOutboxEntry, Store};
 use crate::telegram::types::{
     EditMessageText, InlineKeyboardButton, InlineKeyboardMarkup, LinkPreviewOptions, ParseMode,
@@ -62,6 +63,29 @@ impl Say {
     fn parse_mode(&self) -> Option<ParseMode> {
         self.html.then_some(ParseMode::Html)
     }
+
+    /// The same, within what Telegram takes in one message: a text that
+    /// does not fit (a folder of thousands of characters named in "⏳
+    /// Starting…", a long list) goes as its readable text, clipped, so the
+    /// person always gets an answer.
+    fn fitted(self) -> Self {
+        let shown = if self.html {
+            render::to_plain(&self.text)
+        } else {
+            self.text.clone()
+        };
+        if shown.encode_utf16().count() <= render::MESSAGE_LIMIT {
+            return self;
+        }
+        // Clipped by characters to leave room for any that take two UTF-16
+        // units, and for the ellipsis.
+        let text = crate::policy::clip(&shown, render::MESSAGE_LIMIT / 2 - 1);
+        Self {
+            text,
+            html: false,
+            ..self
+        }
+    }
 }
 
 /// See the module docs.
@@ -91,6 +115,7 @@ impl Speaker {
     /// Posts `say` in `place` at once, first in line; answers the
     /// message's id.
     pub async fn now(&self, place: Place, say: Say) -> Result<i64, Failure> {
+        let say = say.fitted();
         let call = BotCall::SendMessage(SendMessage {
             chat_id: place.chat_id,
             message_thread_id: place.thread_id,
@@ -106,6 +131,7 @@ impl Speaker {
 
     /// Replaces the text and buttons of message `message_id` of `place`.
     pub async fn edit(&self, place: Place, message_id: i64, say: Say) -> Result<(), Failure> {
+        let say = say.fitted();
         let call = BotCall::EditMessageText(EditMessageText {
             chat_id: place.chat_id,
             message_id,
@@ -215,6 +241,28 @@ fn redact_entry(entry: &mut NewOutboxEntry) {
     }
 }
 
+/// The ◀ ▶ row of a list of `pages` pages shown at `page`: buttons whose
+/// data is `c:<verb>:<page>`. None for a list of one page.
+pub(super) fn paging(verb: &str, page: usize, pages: usize) -> Option<Vec<Button>> {
+    if pages < 2 {
+        return None;
+    }
+    let mut row = Vec::new();
+    if page > 0 {
+        row.push(Button {
+            text: "◀".into(),
+            data: format!("c:{verb}:{}", page - 1),
+        });
+    }
+    if page + 1 < pages {
+        row.push(Button {
+            text: "▶".into(),
+            data: format!("c:{verb}:{}", page + 1),
+        });
+    }
+    Some(row)
+}
+
 /// Buttons as Telegram takes them.
 pub(super) fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
     InlineKeyboardMarkup {
@@ -227,5 +275,28 @@ pub(super) fn markup(keyboard: &Keyboard) -> InlineKeyboardMarkup {
                     .collect()
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_telegram_would_refuse_as_too_long_is_clipped_to_fit() {
+        let folder = "a".repeat(5000);
+        let say = Say::html(format!("⏳ Starting pi in <code>/tmp/{folder}</code>…")).fitted();
+        assert!(!say.html, "its readable text");
+        assert!(
+            say.text.starts_with("⏳ Starting pi in /tmp/aaa"),
+            "{}",
+            say.text
+        );
+        assert!(say.text.encode_utf16().count() <= render::MESSAGE_LIMIT);
+        assert!(say.text.ends_with('…'), "marked as cut");
+        let emoji = Say::plain("🧠".repeat(3000)).fitted();
+        assert!(emoji.text.encode_utf16().count() <= render::MESSAGE_LIMIT);
+        let short = Say::html("<b>fits</b>").fitted();
+        assert!(short.html && short.text == "<b>fits</b>", "left alone");
     }
 }
