@@ -77,7 +77,9 @@ pub struct LaunchFile {
     /// next message resumes it (default: never).
     pub idle_end_hours: Option<f64>,
     /// The engine `/new` starts when none is named: `pi`, `claude` or
-    /// `codex` (default `pi`).
+    /// `codex` (default `pi`). `default_engine`, the name an earlier README
+    /// gave it, is read as this.
+    #[serde(alias = "default_engine")]
     pub engine: Option<String>,
     /// How to run each engine, as a list of arguments (no shell); the relay
     /// adds what makes it headless. Default: `pi = ["pi"]`,
@@ -1429,6 +1431,11 @@ mod tests {
         );
         assert_eq!(c.launch.default_engine, "claude");
         assert_eq!(c.launch.commands["pi"], ["node", "/opt/pi/cli.js"]);
+        let older = load("[launch]\ndefault_engine = \"codex\"\n", &[]).unwrap();
+        assert_eq!(
+            older.launch.default_engine, "codex",
+            "the name an earlier README gave the key"
+        );
 
         for (text, key, says) in [
             ("[launch]\nroots = [\"code\"]", "launch.roots", "absolute"),
