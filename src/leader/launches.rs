@@ -436,17 +436,37 @@ impl Launches {
                 return Err(format!("serve answered {other:?}"));
             }
             Err(e) => {
-                lock(&self.registered).remove(&id);
+                // serve may have started it without answering in time.
+                self.abandon(&id).await;
                 return Err(e.message);
             }
         };
         tracing::debug!(launch = %id, %folder, "agent started; waiting for its session");
         match tokio::time::timeout(START_WAIT, registered).await {
             Ok(Ok(route)) => Ok(route),
-            _ => Err(format!(
-                "the agent started in {folder}, but its session did not join the relay within {} s (for pi: is the relay's extension loaded? see [launch.commands] in config.toml)",
-                START_WAIT.as_secs()
-            )),
+            _ => {
+                self.abandon(&id).await;
+                Err(format!(
+                    "the agent started in {folder}, but its session did not join the relay within {} s, so it was ended (for pi: is the relay's extension loaded? see [launch.commands] in config.toml)",
+                    START_WAIT.as_secs()
+                ))
+            }
+        }
+    }
+
+    /// A start the person is told is not done ends its agent, if it runs:
+    /// an agent nobody is told of, in no list and out of `/end`'s reach,
+    /// must not go on (on its machine's agents cap, and on its own).
+    async fn abandon(&self, id: &str) {
+        lock(&self.registered).remove(id);
+        let end = OrderOp::End {
+            launch_id: id.to_string(),
+            by_user: 0,
+        };
+        match self.order(end, ORDER_WAIT).await {
+            Ok(OrderOutcome::Ended) => tracing::info!(launch = id, "ended an agent whose start was given up"),
+            Ok(other) => tracing::debug!(launch = id, "ending a start given up: {other:?}"),
+            Err(e) => tracing::warn!(launch = id, "cannot end an agent whose start was given up: {e}"),
         }
     }
 
