@@ -209,6 +209,9 @@ fn leader_lines(out: &mut String, status: &BusStatus) {
         )),
         None => out.push_str("serve: not running (/new needs agent-relay serve)\n"),
     }
+    for what in &status.lacking {
+        out.push_str(&format!("the Bot API server lacks: {what}\n"));
+    }
 }
 
 /// How the leader's poll is doing: its health, when it last answered and

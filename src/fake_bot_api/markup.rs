@@ -25,10 +25,26 @@ const OTHER_ACTIONS: [&str; 9] = [
     "disabled",
 ];
 
+/// What the server knows of buttons: one that lags behind Telegram (a
+/// self-hosted Bot API server, a proxy) knows no `disabled` button, and
+/// takes one for a text button.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Server {
+    pub disabled_buttons: bool,
+}
+
+#[cfg(test)]
+impl Server {
+    /// Telegram's own, as of Bot API 10.3.
+    pub const CURRENT: Self = Self {
+        disabled_buttons: true,
+    };
+}
+
 /// The markup a send or edit carries, normalised as Telegram stores it; `None`
 /// when absent. An inline keyboard without buttons is no markup, as on Telegram
 /// (`{"inline_keyboard": []}` is how bots remove buttons).
-pub(super) fn reply_markup(params: &Value) -> Result<Option<Value>, ApiError> {
+pub(super) fn reply_markup(params: &Value, server: Server) -> Result<Option<Value>, ApiError> {
     let value = match params.get("reply_markup") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) if s.is_empty() => return Ok(None),
@@ -40,7 +56,7 @@ pub(super) fn reply_markup(params: &Value) -> Result<Option<Value>, ApiError> {
         return Err(ApiError::bad_request("object expected as reply markup"));
     };
     match object.get("inline_keyboard") {
-        Some(keyboard) => inline_keyboard(keyboard),
+        Some(keyboard) => inline_keyboard(keyboard, server),
         // Reply keyboards, `remove_keyboard` and `force_reply` never show in a
         // message object; the fake keeps them as given, for inspection.
         None if object.is_empty() => Ok(None),
@@ -49,8 +65,11 @@ pub(super) fn reply_markup(params: &Value) -> Result<Option<Value>, ApiError> {
 }
 
 /// Edits take inline keyboards only.
-pub(super) fn inline_markup_for_edit(params: &Value) -> Result<Option<Value>, ApiError> {
-    match reply_markup(params)? {
+pub(super) fn inline_markup_for_edit(
+    params: &Value,
+    server: Server,
+) -> Result<Option<Value>, ApiError> {
+    match reply_markup(params, server)? {
         Some(markup) if markup.get("inline_keyboard").is_none() => {
             Err(ApiError::bad_request("inline keyboard expected"))
         }
@@ -58,7 +77,7 @@ pub(super) fn inline_markup_for_edit(params: &Value) -> Result<Option<Value>, Ap
     }
 }
 
-fn inline_keyboard(keyboard: &Value) -> Result<Option<Value>, ApiError> {
+fn inline_keyboard(keyboard: &Value, server: Server) -> Result<Option<Value>, ApiError> {
     let not_rows = || {
         ApiError::bad_request(
             "field \"inline_keyboard\" of the InlineKeyboardMarkup should be an Array of Arrays",
@@ -68,7 +87,10 @@ fn inline_keyboard(keyboard: &Value) -> Result<Option<Value>, ApiError> {
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let buttons = row.as_array().ok_or_else(not_rows)?;
-        let row = buttons.iter().map(button).collect::<Result<Vec<_>, _>>()?;
+        let row = buttons
+            .iter()
+            .map(|b| button(b, server))
+            .collect::<Result<Vec<_>, _>>()?;
         out.push(Value::Array(row));
     }
     if out.is_empty() {
@@ -79,7 +101,7 @@ fn inline_keyboard(keyboard: &Value) -> Result<Option<Value>, ApiError> {
 
 /// One button: `text` and the first action found (`url` before `callback_data`,
 /// so a button with both keeps the url).
-fn button(button: &Value) -> Result<Value, ApiError> {
+fn button(button: &Value, server: Server) -> Result<Value, ApiError> {
     let bad =
         |why: &str| ApiError::bad_request(format!("can't parse inline keyboard button: {why}"));
     let Value::Object(fields) = button else {
@@ -116,6 +138,7 @@ fn button(button: &Value) -> Result<Value, ApiError> {
         out.insert("callback_data".to_owned(), json!(data));
     } else if let Some((key, value)) = OTHER_ACTIONS
         .iter()
+        .filter(|key| server.disabled_buttons || **key != "disabled")
         .find_map(|key| Some((*key, fields.get(*key).filter(|v| !v.is_null())?)))
     {
         out.insert(key.to_owned(), value.clone());
@@ -130,7 +153,7 @@ mod tests {
     use super::*;
 
     fn parse(markup: Value) -> Result<Option<Value>, String> {
-        reply_markup(&json!({ "reply_markup": markup })).map_err(|e| e.description)
+        reply_markup(&json!({ "reply_markup": markup }), Server::CURRENT).map_err(|e| e.description)
     }
 
     fn keyboard(button: Value) -> Value {
@@ -217,7 +240,8 @@ mod tests {
         let force = json!({"force_reply": true});
         assert_eq!(parse(force.clone()), Ok(Some(force.clone())));
         assert_eq!(
-            inline_markup_for_edit(&json!({ "reply_markup": force })).map_err(|e| e.description),
+            inline_markup_for_edit(&json!({ "reply_markup": force }), Server::CURRENT)
+                .map_err(|e| e.description),
             Err("Bad Request: inline keyboard expected".to_owned())
         );
     }

@@ -64,6 +64,11 @@ pub(super) async fn dispatch(
     if method == "getUpdates" {
         return get_updates(api, params, Hearing::Normal).await;
     }
+    let lacks = api.mutate(|inner| inner.config.lacking.iter().any(|m| m == method));
+    if lacks {
+        // What telegram-bot-api answers for a method it does not know.
+        return Err(ApiError::new(404, "Not Found: method not found"));
+    }
     api.mutate(|inner| match method {
         "getMe" => Ok(get_me(inner)),
         "deleteWebhook" => delete_webhook(inner, params),
@@ -347,6 +352,13 @@ impl Drop for PollRegistration<'_> {
 }
 
 impl Inner {
+    /// What this server knows of buttons.
+    fn server(&self) -> markup::Server {
+        markup::Server {
+            disabled_buttons: self.config.disabled_buttons,
+        }
+    }
+
     /// Registers a poll as the one poller, terminating an older one (an overlap).
     fn start_poll(&mut self, terminate: oneshot::Sender<()>, short_poll: bool) -> u64 {
         self.polls.polls += 1;
@@ -552,7 +564,7 @@ fn deliver(
 
 fn send_message(inner: &mut Inner, params: &Value) -> Answer {
     let text = parse_text(params, "text")?;
-    let reply_markup = markup::reply_markup(params)?;
+    let reply_markup = markup::reply_markup(params, inner.server())?;
     let target = send_target(inner, params)?;
     let mut message = StoredMessage::new(Author::Bot, target.thread_id);
     message.text = text;
@@ -652,7 +664,7 @@ fn send_media(
         return Err(ApiError::too_large());
     }
     let caption = parse_text(params, "caption")?;
-    let reply_markup = markup::reply_markup(params)?;
+    let reply_markup = markup::reply_markup(params, inner.server())?;
     let target = send_target(inner, params)?;
     let attachment = if let Some(upload) = upload {
         if kind == MediaKind::Photo && !files::looks_like_image(&upload.bytes) {
@@ -764,7 +776,7 @@ fn not_modified() -> ApiError {
 /// without `reply_markup` removes them, as on Telegram.
 fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
     let text = parse_text(params, "text")?;
-    let reply_markup = markup::inline_markup_for_edit(params)?;
+    let reply_markup = markup::inline_markup_for_edit(params, inner.server())?;
     edit(inner, params, "editMessageText", |message| {
         if message.media.is_some() {
             return Err(ApiError::bad_request(
@@ -784,7 +796,7 @@ fn edit_message_text(inner: &mut Inner, params: &Value) -> Answer {
 }
 
 fn edit_message_reply_markup(inner: &mut Inner, params: &Value) -> Answer {
-    let reply_markup = markup::inline_markup_for_edit(params)?;
+    let reply_markup = markup::inline_markup_for_edit(params, inner.server())?;
     edit(inner, params, "editMessageReplyMarkup", |message| {
         if message.reply_markup == reply_markup {
             return Err(not_modified());

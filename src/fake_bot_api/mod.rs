@@ -192,6 +192,13 @@ pub struct FakeConfig {
     pub allows_users_to_create_topics: bool,
     /// Answer 429 beyond Telegram's send limits.
     pub rate_limits: bool,
+    /// Methods this server lacks, answered 404 "Not Found: method not
+    /// found" as a self-hosted Bot API server (or a proxy) that lags behind
+    /// Telegram answers them (e.g. `sendMessageDraft`).
+    pub lacking: Vec<String>,
+    /// Whether the server knows `disabled` buttons (Bot API 10.3); one that
+    /// does not takes such a button for a text button, and refuses it.
+    pub disabled_buttons: bool,
     pub addr: SocketAddr,
 }
 
@@ -204,6 +211,8 @@ impl Default for FakeConfig {
             has_topics_enabled: true,
             allows_users_to_create_topics: true,
             rate_limits: false,
+            lacking: Vec::new(),
+            disabled_buttons: true,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
@@ -482,6 +491,16 @@ impl FakeBotApi {
     /// while it was on stay, but cannot be used while it is off.
     pub fn set_has_topics_enabled(&self, enabled: bool) {
         self.mutate(|inner| inner.config.has_topics_enabled = enabled);
+    }
+
+    /// The server lags behind Telegram: it lacks `methods` (404 "Not Found:
+    /// method not found") and, unless `disabled_buttons`, knows no
+    /// disabled button.
+    pub fn set_lagging(&self, methods: &[&str], disabled_buttons: bool) {
+        self.mutate(|inner| {
+            inner.config.lacking = methods.iter().map(|m| (*m).to_string()).collect();
+            inner.config.disabled_buttons = disabled_buttons;
+        });
     }
 
     /// `getMe.allows_users_to_create_topics`.

@@ -952,6 +952,7 @@ mod tests {
             pacing: Vec::new(),
             cluster: None,
             serve: None,
+            lacking: Vec::new(),
         };
         let (first, buttons) = sessions_page(&status, 0, "");
         assert!(first.contains("page 1/2"), "{first}");

@@ -53,6 +53,9 @@ pub(crate) enum FailureKind {
     NotAForum,
     /// The chat does not exist, or the bot is not in it (or blocked).
     ChatUnreachable,
+    /// The Bot API server lacks the method (or the feature): a server that
+    /// lags behind Telegram. Not made, and not asked for again.
+    Unsupported,
     /// Refused for good for another reason (the message says which).
     Refused,
 }
@@ -71,6 +74,7 @@ pub(crate) fn decide(e: &TelegramError) -> Failure {
     let kind = match e {
         TelegramError::ThreadGone { .. } => FailureKind::TopicGone,
         TelegramError::FileTooBig { .. } => FailureKind::FileTooBig,
+        TelegramError::MethodMissing { .. } => FailureKind::Unsupported,
         TelegramError::Unauthorized => FailureKind::TokenRejected,
         TelegramError::NotEnoughRights { .. } => FailureKind::NoTopicRights,
         TelegramError::NotAForum { .. } => FailureKind::NotAForum,
@@ -97,6 +101,7 @@ impl From<Failure> for BusError {
             FailureKind::Unavailable => BusErrorCode::Unavailable,
             FailureKind::Paced => BusErrorCode::Paced,
             FailureKind::FileTooBig => BusErrorCode::FileTooBig,
+            FailureKind::Unsupported => BusErrorCode::Unsupported,
             FailureKind::TokenRejected
             | FailureKind::NoTopicRights
             | FailureKind::NotAForum

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::files::DOWNLOAD_MAX;
 use crate::protocol::bus::{FETCH_DEADLINE, SendAs, TOPIC_DEADLINE, Target, UPLOAD_DEADLINE};
 use crate::render;
+use crate::telegram::types::InlineKeyboardMarkup;
 use crate::telegram::call::{
     AnswerCallbackQuery, ChatAction, CreateForumTopic, InTopic, SendChatAction,
 };
@@ -148,10 +149,59 @@ impl BotCache {
     }
 }
 
+/// What the Bot API server was found to lack, from its own answers: a
+/// self-hosted server or a proxy that lags behind Telegram. Each is said
+/// once at warn, shown in `/relay status`, and never asked for again by
+/// this leader: a call that needs it fails at once ([`FailureKind::Unsupported`])
+/// and its caller does without (drafts become an edited message, a settled
+/// question loses its buttons instead of keeping a disabled one).
+#[derive(Default)]
+struct Lacking(Mutex<std::collections::BTreeSet<&'static str>>);
+
+/// What [`Lacking`] calls disabled buttons (Bot API 10.3).
+const DISABLED_BUTTONS: &str = "disabled buttons";
+
+impl Lacking {
+    fn has(&self, what: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(what)
+    }
+
+    fn learn(&self, what: &'static str, api_url: &str) {
+        let new = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(what);
+        if new {
+            tracing::warn!(
+                "the Bot API server at {api_url} lacks {what}, which Telegram's has: the relay does without it (see /relay status)"
+            );
+        }
+    }
+
+    fn list(&self) -> Vec<String> {
+        let lacking = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        lacking
+            .iter()
+            .map(|what| match *what {
+                "sendMessageDraft" => "sendMessageDraft (drafts show as an edited message)".into(),
+                DISABLED_BUTTONS => "disabled buttons (settled questions lose their buttons)".into(),
+                other => (*other).to_string(),
+            })
+            .collect()
+    }
+}
+
 pub(super) struct Outbox {
     api: BotApi,
+    /// Where the server is, for what the relay says about it.
+    api_url: String,
     limiter: RateLimiter,
     bot: BotCache,
+    lacking: Lacking,
     /// This machine in the cluster, when the relay spans machines.
     cluster: Option<Arc<ClusterNode>>,
 }
@@ -169,8 +219,10 @@ impl Outbox {
         };
         Ok(Self {
             api: BotApi::new(&config.api_url, token)?,
+            api_url: config.api_url.clone(),
             limiter,
             bot: BotCache::default(),
+            lacking: Lacking::default(),
             cluster,
         })
     }
@@ -188,6 +240,11 @@ impl Outbox {
     /// Goes on from what the last leader's limiter spent.
     pub fn go_on_from(&self, spent: &crate::telegram::Spent) {
         self.limiter.go_on_from(spent);
+    }
+
+    /// What the Bot API server was found to lack, for `/relay status`.
+    pub fn lacking(&self) -> Vec<String> {
+        self.lacking.list()
     }
 
     /// The chats' message budgets of this machine's limiter.
@@ -233,6 +290,15 @@ impl Outbox {
         let deadline = Instant::now() + pace.deadline;
         let mut plain = false;
         let mut reopened = false;
+        if self.lacking.has(call.method()) {
+            return Err(Failure::new(
+                FailureKind::Unsupported,
+                format!("the Bot API server lacks {}", call.method()),
+            ));
+        }
+        if self.lacking.has(DISABLED_BUTTONS) {
+            call = without_disabled_buttons(call);
+        }
         loop {
             let error = match self
                 .paced(call.method(), call.chat(), &pace, deadline, || {
@@ -264,8 +330,19 @@ impl Outbox {
                     Box::pin(self.call_here(BotCall::ReopenForumTopic(topic), Pace::manage()))
                         .await?;
                 }
-                Recovery::Fail(failure) => return Err(failure),
-                Recovery::Plain | Recovery::Reopen(_) => return Err(decide(&error)),
+                Recovery::WithoutDisabled if !self.lacking.has(DISABLED_BUTTONS) => {
+                    self.lacking.learn(DISABLED_BUTTONS, &self.api_url);
+                    call = without_disabled_buttons(call);
+                }
+                Recovery::Fail(failure) => {
+                    if failure.kind == FailureKind::Unsupported {
+                        self.lacking.learn(call.method(), &self.api_url);
+                    }
+                    return Err(failure);
+                }
+                Recovery::Plain | Recovery::Reopen(_) | Recovery::WithoutDisabled => {
+                    return Err(decide(&error));
+                }
             }
         }
     }
@@ -589,6 +666,8 @@ enum Recovery {
     Plain,
     /// Reopen the topic and make it again.
     Reopen(InTopic),
+    /// The server knows no disabled button: make it again without.
+    WithoutDisabled,
     Fail(Failure),
 }
 
@@ -613,6 +692,12 @@ fn recover(call: &BotCall, error: &TelegramError, priority: Priority) -> Recover
             E::NotModified { .. },
         )
         | (C::DeleteForumTopic(_), E::ThreadGone { .. }) => Recovery::Done,
+        (C::EditMessageText(p), E::BadRequest { description })
+            if has_disabled_buttons(p.reply_markup.as_ref())
+                && description.contains("inline keyboard button") =>
+        {
+            Recovery::WithoutDisabled
+        }
         (C::SendMessage(p), E::ParseEntities { .. }) if p.parse_mode.is_some() => Recovery::Plain,
         (C::EditMessageText(p), E::ParseEntities { .. }) if p.parse_mode.is_some() => {
             Recovery::Plain
@@ -632,6 +717,35 @@ fn recover(call: &BotCall, error: &TelegramError, priority: Priority) -> Recover
             None => Recovery::Fail(decide(error)),
         },
         _ => Recovery::Fail(decide(error)),
+    }
+}
+
+/// Whether a keyboard has a button that cannot be pressed (Bot API 10.3).
+fn has_disabled_buttons(markup: Option<&InlineKeyboardMarkup>) -> bool {
+    markup.is_some_and(|m| m.inline_keyboard.iter().flatten().any(|b| b.disabled.is_some()))
+}
+
+/// The call without its disabled buttons, for a server that knows none: a
+/// keyboard of nothing else is no keyboard (Telegram then removes the
+/// buttons a message had).
+fn without_disabled_buttons(call: BotCall) -> BotCall {
+    match call {
+        BotCall::EditMessageText(mut p) if has_disabled_buttons(p.reply_markup.as_ref()) => {
+            if let Some(markup) = &mut p.reply_markup {
+                for row in &mut markup.inline_keyboard {
+                    row.retain(|b| b.disabled.is_none());
+                }
+                markup.inline_keyboard.retain(|row| !row.is_empty());
+            }
+            if p.reply_markup
+                .as_ref()
+                .is_some_and(|m| m.inline_keyboard.is_empty())
+            {
+                p.reply_markup = None;
+            }
+            BotCall::EditMessageText(p)
+        }
+        other => other,
     }
 }
 

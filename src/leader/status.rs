@@ -87,6 +87,7 @@ impl Status<'_> {
             pacing: self.pacing(),
             cluster: None,
             serve: self.launches.serve_status(),
+            lacking: cx.outbox.lacking(),
         })
     }
 

@@ -888,6 +888,10 @@ pub enum BusErrorCode {
     /// A background request found its chat's message budget spent: it was
     /// not sent, and a later one will say the same thing better.
     Paced,
+    /// The Bot API server lacks what the request needs (a self-hosted one
+    /// or a proxy that lags behind Telegram: `sendMessageDraft`, say).
+    /// Nothing was sent; the session does without it from now on.
+    Unsupported,
     /// Anything else.
     Internal,
 }
@@ -994,6 +998,11 @@ pub struct BusStatus {
     /// This machine's `agent-relay serve`, when it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeStatus>,
+    /// What the Bot API server was found to lack (a method such as
+    /// `sendMessageDraft`, or disabled buttons), and what the relay does
+    /// instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lacking: Vec<String>,
 }
 
 /// The leader's poll, for `/relay status`.

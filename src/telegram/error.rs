@@ -62,6 +62,11 @@ pub enum TelegramError {
     FileTooBig { description: String },
     #[error("bad request: {description}")]
     BadRequest { description: String },
+    /// 404: the server knows no such method. Telegram's knows every method
+    /// the relay calls; a self-hosted Bot API server or a proxy that lags
+    /// behind may not (`sendMessageDraft`, Bot API 9.3).
+    #[error("the Bot API server lacks this method: {description}")]
+    MethodMissing { description: String },
     /// 401: the token is wrong or revoked.
     #[error("unauthorized: the bot token was rejected")]
     Unauthorized,
@@ -189,6 +194,7 @@ impl TelegramError {
             401 => return Self::Unauthorized,
             413 => return Self::FileTooBig { description },
             409 => return Self::Conflict { description },
+            404 => return Self::MethodMissing { description },
             429 => {
                 let retry_after = retry_after
                     .or_else(|| retry_after_from_text(&description))
@@ -510,7 +516,7 @@ mod tests {
             404,
             r#"{"ok":false,"error_code":404,"description":"Not Found"}"#,
         );
-        assert!(matches!(not_found, TelegramError::Api { code: 404, .. }));
+        assert!(matches!(not_found, TelegramError::MethodMissing { .. }));
     }
 
     #[test]
