@@ -843,7 +843,7 @@ impl Config {
         .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let launch = LaunchPolicy::from_file(parsed.launch.unwrap_or_default(), home.as_deref())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
-        let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
+        let cluster = cluster_config(&from_file, parsed.cluster, env, crate::sys::host_name)?;
         Ok(Self {
             files,
             launch,
@@ -967,19 +967,6 @@ fn cluster_config(
         tls,
         node,
     }))
-}
-
-/// This machine's host name, if the system tells it.
-fn host_name() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at
-    // most that many bytes and we read only up to the first NUL.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok()
 }
 
 /// ` (line N, column M)` for a byte span in `text`, or nothing.

@@ -169,11 +169,9 @@ impl Sidecar {
 
     /// Sends `signal` to the process (false when it is gone).
     pub fn signal(&self, signal: i32) -> bool {
-        let Some(pid) = self.child.id() else {
-            return false;
-        };
-        // SAFETY: kill(2) on a child we spawned and have not reaped yet.
-        unsafe { libc::kill(pid as i32, signal) == 0 }
+        self.child
+            .id()
+            .is_some_and(|pid| crate::sys::signal(pid, signal))
     }
 
     /// Sends SIGKILL (no goodbye: what a crash looks like to the others).
@@ -194,7 +192,7 @@ impl Sidecar {
 impl Drop for Sidecar {
     fn drop(&mut self) {
         // A SIGSTOPped child must be continued to die promptly.
-        self.signal(libc::SIGCONT);
+        self.signal(crate::sys::SIGCONT);
         let _ = self.child.start_kill();
     }
 }

@@ -50,6 +50,7 @@ mod session;
 mod settings_file;
 mod setup;
 mod store;
+mod sys;
 mod tasks;
 mod telegram;
 mod topics;

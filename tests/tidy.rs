@@ -938,3 +938,51 @@ fn tasks_are_spawned_boxed() {
         unboxed.join("\n")
     );
 }
+
+/// Files that still call the C library themselves, each with its reason.
+const LIBC_ELSEWHERE: [(&str, &str); 2] = [
+    (
+        "src/leader/drain.rs",
+        "the leader's, being split (issue 36): its setsid goes to src/sys.rs",
+    ),
+    (
+        "src/leader/inbox.rs",
+        "the leader's, being split (issue 36): sys::O_NOFOLLOW",
+    ),
+];
+
+/// The C library is called from `src/sys.rs` alone, so every `unsafe` of
+/// the crate is there with its reason (tests may do as they like). The
+/// benchmark's binary is its own crate and may.
+#[test]
+fn libc_is_called_in_one_module() {
+    let mut elsewhere = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let shown = shown(&file);
+        if shown == "src/sys.rs"
+            || shown.starts_with("src/bin/")
+            || is_test_file(&file)
+            || LIBC_ELSEWHERE.iter().any(|(f, _)| *f == shown)
+        {
+            continue;
+        }
+        let source = without_tests(&std::fs::read_to_string(&file).expect("read source"));
+        for (n, line) in source.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let is_unsafe = code
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "unsafe");
+            if code.contains("libc::") || is_unsafe {
+                elsewhere.push(format!("{shown}:{}: {code}", n + 1));
+            }
+        }
+    }
+    assert!(
+        elsewhere.is_empty(),
+        "call the C library through src/sys.rs:\n{}",
+        elsewhere.join("\n")
+    );
+}

@@ -169,17 +169,7 @@ pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
 }
 
 fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
-    // SAFETY: geteuid(2) cannot fail and touches nothing.
-    let me = unsafe { libc::geteuid() };
-    let uid = stream.peer_cred()?.uid();
-    if uid == me {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("the other end runs as uid {uid}, not as you (uid {me})"),
-        ))
-    }
+    crate::bus::election::check_peer_uid(Some(stream.peer_cred()?.uid()))
 }
 
 /// The relay's end of one connection: `file/send` to the session.
