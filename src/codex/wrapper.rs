@@ -36,12 +36,16 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use super::{AppServer, AppServerError, Mode};
+use crate::backoff::Backoff;
 use crate::config::{Config, ConfigError};
 use crate::paths::{Missing, Paths, UntrustedPath};
 use crate::sys;
 
 /// How long Codex's app-server may take to listen.
 const LISTEN_WAIT: Duration = Duration::from_secs(30);
+/// The first wait before connecting again to an app-server not listening
+/// yet; the waits double up to eight times that.
+const LISTEN_RETRY: Duration = Duration::from_millis(50);
 /// How long the TUI has to quit after a signal went on to it, and the
 /// app-server after SIGTERM, before SIGKILL.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);
@@ -229,6 +233,7 @@ async fn connect(
     WrapperError,
 > {
     let deadline = Instant::now() + LISTEN_WAIT;
+    let mut retry = Backoff::new(LISTEN_RETRY, LISTEN_RETRY * 8);
     loop {
         if let Ok(Some(status)) = server.try_wait() {
             return Err(WrapperError::AppServerExited {
@@ -243,7 +248,7 @@ async fn connect(
             Err(AppServerError::Connect { .. }) if Instant::now() < deadline => {
                 // Not listening yet: Codex binds the socket after its
                 // start-up (a fraction of a second).
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(retry.step()).await;
             }
             Err(AppServerError::Connect { .. }) => {
                 return Err(WrapperError::NotListening {

@@ -3,8 +3,6 @@
 //! stdio and records everything it says. Every wait has a timeout; every
 //! process is killed when its `Sidecar` is dropped.
 
-#![allow(dead_code)]
-
 mod asks;
 
 use std::path::{Path, PathBuf};
@@ -21,8 +19,6 @@ pub use agent_relay::fake_bot_api::{
 };
 pub use agent_relay::host_client::Direction;
 use agent_relay::host_client::{self, FromSidecar, Link, Said};
-// Each test binary uses some of them, as with the rest of this module.
-#[allow(unused_imports)]
 pub use asks::{
     button, first_button, has_buttons, is_settled, question, question_in, settled_label, tap,
     tap_answer, tap_in,
