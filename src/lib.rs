@@ -39,6 +39,7 @@ mod ids;
 mod launch;
 mod leader;
 mod logging;
+mod mcp;
 mod member;
 mod paths;
 mod policy;

@@ -17,13 +17,14 @@
 //!   MCP server's own environment is wrong after `--continue`), when a turn
 //!   starts, which tool runs, and the turn's final answer.
 //!
-//! [`mcp`] is the MCP protocol itself; [`install`] writes the MCP entry and
-//! the hooks into the user's Claude Code settings.
+//! [`tools`] are its tools on the relay's MCP server (`crate::mcp`);
+//! [`install`] writes the MCP entry and the hooks into the user's Claude
+//! Code settings.
 
 mod bridge;
 pub mod hook;
 pub mod install;
-pub(crate) mod mcp;
+mod tools;
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
@@ -116,7 +117,9 @@ where
     bridge.clone().spawn_session_loop(from_session);
     bridge.clone().spawn_hook_socket(&paths, &config);
     let service = bridge.clone();
-    let serving = crate::host::serve_service(input, output, move |mcp| mcp::Mcp::new(service, mcp));
+    let serving = crate::host::serve_service(input, output, move |link| {
+        crate::mcp::Server::new(tools::ClaudeTools::new(service, link))
+    });
     let served = tokio::select! {
         served = serving => served,
         () = stop.cancelled() => Ok(()),

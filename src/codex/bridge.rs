@@ -48,8 +48,6 @@ use crate::protocol::host::*;
 const QUICK: Duration = Duration::from_secs(30);
 /// Requests to the session that answer at once.
 const SESSION_QUICK: Duration = Duration::from_secs(30);
-/// How long a file may take to go: the leader gives an upload 10 minutes.
-pub(super) const SEND_FILE_WAIT: Duration = Duration::from_secs(11 * 60);
 /// Requests to the session that wait for a person (the session applies
 /// its own timeout).
 const PERSON: Duration = Duration::from_secs(24 * 3600);
@@ -1133,7 +1131,7 @@ impl Bridge {
         let params = serde_json::to_value(params).map_err(|e| e.to_string())?;
         let sent = self
             .session
-            .request(method::FILE_SEND, params, SEND_FILE_WAIT)
+            .request(method::FILE_SEND, params, crate::mcp::SEND_FILE_WAIT)
             .await
             .map_err(|e| match e {
                 HostError::Rpc { message, .. } => message,
