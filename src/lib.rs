@@ -46,6 +46,7 @@ mod policy;
 pub mod protocol;
 mod redact;
 mod render;
+mod rpc_client;
 pub mod schema;
 mod session;
 mod settings_file;
