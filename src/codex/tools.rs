@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::bridge::Bridge;
+use super::bridge::CodexBridge;
 use crate::host::{HostLink, OutboundError, RpcError, Service, encode_result};
 use crate::mcp::{SEND_FILE_WAIT, send_file_params, send_file_tool, sent_text, tool_result};
 use crate::protocol::host::{FILE_NOT_SENT, SendFileParams, SendFileResult, method};
@@ -123,7 +123,7 @@ impl Offer {
     }
 
     /// Serves the tool for `bridge`'s session.
-    pub fn serve(&mut self, bridge: Arc<Bridge>) {
+    pub fn serve(&mut self, bridge: Arc<CodexBridge>) {
         if let Some(listener) = self.listener.take() {
             self.serving = Some(serve(listener, bridge));
         }
@@ -142,7 +142,7 @@ impl Drop for Offer {
 
 /// Serves the tool's connections for `bridge`'s session until aborted
 /// (which ends the connections too).
-pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
+pub fn serve(listener: UnixListener, bridge: Arc<CodexBridge>) -> JoinHandle<()> {
     crate::tasks::spawn(async move {
         let mut connections = JoinSet::new();
         loop {
@@ -174,7 +174,7 @@ fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
 
 /// The relay's end of one connection: `file/send` to the session.
 struct Desk {
-    bridge: Arc<Bridge>,
+    bridge: Arc<CodexBridge>,
 }
 
 impl Service for Desk {

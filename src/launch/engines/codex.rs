@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::codex::{AppServer, Bridge, Opening, Transport};
+use crate::codex::{AppServer, CodexBridge, Opening, Transport};
 use crate::launch::engine::{Agent, Context, EngineError, Models, Start};
 use crate::launch::starting::{Driver, Started, Starting};
 use crate::protocol::host::method;
@@ -109,7 +109,7 @@ fn opening(start: &Start) -> Opening {
 /// Has the session join the relay. Idempotent: joins when `auto_connect`
 /// is off too, and waits for the registration, as the hosted session of
 /// Claude Code does; joined without a topic is said in the log.
-async fn join(bridge: &Bridge) -> Result<(), crate::host_client::HostError> {
+async fn join(bridge: &CodexBridge) -> Result<(), crate::host_client::HostError> {
     let answer = bridge
         .ask_session(
             method::COMMAND_EXECUTE,
@@ -128,7 +128,7 @@ async fn join(bridge: &Bridge) -> Result<(), crate::host_client::HostError> {
 /// A launched Codex, as `serve` asks it about models: Codex's catalogue
 /// through the bridge, and the model the turns from the phone start with.
 struct Launched {
-    bridge: Arc<Bridge>,
+    bridge: Arc<CodexBridge>,
     current: Option<String>,
 }
 
