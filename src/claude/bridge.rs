@@ -54,7 +54,7 @@ pub(super) const CHANNEL_PERMISSION: &str = "notifications/claude/channel/permis
 
 /// A message from the topic that no turn has taken yet.
 #[derive(Debug, Clone)]
-pub(super) struct Waiting {
+pub(super) struct Unread {
     pub text: String,
     pub origin: MessageOrigin,
     /// The files that came with it, saved in the session's inbox (the
@@ -63,14 +63,15 @@ pub(super) struct Waiting {
     pub at_ms: u64,
 }
 
+/// What the bridge knows of Claude Code and of the session it plays host to.
 #[derive(Default)]
-struct State {
+struct ClaudeState {
     /// The Claude Code session the relay session is, once started.
     session_id: Option<String>,
     cwd: Option<String>,
     /// Push prompts as channel notifications (the client takes them).
     channel: bool,
-    inbox: VecDeque<Waiting>,
+    inbox: VecDeque<Unread>,
     /// The topic was told that messages wait for `telegram_inbox` (once
     /// per batch: reset when the inbox is read).
     told_waiting: bool,
@@ -85,12 +86,14 @@ struct State {
     turn_running: bool,
 }
 
-pub struct Bridge {
+/// The host of Claude Code's session, played between Claude Code (its MCP
+/// server and hooks) and the session.
+pub struct ClaudeBridge {
     session: Link,
     mcp: OnceLock<HostLink>,
     pub(super) env: ClaudeEnv,
     auto_connect: bool,
-    state: Mutex<State>,
+    state: Mutex<ClaudeState>,
     /// Serializes starting and switching the session.
     start: tokio::sync::Mutex<()>,
     pub(super) stop: tokio_util::sync::CancellationToken,
@@ -106,7 +109,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Bridge {
+impl ClaudeBridge {
     pub(super) fn new(
         session: Link,
         config: &Result<Config, ConfigError>,
@@ -123,7 +126,7 @@ impl Bridge {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, ClaudeState> {
         lock(&self.state)
     }
 
@@ -328,7 +331,7 @@ impl Bridge {
     /// A prompt from the topic: into the inbox, and to Claude Code as a
     /// channel message when it takes those.
     fn deliver(self: &Arc<Self>, params: SendUserMessageParams) {
-        let waiting = Waiting {
+        let waiting = Unread {
             text: params.text,
             origin: params.origin,
             attachments: params.attachments,
@@ -388,8 +391,8 @@ impl Bridge {
     }
 
     /// The messages no turn has taken yet; a turn takes them now.
-    pub(super) fn take_inbox(&self) -> Vec<Waiting> {
-        let taken: Vec<Waiting> = {
+    pub(super) fn take_inbox(&self) -> Vec<Unread> {
+        let taken: Vec<Unread> = {
             let mut state = self.state();
             state.told_waiting = false;
             state.inbox.drain(..).collect()
@@ -410,7 +413,7 @@ impl Bridge {
     /// relay keeps it for this session, which gets it when it is resumed.
     pub(super) async fn finish(&self) {
         self.stop.cancel();
-        let unread: Vec<Waiting> = {
+        let unread: Vec<Unread> = {
             let mut state = self.state();
             state.inbox.drain(..).collect()
         };
@@ -679,7 +682,7 @@ fn note(text: String) -> HookAnswer {
 /// `notifications/claude/channel` params for a message, as the official
 /// Telegram plugin sends them: the text, and the meta Claude Code shows as
 /// attributes of the `<channel>` tag.
-pub(super) fn channel_params(waiting: &Waiting) -> Value {
+pub(super) fn channel_params(waiting: &Unread) -> Value {
     let origin = &waiting.origin;
     let mut meta = json!({
         "chat_id": origin.chat_id.to_string(),

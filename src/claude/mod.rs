@@ -5,7 +5,7 @@
 //! * `agent-relay mcp` ([`serve`]) is an MCP server on stdio, one per Claude
 //!   Code process. Inside it runs an ordinary [`Session`](crate::session)
 //!   — the same bus member `agent-relay stdio` runs for pi — driven over the
-//!   host protocol by a [`bridge::Bridge`] that plays its host: the bridge
+//!   host protocol by a [`bridge::ClaudeBridge`] that plays its host: the bridge
 //!   turns the session's prompts into `notifications/claude/channel` (or
 //!   keeps them for the `telegram_inbox` tool), and the MCP tools and
 //!   Claude Code's hooks into host-protocol requests and events.
@@ -113,7 +113,7 @@ where
         from_session,
         session,
     } = crate::session::InProcess::start(paths.clone(), config.clone());
-    let bridge = bridge::Bridge::new(link, &config, env);
+    let bridge = bridge::ClaudeBridge::new(link, &config, env);
     bridge.clone().spawn_session_loop(from_session);
     bridge.clone().spawn_hook_socket(&paths, &config);
     let service = bridge.clone();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::bridge::{Bridge, Waiting};
+use super::bridge::{ClaudeBridge, Unread};
 use crate::mcp::{SEND_FILE_WAIT, send_file_params, send_file_tool, sent_text, tool_result};
 use crate::protocol::host::*;
 
@@ -29,7 +29,7 @@ their paths.";
 
 /// The tools of one Claude Code's session, played through its bridge.
 pub(super) struct ClaudeTools {
-    bridge: Arc<Bridge>,
+    bridge: Arc<ClaudeBridge>,
 }
 
 impl crate::mcp::Tools for ClaudeTools {
@@ -78,7 +78,7 @@ impl crate::mcp::Tools for ClaudeTools {
 impl ClaudeTools {
     /// The tools for `bridge`'s session; `link` is how the bridge reaches
     /// Claude Code (its channel notifications).
-    pub fn new(bridge: Arc<Bridge>, link: crate::host::HostLink) -> Self {
+    pub fn new(bridge: Arc<ClaudeBridge>, link: crate::host::HostLink) -> Self {
         bridge.set_mcp(link);
         Self { bridge }
     }
@@ -198,7 +198,7 @@ impl ClaudeTools {
 }
 
 /// What `telegram_inbox` answers.
-fn inbox_text(waiting: &[Waiting]) -> String {
+fn inbox_text(waiting: &[Unread]) -> String {
     if waiting.is_empty() {
         return "No messages are waiting.".into();
     }
