@@ -190,24 +190,7 @@ impl ClaudeBridge {
                 self.state().session_id = Some(session_id);
             }
             None => {
-                let params = json!({
-                    "protocolVersion": PROTOCOL_VERSION,
-                    "host": {"name": "claude-code", "version": ""},
-                    "pid": std::os::unix::process::parent_id(),
-                    "cwd": cwd,
-                    "session": info,
-                    "hasUI": false,
-                    // `agent/abort` is refused: Claude Code at its keyboard
-                    // is stopped there (Esc), so no stop button is offered.
-                    "canAbort": false,
-                });
-                self.session
-                    .request(method::INITIALIZE, params, QUICK)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.session
-                    .notify(method::INITIALIZED, json!({}))
-                    .map_err(|e| e.to_string())?;
+                self.initialize_session(info, &cwd).await?;
                 let mut state = self.state();
                 state.session_id = Some(session_id);
                 state.cwd = Some(cwd);
@@ -216,7 +199,34 @@ impl ClaudeBridge {
         if !(wait && self.auto_connect) {
             return Ok(None);
         }
-        // Idempotent: waits for the registration and says where it went.
+        self.connect_session().await.map(Some)
+    }
+
+    /// The session's `initialize` (and `initialized`) as `info` in `cwd`.
+    async fn initialize_session(&self, info: Value, cwd: &str) -> Result<(), String> {
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "host": {"name": "claude-code", "version": ""},
+            "pid": std::os::unix::process::parent_id(),
+            "cwd": cwd,
+            "session": info,
+            "hasUI": false,
+            // `agent/abort` is refused: Claude Code at its keyboard is
+            // stopped there (Esc), so no stop button is offered.
+            "canAbort": false,
+        });
+        self.session
+            .request(method::INITIALIZE, params, QUICK)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.session
+            .notify(method::INITIALIZED, json!({}))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Has the session join the relay: idempotent, it waits for the
+    /// registration; where it went, or why not.
+    async fn connect_session(&self) -> Result<String, String> {
         let result = self
             .session
             .request(
@@ -228,7 +238,7 @@ impl ClaudeBridge {
             .map_err(|e| e.to_string())?;
         let message = result["message"].as_str().unwrap_or_default().to_string();
         if result["ok"].as_bool() == Some(true) {
-            Ok(Some(message))
+            Ok(message)
         } else {
             Err(message)
         }
@@ -531,26 +541,7 @@ impl ClaudeBridge {
                     },
                 }
             }
-            "UserPromptSubmit" => {
-                let prompt = input.prompt.unwrap_or_default();
-                let from_telegram = self.took_from_inbox(&prompt);
-                {
-                    let mut state = self.state();
-                    state.from_telegram = from_telegram;
-                    state.turn_running = true;
-                }
-                self.tell_session(method::AGENT_STARTED, json!({}));
-                let source = if from_telegram {
-                    "extension"
-                } else {
-                    "interactive"
-                };
-                self.tell_session(
-                    method::INPUT_RECEIVED,
-                    json!({"text": prompt, "source": source}),
-                );
-                HookAnswer::default()
-            }
+            "UserPromptSubmit" => self.prompt_submitted(input.prompt.unwrap_or_default()),
             "PreToolUse" => {
                 self.tell_session(
                     method::TOOL_STARTED,
@@ -565,29 +556,7 @@ impl ClaudeBridge {
                 );
                 HookAnswer::default()
             }
-            "PermissionRequest" => {
-                let tool = input.tool_name.unwrap_or_else(|| "tool".into());
-                let id = input.tool_use_id.unwrap_or_default();
-                let decided = self
-                    .approve(&id, &tool, input.tool_input.unwrap_or(Value::Null))
-                    .await;
-                let decision = match decided.decision {
-                    Decision::Allow => json!({"behavior": "allow"}),
-                    Decision::Deny => json!({
-                        "behavior": "deny",
-                        "message": decided.reason.unwrap_or_else(|| "Denied from Telegram.".into()),
-                    }),
-                    // Not the relay's to decide: Claude Code asks as it would.
-                    Decision::Defer => return HookAnswer::default(),
-                };
-                HookAnswer {
-                    output: Some(json!({"hookSpecificOutput": {
-                        "hookEventName": "PermissionRequest",
-                        "decision": decision,
-                    }})),
-                    note: None,
-                }
-            }
+            "PermissionRequest" => self.permission_request(input).await,
             "Notification" => {
                 let waiting_on_phone = self.state().approvals_open > 0;
                 let permission = input.notification_type.as_deref() == Some("permission_prompt");
@@ -604,6 +573,53 @@ impl ClaudeBridge {
             other => note(format!(
                 "agent-relay: the {other} hook is not one the relay uses"
             )),
+        }
+    }
+
+    /// A turn began at Claude Code's terminal: with a message the phone
+    /// sent (taken from the inbox), or one typed there, mirrored.
+    fn prompt_submitted(&self, prompt: String) -> HookAnswer {
+        let from_telegram = self.took_from_inbox(&prompt);
+        {
+            let mut state = self.state();
+            state.from_telegram = from_telegram;
+            state.turn_running = true;
+        }
+        self.tell_session(method::AGENT_STARTED, json!({}));
+        let source = if from_telegram {
+            "extension"
+        } else {
+            "interactive"
+        };
+        self.tell_session(
+            method::INPUT_RECEIVED,
+            json!({"text": prompt, "source": source}),
+        );
+        HookAnswer::default()
+    }
+
+    /// Claude Code asks whether a tool call may run: the relay's decision,
+    /// or none (Claude Code asks as it would) where it is not the relay's.
+    async fn permission_request(&self, input: HookInput) -> HookAnswer {
+        let tool = input.tool_name.unwrap_or_else(|| "tool".into());
+        let id = input.tool_use_id.unwrap_or_default();
+        let decided = self
+            .approve(&id, &tool, input.tool_input.unwrap_or(Value::Null))
+            .await;
+        let decision = match decided.decision {
+            Decision::Allow => json!({"behavior": "allow"}),
+            Decision::Deny => json!({
+                "behavior": "deny",
+                "message": decided.reason.unwrap_or_else(|| "Denied from Telegram.".into()),
+            }),
+            Decision::Defer => return HookAnswer::default(),
+        };
+        HookAnswer {
+            output: Some(json!({"hookSpecificOutput": {
+                "hookEventName": "PermissionRequest",
+                "decision": decision,
+            }})),
+            note: None,
         }
     }
 
