@@ -802,30 +802,7 @@ pub fn open_sendable(
         }
         Err(e) => return Err(unreadable(path, &e)),
     };
-    // Roots that do not exist allow nothing.
-    let roots: Vec<PathBuf> = roots
-        .iter()
-        .filter_map(|root| std::fs::canonicalize(root).ok())
-        .collect();
-    let Some(root) = roots
-        .iter()
-        .filter(|root| resolved.starts_with(root))
-        .max_by_key(|root| root.as_os_str().len())
-    else {
-        let allowed = roots
-            .iter()
-            .map(|r| r.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(SendRefused::Outside {
-            path: resolved,
-            allowed: if allowed.is_empty() {
-                "every allowed folder (none exists)".into()
-            } else {
-                allowed
-            },
-        });
-    };
+    let root = root_of(&resolved, roots)?;
     let relay_file = relay
         .dirs
         .iter()
@@ -834,25 +811,7 @@ pub fn open_sendable(
     if relay_file {
         return Err(SendRefused::RelayFile { path: resolved });
     }
-    let below = resolved.strip_prefix(root).unwrap_or(Path::new(""));
-    let file = open_dir(root)
-        .and_then(|dir| {
-            if below.as_os_str().is_empty() {
-                // The root itself: a directory, refused below as such.
-                Ok(dir)
-            } else {
-                open_beneath(&dir, below, sys::O_RDONLY | sys::O_NONBLOCK)
-            }
-        })
-        .map_err(|e| match e.raw_os_error() {
-            Some(sys::ELOOP | sys::ENOTDIR | sys::EXDEV) => SendRefused::Changed {
-                path: resolved.clone(),
-            },
-            _ if e.kind() == io::ErrorKind::NotFound => SendRefused::Missing {
-                path: resolved.clone(),
-            },
-            _ => unreadable(&resolved, &e),
-        })?;
+    let file = open_resolved(&root, &resolved)?;
     let meta = file.metadata().map_err(|e| unreadable(&resolved, &e))?;
     if !meta.is_file() {
         return Err(SendRefused::NotAFile { path: resolved });
@@ -876,6 +835,62 @@ pub fn open_sendable(
         len: meta.len(),
         path: resolved,
     })
+}
+
+/// The allowed root `resolved` lies under (the deepest, if several do);
+/// roots that do not exist allow nothing.
+fn root_of(resolved: &Path, roots: &[PathBuf]) -> Result<PathBuf, SendRefused> {
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|root| std::fs::canonicalize(root).ok())
+        .collect();
+    if let Some(root) = roots
+        .iter()
+        .filter(|root| resolved.starts_with(root))
+        .max_by_key(|root| root.as_os_str().len())
+    {
+        return Ok(root.clone());
+    }
+    let allowed = roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(SendRefused::Outside {
+        path: resolved.to_path_buf(),
+        allowed: if allowed.is_empty() {
+            "every allowed folder (none exists)".into()
+        } else {
+            allowed
+        },
+    })
+}
+
+/// Opens `resolved` from `root` without following a link on the way: one
+/// that appeared since the path was resolved is refused as a change.
+fn open_resolved(root: &Path, resolved: &Path) -> Result<File, SendRefused> {
+    let below = resolved.strip_prefix(root).unwrap_or(Path::new(""));
+    open_dir(root)
+        .and_then(|dir| {
+            if below.as_os_str().is_empty() {
+                // The root itself: a directory, refused later as such.
+                Ok(dir)
+            } else {
+                open_beneath(&dir, below, sys::O_RDONLY | sys::O_NONBLOCK)
+            }
+        })
+        .map_err(|e| match e.raw_os_error() {
+            Some(sys::ELOOP | sys::ENOTDIR | sys::EXDEV) => SendRefused::Changed {
+                path: resolved.to_path_buf(),
+            },
+            _ if e.kind() == io::ErrorKind::NotFound => SendRefused::Missing {
+                path: resolved.to_path_buf(),
+            },
+            _ => SendRefused::Unreadable {
+                path: resolved.to_path_buf(),
+                message: e.to_string(),
+            },
+        })
 }
 
 /// Opens the directory at `path`, which has no symbolic link in it (a

@@ -186,28 +186,10 @@ impl Wizard {
         self.say(
             "agent-relay setup: one Telegram bot for every coding-agent session on this machine.",
         );
-        let env_token = env_set("TELEGRAM_BOT_TOKEN");
-        let mut source = if env_token {
-            TokenSource::Environment
-        } else {
-            TokenSource::Typed
+        let Some(source) = self.token_source()? else {
+            self.say("Nothing changed.");
+            return Ok(Outcome::Unchanged);
         };
-        if self.document.is_configured() {
-            self.show_configuration()?;
-            if !self.console.confirm("Change it?", false)? {
-                self.say("Nothing changed.");
-                return Ok(Outcome::Unchanged);
-            }
-            if !env_token && self.document.values.bot_token.is_some() {
-                let keep = match self.config.token.as_ref().map(BotToken::bot_id) {
-                    Some(id) => self.console.confirm(&format!("Keep bot {id}?"), true)?,
-                    None => false,
-                };
-                if keep {
-                    source = TokenSource::File;
-                }
-            }
-        }
         let bot = self.bot(source)?;
         self.say(&format!(
             "✓ the token works: bot @{} (id {})",
@@ -235,6 +217,55 @@ impl Wizard {
         self.confirm_updates(&mut inbox);
         drop(inbox);
 
+        self.write(&bot, user, chat)?;
+        let chat_id = match chat {
+            Chat::Private => user,
+            Chat::Group(id) => id,
+        };
+        let hello = self.hello(&bot, chat_id);
+        drop(lock);
+        self.warn_about_overrides();
+        self.next_steps(chat);
+        Ok(if hello {
+            Outcome::Done
+        } else {
+            Outcome::NoHello
+        })
+    }
+
+    /// Where the token comes from: the environment, typed, or (on a rerun
+    /// that keeps the bot) the file; `None` when a rerun changes nothing.
+    fn token_source(&self) -> Result<Option<TokenSource>, SetupStopped> {
+        let env_token = env_set("TELEGRAM_BOT_TOKEN");
+        let typed_or_env = if env_token {
+            TokenSource::Environment
+        } else {
+            TokenSource::Typed
+        };
+        if !self.document.is_configured() {
+            return Ok(Some(typed_or_env));
+        }
+        self.show_configuration()?;
+        if !self.console.confirm("Change it?", false)? {
+            return Ok(None);
+        }
+        if env_token || self.document.values.bot_token.is_none() {
+            return Ok(Some(typed_or_env));
+        }
+        let keep = match self.config.token.as_ref().map(BotToken::bot_id) {
+            Some(id) => self.console.confirm(&format!("Keep bot {id}?"), true)?,
+            None => false,
+        };
+        Ok(Some(if keep {
+            TokenSource::File
+        } else {
+            typed_or_env
+        }))
+    }
+
+    /// Writes `config.toml`: the bot's token, `user` allowed, the topics in
+    /// `chat`; and says so.
+    fn write(&self, bot: &Bot, user: i64, chat: Chat) -> Result<(), SetupStopped> {
         let managed = Managed {
             token: bot.token.expose().to_string(),
             user,
@@ -249,19 +280,7 @@ impl Wizard {
             "✓ wrote {} (mode 600): the bot's token, you (user id {user}) in allowed_users; {place}",
             written.path().display()
         ));
-        let chat_id = match chat {
-            Chat::Private => user,
-            Chat::Group(id) => id,
-        };
-        let hello = self.hello(&bot, chat_id);
-        drop(lock);
-        self.warn_about_overrides();
-        self.next_steps(chat);
-        Ok(if hello {
-            Outcome::Done
-        } else {
-            Outcome::NoHello
-        })
+        Ok(())
     }
 
     /// A rerun: what the file holds, never the token.
