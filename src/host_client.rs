@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
 use crate::framing::{Frame, LineCodec};
-use crate::rpc_client::{Calls, Unasked};
+use crate::rpc_client::{Unasked, Waiters};
 
 /// What the sidecar says without being asked.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +99,7 @@ pub struct Sidecar {
 pub struct Link {
     lines: mpsc::UnboundedSender<Out>,
     /// Our requests waiting; closed once stdout ended.
-    calls: Arc<Calls>,
+    calls: Arc<Waiters>,
     traffic: Option<Traffic>,
 }
 
@@ -211,7 +211,7 @@ impl Link {
             }
         });
 
-        let calls = Arc::new(Calls::default());
+        let calls = Arc::new(Waiters::default());
         let traffic: Option<Traffic> = record.then(Traffic::default);
         let (events, incoming) = mpsc::unbounded_channel();
         let waiting = calls.clone();

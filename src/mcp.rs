@@ -34,7 +34,7 @@ const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-
 /// What one host's MCP server offers.
 pub trait Tools: Send + Sync + 'static {
     /// What the model reads about the server (Claude Code puts it under
-    /// "MCP Server Instructions").
+    /// "MCP McpServer Instructions").
     const INSTRUCTIONS: &'static str;
 
     /// The client's `initialize` params, seen; the `experimental`
@@ -56,11 +56,11 @@ pub trait Tools: Send + Sync + 'static {
 
 /// An MCP server of `T`'s tools, as a [`Service`] for
 /// [`crate::host::serve_service`].
-pub struct Server<T> {
+pub struct McpServer<T> {
     tools: T,
 }
 
-impl<T: Tools> Server<T> {
+impl<T: Tools> McpServer<T> {
     pub fn new(tools: T) -> Arc<Self> {
         Arc::new(Self { tools })
     }
@@ -88,7 +88,7 @@ impl<T: Tools> Server<T> {
     }
 }
 
-impl<T: Tools> Service for Server<T> {
+impl<T: Tools> Service for McpServer<T> {
     async fn call(
         self: Arc<Self>,
         method: String,
@@ -203,7 +203,9 @@ mod tests {
 
     async fn ask(tools: Echo, method: &str, params: Value) -> Result<Value, RpcError> {
         let params = RawValue::from_string(params.to_string()).unwrap();
-        let answer = Server::new(tools).call(method.into(), Some(params)).await?;
+        let answer = McpServer::new(tools)
+            .call(method.into(), Some(params))
+            .await?;
         Ok(serde_json::from_str(answer.get()).unwrap())
     }
 

@@ -41,18 +41,18 @@ pub enum Unasked {
 /// it, and a request made after that fails at once instead of waiting out
 /// its timeout.
 #[derive(Debug)]
-pub struct Calls {
-    waiting: Mutex<Waiting>,
+pub struct Waiters {
+    waiting: Mutex<ById>,
     next_id: AtomicU64,
 }
 
 #[derive(Debug, Default)]
-struct Waiting {
+struct ById {
     by_id: HashMap<u64, oneshot::Sender<Value>>,
     closed: bool,
 }
 
-impl Default for Calls {
+impl Default for Waiters {
     fn default() -> Self {
         Self {
             waiting: Mutex::default(),
@@ -62,7 +62,7 @@ impl Default for Calls {
     }
 }
 
-impl Calls {
+impl Waiters {
     /// A new request's id, and where its response arrives; `None` once the
     /// other end is gone.
     pub fn start(&self) -> Option<(u64, oneshot::Receiver<Value>)> {
@@ -121,7 +121,7 @@ impl Calls {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Waiting> {
+    fn lock(&self) -> MutexGuard<'_, ById> {
         // Every critical section is one map operation: a panic elsewhere
         // leaves the map whole, and must not take every later request down.
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
@@ -152,10 +152,10 @@ mod tests {
 
     #[test]
     fn a_message_is_read_by_its_method_and_id_with_or_without_jsonrpc() {
-        let calls = Calls::default();
+        let waiters = Waiters::default();
         let request = json!({"id": "a", "method": "m", "params": [1]});
         assert_eq!(
-            calls.take(request),
+            waiters.take(request),
             Some(Unasked::Request {
                 id: json!("a"),
                 method: "m".into(),
@@ -167,7 +167,7 @@ mod tests {
             json!({"method": "n", "id": null}),
         ] {
             assert_eq!(
-                calls.take(notification),
+                waiters.take(notification),
                 Some(Unasked::Notification {
                     method: "n".into(),
                     params: Value::Null
@@ -178,14 +178,14 @@ mod tests {
 
     #[test]
     fn a_response_settles_its_request_once_and_only_ours() {
-        let calls = Calls::default();
-        let (id, mut answer) = calls.start().unwrap();
+        let waiters = Waiters::default();
+        let (id, mut answer) = waiters.start().unwrap();
         assert_eq!(id, 1, "ids start at 1");
         let response = json!({"id": id, "result": 7});
-        assert_eq!(calls.take(response.clone()), None);
+        assert_eq!(waiters.take(response.clone()), None);
         assert_eq!(answer.try_recv().unwrap(), response);
         assert_eq!(
-            calls.take(response.clone()),
+            waiters.take(response.clone()),
             Some(Unasked::Response(response)),
             "a second answer is nobody's"
         );
@@ -193,20 +193,20 @@ mod tests {
             json!({"id": null, "error": {}}),
             json!({"id": -1, "result": 0}),
         ] {
-            assert_eq!(calls.take(stray.clone()), Some(Unasked::Response(stray)));
+            assert_eq!(waiters.take(stray.clone()), Some(Unasked::Response(stray)));
         }
     }
 
     #[test]
     fn once_closed_waiting_requests_fail_and_new_ones_are_refused() {
-        let calls = Calls::default();
-        let (_, mut answer) = calls.start().unwrap();
-        calls.close();
+        let waiters = Waiters::default();
+        let (_, mut answer) = waiters.start().unwrap();
+        waiters.close();
         assert!(matches!(
             answer.try_recv(),
             Err(oneshot::error::TryRecvError::Closed)
         ));
-        assert!(calls.start().is_none());
+        assert!(waiters.start().is_none());
     }
 
     #[test]

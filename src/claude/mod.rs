@@ -118,7 +118,7 @@ where
     bridge.clone().spawn_hook_socket(&paths, &config);
     let service = bridge.clone();
     let serving = crate::host::serve_service(input, output, move |link| {
-        crate::mcp::Server::new(tools::ClaudeTools::new(service, link))
+        crate::mcp::McpServer::new(tools::ClaudeTools::new(service, link))
     });
     let served = tokio::select! {
         served = serving => served,

@@ -34,7 +34,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::wire;
 use crate::framing::{Frame, LineCodec};
-use crate::rpc_client::{Calls, Unasked};
+use crate::rpc_client::{Unasked, Waiters};
 
 /// The largest message read or written, either transport.
 pub const MAX_MESSAGE: usize = 16 << 20;
@@ -165,7 +165,7 @@ impl Transport {
 pub struct AppServer {
     outgoing: mpsc::UnboundedSender<String>,
     /// Our requests waiting; closed once the transport ended.
-    calls: Arc<Calls>,
+    calls: Arc<Waiters>,
     closing: tokio_util::sync::CancellationToken,
 }
 
@@ -201,7 +201,7 @@ impl AppServer {
             }
             let _ = outgoing.close().await;
         });
-        let calls = Arc::new(Calls::default());
+        let calls = Arc::new(Waiters::default());
         let waiting = calls.clone();
         let (events, received) = mpsc::unbounded_channel();
         crate::tasks::spawn(async move {

@@ -224,7 +224,7 @@ where
         .await
         .map_err(|_| io::Error::other("the relay's connection did not start"))?;
     let served = crate::host::serve_service(input, output, move |_| {
-        crate::mcp::Server::new(CodexTools { relay: relay_link })
+        crate::mcp::McpServer::new(CodexTools { relay: relay_link })
     })
     .await;
     relay.abort();

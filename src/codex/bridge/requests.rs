@@ -22,7 +22,7 @@ use crate::protocol::host::{
 const PERSON: Duration = Duration::from_secs(24 * 3600);
 
 /// One of Codex's three approval requests, as the policy sees it.
-struct Approval {
+struct CodexApproval {
     asked: wire::ApprovalAsked,
     /// The tool the policy knows it by.
     tool: &'static str,
@@ -35,7 +35,7 @@ struct Approval {
 /// What goes back to Codex for an approval.
 #[derive(Serialize)]
 #[serde(untagged)]
-enum ApprovalAnswer {
+enum ApprovalReply {
     Decision(wire::ApprovalAnswer),
     Permissions(wire::PermissionsAnswer),
 }
@@ -59,7 +59,7 @@ impl CodexBridge {
 
     /// Asks the session about a call of our thread and answers Codex,
     /// unless the answer is not the relay's to give ([`Self::answers`]).
-    async fn approve(&self, id: &Value, approval: Approval) -> Result<(), AppServerError> {
+    async fn approve(&self, id: &Value, approval: CodexApproval) -> Result<(), AppServerError> {
         if !self.ours(&approval.asked.thread_id) {
             return Ok(());
         }
@@ -81,7 +81,7 @@ impl CodexBridge {
 
     /// `approval/request` to the session; what it decided, if the relay
     /// answers.
-    async fn ask_approval(&self, id: &Value, approval: &Approval) -> Option<ApprovalResult> {
+    async fn ask_approval(&self, id: &Value, approval: &CodexApproval) -> Option<ApprovalResult> {
         let asked = &approval.asked;
         let mut input = approval.input.clone();
         // Codex's own words for why it asks reach the phone as the call's
@@ -225,12 +225,12 @@ fn read_approval(
     method: &str,
     params: Value,
     changes: impl FnOnce(&str) -> Vec<wire::FileUpdate>,
-) -> Option<Approval> {
+) -> Option<CodexApproval> {
     let approval = match method {
         codex::COMMAND_APPROVAL => {
             let asked: wire::CommandApproval = serde_json::from_value(params).ok()?;
             let command = command_of(&asked);
-            Approval {
+            CodexApproval {
                 asked: asked.asked,
                 tool: BASH,
                 input: json!({"command": command}),
@@ -240,7 +240,7 @@ fn read_approval(
         codex::FILE_CHANGE_APPROVAL => {
             let asked: wire::FileChangeApproval = serde_json::from_value(params).ok()?;
             let changes = changes(&asked.asked.item_id);
-            Approval {
+            CodexApproval {
                 input: change_input(&changes, asked.grant_root.as_deref()),
                 asked: asked.asked,
                 tool: EDIT,
@@ -249,7 +249,7 @@ fn read_approval(
         }
         codex::PERMISSIONS_APPROVAL => {
             let asked: wire::PermissionsApproval = serde_json::from_value(params).ok()?;
-            Approval {
+            CodexApproval {
                 asked: asked.asked,
                 tool: PERMISSIONS,
                 input: json!({"permissions": asked.permissions.clone()}),
@@ -267,12 +267,12 @@ fn approval_answer(
     permissions: Option<Value>,
     decided: &ApprovalResult,
     beside_tui: bool,
-) -> ApprovalAnswer {
+) -> ApprovalReply {
     let decision = codex_decision(decided, beside_tui);
     let Some(permissions) = permissions else {
-        return ApprovalAnswer::Decision(wire::ApprovalAnswer { decision });
+        return ApprovalReply::Decision(wire::ApprovalAnswer { decision });
     };
-    ApprovalAnswer::Permissions(wire::PermissionsAnswer {
+    ApprovalReply::Permissions(wire::PermissionsAnswer {
         // Nothing granted is a refusal.
         permissions: if decision == wire::ApprovalDecision::Decline {
             json!({})
