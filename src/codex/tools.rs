@@ -169,7 +169,7 @@ pub fn serve(listener: UnixListener, bridge: Arc<CodexBridge>) -> JoinHandle<()>
 }
 
 fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
-    crate::bus::election::check_peer_uid(Some(stream.peer_cred()?.uid()))
+    crate::bus::election::check_peer_uid(Some(stream.peer_cred()?.uid()), "the tool socket")
 }
 
 /// The relay's end of one connection: `file/send` to the session.
