@@ -1,13 +1,17 @@
 //! The one backoff of the crate: exponential, capped, with jitter.
 //!
-//! The retry loops wait with this, so they all spread out the same way:
-//! the bus member reconnecting and a refused registration; the poller
-//! after a 409, a network failure or a deaf poll; the outbox after a
-//! transient Bot API failure; a session fetching its files again from a
-//! new leader; a Claude Code hook and its MCP server finding each other;
-//! setup reading its own updates; and across machines, joining the
-//! cluster, its stream's placement, the bot-wide offset, the consumer,
-//! and a call through the machine that polls. The jitter is "equal jitter": each wait is
+//! Every loop that tries again what failed waits with this, so they all
+//! spread out the same way: the bus member reconnecting and a refused
+//! registration; the poller after a 409, a network failure or a deaf
+//! poll; the outbox after a transient Bot API failure; a session fetching
+//! its files again from a new leader; a Claude Code hook and its MCP
+//! server finding each other; `agent-relay codex` waiting for its
+//! app-server to listen; setup reading its own updates; and across
+//! machines, joining the cluster, its stream's placement, the bot-wide
+//! offset, the consumer, and a call through the machine that polls. A
+//! loop that looks again on a period rather than after a failure (the
+//! courier's lanes, a lease's contender, the Codex bridge's subscription)
+//! keeps its period. The jitter is "equal jitter": each wait is
 //! between half and all of the current step, so a crowd of sidecars that
 //! lost their leader at the same instant does not come back in lockstep,
 //! and no wait is ever close to zero.

@@ -17,8 +17,7 @@ use crate::{commands, host, logging, member};
 /// -wal and -shm) is for the user alone, whatever umask the host passed
 /// down. Call it before any thread exists, so nothing races it.
 pub fn private_umask() -> u32 {
-    // SAFETY: umask has no preconditions and cannot fail.
-    (unsafe { libc::umask(0o077) }) as u32
+    crate::sys::set_umask(0o077)
 }
 
 /// The umask the agents `serve` starts get: the one it was started with

@@ -772,12 +772,6 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let from_file = file.display().to_string();
         let env = |k: &str| env(k).filter(|v| !v.trim().is_empty());
-        let invalid = |origin: &str, key: &str, message: String| ConfigError::Invalid {
-            origin: origin.to_string(),
-            key: key.to_string(),
-            message,
-        };
-
         let token = match env("TELEGRAM_BOT_TOKEN") {
             Some(t) => Some(
                 BotToken::parse(&t).map_err(|m| invalid("environment", "TELEGRAM_BOT_TOKEN", m))?,
@@ -799,40 +793,17 @@ impl Config {
             None => parsed.chat_id,
         };
         let allowed_users = match env("AGENT_RELAY_ALLOWED_USERS") {
-            Some(v) => v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| {
-                    s.parse::<i64>().map_err(|_| {
-                        invalid(
-                            "environment",
-                            "AGENT_RELAY_ALLOWED_USERS",
-                            format!("must be comma-separated user ids, found {s:?}"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
+            Some(v) => user_ids(&v)?,
             None => parsed.allowed_users.unwrap_or_default(),
         };
-        let (api_origin, api_key, api_url) = match env("AGENT_RELAY_API_URL") {
-            Some(v) => ("environment".to_string(), "AGENT_RELAY_API_URL", v),
-            None => (
-                from_file.clone(),
+        let api_url = match env("AGENT_RELAY_API_URL") {
+            Some(v) => api_url("environment", "AGENT_RELAY_API_URL", &v)?,
+            None => api_url(
+                &from_file,
                 "api_url",
-                parsed
-                    .api_url
-                    .unwrap_or_else(|| DEFAULT_API_URL.to_string()),
-            ),
+                parsed.api_url.as_deref().unwrap_or(DEFAULT_API_URL),
+            )?,
         };
-        let api_url = api_url.trim().trim_end_matches('/').to_string();
-        if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
-            return Err(invalid(
-                &api_origin,
-                api_key,
-                format!("must be an http(s) URL, found {:?}", redact(&api_url)),
-            ));
-        }
         let approvals = Policy::from_file(parsed.approvals.unwrap_or_default())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let home = env("HOME").map(PathBuf::from);
@@ -845,7 +816,7 @@ impl Config {
         .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let launch = LaunchPolicy::from_file(parsed.launch.unwrap_or_default(), home.as_deref())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
-        let cluster = cluster_config(&from_file, parsed.cluster, env, host_name)?;
+        let cluster = cluster_config(&from_file, parsed.cluster, env, crate::sys::host_name)?;
         Ok(Self {
             files,
             launch,
@@ -866,6 +837,46 @@ impl Config {
     }
 }
 
+/// A value of `key` (from `origin`: the file or the environment) that
+/// cannot be used, and why.
+fn invalid(origin: &str, key: &str, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        origin: origin.to_string(),
+        key: key.to_string(),
+        message,
+    }
+}
+
+/// `AGENT_RELAY_ALLOWED_USERS`: user ids separated by commas.
+fn user_ids(list: &str) -> Result<Vec<i64>, ConfigError> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<i64>().map_err(|_| {
+                invalid(
+                    "environment",
+                    "AGENT_RELAY_ALLOWED_USERS",
+                    format!("must be comma-separated user ids, found {s:?}"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The Bot API's URL without a trailing slash; an http(s) URL only.
+fn api_url(origin: &str, key: &str, url: &str) -> Result<String, ConfigError> {
+    let url = url.trim().trim_end_matches('/').to_string();
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(invalid(
+            origin,
+            key,
+            format!("must be an http(s) URL, found {:?}", redact(&url)),
+        ));
+    }
+    Ok(url)
+}
+
 /// The `[cluster]` section with the environment on top; `None` when
 /// neither names a NATS server.
 fn cluster_config(
@@ -874,11 +885,6 @@ fn cluster_config(
     env: impl Fn(&str) -> Option<String>,
     host: impl Fn() -> Option<String>,
 ) -> Result<Option<ClusterConfig>, ConfigError> {
-    let invalid = |origin: &str, key: &str, message: String| ConfigError::Invalid {
-        origin: origin.to_string(),
-        key: key.to_string(),
-        message,
-    };
     let section = parsed.clone().unwrap_or_default();
     let (url_origin, url_key, urls) = match env("AGENT_RELAY_NATS_URL") {
         Some(v) => ("environment", "AGENT_RELAY_NATS_URL", v),
@@ -921,38 +927,11 @@ fn cluster_config(
             "carries a user and password (or a token), which `cluster.nkey` and `cluster.creds_file` exclude: keep one way in".into(),
         ));
     }
-    let credentials = match (section.creds_file, section.nkey) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                from_file,
-                "cluster.nkey",
-                "and `cluster.creds_file` exclude each other: keep one".into(),
-            ));
-        }
-        (Some(path), None) => Some(NatsCredentials::CredsFile(path)),
-        (None, Some(seed)) => Some(NatsCredentials::Nkey(
-            NkeySeed::parse(&seed).map_err(|m| invalid(from_file, "cluster.nkey", m))?,
-        )),
-        (None, None) => None,
-    };
+    let credentials = nats_credentials(from_file, section.creds_file, section.nkey)?;
     let node = match env("AGENT_RELAY_NODE_NAME") {
         Some(v) => NodeName::parse(v.trim())
             .map_err(|m| invalid("environment", "AGENT_RELAY_NODE_NAME", m))?,
-        None => match section.node_name {
-            Some(v) => {
-                NodeName::parse(&v).map_err(|m| invalid(from_file, "cluster.node_name", m))?
-            }
-            None => host()
-                .as_deref()
-                .and_then(NodeName::from_host)
-                .ok_or_else(|| {
-                    invalid(
-                        from_file,
-                        "cluster.node_name",
-                        "is needed: the host name gives no usable name".into(),
-                    )
-                })?,
-        },
+        None => node_name(from_file, section.node_name, host)?,
     };
     let tls = section.tls.clone().unwrap_or_default();
     if tls.cert_file.is_some() != tls.key_file.is_some() {
@@ -971,17 +950,46 @@ fn cluster_config(
     }))
 }
 
-/// This machine's host name, if the system tells it.
-fn host_name() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at
-    // most that many bytes and we read only up to the first NUL.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
+/// How this machine proves itself to NATS, from `[cluster]`: a `.creds`
+/// file or an nkey seed, not both.
+fn nats_credentials(
+    from_file: &str,
+    creds_file: Option<PathBuf>,
+    nkey: Option<String>,
+) -> Result<Option<NatsCredentials>, ConfigError> {
+    match (creds_file, nkey) {
+        (Some(_), Some(_)) => Err(invalid(
+            from_file,
+            "cluster.nkey",
+            "and `cluster.creds_file` exclude each other: keep one".into(),
+        )),
+        (Some(path), None) => Ok(Some(NatsCredentials::CredsFile(path))),
+        (None, Some(seed)) => Ok(Some(NatsCredentials::Nkey(
+            NkeySeed::parse(&seed).map_err(|m| invalid(from_file, "cluster.nkey", m))?,
+        ))),
+        (None, None) => Ok(None),
     }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok()
+}
+
+/// This machine's node name from `[cluster]`, else from its host name.
+fn node_name(
+    from_file: &str,
+    named: Option<String>,
+    host: impl Fn() -> Option<String>,
+) -> Result<NodeName, ConfigError> {
+    match named {
+        Some(v) => NodeName::parse(&v).map_err(|m| invalid(from_file, "cluster.node_name", m)),
+        None => host()
+            .as_deref()
+            .and_then(NodeName::from_host)
+            .ok_or_else(|| {
+                invalid(
+                    from_file,
+                    "cluster.node_name",
+                    "is needed: the host name gives no usable name".into(),
+                )
+            }),
+    }
 }
 
 /// ` (line N, column M)` for a byte span in `text`, or nothing.

@@ -10,9 +10,7 @@
 //! the tests, prompt timestamps for the benchmark). It frames stdout with
 //! the crate's one line codec, exactly as the sidecar frames it.
 
-use std::collections::HashMap;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
 use crate::framing::{Frame, LineCodec};
+use crate::rpc_client::{Unasked, Waiters};
 
 /// What the sidecar says without being asked.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,16 +77,6 @@ pub enum HostError {
     },
 }
 
-/// Requests waiting for their response (the whole response message).
-/// `closed` once stdout ended, so a request sent after that fails at once
-/// instead of waiting out its timeout.
-#[derive(Debug, Default)]
-struct Waiters {
-    by_id: HashMap<u64, oneshot::Sender<Value>>,
-    closed: bool,
-}
-
-type Pending = Arc<Mutex<Waiters>>;
 type Traffic = Arc<Mutex<Vec<(Direction, Value)>>>;
 
 enum Out {
@@ -109,8 +98,8 @@ pub struct Sidecar {
 #[derive(Debug, Clone)]
 pub struct Link {
     lines: mpsc::UnboundedSender<Out>,
-    pending: Pending,
-    next_id: Arc<AtomicU64>,
+    /// Our requests waiting; closed once stdout ended.
+    calls: Arc<Waiters>,
     traffic: Option<Traffic>,
 }
 
@@ -169,11 +158,9 @@ impl Sidecar {
 
     /// Sends `signal` to the process (false when it is gone).
     pub fn signal(&self, signal: i32) -> bool {
-        let Some(pid) = self.child.id() else {
-            return false;
-        };
-        // SAFETY: kill(2) on a child we spawned and have not reaped yet.
-        unsafe { libc::kill(pid as i32, signal) == 0 }
+        self.child
+            .id()
+            .is_some_and(|pid| crate::sys::signal(pid, signal))
     }
 
     /// Sends SIGKILL (no goodbye: what a crash looks like to the others).
@@ -194,7 +181,7 @@ impl Sidecar {
 impl Drop for Sidecar {
     fn drop(&mut self) {
         // A SIGSTOPped child must be continued to die promptly.
-        self.signal(libc::SIGCONT);
+        self.signal(crate::sys::SIGCONT);
         let _ = self.child.start_kill();
     }
 }
@@ -224,10 +211,10 @@ impl Link {
             }
         });
 
-        let pending: Pending = Arc::default();
+        let calls = Arc::new(Waiters::default());
         let traffic: Option<Traffic> = record.then(Traffic::default);
         let (events, incoming) = mpsc::unbounded_channel();
-        let waiting = pending.clone();
+        let waiting = calls.clone();
         let recorded = traffic.clone();
         crate::tasks::spawn(async move {
             let mut frames = FramedRead::new(output, LineCodec::default());
@@ -251,52 +238,30 @@ impl Link {
                 if let Some(traffic) = &recorded {
                     lock(traffic).push((Direction::FromSidecar, message.clone()));
                 }
-                if let Some(message) = route(message, &waiting) {
+                if let Some(unasked) = waiting.take(message) {
+                    let message = match unasked {
+                        Unasked::Request { id, method, params } => {
+                            FromSidecar::Request { id, method, params }
+                        }
+                        Unasked::Notification { method, params } => {
+                            FromSidecar::Notification { method, params }
+                        }
+                        Unasked::Response(response) => FromSidecar::Response(response),
+                    };
                     // Nobody listening is fine: responses still matter.
                     let _ = events.send(Said { message, at });
                 }
             }
             // Every request still waiting learns the sidecar is gone.
-            let mut waiters = lock(&waiting);
-            waiters.closed = true;
-            waiters.by_id.clear();
+            waiting.close();
         });
 
         let link = Link {
             lines,
-            pending,
-            next_id: Arc::new(AtomicU64::new(1)),
+            calls,
             traffic,
         };
         (link, incoming)
-    }
-}
-
-/// Settles a response with its waiter, or turns the message into an event.
-fn route(message: Value, pending: &Pending) -> Option<FromSidecar> {
-    let method = message.get("method").and_then(Value::as_str);
-    match (method, message.get("id")) {
-        (Some(method), Some(id)) if !id.is_null() => Some(FromSidecar::Request {
-            id: id.clone(),
-            method: method.to_owned(),
-            params: message.get("params").cloned().unwrap_or(Value::Null),
-        }),
-        (Some(method), _) => Some(FromSidecar::Notification {
-            method: method.to_owned(),
-            params: message.get("params").cloned().unwrap_or(Value::Null),
-        }),
-        (None, id) => {
-            let waiter = id
-                .and_then(Value::as_u64)
-                .and_then(|id| lock(pending).by_id.remove(&id));
-            match waiter {
-                Some(waiter) => {
-                    let _ = waiter.send(message);
-                    None
-                }
-                None => Some(FromSidecar::Response(message)),
-            }
-        }
     }
 }
 
@@ -314,18 +279,11 @@ impl Link {
         timeout: Duration,
     ) -> Result<Value, HostError> {
         let response = self.request_message(method, params, timeout).await?;
-        match response.get("error") {
-            Some(error) => Err(HostError::Rpc {
-                method: method.to_owned(),
-                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-            }),
-            None => Ok(response.get("result").cloned().unwrap_or(Value::Null)),
-        }
+        crate::rpc_client::outcome(&response).map_err(|(code, message)| HostError::Rpc {
+            method: method.to_owned(),
+            code,
+            message,
+        })
     }
 
     /// Sends a request and waits up to `timeout` for the whole response.
@@ -352,19 +310,11 @@ impl Link {
         method: &str,
         params: Value,
     ) -> Result<oneshot::Receiver<Value>, HostError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut waiters = lock(&self.pending);
-            if waiters.closed {
-                return Err(HostError::Closed);
-            }
-            waiters.by_id.insert(id, tx);
-        }
+        let (id, rx) = self.calls.start().ok_or(HostError::Closed)?;
         let sent =
             self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         if let Err(e) = sent {
-            lock(&self.pending).by_id.remove(&id);
+            self.calls.forget(id);
             return Err(e);
         }
         Ok(rx)

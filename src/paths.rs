@@ -43,6 +43,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::ids::BotId;
+use crate::sys::{self, euid};
 
 /// The directories of one user's relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,13 +112,6 @@ impl From<UntrustedPath> for io::Error {
     fn from(error: UntrustedPath) -> Self {
         io::Error::new(io::ErrorKind::PermissionDenied, error)
     }
-}
-
-/// The effective uid: the only owner the relay trusts besides root (for
-/// ancestors).
-pub fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 impl Paths {
@@ -489,7 +483,7 @@ fn judge_ancestor(path: &Path, meta: &Metadata, me: u32) -> Result<bool, Untrust
     if mode & 0o022 == 0 {
         return Ok(false);
     }
-    if mode & libc::S_ISVTX != 0 {
+    if mode & sys::S_ISVTX != 0 {
         return Ok(true);
     }
     Err(untrusted(path, Distrust::Writable { mode }, Role::Ancestor))
@@ -549,7 +543,7 @@ fn judge_file(path: &Path, meta: &Metadata) -> Result<(), UntrustedPath> {
 }
 
 fn open_error(path: &Path, error: io::Error) -> UntrustedPath {
-    if error.raw_os_error() == Some(libc::ELOOP) {
+    if error.raw_os_error() == Some(sys::ELOOP) {
         untrusted(path, Distrust::Symlink, Role::File)
     } else {
         io_error(path, &error, Role::File)
@@ -564,7 +558,7 @@ pub fn open_private_file(path: &Path) -> Result<Option<File>, UntrustedPath> {
     // refused as not a regular file.
     let file = match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(sys::O_NOFOLLOW | sys::O_NONBLOCK)
         .open(path)
     {
         Ok(file) => file,
@@ -604,7 +598,7 @@ pub fn open_private_rw(path: &Path) -> Result<File, UntrustedPath> {
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(sys::O_NOFOLLOW)
         .open(path)
         .map_err(|e| open_error(path, e))?;
     check_open_file(path, &file, true)?;
@@ -618,7 +612,7 @@ pub fn create_private_file(path: &Path) -> Result<File, UntrustedPath> {
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(sys::O_NOFOLLOW)
         .open(path)
         .map_err(|e| open_error(path, e))?;
     check_open_file(path, &file, true)?;
@@ -665,7 +659,7 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
             .write(true)
             .create_new(true)
             .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(sys::O_NOFOLLOW)
             .open(&temp)
             .map_err(|e| io::Error::from(open_error(&temp, e)))?;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
@@ -808,30 +802,7 @@ pub fn open_sendable(
         }
         Err(e) => return Err(unreadable(path, &e)),
     };
-    // Roots that do not exist allow nothing.
-    let roots: Vec<PathBuf> = roots
-        .iter()
-        .filter_map(|root| std::fs::canonicalize(root).ok())
-        .collect();
-    let Some(root) = roots
-        .iter()
-        .filter(|root| resolved.starts_with(root))
-        .max_by_key(|root| root.as_os_str().len())
-    else {
-        let allowed = roots
-            .iter()
-            .map(|r| r.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(SendRefused::Outside {
-            path: resolved,
-            allowed: if allowed.is_empty() {
-                "every allowed folder (none exists)".into()
-            } else {
-                allowed
-            },
-        });
-    };
+    let root = root_of(&resolved, roots)?;
     let relay_file = relay
         .dirs
         .iter()
@@ -840,25 +811,7 @@ pub fn open_sendable(
     if relay_file {
         return Err(SendRefused::RelayFile { path: resolved });
     }
-    let below = resolved.strip_prefix(root).unwrap_or(Path::new(""));
-    let file = open_dir(root)
-        .and_then(|dir| {
-            if below.as_os_str().is_empty() {
-                // The root itself: a directory, refused below as such.
-                Ok(dir)
-            } else {
-                open_beneath(&dir, below, libc::O_RDONLY | libc::O_NONBLOCK)
-            }
-        })
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP | libc::ENOTDIR | libc::EXDEV) => SendRefused::Changed {
-                path: resolved.clone(),
-            },
-            _ if e.kind() == io::ErrorKind::NotFound => SendRefused::Missing {
-                path: resolved.clone(),
-            },
-            _ => unreadable(&resolved, &e),
-        })?;
+    let file = open_resolved(&root, &resolved)?;
     let meta = file.metadata().map_err(|e| unreadable(&resolved, &e))?;
     if !meta.is_file() {
         return Err(SendRefused::NotAFile { path: resolved });
@@ -884,13 +837,69 @@ pub fn open_sendable(
     })
 }
 
+/// The allowed root `resolved` lies under (the deepest, if several do);
+/// roots that do not exist allow nothing.
+fn root_of(resolved: &Path, roots: &[PathBuf]) -> Result<PathBuf, SendRefused> {
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|root| std::fs::canonicalize(root).ok())
+        .collect();
+    if let Some(root) = roots
+        .iter()
+        .filter(|root| resolved.starts_with(root))
+        .max_by_key(|root| root.as_os_str().len())
+    {
+        return Ok(root.clone());
+    }
+    let allowed = roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(SendRefused::Outside {
+        path: resolved.to_path_buf(),
+        allowed: if allowed.is_empty() {
+            "every allowed folder (none exists)".into()
+        } else {
+            allowed
+        },
+    })
+}
+
+/// Opens `resolved` from `root` without following a link on the way: one
+/// that appeared since the path was resolved is refused as a change.
+fn open_resolved(root: &Path, resolved: &Path) -> Result<File, SendRefused> {
+    let below = resolved.strip_prefix(root).unwrap_or(Path::new(""));
+    open_dir(root)
+        .and_then(|dir| {
+            if below.as_os_str().is_empty() {
+                // The root itself: a directory, refused later as such.
+                Ok(dir)
+            } else {
+                open_beneath(&dir, below, sys::O_RDONLY | sys::O_NONBLOCK)
+            }
+        })
+        .map_err(|e| match e.raw_os_error() {
+            Some(sys::ELOOP | sys::ENOTDIR | sys::EXDEV) => SendRefused::Changed {
+                path: resolved.to_path_buf(),
+            },
+            _ if e.kind() == io::ErrorKind::NotFound => SendRefused::Missing {
+                path: resolved.to_path_buf(),
+            },
+            _ => SendRefused::Unreadable {
+                path: resolved.to_path_buf(),
+                message: e.to_string(),
+            },
+        })
+}
+
 /// Opens the directory at `path`, which has no symbolic link in it (a
 /// resolved path), walking down from `/` without following one: if a link
 /// appeared meanwhile, the open fails.
 fn open_dir(path: &Path) -> io::Result<File> {
     let top = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .custom_flags(sys::O_PATH | sys::O_DIRECTORY)
         .open("/")?;
     let below = path
         .strip_prefix("/")
@@ -898,7 +907,7 @@ fn open_dir(path: &Path) -> io::Result<File> {
     if below.as_os_str().is_empty() {
         return Ok(top);
     }
-    open_beneath(&top, below, libc::O_PATH | libc::O_DIRECTORY)
+    open_beneath(&top, below, sys::O_PATH | sys::O_DIRECTORY)
 }
 
 /// Opens `relative` beneath the directory `dir` with `flags`, following no
@@ -908,7 +917,7 @@ fn open_dir(path: &Path) -> io::Result<File> {
 /// or a sandbox that refuses it), one `openat` per component with
 /// `O_NOFOLLOW`. A link anywhere fails with `ELOOP` or `ENOTDIR`; `..`
 /// and absolute paths are refused.
-pub fn open_beneath(dir: &File, relative: &Path, flags: libc::c_int) -> io::Result<File> {
+pub fn open_beneath(dir: &File, relative: &Path, flags: sys::c_int) -> io::Result<File> {
     use std::os::unix::ffi::OsStrExt;
     if relative.is_absolute()
         || relative
@@ -925,10 +934,10 @@ pub fn open_beneath(dir: &File, relative: &Path, flags: libc::c_int) -> io::Resu
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a path"))
     };
     #[cfg(target_os = "linux")]
-    match openat2_beneath(dir, &c_path(relative.as_os_str())?, flags) {
+    match sys::openat2_beneath(dir, &c_path(relative.as_os_str())?, flags) {
         // ENOSYS: an older kernel; EPERM: a seccomp filter that does not
         // know the call (container runtimes did so for a while).
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(sys::ENOSYS | sys::EPERM)) => {}
         opened => return opened,
     }
     walk_beneath(dir, relative, flags)
@@ -937,57 +946,26 @@ pub fn open_beneath(dir: &File, relative: &Path, flags: libc::c_int) -> io::Resu
 /// [`open_beneath`] one component at a time: each directory on the way
 /// opened with `O_NOFOLLOW | O_DIRECTORY` from the one before, the file
 /// with `O_NOFOLLOW`.
-fn walk_beneath(dir: &File, relative: &Path, flags: libc::c_int) -> io::Result<File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
+fn walk_beneath(dir: &File, relative: &Path, flags: sys::c_int) -> io::Result<File> {
     use std::os::unix::ffi::OsStrExt;
     let parts: Vec<_> = relative.components().collect();
     let mut current: Option<File> = None;
     for (index, part) in parts.iter().enumerate() {
         let last = index + 1 == parts.len();
         let part_flags = if last {
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC
+            flags | sys::O_NOFOLLOW
         } else {
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC
+            sys::O_PATH | sys::O_DIRECTORY | sys::O_NOFOLLOW
         };
-        let at = current.as_ref().unwrap_or(dir).as_raw_fd();
         let name = std::ffi::CString::new(part.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a path"))?;
-        // SAFETY: `at` is an open descriptor borrowed for the call, `name`
-        // a NUL-terminated string that outlives it.
-        let fd = unsafe { libc::openat(at, name.as_ptr(), part_flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        current = Some(unsafe { File::from_raw_fd(fd) });
+        current = Some(sys::openat(
+            current.as_ref().unwrap_or(dir),
+            &name,
+            part_flags,
+        )?);
     }
     current.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "an empty path"))
-}
-
-#[cfg(target_os = "linux")]
-fn openat2_beneath(dir: &File, path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: open_how is plain data; all-zero is its "nothing set".
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: the descriptor and the string are valid for the call, `how`
-    // is an initialised open_how and its size is passed with it.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(|_| io::Error::other("openat2 returned no descriptor"))?;
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

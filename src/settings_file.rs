@@ -91,9 +91,8 @@ pub fn write_object(path: &Path, value: &Map<String, Value>) -> Result<(), Insta
 pub fn check_target(path: &Path) -> Result<PathBuf, InstallError> {
     use crate::paths::{Distrust, UntrustedPath};
     use std::os::unix::fs::MetadataExt;
-    let me = crate::paths::euid();
-    // SAFETY: getegid has no preconditions and cannot fail.
-    let my_group = unsafe { libc::getegid() };
+    let me = crate::sys::euid();
+    let my_group = crate::sys::egid();
     let untrusted = |path: &Path, reason: Distrust, fix: String| {
         InstallError::Untrusted(UntrustedPath {
             path: path.to_path_buf(),

@@ -1,17 +1,19 @@
 //! The private-chat mode, as first-class as the group: no `chat_id`, the
 //! topics in the paired user's private chat with the bot (which has topics
-//! there: `getMe` → `has_topics_enabled`). The same real sidecars and fake
-//! Bot API as `routing.rs`, `bus.rs` and `lifecycle.rs`: routing both ways,
-//! offline delivery, failover, disconnect, restart, the status line and
-//! pairing from a session.
+//! there: `getMe` → `has_topics_enabled`). What holds in a group holds
+//! here, and runs here from `routing.rs` (routing both ways, offline
+//! delivery, failover, the list outside the topics); the rest is the
+//! private chat's own: the status line, disconnect, restart, pairing from
+//! a session, topics switched on later, approvals and drafts.
 
 use crate::common;
+use crate::routing;
 
 use std::path::Path;
 
 use common::{
-    CHAT, FakeServer, Options, Sidecar, USER, WAIT, accepting, connected, inject_in, prompts,
-    start, topic_in, wait_prompt, wait_topic_text_in,
+    Chat, FakeServer, Options, Sidecar, USER, WAIT, accepting, connected, created_topics,
+    inject_in, pairing_code, prompts, start, wait_prompt, wait_topic_text_in,
 };
 use serde_json::json;
 
@@ -22,66 +24,31 @@ async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidec
 
 /// The session's live topic in the user's private chat.
 fn topic(fake: &FakeServer, name: &str) -> i64 {
-    topic_in(fake, USER, name).thread_id
+    Chat::Private.topic(fake, name)
 }
 
 fn inject(fake: &FakeServer, thread: i64, text: &str) -> i64 {
     inject_in(fake, USER, Some(thread), USER, text)
 }
 
-fn created_topics(fake: &FakeServer) -> usize {
-    fake.api()
-        .calls()
-        .iter()
-        .filter(|c| c.method == "createForumTopic" && c.ok)
-        .count()
+#[tokio::test]
+async fn each_session_gets_a_topic_in_the_private_chat_and_only_its_own_messages() {
+    routing::own_topics_and_messages(Chat::Private).await;
 }
 
 #[tokio::test]
-async fn each_session_gets_a_topic_in_the_private_chat_and_only_its_own_messages() {
-    let home = common::home();
-    let fake = common::fake().await;
-    let a = session(home.path(), &fake, "/tmp/a", "api").await;
-    let b = session(home.path(), &fake, "/tmp/b", "web").await;
-    assert!(fake.api().topics(CHAT).is_empty(), "no group is involved");
-    let (api, web) = (topic(&fake, "api"), topic(&fake, "web"));
-    assert_ne!(api, web);
+async fn outside_any_topic_the_user_gets_the_list_of_sessions_in_the_private_chat() {
+    routing::list_outside_the_topics(Chat::Private).await;
+}
 
-    let update_id = inject(&fake, web, "deploy the web app");
-    let prompt = wait_prompt(&b, "deploy the web app").await;
-    assert_eq!(prompt["params"]["origin"]["updateId"], update_id);
-    assert_eq!(prompt["params"]["origin"]["threadId"], web);
-    b.notify(
-        "turn/ended",
-        json!({"assistantText": "Deployed **web** ✅", "toolCalls": []}),
-    );
-    let texts = wait_topic_text_in(&fake, USER, web, "Deployed web").await;
-    assert!(texts.iter().any(|t| t == "Deployed web ✅"), "{texts:?}");
-    let leaked = fake
-        .api()
-        .messages(USER, Some(api))
-        .iter()
-        .any(|m| m.plain_text.contains("Deployed"));
-    assert!(!leaked, "topic api got web's answer");
+#[tokio::test]
+async fn an_offline_owner_gets_its_private_messages_in_order_when_it_returns() {
+    routing::offline_owner_gets_its_messages(Chat::Private).await;
+}
 
-    // A later message to A proves the earlier one would have arrived.
-    inject(&fake, api, "hello api");
-    wait_prompt(&a, "hello api").await;
-    assert!(
-        prompts(&a)
-            .iter()
-            .all(|p| p["params"]["text"] != "deploy the web app")
-    );
-    // A stranger writing into the user's chat is impossible; a stranger's
-    // own private chat reaches no session.
-    inject_in(&fake, 2002, None, 2002, "let me in");
-    inject(&fake, api, "still only mine");
-    wait_prompt(&a, "still only mine").await;
-    assert!(
-        prompts(&a)
-            .iter()
-            .all(|p| p["params"]["text"] != "let me in")
-    );
+#[tokio::test]
+async fn sigkill_of_the_leader_keeps_every_private_topic_and_delivery_goes_on() {
+    routing::delivery_in_flight_through_failover(Chat::Private).await;
 }
 
 #[tokio::test]
@@ -101,76 +68,6 @@ async fn the_status_line_and_telegram_status_show_the_private_topic() {
         text.contains(&format!("private chat with user {USER}")),
         "{text}"
     );
-    // Outside any topic the user gets the list of sessions, in the
-    // private chat itself.
-    inject_in(&fake, USER, None, USER, "hello?");
-    let outside = fake
-        .api()
-        .wait_for_messages(USER, None, 1, WAIT)
-        .await
-        .expect("a reply outside the topics");
-    assert!(outside[0].plain_text.contains("· api"), "{:?}", outside[0]);
-}
-
-#[tokio::test]
-async fn an_offline_owner_gets_its_private_messages_in_order_when_it_returns() {
-    let home = common::home();
-    let fake = common::fake().await;
-    let _leader = session(home.path(), &fake, "/tmp/l", "lead").await;
-    let mut b = session(home.path(), &fake, "/tmp/b", "away").await;
-    let thread = topic(&fake, "away");
-    b.kill9().await;
-    for i in 1..=3 {
-        inject(&fake, thread, &format!("while away {i}"));
-    }
-    let texts = wait_topic_text_in(&fake, USER, thread, "offline").await;
-    let notices = texts.iter().filter(|t| t.contains("offline")).count();
-    assert_eq!(notices, 1, "the topic is told once: {texts:?}");
-    let back = session(home.path(), &fake, "/tmp/b", "away").await;
-    wait_prompt(&back, "while away 3").await;
-    let got: Vec<String> = prompts(&back)
-        .iter()
-        .map(|p| p["params"]["text"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(got, ["while away 1", "while away 2", "while away 3"]);
-    assert_eq!(topic(&fake, "away"), thread, "same topic");
-}
-
-#[tokio::test]
-async fn sigkill_of_the_leader_keeps_every_private_topic_and_delivery_goes_on() {
-    let home = common::home();
-    let fake = common::fake().await;
-    let mut leader = session(home.path(), &fake, "/tmp/l", "lead").await;
-    assert!(leader.latest_status().unwrap().contains("● leader"));
-    // B's host holds one prompt unanswered across the failover.
-    let mut b = Sidecar::spawn(Options::new(home.path()).private_chat(&fake));
-    b.handshake("/tmp/b", "slow").await;
-    b.wait_status(connected).await;
-    let thread = topic(&fake, "slow");
-    inject(&fake, thread, "only once");
-    let request = wait_prompt(&b, "only once").await;
-    leader.kill9().await;
-    b.wait_status(|s| s.contains("● leader")).await;
-    b.send_line(
-        &json!({"jsonrpc": "2.0", "id": request["id"], "result": {"accepted": true}}).to_string(),
-    );
-    inject(&fake, thread, "after failover");
-    let later = wait_prompt(&b, "after failover").await;
-    b.send_line(
-        &json!({"jsonrpc": "2.0", "id": later["id"], "result": {"accepted": true}}).to_string(),
-    );
-    let count = prompts(&b)
-        .iter()
-        .filter(|p| p["params"]["text"] == "only once")
-        .count();
-    assert_eq!(count, 1, "the message in flight arrived once");
-    assert_eq!(topic(&fake, "slow"), thread, "the survivor keeps its topic");
-    b.notify(
-        "turn/ended",
-        json!({"assistantText": "answered by the new leader", "toolCalls": []}),
-    );
-    wait_topic_text_in(&fake, USER, thread, "answered by the new leader").await;
-    assert_eq!(created_topics(&fake), 2, "no topic was made twice");
 }
 
 #[tokio::test]
@@ -246,11 +143,7 @@ async fn pairing_from_a_session_puts_the_topics_in_that_users_private_chat() {
     );
     let (ok, text) = a.command("telegram-connect", "").await;
     assert!(ok, "{text}");
-    let url = text
-        .split_whitespace()
-        .find(|w| w.starts_with("https://t.me/relay_test_bot?start="))
-        .unwrap_or_else(|| panic!("no link in {text}"));
-    let code = url.split("start=").nth(1).unwrap();
+    let code = pairing_code(&text);
     inject_in(&fake, USER, None, USER, &format!("/start {code}"));
     // Paired while topicless: the session registers again and gets its
     // topic in the paired user's private chat.

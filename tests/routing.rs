@@ -1,64 +1,80 @@
 //! One topic per session and routing both ways, with real sidecars and the
 //! fake Bot API: topics, inbound delivery, answers, failover, offline
-//! owners, deleted topics, profiles and pairing.
+//! owners, deleted topics, profiles and pairing. What holds in both places
+//! topics can be (a forum group, the user's private chat) is written once
+//! here for a [`Chat`]; `private_chat.rs` runs it in the private chat.
 
 use crate::common;
 
 use agent_relay::fake_bot_api::Inject;
 use common::{
-    CHAT, Options, Sidecar, USER, WAIT, accepting, connected, inject, prompts, session, topic,
-    wait_prompt, wait_topic_text,
+    CHAT, Chat, Options, Sidecar, USER, WAIT, accepting, connected, created_topics, inject,
+    pairing_code, prompts, session, topic, wait_prompt, wait_topic_text,
 };
 use serde_json::json;
 
 #[tokio::test]
 async fn each_session_gets_its_own_topic_and_only_its_own_messages() {
+    own_topics_and_messages(Chat::Group).await;
+}
+
+/// Three sessions get three topics in `chat` (none elsewhere), each only
+/// its own messages, both ways; a stranger's own chat reaches none.
+pub async fn own_topics_and_messages(chat: Chat) {
     let home = common::home();
     let fake = common::fake().await;
-    let mut a = session(home.path(), &fake, "/tmp/a", "api").await;
-    let b = session(home.path(), &fake, "/tmp/b", "web").await;
-    let c = session(home.path(), &fake, "/tmp/c", "docs").await;
+    let mut a = chat.session(home.path(), &fake, "/tmp/a", "api").await;
+    let b = chat.session(home.path(), &fake, "/tmp/b", "web").await;
+    let c = chat.session(home.path(), &fake, "/tmp/c", "docs").await;
     let topics: Vec<String> = fake
         .api()
-        .topics(CHAT)
+        .topics(chat.id())
         .into_iter()
         .map(|t| t.name)
         .collect();
     assert_eq!(topics.len(), 3, "{topics:?}");
+    assert!(
+        fake.api().topics(chat.other()).is_empty(),
+        "no other chat is involved"
+    );
     let mut letters: Vec<char> = topics.iter().map(|n| n.chars().next().unwrap()).collect();
     letters.sort();
     letters.dedup();
     assert_eq!(letters.len(), 3, "distinct slots: {topics:?}");
 
-    let web = topic(&fake, "web");
-    let update_id = inject(&fake, Some(web.thread_id), USER, "deploy the web app");
+    let web = chat.topic(&fake, "web");
+    let update_id = chat.inject(&fake, Some(web), USER, "deploy the web app");
     let prompt = wait_prompt(&b, "deploy the web app").await;
     assert_eq!(prompt["params"]["origin"]["updateId"], update_id);
-    assert_eq!(prompt["params"]["origin"]["threadId"], web.thread_id);
+    assert_eq!(prompt["params"]["origin"]["threadId"], web);
 
     // The answer goes back into topic B only.
     b.notify(
         "turn/ended",
         json!({"assistantText": "Deployed **web** ✅", "toolCalls": []}),
     );
-    let texts = wait_topic_text(&fake, web.thread_id, "Deployed web").await;
+    let texts = chat.wait_text(&fake, web, "Deployed web").await;
     assert!(texts.iter().any(|t| t == "Deployed web ✅"), "{texts:?}");
     for other in ["api", "docs"] {
-        let thread = topic(&fake, other).thread_id;
-        let leaked =
-            fake.api().messages(CHAT, Some(thread)).iter().any(|m| {
-                m.plain_text.contains("Deployed") || m.plain_text.contains("deploy the web")
-            });
+        let thread = chat.topic(&fake, other);
+        let leaked = fake
+            .api()
+            .messages(chat.id(), Some(thread))
+            .iter()
+            .any(|m| m.plain_text.contains("Deployed") || m.plain_text.contains("deploy the web"));
         assert!(!leaked, "topic {other} got B's traffic");
     }
-    // A later message to A proves the earlier one would have arrived by now.
-    let api = topic(&fake, "api");
-    inject(&fake, Some(api.thread_id), USER, "hello api");
+    // A stranger's own private chat with the bot reaches no session.
+    common::inject_in(&fake, 2002, None, 2002, "let me in");
+    // A later message to A proves the earlier ones would have arrived by now.
+    let api = chat.topic(&fake, "api");
+    chat.inject(&fake, Some(api), USER, "hello api");
     wait_prompt(&a, "hello api").await;
     assert!(
         prompts(&a)
             .iter()
-            .all(|p| p["params"]["text"] != "deploy the web app")
+            .all(|p| p["params"]["text"] != "deploy the web app"
+                && p["params"]["text"] != "let me in")
     );
     assert!(prompts(&c).is_empty());
     let (ok, _) = a.command("telegram-status", "").await;
@@ -124,16 +140,23 @@ async fn a_long_markdown_answer_arrives_as_valid_html_chunks() {
 
 #[tokio::test]
 async fn a_delivery_in_flight_during_failover_arrives_exactly_once() {
+    delivery_in_flight_through_failover(Chat::Group).await;
+}
+
+/// The leader is killed while a prompt waits for its host: the prompt
+/// arrived once, the survivor keeps its topic in `chat`, and delivery and
+/// answers go on through the new leader.
+pub async fn delivery_in_flight_through_failover(chat: Chat) {
     let home = common::home();
     let fake = common::fake().await;
-    let mut leader = session(home.path(), &fake, "/tmp/l", "lead").await;
+    let mut leader = chat.session(home.path(), &fake, "/tmp/l", "lead").await;
     assert!(leader.latest_status().unwrap().contains("● leader"));
     // B's host holds the prompt unanswered until after the leader is gone.
-    let mut b = Sidecar::spawn(Options::new(home.path()).configured(&fake));
+    let mut b = Sidecar::spawn(chat.options(Options::new(home.path()), &fake));
     b.handshake("/tmp/b", "slow").await;
     b.wait_status(connected).await;
-    let thread = topic(&fake, "slow").thread_id;
-    inject(&fake, Some(thread), USER, "only once");
+    let thread = chat.topic(&fake, "slow");
+    chat.inject(&fake, Some(thread), USER, "only once");
     let request = wait_prompt(&b, "only once").await;
     leader.kill9().await;
     b.wait_status(|s| s.contains("● leader")).await;
@@ -141,7 +164,7 @@ async fn a_delivery_in_flight_during_failover_arrives_exactly_once() {
         &json!({"jsonrpc": "2.0", "id": request["id"], "result": {"accepted": true}}).to_string(),
     );
     // A later message through the new leader proves delivery goes on…
-    inject(&fake, Some(thread), USER, "after failover");
+    chat.inject(&fake, Some(thread), USER, "after failover");
     let later = wait_prompt(&b, "after failover").await;
     b.send_line(
         &json!({"jsonrpc": "2.0", "id": later["id"], "result": {"accepted": true}}).to_string(),
@@ -151,32 +174,50 @@ async fn a_delivery_in_flight_during_failover_arrives_exactly_once() {
         .iter()
         .filter(|p| p["params"]["text"] == "only once")
         .count();
-    assert_eq!(count, 1);
+    assert_eq!(count, 1, "the message in flight arrived once");
+    assert_eq!(
+        chat.topic(&fake, "slow"),
+        thread,
+        "the survivor keeps its topic"
+    );
+    b.notify(
+        "turn/ended",
+        json!({"assistantText": "answered by the new leader", "toolCalls": []}),
+    );
+    chat.wait_text(&fake, thread, "answered by the new leader")
+        .await;
+    assert_eq!(created_topics(&fake), 2, "no topic was made twice");
 }
 
 #[tokio::test]
 async fn an_offline_owner_gets_its_messages_in_order_when_it_returns() {
+    offline_owner_gets_its_messages(Chat::Group).await;
+}
+
+/// A killed session's messages wait, the topic told once; the same
+/// profile comes back to its topic in `chat` and gets them in order.
+pub async fn offline_owner_gets_its_messages(chat: Chat) {
     let home = common::home();
     let fake = common::fake().await;
-    let _leader = session(home.path(), &fake, "/tmp/l", "lead").await;
-    let mut b = session(home.path(), &fake, "/tmp/b", "away").await;
-    let thread = topic(&fake, "away").thread_id;
+    let _leader = chat.session(home.path(), &fake, "/tmp/l", "lead").await;
+    let mut b = chat.session(home.path(), &fake, "/tmp/b", "away").await;
+    let thread = chat.topic(&fake, "away");
     b.kill9().await;
     for i in 1..=3 {
-        inject(&fake, Some(thread), USER, &format!("while away {i}"));
+        chat.inject(&fake, Some(thread), USER, &format!("while away {i}"));
     }
-    let texts = wait_topic_text(&fake, thread, "offline").await;
+    let texts = chat.wait_text(&fake, thread, "offline").await;
     let notices = texts.iter().filter(|t| t.contains("offline")).count();
     assert_eq!(notices, 1, "the topic is told once: {texts:?}");
     // The same profile (cwd + name) comes back and gets its topic and mail.
-    let back = session(home.path(), &fake, "/tmp/b", "away").await;
+    let back = chat.session(home.path(), &fake, "/tmp/b", "away").await;
     wait_prompt(&back, "while away 3").await;
     let got: Vec<String> = prompts(&back)
         .iter()
         .map(|p| p["params"]["text"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(got, ["while away 1", "while away 2", "while away 3"]);
-    assert_eq!(topic(&fake, "away").thread_id, thread, "same topic");
+    assert_eq!(chat.topic(&fake, "away"), thread, "same topic");
     let probed = fake
         .api()
         .calls()
@@ -215,13 +256,11 @@ async fn a_deleted_topic_is_replaced_once_on_next_need() {
     assert_ne!(fresh.thread_id, old);
     wait_topic_text(&fake, fresh.thread_id, "second answer").await;
     wait_topic_text(&fake, fresh.thread_id, "first answer").await;
-    let created = fake
-        .api()
-        .calls()
-        .iter()
-        .filter(|c| c.method == "createForumTopic" && c.ok)
-        .count();
-    assert_eq!(created, 2, "one original and one replacement, never two");
+    assert_eq!(
+        created_topics(&fake),
+        2,
+        "one original and one replacement, never two"
+    );
 }
 
 #[tokio::test]
@@ -242,16 +281,22 @@ async fn two_live_sessions_in_one_folder_get_two_topics() {
 
 #[tokio::test]
 async fn outside_any_topic_the_user_gets_the_list_of_sessions() {
+    list_outside_the_topics(Chat::Group).await;
+}
+
+/// A message in `chat` outside the topics (a group's General, the private
+/// chat itself) is answered with the list of sessions, there.
+pub async fn list_outside_the_topics(chat: Chat) {
     let home = common::home();
     let fake = common::fake().await;
-    let _a = session(home.path(), &fake, "/tmp/a", "api").await;
-    inject(&fake, None, USER, "hello?");
-    let general = fake
+    let _a = chat.session(home.path(), &fake, "/tmp/a", "api").await;
+    chat.inject(&fake, None, USER, "hello?");
+    let outside = fake
         .api()
-        .wait_for_messages(CHAT, None, 1, WAIT)
+        .wait_for_messages(chat.id(), None, 1, WAIT)
         .await
-        .expect("a reply in General");
-    assert!(general[0].plain_text.contains("· api"), "{:?}", general[0]);
+        .expect("a reply outside the topics");
+    assert!(outside[0].plain_text.contains("· api"), "{:?}", outside[0]);
 }
 
 #[tokio::test]
@@ -283,11 +328,7 @@ async fn pairing_binds_the_right_user_only() {
     a.wait_status(|s| s.contains("unpaired")).await;
     let (ok, text) = a.command("telegram-connect", "").await;
     assert!(ok, "{text}");
-    let url = text
-        .split_whitespace()
-        .find(|w| w.starts_with("https://t.me/relay_test_bot?start="))
-        .unwrap_or_else(|| panic!("no link in {text}"));
-    let code = url.split("start=").nth(1).unwrap();
+    let code = pairing_code(&text);
     fake.api().add_private_chat(2002, "Bob");
     let thread = topic(&fake, "pair").thread_id;
 
@@ -412,13 +453,7 @@ async fn a_host_switching_sessions_moves_to_their_topics_and_back() {
     assert_eq!(topic(&fake, "one").thread_id, one);
     inject(&fake, Some(one), USER, "to one");
     wait_prompt(&s, "to one").await;
-    let created = fake
-        .api()
-        .calls()
-        .iter()
-        .filter(|c| c.method == "createForumTopic")
-        .count();
-    assert_eq!(created, 2);
+    assert_eq!(created_topics(&fake), 2);
 }
 
 /// Prompts are pipelined to the host; the ordering rule of

@@ -31,6 +31,9 @@
 //!   file's parent, and what it re-exports is not followed. A circle may be
 //!   allowed by name ([`ALLOWED_CIRCLES`]) when the module's doc says why
 //!   the two files are one pair.
+//! * **Short functions.** No function of `src/` (test code aside) is over
+//!   [`LONGEST_FUNCTION`] lines, but those [`LONG_FUNCTIONS`] names with
+//!   the reason, until they are split.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -994,5 +997,295 @@ fn tasks_are_spawned_boxed() {
         unboxed.is_empty(),
         "spawn through crate::tasks::spawn (src/tasks.rs says why):\n{}",
         unboxed.join("\n")
+    );
+}
+
+/// Files that still call the C library themselves, each with its reason.
+const LIBC_ELSEWHERE: [(&str, &str); 0] = [];
+
+/// The C library is called from `src/sys.rs` alone, so every `unsafe` of
+/// the crate is there with its reason (tests may do as they like). The
+/// benchmark's binary is its own crate and may.
+#[test]
+fn libc_is_called_in_one_module() {
+    let mut elsewhere = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let shown = shown(&file);
+        if shown == "src/sys.rs"
+            || shown.starts_with("src/bin/")
+            || is_test_file(&file)
+            || LIBC_ELSEWHERE.iter().any(|(f, _)| *f == shown)
+        {
+            continue;
+        }
+        let source = without_tests(&std::fs::read_to_string(&file).expect("read source"));
+        for (n, line) in source.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let is_unsafe = code
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "unsafe");
+            if code.contains("libc::") || is_unsafe {
+                elsewhere.push(format!("{shown}:{}: {code}", n + 1));
+            }
+        }
+    }
+    assert!(
+        elsewhere.is_empty(),
+        "call the C library through src/sys.rs:\n{}",
+        elsewhere.join("\n")
+    );
+}
+
+/// The most lines a function of the crate may have (its `fn` line to its
+/// closing brace, counted as they are: comments and blank lines too). Test
+/// code has no limit.
+const LONGEST_FUNCTION: usize = 80;
+
+/// Longer functions allowed by name (file, function, why), each until it
+/// is split: a function on this list that is short again fails the test
+/// below, so the list stays true.
+const LONG_FUNCTIONS: [(&str, &str, &str); 3] = [
+    (
+        "src/session/inbound.rs",
+        "run",
+        "the leader's flows: commands parsed once, reworked with them (issue 36)",
+    ),
+    (
+        "src/member/actor.rs",
+        "on_frame",
+        "typed bus replies: the member's side, reworked with them (issue 36)",
+    ),
+    (
+        "src/member/actor.rs",
+        "serve_registered",
+        "typed bus replies: the member's side, reworked with them (issue 36)",
+    ),
+];
+
+/// `source` with every comment, string and character literal blanked
+/// (newlines kept), so that braces and `fn` are only code's.
+fn code_only(source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = chars.clone();
+    let blank = |out: &mut Vec<char>, from: usize, to: usize| {
+        for c in &mut out[from..to.min(chars.len())] {
+            if *c != '\n' {
+                *c = ' ';
+            }
+        }
+    };
+    let at = |i: usize, text: &str| {
+        text.chars()
+            .enumerate()
+            .all(|(k, c)| chars.get(i + k) == Some(&c))
+    };
+    let mut i = 0;
+    while i < chars.len() {
+        let word_before = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        if at(i, "//") {
+            let end = (i..chars.len())
+                .find(|&j| chars[j] == '\n')
+                .unwrap_or(chars.len());
+            blank(&mut out, i, end);
+            i = end;
+        } else if at(i, "/*") {
+            let (mut depth, mut j) = (0, i);
+            while j < chars.len() {
+                if at(j, "/*") {
+                    depth += 1;
+                    j += 2;
+                } else if at(j, "*/") {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    j += 1;
+                }
+            }
+            blank(&mut out, i, j);
+            i = j;
+        } else if !word_before && (at(i, "r\"") || at(i, "r#") || at(i, "br\"") || at(i, "br#")) {
+            let start = i + if chars[i] == 'b' { 2 } else { 1 };
+            let hashes = chars[start..].iter().take_while(|&&c| c == '#').count();
+            let closing: String = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            let mut j = start + hashes + 1;
+            while j < chars.len() && !at(j, &closing) {
+                j += 1;
+            }
+            let end = j + closing.chars().count();
+            blank(&mut out, i, end);
+            i = end;
+        } else if chars[i] == '"' {
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            blank(&mut out, i, j + 1);
+            i = j + 1;
+        } else if chars[i] == '\'' {
+            if chars.get(i + 1) == Some(&'\\') {
+                let end = (i + 2..chars.len())
+                    .find(|&j| chars[j] == '\'')
+                    .unwrap_or(chars.len());
+                blank(&mut out, i, end + 1);
+                i = end + 1;
+            } else if chars.get(i + 2) == Some(&'\'') {
+                blank(&mut out, i, i + 3);
+                i += 3;
+            } else {
+                i += 1; // a lifetime
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The function a line of code starts, if it starts one: its name (rustfmt
+/// puts every `fn` at the start of its line).
+fn function_named(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    loop {
+        let before = rest;
+        if let Some(after) = rest.strip_prefix("pub(")
+            && let Some(close) = after.find(')')
+        {
+            rest = after[close + 1..].trim_start();
+        }
+        for qualifier in ["pub ", "default ", "const ", "async ", "unsafe ", "extern "] {
+            if let Some(after) = rest.strip_prefix(qualifier) {
+                rest = after.trim_start();
+            }
+        }
+        if rest == before {
+            break;
+        }
+    }
+    let name = rest.strip_prefix("fn ")?.trim_start();
+    let end = name
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(name.len());
+    (end > 0).then(|| &name[..end])
+}
+
+/// Every function with a body in `source` (not test code): its name, the
+/// line it starts on (from 1), and its length in lines.
+fn functions(source: &str) -> Vec<(String, usize, usize)> {
+    let code = code_only(&without_tests(source));
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(code.match_indices('\n').map(|(i, _)| i + 1))
+        .collect();
+    let bytes = code.as_bytes();
+    let mut found = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let Some(name) = function_named(line) else {
+            continue;
+        };
+        // The body's `{`, or a `;`: a declaration without one.
+        let mut at = starts[n] + line.find("fn ").unwrap_or(0);
+        let mut depth = 0i32;
+        while at < bytes.len() {
+            match bytes[at] {
+                b'(' | b'[' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'{' | b';' if depth == 0 => break,
+                _ => {}
+            }
+            at += 1;
+        }
+        if bytes.get(at) != Some(&b'{') {
+            continue;
+        }
+        let mut braces = 0;
+        let mut end = at;
+        while end < bytes.len() {
+            match bytes[end] {
+                b'{' => braces += 1,
+                b'}' => {
+                    braces -= 1;
+                    if braces == 0 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            end += 1;
+        }
+        let last = bytes[..end].iter().filter(|&&b| b == b'\n').count();
+        found.push((name.to_string(), n + 1, last - n + 1));
+    }
+    found
+}
+
+/// Long functions are split, so each can be read as one thing: none of the
+/// crate's is over [`LONGEST_FUNCTION`] lines but those [`LONG_FUNCTIONS`]
+/// names, and each of those still is.
+#[test]
+fn functions_are_at_most_eighty_lines() {
+    let mut long = Vec::new();
+    let mut listed_and_long = BTreeSet::new();
+    for file in rust_files(&root().join("src")) {
+        if is_test_file(&file) {
+            continue;
+        }
+        let shown = shown(&file);
+        let source = std::fs::read_to_string(&file).expect("read source");
+        for (name, line, lines) in functions(&source) {
+            if lines <= LONGEST_FUNCTION {
+                continue;
+            }
+            let listed = LONG_FUNCTIONS
+                .iter()
+                .any(|(f, n, _)| *f == shown && *n == name);
+            if listed {
+                listed_and_long.insert((shown.clone(), name));
+            } else {
+                long.push(format!("{shown}:{line}: {name} ({lines} lines)"));
+            }
+        }
+    }
+    let short_again: Vec<String> = LONG_FUNCTIONS
+        .iter()
+        .filter(|(f, n, _)| !listed_and_long.contains(&(f.to_string(), n.to_string())))
+        .map(|(f, n, _)| format!("{f}: {n}"))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines (split them):\n{}",
+        long.join("\n")
+    );
+    assert!(
+        short_again.is_empty(),
+        "listed as long but not over {LONGEST_FUNCTION} lines (take them off LONG_FUNCTIONS):\n{}",
+        short_again.join("\n")
+    );
+}
+
+#[test]
+fn a_functions_length_is_its_code_from_fn_to_its_brace() {
+    let source = "pub(crate) async fn outer(x: [u8; 2]) -> u8 {\n\
+                  \x20   let s = \"}}} fn fake() {\";\n\
+                  \x20   let c = '}'; // }\n\
+                  \x20   /* { */ x[0]\n\
+                  }\n\
+                  fn declared(&self);\n\
+                  impl T {\n\
+                  \x20   fn inner<'a>(&'a self) -> &'a str { r#\"{\"# }\n\
+                  }\n\
+                  #[cfg(test)]\n\
+                  mod tests {\n\
+                  \x20   fn long_test() {}\n\
+                  }\n";
+    assert_eq!(
+        functions(source),
+        [("outer".to_string(), 1, 5), ("inner".to_string(), 8, 1)]
     );
 }

@@ -41,7 +41,7 @@ mod turns;
 #[path = "relay-bench/world.rs"]
 mod world;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -171,18 +171,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let relay = match args.relay {
-        Some(path) => path,
-        None => std::env::current_exe()?
-            .parent()
-            .context("the bench binary has no directory")?
-            .join("agent-relay"),
-    };
-    anyhow::ensure!(
-        relay.is_file(),
-        "no agent-relay binary at {} (build with `cargo build --release --bins`)",
-        relay.display()
-    );
+    let relay = relay_binary(args.relay.clone())?;
     let plan = Plan::new(args.quick);
     let wanted = |f: Figure| args.only.is_empty() || args.only.contains(&f);
     let started = Instant::now();
@@ -193,79 +182,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 
     step("references: unix-socket echo, flock hand-over");
-    let echo_rtt = Measure::from_result(
-        reference::echo_rtt(plan.echo_round_trips).map(|s| Measure::latency(&s, "no round trip")),
-    );
-    let echo_twice = match &echo_rtt {
-        Measure::Latency(s) => Measure::Latency(s.scaled(2.0)),
-        other => other.clone(),
-    };
-    let echo_rate =
-        Measure::from_result(reference::echo_throughput(200_000).map(|(n, t)| Measure::rate(n, t)));
-
+    let (echo_twice, echo_rate) = echo_references(&plan);
     if wanted(Figure::Failover) {
-        let floor = Measure::from_result(
-            reference::flock_handover(plan.failover_trials)
-                .map(|s| Measure::latency(&s, "no trial")),
-        );
-        for (sessions, trials) in [
-            (10, plan.failover_trials),
-            (2, plan.growth_trials),
-            (25, plan.growth_trials),
-        ] {
-            step(&format!("failover: {sessions} sessions, {trials} trials"));
-            let measured = failover::measure(&relay, sessions, trials).await;
-            let (value, lag) = match measured {
-                Ok(f) => (
-                    Measure::latency(&f.takeover, "no trial"),
-                    Measure::latency(&f.status_lag, "no survivor"),
-                ),
-                Err(e) => {
-                    let why = format!("{e:#}");
-                    (Measure::na(why.clone()), Measure::na(why))
-                }
-            };
-            let mut row = Row::new(
-                format!("failover, {sessions} sessions"),
-                "SIGKILL leader → a new leader accepts a registration and polls getUpdates",
-                value,
-            )
-            .reference("flock+connect", floor.clone());
-            let mut lag_row = Row::new(
-                format!("status line after failover, {sessions} sessions"),
-                "new leader's first getUpdates → each survivor's host reads a connected status line (0 if it was back before)",
-                lag,
-            );
-            if sessions == 10 {
-                row = row.goal(Goal::MedianAtMost { ms: 100.0 });
-                lag_row = lag_row.goal(Goal::PercentilesAtMost {
-                    p50_ms: 5.0,
-                    p99_ms: 20.0,
-                });
-            }
-            rows.push(row);
-            rows.push(lag_row);
-        }
+        failover_rows(&relay, &plan, &mut rows, &step).await;
     }
 
     if wanted(Figure::Restart) {
-        for (sessions, trials) in [
-            (25, plan.restart_trials),
-            (2, plan.growth_trials),
-            (10, plan.growth_trials),
-        ] {
-            step(&format!("restart: {sessions} sessions, {trials} trials"));
-            let value = Measure::from_result(restart::measure(&relay, sessions, trials).await);
-            let mut row = Row::new(
-                format!("restart convergence, {sessions} sessions"),
-                "/relay restart from a follower's host → its answer says complete",
-                value,
-            );
-            if sessions == 25 {
-                row = row.goal(Goal::MedianAtMost { ms: 1000.0 });
-            }
-            rows.push(row);
-        }
+        restart_rows(&relay, &plan, &mut rows, &step).await;
     }
 
     let needs_world = [
@@ -277,135 +200,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .into_iter()
     .any(wanted);
     if needs_world {
-        step(&format!("starting a bus of {FAN_OUT_SESSIONS} sessions"));
-        match world::World::start(&relay, FAN_OUT_SESSIONS).await {
-            Ok(mut world) => {
-                if wanted(Figure::Inbound) {
-                    inbound_rows(&mut world, &plan, &echo_twice, &mut rows, &step).await;
-                }
-                if wanted(Figure::Fanout) {
-                    step("fan-out: leader → 10 followers");
-                    let value = Measure::from_result(
-                        inbound::fan_out(&mut world, plan.fanout_per_follower).await,
-                    );
-                    rows.push(
-                        Row::new(
-                            "fan-out to 10 followers",
-                            "messages injected at once into 10 followers' topics → all at their hosts",
-                            value,
-                        )
-                        .reference("echo", echo_rate.clone())
-                        .goal(Goal::RateAtLeast { per_s: 20_000.0 }),
-                    );
-                }
-                if wanted(Figure::Proxied) {
-                    proxied_rows(&mut world, &plan, &mut rows, &step).await;
-                }
-                if wanted(Figure::Files) {
-                    file_rows(&mut world, &plan, &mut rows, &step).await;
-                }
-            }
-            Err(e) => {
-                let why = format!("{e:#}");
-                rows.push(Row::new(
-                    "inbound / fan-out / proxied",
-                    "",
-                    Measure::na(why),
-                ));
-            }
-        }
+        let echo = (&echo_twice, &echo_rate);
+        world_rows(&relay, &plan, &wanted, echo, &mut rows, &step).await;
     }
 
     if wanted(Figure::Turns) {
-        // One session turn after turn; five sessions each with one turn
-        // at the same moment (their answers share the group's minute).
-        for (sessions, rounds) in [(1, plan.turn_rounds), (5, 1)] {
-            step(&format!(
-                "turns: {sessions} session(s), {rounds} round(s), Telegram's limits on"
-            ));
-            let value = Measure::from_result(turns::measure(&relay, sessions, rounds).await);
-            rows.push(Row::new(
-                format!("a turn's cost, {sessions} session(s) at once"),
-                "a line before each of 3 tools, then the answer; group limits on in the fake and the relay: sendMessage and edits into the topics per turn, 429s, longest agent/ended → answer in the topic",
-                value,
-            ));
-        }
+        turn_rows(&relay, &plan, &mut rows, &step).await;
     }
 
     if wanted(Figure::Idle) {
-        step(&format!("idle RSS after {:?}", plan.idle));
-        match footprint::idle_rss(&relay, plan.idle).await {
-            Ok(idle) => {
-                rows.push(
-                    Row::new(
-                        "idle RSS, follower",
-                        "VmRSS after the idle period",
-                        idle.follower,
-                    )
-                    .reference("idle node", idle.node.clone())
-                    .goal(Goal::MemoryAtMost { kib: 8 * 1024 }),
-                );
-                rows.push(Row::new(
-                    "idle private memory, follower",
-                    "Private_Clean + Private_Dirty (smaps_rollup): what one more session adds; its code pages are shared with every sidecar",
-                    idle.follower_private,
-                ));
-                rows.push(
-                    Row::new(
-                        "idle RSS, leader",
-                        "VmRSS after the idle period",
-                        idle.leader,
-                    )
-                    .reference("idle node", idle.node)
-                    .goal(Goal::MemoryAtMost { kib: 16 * 1024 }),
-                );
-            }
-            Err(e) => rows.push(Row::new("idle RSS", "", Measure::na(format!("{e:#}")))),
-        }
-        if let Some(dist) = &args.dist_relay {
-            step("idle RSS of the dist build");
-            match footprint::idle_rss(dist, plan.idle).await {
-                Ok(idle) => {
-                    rows.push(Row::new(
-                        "idle RSS, follower (dist build)",
-                        "the `dist` profile (opt-level s, fat LTO): VmRSS after the idle period",
-                        idle.follower,
-                    ));
-                    rows.push(Row::new(
-                        "idle private memory, follower (dist build)",
-                        "the `dist` profile: Private_Clean + Private_Dirty",
-                        idle.follower_private,
-                    ));
-                    rows.push(Row::new(
-                        "idle RSS, leader (dist build)",
-                        "the `dist` profile: VmRSS after the idle period",
-                        idle.leader,
-                    ));
-                }
-                Err(e) => rows.push(Row::new(
-                    "idle RSS (dist build)",
-                    "",
-                    Measure::na(format!("{e:#}")),
-                )),
-            }
-        }
+        idle_rows(&relay, args.dist_relay.as_deref(), &plan, &mut rows, &step).await;
     }
 
     if wanted(Figure::Cold) {
-        step(&format!("cold start × {}", plan.cold_runs));
-        let value = Measure::from_result(
-            footprint::cold_start(&relay, plan.cold_runs)
-                .await
-                .map(|s| Measure::latency(&s, "no run")),
-        );
-        let node = Measure::from_result(
-            reference::node_start(plan.cold_runs).map(|s| Measure::latency(&s, "no run")),
-        );
-        rows.push(
-            Row::new("cold start", "spawn → initialize answered", value)
-                .reference("node -e ''", node)
-                .goal(Goal::MedianAtMost { ms: 20.0 }),
-        );
+        cold_rows(&relay, &plan, &mut rows, &step).await;
     }
 
     if wanted(Figure::Cluster) {
@@ -425,6 +233,258 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let path = report.write_json(&args.out)?;
     println!("\n{} · {:.0} s", path.display(), report.elapsed_s);
     Ok(())
+}
+
+/// The failover rows: a leader killed, with 10 sessions (the goal) and 2
+/// and 25 (how it grows), beside the kernel's own lock hand-over.
+/// The relay binary measured: the one named, else the one beside the bench.
+fn relay_binary(named: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let relay = match named {
+        Some(path) => path,
+        None => std::env::current_exe()?
+            .parent()
+            .context("the bench binary has no directory")?
+            .join("agent-relay"),
+    };
+    anyhow::ensure!(
+        relay.is_file(),
+        "no agent-relay binary at {} (build with `cargo build --release --bins`)",
+        relay.display()
+    );
+    Ok(relay)
+}
+
+/// The unix-socket echo's references: two round trips (a message in and
+/// its answer), and its rate.
+fn echo_references(plan: &Plan) -> (Measure, Measure) {
+    let echo_rtt = Measure::from_result(
+        reference::echo_rtt(plan.echo_round_trips).map(|s| Measure::latency(&s, "no round trip")),
+    );
+    let echo_twice = match &echo_rtt {
+        Measure::Latency(s) => Measure::Latency(s.scaled(2.0)),
+        other => other.clone(),
+    };
+    let echo_rate =
+        Measure::from_result(reference::echo_throughput(200_000).map(|(n, t)| Measure::rate(n, t)));
+    (echo_twice, echo_rate)
+}
+
+async fn failover_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl Fn(&str)) {
+    let floor = Measure::from_result(
+        reference::flock_handover(plan.failover_trials).map(|s| Measure::latency(&s, "no trial")),
+    );
+    for (sessions, trials) in [
+        (10, plan.failover_trials),
+        (2, plan.growth_trials),
+        (25, plan.growth_trials),
+    ] {
+        step(&format!("failover: {sessions} sessions, {trials} trials"));
+        let measured = failover::measure(relay, sessions, trials).await;
+        let (value, lag) = match measured {
+            Ok(f) => (
+                Measure::latency(&f.takeover, "no trial"),
+                Measure::latency(&f.status_lag, "no survivor"),
+            ),
+            Err(e) => {
+                let why = format!("{e:#}");
+                (Measure::na(why.clone()), Measure::na(why))
+            }
+        };
+        let mut row = Row::new(
+            format!("failover, {sessions} sessions"),
+            "SIGKILL leader → a new leader accepts a registration and polls getUpdates",
+            value,
+        )
+        .reference("flock+connect", floor.clone());
+        let mut lag_row = Row::new(
+            format!("status line after failover, {sessions} sessions"),
+            "new leader's first getUpdates → each survivor's host reads a connected status line (0 if it was back before)",
+            lag,
+        );
+        if sessions == 10 {
+            row = row.goal(Goal::MedianAtMost { ms: 100.0 });
+            lag_row = lag_row.goal(Goal::PercentilesAtMost {
+                p50_ms: 5.0,
+                p99_ms: 20.0,
+            });
+        }
+        rows.push(row);
+        rows.push(lag_row);
+    }
+}
+
+/// The restart rows: `/relay restart` converging, with 25 sessions (the
+/// goal) and 2 and 10.
+async fn restart_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl Fn(&str)) {
+    for (sessions, trials) in [
+        (25, plan.restart_trials),
+        (2, plan.growth_trials),
+        (10, plan.growth_trials),
+    ] {
+        step(&format!("restart: {sessions} sessions, {trials} trials"));
+        let value = Measure::from_result(restart::measure(relay, sessions, trials).await);
+        let mut row = Row::new(
+            format!("restart convergence, {sessions} sessions"),
+            "/relay restart from a follower's host → its answer says complete",
+            value,
+        );
+        if sessions == 25 {
+            row = row.goal(Goal::MedianAtMost { ms: 1000.0 });
+        }
+        rows.push(row);
+    }
+}
+
+/// The rows measured on one bus of [`FAN_OUT_SESSIONS`] sessions:
+/// inbound, fan-out, proxied calls, files.
+async fn world_rows(
+    relay: &Path,
+    plan: &Plan,
+    wanted: &impl Fn(Figure) -> bool,
+    (echo_twice, echo_rate): (&Measure, &Measure),
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    step(&format!("starting a bus of {FAN_OUT_SESSIONS} sessions"));
+    match world::World::start(relay, FAN_OUT_SESSIONS).await {
+        Ok(mut world) => {
+            if wanted(Figure::Inbound) {
+                inbound_rows(&mut world, plan, echo_twice, rows, step).await;
+            }
+            if wanted(Figure::Fanout) {
+                step("fan-out: leader → 10 followers");
+                let value = Measure::from_result(
+                    inbound::fan_out(&mut world, plan.fanout_per_follower).await,
+                );
+                rows.push(
+                    Row::new(
+                        "fan-out to 10 followers",
+                        "messages injected at once into 10 followers' topics → all at their hosts",
+                        value,
+                    )
+                    .reference("echo", echo_rate.clone())
+                    .goal(Goal::RateAtLeast { per_s: 20_000.0 }),
+                );
+            }
+            if wanted(Figure::Proxied) {
+                proxied_rows(&mut world, plan, rows, step).await;
+            }
+            if wanted(Figure::Files) {
+                file_rows(&mut world, plan, rows, step).await;
+            }
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            rows.push(Row::new(
+                "inbound / fan-out / proxied",
+                "",
+                Measure::na(why),
+            ));
+        }
+    }
+}
+
+/// The turn rows: what one turn costs in Telegram calls, one session at
+/// a time and five at once.
+async fn turn_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl Fn(&str)) {
+    // One session turn after turn; five sessions each with one turn
+    // at the same moment (their answers share the group's minute).
+    for (sessions, rounds) in [(1, plan.turn_rounds), (5, 1)] {
+        step(&format!(
+            "turns: {sessions} session(s), {rounds} round(s), Telegram's limits on"
+        ));
+        let value = Measure::from_result(turns::measure(relay, sessions, rounds).await);
+        rows.push(Row::new(
+            format!("a turn's cost, {sessions} session(s) at once"),
+            "a line before each of 3 tools, then the answer; group limits on in the fake and the relay: sendMessage and edits into the topics per turn, 429s, longest agent/ended → answer in the topic",
+            value,
+        ));
+    }
+}
+
+/// The idle rows: a follower's and a leader's memory after the idle
+/// period, and the `dist` build's when it is given.
+async fn idle_rows(
+    relay: &Path,
+    dist: Option<&Path>,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    step(&format!("idle RSS after {:?}", plan.idle));
+    match footprint::idle_rss(relay, plan.idle).await {
+        Ok(idle) => {
+            rows.push(
+                Row::new(
+                    "idle RSS, follower",
+                    "VmRSS after the idle period",
+                    idle.follower,
+                )
+                .reference("idle node", idle.node.clone())
+                .goal(Goal::MemoryAtMost { kib: 8 * 1024 }),
+            );
+            rows.push(Row::new(
+                "idle private memory, follower",
+                "Private_Clean + Private_Dirty (smaps_rollup): what one more session adds; its code pages are shared with every sidecar",
+                idle.follower_private,
+            ));
+            rows.push(
+                Row::new(
+                    "idle RSS, leader",
+                    "VmRSS after the idle period",
+                    idle.leader,
+                )
+                .reference("idle node", idle.node)
+                .goal(Goal::MemoryAtMost { kib: 16 * 1024 }),
+            );
+        }
+        Err(e) => rows.push(Row::new("idle RSS", "", Measure::na(format!("{e:#}")))),
+    }
+    if let Some(dist) = dist {
+        step("idle RSS of the dist build");
+        match footprint::idle_rss(dist, plan.idle).await {
+            Ok(idle) => {
+                rows.push(Row::new(
+                    "idle RSS, follower (dist build)",
+                    "the `dist` profile (opt-level s, fat LTO): VmRSS after the idle period",
+                    idle.follower,
+                ));
+                rows.push(Row::new(
+                    "idle private memory, follower (dist build)",
+                    "the `dist` profile: Private_Clean + Private_Dirty",
+                    idle.follower_private,
+                ));
+                rows.push(Row::new(
+                    "idle RSS, leader (dist build)",
+                    "the `dist` profile: VmRSS after the idle period",
+                    idle.leader,
+                ));
+            }
+            Err(e) => rows.push(Row::new(
+                "idle RSS (dist build)",
+                "",
+                Measure::na(format!("{e:#}")),
+            )),
+        }
+    }
+}
+
+/// The cold-start row, beside node's own start.
+async fn cold_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl Fn(&str)) {
+    step(&format!("cold start × {}", plan.cold_runs));
+    let value = Measure::from_result(
+        footprint::cold_start(relay, plan.cold_runs)
+            .await
+            .map(|s| Measure::latency(&s, "no run")),
+    );
+    let node = Measure::from_result(
+        reference::node_start(plan.cold_runs).map(|s| Measure::latency(&s, "no run")),
+    );
+    rows.push(
+        Row::new("cold start", "spawn → initialize answered", value)
+            .reference("node -e ''", node)
+            .goal(Goal::MedianAtMost { ms: 20.0 }),
+    );
 }
 
 async fn inbound_rows(

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::Epoch;
 use crate::paths::{
-    Missing, UntrustedPath, check_dir, euid, open_private_file, open_private_rw, replace_file,
+    Missing, UntrustedPath, check_dir, open_private_file, open_private_rw, replace_file,
 };
 
 /// The files of one bot's bus.
@@ -222,17 +222,24 @@ impl BusDir {
 /// the leader does for every connection it accepts, so that another user
 /// who got a socket in place can neither serve nor join the bus.
 pub fn check_peer_is_me(stream: &Stream) -> io::Result<()> {
-    let me = euid();
-    let creds = stream.peer_creds()?;
-    match creds.euid() {
+    check_peer_uid(stream.peer_creds()?.euid(), "the bus socket")
+}
+
+/// Checks that `uid`, what the kernel says the other end of `socket` (a
+/// unix socket of the relay's) runs as, is the user's own: the check
+/// behind [`check_peer_is_me`], for a socket of another kind too (Codex's
+/// tool socket).
+pub fn check_peer_uid(uid: Option<u32>, socket: &str) -> io::Result<()> {
+    let me = crate::sys::euid();
+    match uid {
         Some(uid) if uid == me => Ok(()),
         Some(uid) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("the other end of the bus socket runs as uid {uid}, not as you (uid {me})"),
+            format!("the other end of {socket} runs as uid {uid}, not as you (uid {me})"),
         )),
         None => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            "the kernel does not say who is on the other end of the bus socket",
+            format!("the kernel does not say who is on the other end of {socket}"),
         )),
     }
 }

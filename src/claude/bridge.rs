@@ -54,7 +54,7 @@ pub(super) const CHANNEL_PERMISSION: &str = "notifications/claude/channel/permis
 
 /// A message from the topic that no turn has taken yet.
 #[derive(Debug, Clone)]
-pub(super) struct Waiting {
+pub(super) struct Unread {
     pub text: String,
     pub origin: MessageOrigin,
     /// The files that came with it, saved in the session's inbox (the
@@ -63,14 +63,15 @@ pub(super) struct Waiting {
     pub at_ms: u64,
 }
 
+/// What the bridge knows of Claude Code and of the session it plays host to.
 #[derive(Default)]
-struct State {
+struct ClaudeState {
     /// The Claude Code session the relay session is, once started.
     session_id: Option<String>,
     cwd: Option<String>,
     /// Push prompts as channel notifications (the client takes them).
     channel: bool,
-    inbox: VecDeque<Waiting>,
+    inbox: VecDeque<Unread>,
     /// The topic was told that messages wait for `telegram_inbox` (once
     /// per batch: reset when the inbox is read).
     told_waiting: bool,
@@ -85,12 +86,14 @@ struct State {
     turn_running: bool,
 }
 
-pub struct Bridge {
+/// The host of Claude Code's session, played between Claude Code (its MCP
+/// server and hooks) and the session.
+pub struct ClaudeBridge {
     session: Link,
     mcp: OnceLock<HostLink>,
     pub(super) env: ClaudeEnv,
     auto_connect: bool,
-    state: Mutex<State>,
+    state: Mutex<ClaudeState>,
     /// Serializes starting and switching the session.
     start: tokio::sync::Mutex<()>,
     pub(super) stop: tokio_util::sync::CancellationToken,
@@ -106,7 +109,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Bridge {
+impl ClaudeBridge {
     pub(super) fn new(
         session: Link,
         config: &Result<Config, ConfigError>,
@@ -123,7 +126,7 @@ impl Bridge {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, ClaudeState> {
         lock(&self.state)
     }
 
@@ -187,24 +190,7 @@ impl Bridge {
                 self.state().session_id = Some(session_id);
             }
             None => {
-                let params = json!({
-                    "protocolVersion": PROTOCOL_VERSION,
-                    "host": {"name": "claude-code", "version": ""},
-                    "pid": std::os::unix::process::parent_id(),
-                    "cwd": cwd,
-                    "session": info,
-                    "hasUI": false,
-                    // `agent/abort` is refused: Claude Code at its keyboard
-                    // is stopped there (Esc), so no stop button is offered.
-                    "canAbort": false,
-                });
-                self.session
-                    .request(method::INITIALIZE, params, QUICK)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.session
-                    .notify(method::INITIALIZED, json!({}))
-                    .map_err(|e| e.to_string())?;
+                self.initialize_session(info, &cwd).await?;
                 let mut state = self.state();
                 state.session_id = Some(session_id);
                 state.cwd = Some(cwd);
@@ -213,7 +199,34 @@ impl Bridge {
         if !(wait && self.auto_connect) {
             return Ok(None);
         }
-        // Idempotent: waits for the registration and says where it went.
+        self.connect_session().await.map(Some)
+    }
+
+    /// The session's `initialize` (and `initialized`) as `info` in `cwd`.
+    async fn initialize_session(&self, info: Value, cwd: &str) -> Result<(), String> {
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "host": {"name": "claude-code", "version": ""},
+            "pid": std::os::unix::process::parent_id(),
+            "cwd": cwd,
+            "session": info,
+            "hasUI": false,
+            // `agent/abort` is refused: Claude Code at its keyboard is
+            // stopped there (Esc), so no stop button is offered.
+            "canAbort": false,
+        });
+        self.session
+            .request(method::INITIALIZE, params, QUICK)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.session
+            .notify(method::INITIALIZED, json!({}))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Has the session join the relay: idempotent, it waits for the
+    /// registration; where it went, or why not.
+    async fn connect_session(&self) -> Result<String, String> {
         let result = self
             .session
             .request(
@@ -225,7 +238,7 @@ impl Bridge {
             .map_err(|e| e.to_string())?;
         let message = result["message"].as_str().unwrap_or_default().to_string();
         if result["ok"].as_bool() == Some(true) {
-            Ok(Some(message))
+            Ok(message)
         } else {
             Err(message)
         }
@@ -328,7 +341,7 @@ impl Bridge {
     /// A prompt from the topic: into the inbox, and to Claude Code as a
     /// channel message when it takes those.
     fn deliver(self: &Arc<Self>, params: SendUserMessageParams) {
-        let waiting = Waiting {
+        let waiting = Unread {
             text: params.text,
             origin: params.origin,
             attachments: params.attachments,
@@ -388,8 +401,8 @@ impl Bridge {
     }
 
     /// The messages no turn has taken yet; a turn takes them now.
-    pub(super) fn take_inbox(&self) -> Vec<Waiting> {
-        let taken: Vec<Waiting> = {
+    pub(super) fn take_inbox(&self) -> Vec<Unread> {
+        let taken: Vec<Unread> = {
             let mut state = self.state();
             state.told_waiting = false;
             state.inbox.drain(..).collect()
@@ -410,7 +423,7 @@ impl Bridge {
     /// relay keeps it for this session, which gets it when it is resumed.
     pub(super) async fn finish(&self) {
         self.stop.cancel();
-        let unread: Vec<Waiting> = {
+        let unread: Vec<Unread> = {
             let mut state = self.state();
             state.inbox.drain(..).collect()
         };
@@ -528,26 +541,7 @@ impl Bridge {
                     },
                 }
             }
-            "UserPromptSubmit" => {
-                let prompt = input.prompt.unwrap_or_default();
-                let from_telegram = self.took_from_inbox(&prompt);
-                {
-                    let mut state = self.state();
-                    state.from_telegram = from_telegram;
-                    state.turn_running = true;
-                }
-                self.tell_session(method::AGENT_STARTED, json!({}));
-                let source = if from_telegram {
-                    "extension"
-                } else {
-                    "interactive"
-                };
-                self.tell_session(
-                    method::INPUT_RECEIVED,
-                    json!({"text": prompt, "source": source}),
-                );
-                HookAnswer::default()
-            }
+            "UserPromptSubmit" => self.prompt_submitted(input.prompt.unwrap_or_default()),
             "PreToolUse" => {
                 self.tell_session(
                     method::TOOL_STARTED,
@@ -562,29 +556,7 @@ impl Bridge {
                 );
                 HookAnswer::default()
             }
-            "PermissionRequest" => {
-                let tool = input.tool_name.unwrap_or_else(|| "tool".into());
-                let id = input.tool_use_id.unwrap_or_default();
-                let decided = self
-                    .approve(&id, &tool, input.tool_input.unwrap_or(Value::Null))
-                    .await;
-                let decision = match decided.decision {
-                    Decision::Allow => json!({"behavior": "allow"}),
-                    Decision::Deny => json!({
-                        "behavior": "deny",
-                        "message": decided.reason.unwrap_or_else(|| "Denied from Telegram.".into()),
-                    }),
-                    // Not the relay's to decide: Claude Code asks as it would.
-                    Decision::Defer => return HookAnswer::default(),
-                };
-                HookAnswer {
-                    output: Some(json!({"hookSpecificOutput": {
-                        "hookEventName": "PermissionRequest",
-                        "decision": decision,
-                    }})),
-                    note: None,
-                }
-            }
+            "PermissionRequest" => self.permission_request(input).await,
             "Notification" => {
                 let waiting_on_phone = self.state().approvals_open > 0;
                 let permission = input.notification_type.as_deref() == Some("permission_prompt");
@@ -601,6 +573,53 @@ impl Bridge {
             other => note(format!(
                 "agent-relay: the {other} hook is not one the relay uses"
             )),
+        }
+    }
+
+    /// A turn began at Claude Code's terminal: with a message the phone
+    /// sent (taken from the inbox), or one typed there, mirrored.
+    fn prompt_submitted(&self, prompt: String) -> HookAnswer {
+        let from_telegram = self.took_from_inbox(&prompt);
+        {
+            let mut state = self.state();
+            state.from_telegram = from_telegram;
+            state.turn_running = true;
+        }
+        self.tell_session(method::AGENT_STARTED, json!({}));
+        let source = if from_telegram {
+            "extension"
+        } else {
+            "interactive"
+        };
+        self.tell_session(
+            method::INPUT_RECEIVED,
+            json!({"text": prompt, "source": source}),
+        );
+        HookAnswer::default()
+    }
+
+    /// Claude Code asks whether a tool call may run: the relay's decision,
+    /// or none (Claude Code asks as it would) where it is not the relay's.
+    async fn permission_request(&self, input: HookInput) -> HookAnswer {
+        let tool = input.tool_name.unwrap_or_else(|| "tool".into());
+        let id = input.tool_use_id.unwrap_or_default();
+        let decided = self
+            .approve(&id, &tool, input.tool_input.unwrap_or(Value::Null))
+            .await;
+        let decision = match decided.decision {
+            Decision::Allow => json!({"behavior": "allow"}),
+            Decision::Deny => json!({
+                "behavior": "deny",
+                "message": decided.reason.unwrap_or_else(|| "Denied from Telegram.".into()),
+            }),
+            Decision::Defer => return HookAnswer::default(),
+        };
+        HookAnswer {
+            output: Some(json!({"hookSpecificOutput": {
+                "hookEventName": "PermissionRequest",
+                "decision": decision,
+            }})),
+            note: None,
         }
     }
 
@@ -679,7 +698,7 @@ fn note(text: String) -> HookAnswer {
 /// `notifications/claude/channel` params for a message, as the official
 /// Telegram plugin sends them: the text, and the meta Claude Code shows as
 /// attributes of the `<channel>` tag.
-pub(super) fn channel_params(waiting: &Waiting) -> Value {
+pub(super) fn channel_params(waiting: &Unread) -> Value {
     let origin = &waiting.origin;
     let mut meta = json!({
         "chat_id": origin.chat_id.to_string(),

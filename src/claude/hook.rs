@@ -20,7 +20,7 @@ use interprocess::os::unix::local_socket::ListenerOptionsExt;
 use serde_json::Value;
 use tokio_util::codec::Framed;
 
-use super::bridge::Bridge;
+use super::bridge::ClaudeBridge;
 use crate::backoff::Backoff;
 use crate::bus::election::{BusDir, check_peer_is_me};
 use crate::config::{Config, ConfigError};
@@ -54,7 +54,7 @@ fn socket_name(
     BusDir::new(paths.bus_dir(bot)).side_socket_name(&super::hook_socket_file(key))
 }
 
-impl Bridge {
+impl ClaudeBridge {
     /// Serves the hooks of this Claude Code process, until the bridge stops.
     pub(super) fn spawn_hook_socket(
         self: Arc<Self>,

@@ -425,7 +425,7 @@ mod tests {
     const STRANGER: u32 = 54_321;
 
     fn root() -> bool {
-        crate::paths::euid() == 0
+        crate::sys::euid() == 0
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! * `agent-relay mcp` ([`serve`]) is an MCP server on stdio, one per Claude
 //!   Code process. Inside it runs an ordinary [`Session`](crate::session)
 //!   — the same bus member `agent-relay stdio` runs for pi — driven over the
-//!   host protocol by a [`bridge::Bridge`] that plays its host: the bridge
+//!   host protocol by a [`bridge::ClaudeBridge`] that plays its host: the bridge
 //!   turns the session's prompts into `notifications/claude/channel` (or
 //!   keeps them for the `telegram_inbox` tool), and the MCP tools and
 //!   Claude Code's hooks into host-protocol requests and events.
@@ -17,13 +17,14 @@
 //!   MCP server's own environment is wrong after `--continue`), when a turn
 //!   starts, which tool runs, and the turn's final answer.
 //!
-//! [`mcp`] is the MCP protocol itself; [`install`] writes the MCP entry and
-//! the hooks into the user's Claude Code settings.
+//! [`tools`] are its tools on the relay's MCP server (`crate::mcp`);
+//! [`install`] writes the MCP entry and the hooks into the user's Claude
+//! Code settings.
 
 mod bridge;
 pub mod hook;
 pub mod install;
-pub(crate) mod mcp;
+mod tools;
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
@@ -112,11 +113,13 @@ where
         from_session,
         session,
     } = crate::session::InProcess::start(paths.clone(), config.clone());
-    let bridge = bridge::Bridge::new(link, &config, env);
+    let bridge = bridge::ClaudeBridge::new(link, &config, env);
     bridge.clone().spawn_session_loop(from_session);
     bridge.clone().spawn_hook_socket(&paths, &config);
     let service = bridge.clone();
-    let serving = crate::host::serve_service(input, output, move |mcp| mcp::Mcp::new(service, mcp));
+    let serving = crate::host::serve_service(input, output, move |link| {
+        crate::mcp::McpServer::new(tools::ClaudeTools::new(service, link))
+    });
     let served = tokio::select! {
         served = serving => served,
         () = stop.cancelled() => Ok(()),

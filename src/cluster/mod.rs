@@ -196,81 +196,7 @@ impl Cluster {
         node_id: &str,
     ) -> Result<Self, ClusterError> {
         let (link_tx, link) = watch::channel(Link::Up);
-        let mut options = match &config.credentials {
-            Some(NatsCredentials::CredsFile(path)) => {
-                let creds = read_private(path)?;
-                async_nats::ConnectOptions::with_credentials(&creds).map_err(|e| {
-                    ClusterError::Untrusted(format!(
-                        "{} is not a NATS creds file: {}",
-                        path.display(),
-                        redact(&e.to_string())
-                    ))
-                })?
-            }
-            Some(NatsCredentials::Nkey(seed)) => {
-                async_nats::ConnectOptions::with_nkey(seed.expose().to_string())
-            }
-            // A user and password (or a token) written into the URL go as
-            // options, never in the address the client logs.
-            None => match config.servers.iter().find_map(NatsUrl::auth) {
-                Some(NatsUrlAuth::UserPassword { user, password }) => {
-                    async_nats::ConnectOptions::with_user_and_password(
-                        user.clone(),
-                        password.clone(),
-                    )
-                }
-                Some(NatsUrlAuth::Token(token)) => {
-                    async_nats::ConnectOptions::with_token(token.clone())
-                }
-                None => async_nats::ConnectOptions::new(),
-            },
-        };
-        if config.require_tls {
-            options = options.require_tls(true);
-        }
-        if let Some(ca) = &config.tls.ca_file {
-            options = options.add_root_certificates(ca.clone());
-        }
-        if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
-            // The private key is a secret of the user's: checked like the
-            // creds file before the TLS library reads it.
-            read_private(key)?;
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        let link_tx = std::sync::Arc::new(link_tx);
-        let servers: Vec<async_nats::ServerAddr> = config
-            .servers
-            .iter()
-            .map(|u| u.address().parse::<async_nats::ServerAddr>())
-            .collect::<Result<_, _>>()
-            .map_err(|e: std::io::Error| {
-                ClusterError::Unreachable(format!("bad NATS URL: {}", redact(&e.to_string())))
-            })?;
-        let shown: Vec<String> = config.servers.iter().map(ToString::to_string).collect();
-        let client = options
-            .name(format!("agent-relay {}", config.node))
-            .connection_timeout(REQUEST_TIMEOUT)
-            .request_timeout(Some(REQUEST_TIMEOUT))
-            .event_callback(move |event| {
-                let link_tx = link_tx.clone();
-                async move {
-                    match event {
-                        async_nats::Event::Connected => {
-                            link_tx.send_replace(Link::Up);
-                        }
-                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
-                            link_tx.send_replace(Link::Down);
-                        }
-                        other => tracing::debug!("NATS: {}", redact(&other.to_string())),
-                    }
-                }
-            })
-            .connect(servers)
-            .await
-            .map_err(|e| {
-                let said = redact(&e.to_string()).into_owned();
-                ClusterError::Unreachable(format!("{}: {said}", shown.join(", ")))
-            })?;
+        let client = connect_client(config, link_tx).await?;
         let js = jetstream::ContextBuilder::new()
             .timeout(REQUEST_TIMEOUT)
             .build(client.clone());
@@ -336,6 +262,94 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// The NATS client's options from `[cluster]`: how it proves itself (a
+/// creds file, an nkey, or a user and password or token from the URL) and
+/// its TLS.
+fn connect_options(config: &ClusterConfig) -> Result<async_nats::ConnectOptions, ClusterError> {
+    let mut options = match &config.credentials {
+        Some(NatsCredentials::CredsFile(path)) => {
+            let creds = read_private(path)?;
+            async_nats::ConnectOptions::with_credentials(&creds).map_err(|e| {
+                ClusterError::Untrusted(format!(
+                    "{} is not a NATS creds file: {}",
+                    path.display(),
+                    redact(&e.to_string())
+                ))
+            })?
+        }
+        Some(NatsCredentials::Nkey(seed)) => {
+            async_nats::ConnectOptions::with_nkey(seed.expose().to_string())
+        }
+        // A user and password (or a token) written into the URL go as
+        // options, never in the address the client logs.
+        None => match config.servers.iter().find_map(NatsUrl::auth) {
+            Some(NatsUrlAuth::UserPassword { user, password }) => {
+                async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+            }
+            Some(NatsUrlAuth::Token(token)) => {
+                async_nats::ConnectOptions::with_token(token.clone())
+            }
+            None => async_nats::ConnectOptions::new(),
+        },
+    };
+    if config.require_tls {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &config.tls.ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
+        // The private key is a secret of the user's: checked like the
+        // creds file before the TLS library reads it.
+        read_private(key)?;
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
+}
+
+/// Connects to the cluster's NATS servers; `link` follows the connection
+/// from then on.
+async fn connect_client(
+    config: &ClusterConfig,
+    link: watch::Sender<Link>,
+) -> Result<async_nats::Client, ClusterError> {
+    let options = connect_options(config)?;
+    let link_tx = std::sync::Arc::new(link);
+    let servers: Vec<async_nats::ServerAddr> = config
+        .servers
+        .iter()
+        .map(|u| u.address().parse::<async_nats::ServerAddr>())
+        .collect::<Result<_, _>>()
+        .map_err(|e: std::io::Error| {
+            ClusterError::Unreachable(format!("bad NATS URL: {}", redact(&e.to_string())))
+        })?;
+    let shown: Vec<String> = config.servers.iter().map(ToString::to_string).collect();
+    options
+        .name(format!("agent-relay {}", config.node))
+        .connection_timeout(REQUEST_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .event_callback(move |event| {
+            let link_tx = link_tx.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        link_tx.send_replace(Link::Up);
+                    }
+                    async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                        link_tx.send_replace(Link::Down);
+                    }
+                    other => tracing::debug!("NATS: {}", redact(&other.to_string())),
+                }
+            }
+        })
+        .connect(servers)
+        .await
+        .map_err(|e| {
+            let said = redact(&e.to_string()).into_owned();
+            ClusterError::Unreachable(format!("{}: {said}", shown.join(", ")))
+        })
 }
 
 /// Reads a secret file of the user's, only after `paths` checked it: a

@@ -9,18 +9,18 @@
 //! joined to the rest by two loops — a writer that owns the sink and a
 //! reader that settles each response with the request waiting for it and
 //! hands everything else (the app-server's notifications and its requests
-//! to its clients) to one channel. What a message *means* is
-//! `super::host`'s business; this file never looks past `method` and `id`.
+//! to its clients) to one channel; each message is classified as the
+//! host's end of the host protocol classifies the sidecar's
+//! (`crate::rpc_client`). What a message *means* is the bridge's
+//! business; this file never looks past `method` and `id`.
 //!
 //! A message over [`MAX_MESSAGE`] is dropped (logged): the largest the relay
 //! reads is an item with a command's whole output.
 
-use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Sink, SinkExt, Stream, StreamExt};
@@ -28,12 +28,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::wire;
 use crate::framing::{Frame, LineCodec};
+use crate::rpc_client::{Unasked, Waiters};
 
 /// The largest message read or written, either transport.
 pub const MAX_MESSAGE: usize = 16 << 20;
@@ -157,22 +158,14 @@ impl Transport {
     }
 }
 
-/// Requests waiting for their response. `closed` once the transport ended,
-/// so a request sent after that fails at once.
-#[derive(Default)]
-struct Waiters {
-    by_id: HashMap<i64, oneshot::Sender<Value>>,
-    closed: bool,
-}
-
 /// The relay's end of one app-server connection. Clones share it; the
 /// connection closes when the last clone is dropped, or for every clone at
 /// [`AppServer::close`].
 #[derive(Clone)]
 pub struct AppServer {
     outgoing: mpsc::UnboundedSender<String>,
-    waiters: Arc<Mutex<Waiters>>,
-    next_id: Arc<AtomicI64>,
+    /// Our requests waiting; closed once the transport ended.
+    calls: Arc<Waiters>,
     closing: tokio_util::sync::CancellationToken,
 }
 
@@ -180,10 +173,6 @@ impl std::fmt::Debug for AppServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppServer").finish_non_exhaustive()
     }
-}
-
-fn lock(waiters: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
-    waiters.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl AppServer {
@@ -212,8 +201,8 @@ impl AppServer {
             }
             let _ = outgoing.close().await;
         });
-        let waiters: Arc<Mutex<Waiters>> = Arc::default();
-        let waiting = waiters.clone();
+        let calls = Arc::new(Waiters::default());
+        let waiting = calls.clone();
         let (events, received) = mpsc::unbounded_channel();
         crate::tasks::spawn(async move {
             while let Some(text) = incoming.next().await {
@@ -226,22 +215,30 @@ impl AppServer {
                 };
                 match serde_json::from_str::<Value>(&text) {
                     Ok(message) => {
-                        if let Some(event) = route(message, &waiting) {
-                            // Nobody listening is fine: responses still matter.
-                            let _ = events.send(event);
-                        }
+                        let event = match waiting.take(message) {
+                            None => continue,
+                            Some(Unasked::Request { id, method, params }) => {
+                                Incoming::Request { id, method, params }
+                            }
+                            Some(Unasked::Notification { method, params }) => {
+                                Incoming::Notification { method, params }
+                            }
+                            Some(Unasked::Response(response)) => {
+                                tracing::debug!(%response, "an answer nobody waits for (late)");
+                                continue;
+                            }
+                        };
+                        // Nobody listening is fine: responses still matter.
+                        let _ = events.send(event);
                     }
                     Err(e) => tracing::warn!("Codex's app-server sent something not JSON: {e}"),
                 }
             }
-            let mut waiters = lock(&waiting);
-            waiters.closed = true;
-            waiters.by_id.clear();
+            waiting.close();
         });
         let server = Self {
             outgoing: lines,
-            waiters,
-            next_id: Arc::new(AtomicI64::new(1)),
+            calls,
             closing,
         };
         (server, received)
@@ -290,39 +287,26 @@ impl AppServer {
         params: &P,
         timeout: Duration,
     ) -> Result<R, AppServerError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut waiters = lock(&self.waiters);
-            if waiters.closed {
-                return Err(AppServerError::Closed);
-            }
-            waiters.by_id.insert(id, tx);
-        }
+        let (id, rx) = self.calls.start().ok_or(AppServerError::Closed)?;
         if let Err(e) = self.send(json!({"id": id, "method": method, "params": params})) {
-            lock(&self.waiters).by_id.remove(&id);
+            self.calls.forget(id);
             return Err(e);
         }
         let answer = tokio::time::timeout(timeout, rx).await;
-        lock(&self.waiters).by_id.remove(&id);
+        self.calls.forget(id);
         let response = answer
             .map_err(|_| AppServerError::Timeout {
                 method: method.into(),
                 after: timeout,
             })?
             .map_err(|_| AppServerError::Closed)?;
-        if let Some(error) = response.get("error") {
-            return Err(AppServerError::Rpc {
+        let result = crate::rpc_client::outcome(&response).map_err(|(code, message)| {
+            AppServerError::Rpc {
                 method: method.into(),
-                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-            });
-        }
-        let result = response.get("result").cloned().unwrap_or(Value::Null);
+                code,
+                message,
+            }
+        })?;
         serde_json::from_value(result).map_err(|e| AppServerError::Decode {
             method: method.into(),
             message: e.to_string(),
@@ -342,35 +326,6 @@ impl AppServer {
         self.outgoing
             .send(message.to_string())
             .map_err(|_| AppServerError::Closed)
-    }
-}
-
-/// Settles a response with its waiter, or turns the message into an event.
-fn route(message: Value, waiters: &Mutex<Waiters>) -> Option<Incoming> {
-    let method = message.get("method").and_then(Value::as_str);
-    let id = message.get("id").filter(|id| !id.is_null());
-    match (method, id) {
-        (Some(method), Some(id)) => Some(Incoming::Request {
-            id: id.clone(),
-            method: method.to_owned(),
-            params: message.get("params").cloned().unwrap_or(Value::Null),
-        }),
-        (Some(method), None) => Some(Incoming::Notification {
-            method: method.to_owned(),
-            params: message.get("params").cloned().unwrap_or(Value::Null),
-        }),
-        (None, id) => {
-            let waiter = id
-                .and_then(Value::as_i64)
-                .and_then(|id| lock(waiters).by_id.remove(&id));
-            match waiter {
-                Some(waiter) => {
-                    let _ = waiter.send(message);
-                }
-                None => tracing::debug!(%message, "an answer nobody waits for (late)"),
-            }
-            None
-        }
     }
 }
 

@@ -158,36 +158,9 @@ async fn act(
     tool: String,
     tool_input: Value,
 ) -> Answer {
-    let params = json!({
-        "protocolVersion": PROTOCOL_VERSION,
-        "host": {"name": "codex", "version": ""},
-        "pid": std::os::unix::process::parent_id(),
-        "cwd": input.cwd,
-        "session": {"id": input.session_id, "file": super::session_file(&input.session_id)},
-        "hasUI": false,
-    });
-    if let Err(e) = session.request(method::INITIALIZE, params, QUICK).await {
-        return note(format!("agent-relay: {e}"));
-    }
-    let _ = session.notify(method::INITIALIZED, json!({}));
-    let connected = session
-        .request(
-            method::COMMAND_EXECUTE,
-            json!({"name": "telegram-connect", "args": ""}),
-            CONNECT,
-        )
-        .await;
-    let connected = match connected {
-        Ok(result) if result["ok"].as_bool() == Some(true) => {
-            result["message"].as_str().unwrap_or_default().to_string()
-        }
-        Ok(result) => {
-            return note(format!(
-                "agent-relay: {}",
-                result["message"].as_str().unwrap_or("not connected")
-            ));
-        }
-        Err(e) => return note(format!("agent-relay: {e}")),
+    let connected = match join(input, session).await {
+        Ok(connected) => connected,
+        Err(why) => return note(format!("agent-relay: {why}")),
     };
     match event {
         "SessionStart" => note(format!("agent-relay: {connected}")),
@@ -230,6 +203,40 @@ async fn act(
             };
             permission_output(decided)
         }
+    }
+}
+
+/// Initializes the session as Codex's `input.session_id` and has it join
+/// the relay; where it went, or why not.
+async fn join(input: &Input, session: &crate::host_client::Link) -> Result<String, String> {
+    let params = json!({
+        "protocolVersion": PROTOCOL_VERSION,
+        "host": {"name": "codex", "version": ""},
+        "pid": std::os::unix::process::parent_id(),
+        "cwd": input.cwd,
+        "session": {"id": input.session_id, "file": super::session_file(&input.session_id)},
+        "hasUI": false,
+    });
+    session
+        .request(method::INITIALIZE, params, QUICK)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = session.notify(method::INITIALIZED, json!({}));
+    let result = session
+        .request(
+            method::COMMAND_EXECUTE,
+            json!({"name": "telegram-connect", "args": ""}),
+            CONNECT,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if result["ok"].as_bool() == Some(true) {
+        Ok(result["message"].as_str().unwrap_or_default().to_string())
+    } else {
+        Err(result["message"]
+            .as_str()
+            .unwrap_or("not connected")
+            .to_string())
     }
 }
 

@@ -5,7 +5,7 @@
 //! and another program each see every turn, and either may start one or
 //! answer an approval. The relay is such a client. Inside it runs an
 //! ordinary [`Session`] — the same bus member `agent-relay stdio` runs for
-//! pi — driven over the host protocol by a [`bridge::Bridge`] that plays
+//! pi — driven over the host protocol by a [`CodexBridge`] that plays
 //! its host, as `claude/bridge.rs` does for Claude Code:
 //!
 //! * [`app_server`] is the client itself, over either transport of the
@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 pub use app_server::{AppServer, AppServerError, Incoming, Transport};
-pub use bridge::{Bridge, Mode, Opened, Opening};
+pub use bridge::{CodexBridge, Mode, Opened, Opening};
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;
@@ -50,7 +50,7 @@ fn session_file(thread_id: &str) -> String {
 
 /// A session of the relay on one Codex connection, running.
 pub struct Running {
-    bridge: Arc<Bridge>,
+    bridge: Arc<CodexBridge>,
     session: Arc<OnceLock<Arc<Session>>>,
     bridged: tokio::task::JoinHandle<()>,
 }
@@ -101,7 +101,7 @@ fn start_as(
         from_session,
         session,
     } = crate::session::InProcess::start_as(paths, config, launch);
-    let bridge = Bridge::new(codex, link, mode);
+    let bridge = CodexBridge::new(codex, link, mode);
     let bridged = crate::tasks::spawn(bridge.clone().run(incoming, from_session));
     Running {
         bridge,
@@ -111,7 +111,7 @@ fn start_as(
 }
 
 impl Running {
-    pub fn bridge(&self) -> &Arc<Bridge> {
+    pub fn bridge(&self) -> &Arc<CodexBridge> {
         &self.bridge
     }
 

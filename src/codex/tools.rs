@@ -12,8 +12,8 @@
 //! project is refused, and the tool's answer says why).
 //!
 //! The socket lies in a 0700 folder of the relay's, and both ends check
-//! that the other runs as the same user. The MCP lifecycle is Claude
-//! Code's server's (`crate::claude::mcp`), its `send_file` tool the same.
+//! that the other runs as the same user. The MCP server is the one Claude
+//! Code's tools run on (`crate::mcp`), its `send_file` tool the same.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -24,9 +24,9 @@ use serde_json::{Value, json};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::bridge::{Bridge, SEND_FILE_WAIT};
-use crate::claude::mcp as shared;
+use super::bridge::CodexBridge;
 use crate::host::{HostLink, OutboundError, RpcError, Service, encode_result};
+use crate::mcp::{SEND_FILE_WAIT, send_file_params, send_file_tool, sent_text, tool_result};
 use crate::protocol::host::{FILE_NOT_SENT, SendFileParams, SendFileResult, method};
 
 /// The MCP server's name in Codex's configuration: the model sees its
@@ -123,7 +123,7 @@ impl Offer {
     }
 
     /// Serves the tool for `bridge`'s session.
-    pub fn serve(&mut self, bridge: Arc<Bridge>) {
+    pub fn serve(&mut self, bridge: Arc<CodexBridge>) {
         if let Some(listener) = self.listener.take() {
             self.serving = Some(serve(listener, bridge));
         }
@@ -142,7 +142,7 @@ impl Drop for Offer {
 
 /// Serves the tool's connections for `bridge`'s session until aborted
 /// (which ends the connections too).
-pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
+pub fn serve(listener: UnixListener, bridge: Arc<CodexBridge>) -> JoinHandle<()> {
     crate::tasks::spawn(async move {
         let mut connections = JoinSet::new();
         loop {
@@ -169,22 +169,12 @@ pub fn serve(listener: UnixListener, bridge: Arc<Bridge>) -> JoinHandle<()> {
 }
 
 fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
-    // SAFETY: geteuid(2) cannot fail and touches nothing.
-    let me = unsafe { libc::geteuid() };
-    let uid = stream.peer_cred()?.uid();
-    if uid == me {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("the other end runs as uid {uid}, not as you (uid {me})"),
-        ))
-    }
+    crate::bus::election::check_peer_uid(Some(stream.peer_cred()?.uid()), "the tool socket")
 }
 
 /// The relay's end of one connection: `file/send` to the session.
 struct Desk {
-    bridge: Arc<Bridge>,
+    bridge: Arc<CodexBridge>,
 }
 
 impl Service for Desk {
@@ -234,7 +224,7 @@ where
         .await
         .map_err(|_| io::Error::other("the relay's connection did not start"))?;
     let served = crate::host::serve_service(input, output, move |_| {
-        Arc::new(Tools { relay: relay_link })
+        crate::mcp::McpServer::new(CodexTools { relay: relay_link })
     })
     .await;
     relay.abort();
@@ -256,21 +246,35 @@ impl Service for Quiet {
     fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
 }
 
-/// The MCP server Codex talks to.
-struct Tools {
+/// The tool Codex calls, on the relay's MCP server.
+struct CodexTools {
     relay: HostLink,
 }
 
-impl Tools {
+impl crate::mcp::Tools for CodexTools {
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
+
+    fn list(&self) -> Value {
+        json!([send_file_tool()])
+    }
+
+    async fn call(&self, name: &str, args: Value) -> Option<Value> {
+        if name != "send_file" {
+            return None;
+        }
+        Some(tool_result(self.send_file(args).await))
+    }
+}
+
+impl CodexTools {
     async fn send_file(&self, args: Value) -> Result<String, String> {
-        let params: SendFileParams =
-            serde_json::from_value(args).map_err(|e| format!("send_file: {e}"))?;
+        let params = send_file_params(args)?;
         let sent: Result<SendFileResult, _> = self
             .relay
             .request(method::FILE_SEND, &params, SEND_FILE_WAIT)
             .await;
         match sent {
-            Ok(sent) => Ok(shared::sent_text(&params, &sent)),
+            Ok(sent) => Ok(sent_text(&params, &sent)),
             Err(OutboundError::Rpc { message, .. }) => Err(format!("Not sent: {message}")),
             Err(OutboundError::Closed) => {
                 Err("Not sent: the relay beside this Codex is gone.".into())
@@ -278,44 +282,6 @@ impl Tools {
             Err(e) => Err(format!("Not sent: {e}")),
         }
     }
-}
-
-impl Service for Tools {
-    async fn call(
-        self: Arc<Self>,
-        method: String,
-        params: Option<Box<RawValue>>,
-    ) -> Result<Box<RawValue>, RpcError> {
-        let params = shared::tree(params.as_deref())?;
-        let result = match method.as_str() {
-            "initialize" => json!({
-                "protocolVersion": shared::protocol_version(&params),
-                "capabilities": {"tools": {"listChanged": false}},
-                "serverInfo": {"name": "agent-relay", "version": env!("CARGO_PKG_VERSION")},
-                "instructions": INSTRUCTIONS,
-            }),
-            "ping" => json!({}),
-            "tools/list" => json!({"tools": [shared::send_file_tool()]}),
-            "tools/call" => match params["name"].as_str() {
-                Some("send_file") => {
-                    let args = params.get("arguments").cloned().unwrap_or(json!({}));
-                    shared::tool_result(self.send_file(args).await)
-                }
-                other => {
-                    return Err(RpcError::invalid_params(format!(
-                        "Unknown tool: {}",
-                        other.unwrap_or_default()
-                    )));
-                }
-            },
-            _ => {
-                return Err(RpcError::method_not_found(&method));
-            }
-        };
-        encode_result(&result)
-    }
-
-    fn notify(&self, _method: &str, _params: Option<Box<RawValue>>) {}
 }
 
 #[cfg(test)]

@@ -331,19 +331,28 @@ pub struct ServerRequestResolved {
     pub request_id: Value,
 }
 
+/// What Codex's three approval requests share: whose call it is, and why
+/// the model wants it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAsked {
+    pub thread_id: String,
+    pub turn_id: String,
+    pub item_id: String,
+    /// Why the model wants it (its `justification`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// `item/commandExecution/requestApproval` params.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandApproval {
-    pub thread_id: String,
-    pub turn_id: String,
-    pub item_id: String,
+    #[serde(flatten)]
+    pub asked: ApprovalAsked,
     /// The whole command line, e.g. `/bin/bash -lc 'touch x'`.
     #[serde(default)]
     pub command: Option<String>,
-    /// Why the model wants it (its `justification`).
-    #[serde(default)]
-    pub reason: Option<String>,
     /// The parsed command, for showing: `[{type, command, …}]`.
     #[serde(default)]
     pub command_actions: Vec<CommandAction>,
@@ -360,11 +369,8 @@ pub struct CommandAction {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FileChangeApproval {
-    pub thread_id: String,
-    pub turn_id: String,
-    pub item_id: String,
-    #[serde(default)]
-    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub asked: ApprovalAsked,
     /// Writes under this folder for the rest of the session.
     #[serde(default)]
     pub grant_root: Option<String>,
@@ -374,11 +380,8 @@ pub struct FileChangeApproval {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PermissionsApproval {
-    pub thread_id: String,
-    pub turn_id: String,
-    pub item_id: String,
-    #[serde(default)]
-    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub asked: ApprovalAsked,
     /// What is asked for (`fileSystem`, `network`), granted as it is.
     #[serde(default)]
     pub permissions: Value,

@@ -36,11 +36,16 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use super::{AppServer, AppServerError, Mode};
+use crate::backoff::Backoff;
 use crate::config::{Config, ConfigError};
 use crate::paths::{Missing, Paths, UntrustedPath};
+use crate::sys;
 
 /// How long Codex's app-server may take to listen.
 const LISTEN_WAIT: Duration = Duration::from_secs(30);
+/// The first wait before connecting again to an app-server not listening
+/// yet; the waits double up to eight times that.
+const LISTEN_RETRY: Duration = Duration::from_millis(50);
 /// How long the TUI has to quit after a signal went on to it, and the
 /// app-server after SIGTERM, before SIGKILL.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);
@@ -191,13 +196,7 @@ fn codex(program: &Path) -> Command {
         .env_clear()
         .envs(crate::config::child_env(std::env::vars_os()))
         .kill_on_drop(true);
-    // SAFETY: prctl(2) is async-signal-safe and touches only the child.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
-    }
+    crate::sys::dies_with_parent(&mut command);
     command
 }
 
@@ -234,6 +233,7 @@ async fn connect(
     WrapperError,
 > {
     let deadline = Instant::now() + LISTEN_WAIT;
+    let mut retry = Backoff::new(LISTEN_RETRY, LISTEN_RETRY * 8);
     loop {
         if let Ok(Some(status)) = server.try_wait() {
             return Err(WrapperError::AppServerExited {
@@ -248,7 +248,7 @@ async fn connect(
             Err(AppServerError::Connect { .. }) if Instant::now() < deadline => {
                 // Not listening yet: Codex binds the socket after its
                 // start-up (a fraction of a second).
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(retry.step()).await;
             }
             Err(AppServerError::Connect { .. }) => {
                 return Err(WrapperError::NotListening {
@@ -272,9 +272,9 @@ async fn wait_tui(tui: &mut Child) -> Result<std::process::ExitStatus, WrapperEr
             status = tui.wait() => {
                 return status.map_err(|source| WrapperError::Spawn { program: "codex".into(), source });
             }
-            _ = terminate.recv() => libc::SIGTERM,
-            _ = interrupt.recv() => libc::SIGINT,
-            _ = hangup.recv() => libc::SIGHUP,
+            _ = terminate.recv() => sys::SIGTERM,
+            _ = interrupt.recv() => sys::SIGINT,
+            _ = hangup.recv() => sys::SIGHUP,
             () = sleep_until(kill_at) => {
                 tracing::warn!("Codex did not quit after a signal; killing it");
                 let _ = tui.start_kill();
@@ -284,8 +284,7 @@ async fn wait_tui(tui: &mut Child) -> Result<std::process::ExitStatus, WrapperEr
         };
         tracing::info!(signal = passed, "passing a signal on to Codex");
         if let Some(pid) = tui.id() {
-            // SAFETY: kill(2) on our own child, not reaped yet.
-            unsafe { libc::kill(pid as i32, passed) };
+            sys::signal(pid, passed);
         }
         kill_at.get_or_insert(Instant::now() + STOP_WAIT);
     }
@@ -304,15 +303,13 @@ async fn stop_app_server(server: &mut Child) {
     let Some(pid) = server.id() else {
         return;
     };
-    // SAFETY: kill(2) on the process group our child leads.
-    unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
+    sys::signal_group(pid, sys::SIGTERM);
     if tokio::time::timeout(STOP_WAIT, server.wait())
         .await
         .is_err()
     {
         tracing::warn!("Codex's app-server did not stop; killing it");
-        // SAFETY: as above.
-        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        sys::signal_group(pid, sys::SIGKILL);
         let _ = server.wait().await;
     }
 }
@@ -320,7 +317,7 @@ async fn stop_app_server(server: &mut Child) {
 /// The terminal as it was before the TUI took it, to put back when the TUI
 /// died without doing so itself.
 struct Terminal {
-    termios: Option<libc::termios>,
+    mode: Option<sys::TerminalMode>,
 }
 
 /// What Codex's TUI (0.171) switches on, switched off again: the kitty
@@ -330,23 +327,17 @@ const TERMINAL_RESET: &str = "\x1b[<u\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006
 
 impl Terminal {
     fn save() -> Self {
-        // SAFETY: tcgetattr(3) fills the struct it is given, or fails when
-        // stdin is no terminal.
-        let termios = unsafe {
-            let mut termios = std::mem::zeroed::<libc::termios>();
-            (libc::tcgetattr(libc::STDIN_FILENO, &mut termios) == 0).then_some(termios)
-        };
-        Self { termios }
+        Self {
+            mode: sys::TerminalMode::save(),
+        }
     }
 
     fn restore(&self) {
-        let Some(termios) = &self.termios else {
+        let Some(mode) = &self.mode else {
             return;
         };
-        // SAFETY: the settings tcgetattr(3) gave for the same terminal.
-        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, termios) };
-        // SAFETY: isatty(3) only asks.
-        if unsafe { libc::isatty(libc::STDOUT_FILENO) } == 1 {
+        mode.apply();
+        if sys::stdout_is_terminal() {
             use std::io::Write as _;
             let mut stdout = std::io::stdout();
             let _ = stdout.write_all(TERMINAL_RESET.as_bytes());
@@ -399,14 +390,11 @@ fn clean_stale_folders(runtime: &Path) {
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix("codex-"))
-            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
-        // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0
-            || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
-        if !alive {
+        if !sys::exists(pid) {
             remove_folder(&entry.path());
         }
     }
@@ -420,8 +408,8 @@ mod tests {
     fn the_exit_code_is_the_tuis_or_the_signal_that_ended_it() {
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(
-            exit_code(std::process::ExitStatus::from_raw(libc::SIGTERM)),
-            128 + libc::SIGTERM
+            exit_code(std::process::ExitStatus::from_raw(sys::SIGTERM)),
+            128 + sys::SIGTERM
         );
     }
 

@@ -325,27 +325,8 @@ async fn start(
         source,
     };
     let cwd = home.join("work").join(agent.name);
-    let mut command = Command::new(exe);
-    command
-        .arg("stdio")
-        .env("AGENT_RELAY_HOME", home)
-        .env("TELEGRAM_BOT_TOKEN", server.api().token())
-        .env("AGENT_RELAY_CHAT_ID", CHAT.to_string())
-        .env("AGENT_RELAY_ALLOWED_USERS", USER.to_string())
-        .env("AGENT_RELAY_API_URL", server.url());
-    // The fake is on 127.0.0.1; a proxy from the user's shell would only
-    // stand in the way.
-    for proxy in [
-        "http_proxy",
-        "HTTP_PROXY",
-        "https_proxy",
-        "HTTPS_PROXY",
-        "all_proxy",
-        "ALL_PROXY",
-    ] {
-        command.env_remove(proxy);
-    }
-    let (sidecar, incoming) = Sidecar::spawn(command).map_err(host_error)?;
+    let (sidecar, incoming) =
+        Sidecar::spawn(sidecar_command(exe, server, home)).map_err(host_error)?;
     transcript.line(format_args!(
         "▶ session {} starts (pid {})",
         agent.name,
@@ -388,8 +369,47 @@ async fn start(
         .map_err(host_error)?;
     await_view(session, "never connected to the relay", View::connected).await?;
 
+    let topic = await_topic(server, agent).await?;
+    transcript.line(format_args!(
+        "🗂  topic “{}” created for session {}",
+        topic.name, agent.name
+    ));
+    session.topic = Some(topic);
+    Ok(())
+}
+
+/// `agent-relay stdio` of the demo's home, on the fake's bot.
+fn sidecar_command(exe: &Path, server: &FakeServer, home: &Path) -> Command {
+    let mut command = Command::new(exe);
+    command
+        .arg("stdio")
+        .env("AGENT_RELAY_HOME", home)
+        .env("TELEGRAM_BOT_TOKEN", server.api().token())
+        .env("AGENT_RELAY_CHAT_ID", CHAT.to_string())
+        .env("AGENT_RELAY_ALLOWED_USERS", USER.to_string())
+        .env("AGENT_RELAY_API_URL", server.url());
+    // The fake is on 127.0.0.1; a proxy from the user's shell would only
+    // stand in the way.
+    for proxy in [
+        "http_proxy",
+        "HTTP_PROXY",
+        "https_proxy",
+        "HTTPS_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ] {
+        command.env_remove(proxy);
+    }
+    command
+}
+
+/// The topic of `agent`'s session, once the fake has it.
+async fn await_topic(
+    server: &FakeServer,
+    agent: &Agent,
+) -> Result<crate::fake_bot_api::TopicInfo, DemoError> {
     let suffix = format!("· {}", agent.name);
-    let topic = server
+    server
         .api()
         .wait_until(
             |api| {
@@ -403,13 +423,7 @@ async fn start(
         .map_err(|_| DemoError::Timeout {
             what: format!("session {} never got a topic", agent.name),
             after: STEP,
-        })?;
-    transcript.line(format_args!(
-        "🗂  topic “{}” created for session {}",
-        topic.name, agent.name
-    ));
-    session.topic = Some(topic);
-    Ok(())
+        })
 }
 
 /// The simulated host of one session: reports status lines, takes every

@@ -141,7 +141,16 @@ async fn answer_bot_call(
         Ok(params) => params,
         Err(error) => return telegram_answer(Err(error)),
     };
-    let fault = api.mutate(|inner| {
+    match take_fault(api, seq, method) {
+        None => telegram_answer(methods::dispatch(api, method, &params, &uploads).await),
+        Some(fault) => answer_with_fault(api, fault, method, &params, &uploads).await,
+    }
+}
+
+/// The fault set for the next `method` call, if any, noted on call `seq`'s
+/// record.
+fn take_fault(api: &FakeBotApi, seq: u64, method: &str) -> Option<Fault> {
+    api.mutate(|inner| {
         let fault = inner.take_fault(method);
         if let (Some(fault), Some(record)) = (
             &fault,
@@ -152,14 +161,24 @@ async fn answer_bot_call(
             record.fault = Some(format!("{fault:?}"));
         }
         fault
-    });
+    })
+}
+
+/// A call answered as `fault` says: an error, a delay, a hang, a broken
+/// body, or the answer cut in half.
+async fn answer_with_fault(
+    api: &FakeBotApi,
+    fault: Fault,
+    method: &'static str,
+    params: &Value,
+    uploads: &Uploads,
+) -> (Response, u16, bool) {
     let shutdown = api.shared.shutdown.clone();
     match fault {
-        None => telegram_answer(methods::dispatch(api, method, &params, &uploads).await),
-        Some(Fault::TooManyRequests { retry_after }) => {
+        Fault::TooManyRequests { retry_after } => {
             telegram_answer(Err(ApiError::too_many_requests(retry_after)))
         }
-        Some(Fault::ServerError { code }) => {
+        Fault::ServerError { code } => {
             let description = match code {
                 502 => "Bad Gateway",
                 503 => "Service Unavailable",
@@ -168,19 +187,19 @@ async fn answer_bot_call(
             };
             telegram_answer(Err(ApiError::new(code, description)))
         }
-        Some(Fault::Delay(delay)) => {
+        Fault::Delay(delay) => {
             tokio::select! {
-                () = tokio::time::sleep(delay) => telegram_answer(methods::dispatch(api, method, &params, &uploads).await),
+                () = tokio::time::sleep(delay) => telegram_answer(methods::dispatch(api, method, params, uploads).await),
                 () = shutdown.cancelled() => telegram_answer(Err(ApiError::new(503, "Service Unavailable"))),
             }
         }
-        Some(Fault::Hang) => {
+        Fault::Hang => {
             // Hangs until the client gives up; the server's shutdown must still
             // be able to finish, so it ends the hang.
             shutdown.cancelled().await;
             telegram_answer(Err(ApiError::new(503, "Service Unavailable")))
         }
-        Some(Fault::GarbageBody) => (
+        Fault::GarbageBody => (
             raw_answer(
                 200,
                 "text/html",
@@ -189,8 +208,8 @@ async fn answer_bot_call(
             200,
             false,
         ),
-        Some(Fault::TruncatedJson) => {
-            let (status, body) = match methods::dispatch(api, method, &params, &uploads).await {
+        Fault::TruncatedJson => {
+            let (status, body) = match methods::dispatch(api, method, params, uploads).await {
                 Ok(result) => (200, json!({"ok": true, "result": result})),
                 Err(error) => (error.code, error.json()),
             };
@@ -205,20 +224,18 @@ async fn answer_bot_call(
                 false,
             )
         }
-        Some(Fault::Conflict) => telegram_answer(Err(ApiError::conflict())),
-        Some(Fault::BadRequest { description }) => {
-            telegram_answer(Err(ApiError::new(400, description)))
-        }
-        Some(Fault::Deaf { immediately }) if method == "getUpdates" => {
+        Fault::Conflict => telegram_answer(Err(ApiError::conflict())),
+        Fault::BadRequest { description } => telegram_answer(Err(ApiError::new(400, description))),
+        Fault::Deaf { immediately } if method == "getUpdates" => {
             let hearing = if immediately {
                 Hearing::DeafAtOnce
             } else {
                 Hearing::Deaf
             };
-            telegram_answer(methods::get_updates(api, &params, hearing).await)
+            telegram_answer(methods::get_updates(api, params, hearing).await)
         }
-        Some(Fault::Deaf { .. }) => {
-            telegram_answer(methods::dispatch(api, method, &params, &uploads).await)
+        Fault::Deaf { .. } => {
+            telegram_answer(methods::dispatch(api, method, params, uploads).await)
         }
     }
 }

@@ -18,6 +18,7 @@ use tokio_util::codec::FramedRead;
 
 use super::engine::{EngineError, Exit};
 use crate::framing::{Frame, LineCodec};
+use crate::sys;
 
 /// The umask agents get: the one `serve` was started with, not the
 /// relay's own 077 (an agent's files are the project's, not the relay's).
@@ -90,22 +91,14 @@ pub(super) fn spawn(
         // Its own group: Ctrl-C at `serve`'s terminal is `serve`'s to
         // handle, and ending an agent reaches what it started.
         .process_group(0);
-    let umask = AGENT_UMASK.load(std::sync::atomic::Ordering::Relaxed) as libc::mode_t;
-    // SAFETY: umask and prctl are async-signal-safe and touch only the
-    // child being made.
-    unsafe {
-        command.pre_exec(move || {
-            libc::umask(umask);
-            // Dies with `serve` (Linux): the thread that forks is serve's
-            // one runtime thread (serve runs a current-thread runtime), so
-            // the signal follows the process, not a worker thread.
-            #[cfg(target_os = "linux")]
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    sys::with_umask(
+        &mut command,
+        AGENT_UMASK.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    // Dies with `serve`: the thread that forks is serve's one runtime
+    // thread (serve runs a current-thread runtime), so the signal follows
+    // the process, not a worker thread.
+    sys::dies_with_parent(&mut command);
     let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
     let pid = child.id().unwrap_or_default();
     let (Some(stdin), Some(stdout), Some(stderr)) =
@@ -231,24 +224,10 @@ pub(super) async fn end(child: &mut Child, pid: u32, stderr: &StderrTail) -> Exi
     if let Ok(exit) = tokio::time::timeout(LEAVE, exit_of(child, stderr)).await {
         return exit;
     }
-    signal_group(pid, libc::SIGTERM);
+    sys::signal_group(pid, sys::SIGTERM);
     if let Ok(exit) = tokio::time::timeout(TERM, exit_of(child, stderr)).await {
         return exit;
     }
-    signal_group(pid, libc::SIGKILL);
+    sys::signal_group(pid, sys::SIGKILL);
     exit_of(child, stderr).await
-}
-
-fn signal_group(pid: u32, signal: i32) {
-    let Ok(group) = i32::try_from(pid) else {
-        return;
-    };
-    if group <= 0 {
-        return;
-    }
-    // SAFETY: killpg has no memory preconditions; the group is the agent's
-    // own (spawned with process_group(0)).
-    unsafe {
-        libc::killpg(group, signal);
-    }
 }

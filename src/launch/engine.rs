@@ -37,6 +37,13 @@
 //! The process is `serve`'s child, in its own process group, ended with
 //! `serve` (`SIGTERM` when `serve` dies, Linux). Ending is: the input
 //! closed, 10 s, then `SIGTERM` to the group, 5 s, then `SIGKILL`.
+//!
+//! What every engine does alike is `super::starting`'s: spawning the
+//! process, ending it when start-up fails (the error with its stderr),
+//! serving the controls until it ends, and the end in one order. An
+//! engine's file names what differs: its command line, how it gets going
+//! on the pipes, what closes its input and what ends after it, and how it
+//! answers the model questions (a `Driver`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;

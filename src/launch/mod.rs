@@ -12,7 +12,9 @@
 //!   (`pi.rs`, `claude.rs`, `codex.rs`).
 //! * [`place`] — where agents may run: `[launch] roots`, links and owners.
 //! * [`env`] — the environment a launched agent gets.
-//! * `child` — spawning an agent's process and ending it; `hosted` — a
+//! * `child` — spawning an agent's process and ending it; `starting` —
+//!   an agent from its spawn to its end, the same for every engine (a
+//!   failed start-up reported, the controls served); `hosted` — a
 //!   relay session in `serve`'s own process for an engine whose agent has
 //!   no relay extension of its own (Claude Code), which the engine plays
 //!   host to; Codex's engine has the same from `crate::codex`, whose
@@ -30,5 +32,6 @@ mod hosted;
 pub mod place;
 pub mod serve;
 pub mod service;
+mod starting;
 
 pub use child::set_agent_umask;

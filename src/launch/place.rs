@@ -106,8 +106,7 @@ pub fn resolve(
             }
         });
     }
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::sys::euid();
     if meta.uid() != me {
         return Err(Refused::NotYours {
             folder: resolved,
@@ -186,8 +185,7 @@ mod tests {
 
     #[test]
     fn a_folder_of_another_user_is_refused() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if crate::sys::euid() != 0 {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -68,7 +68,6 @@ pub(super) fn spawn(leader: &Leader) {
 }
 
 fn detached(exe: PathBuf) -> std::io::Result<u32> {
-    use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let mut command = Command::new(exe);
     command
@@ -76,17 +75,8 @@ fn detached(exe: PathBuf) -> std::io::Result<u32> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: setsid is async-signal-safe and touches nothing of the
-    // parent's; it puts the drain out of reach of signals sent to the
-    // host's process group.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // Out of reach of the signals sent to the host's process group.
+    crate::sys::own_session(&mut command);
     let child = command.spawn()?;
     // Not waited for: when this process exits first, init reaps it.
     Ok(child.id())

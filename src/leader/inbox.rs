@@ -119,7 +119,7 @@ impl FileInbox {
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(crate::sys::O_NOFOLLOW)
             .open(&path)?;
         Ok((path, file))
     }

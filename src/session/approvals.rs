@@ -108,12 +108,45 @@ impl Session {
         if self.grants().holds(&request.tool) {
             return result(Decision::Allow, DecidedBy::Grant, None);
         }
+        let question = self.approval_question(request, policy, &reason).await;
+        // The progress shows the call as waiting, not running, until the
+        // person (or the timeout) decides; the approval message asks.
+        let step = |asked| {
+            ToTopic::Approval(ApprovalStep {
+                call_id: request.tool_call_id.clone(),
+                name: request.tool.clone(),
+                argument: super::in_short(&request.input),
+                asked,
+            })
+        };
+        self.send_out(step(Asked::Waiting));
+        let decided = self
+            .ask_person_to_approve(request, question, policy.grant)
+            .await;
+        self.send_out(step(match decided.decision {
+            Decision::Deny => Asked::Denied,
+            // The host's own dialog decides a deferred call: it shows as
+            // running until the host says how it ended.
+            Decision::Allow | Decision::Defer => Asked::Allowed,
+        }));
+        decided
+    }
+
+    /// The question about `request`, asked because of `reason`: the call
+    /// shown as its bytes are, Allow / Deny / Allow for a while, and the
+    /// host's own dialog as the answer elsewhere.
+    async fn approval_question(
+        &self,
+        request: &ApprovalParams,
+        policy: &policy::Policy,
+        reason: &Reason,
+    ) -> Question<Approval> {
         let wait = span(policy.timeout);
         let grant_minutes = policy.grant.as_secs() / 60;
         // Whatever the agent named is shown as its bytes are (see
         // `visible`): the tool, the path, the call.
         let tool = reveal(&request.tool).into_owned();
-        let why = match &reason {
+        let why = match reason {
             Reason::Tool => String::new(),
             Reason::Command(pattern) => format!(
                 " (the command matches <code>{}</code>)",
@@ -129,7 +162,7 @@ impl Session {
             Some(whole) => self.show_whole(&tool, whole).await,
             None => String::new(),
         };
-        let question = Question {
+        Question {
             title: format!("Allow {tool}?"),
             html: format!(
                 "🔐 <b>{}</b> wants to run{why}:\n<pre>{}</pre>{cut}\nNo answer in {wait} denies it.",
@@ -161,28 +194,7 @@ impl Session {
                         Some(Decision::Defer) | None => None,
                     }),
             )),
-        };
-        // The progress shows the call as waiting, not running, until the
-        // person (or the timeout) decides; the approval message asks.
-        let step = |asked| {
-            ToTopic::Approval(ApprovalStep {
-                call_id: request.tool_call_id.clone(),
-                name: request.tool.clone(),
-                argument: super::in_short(&request.input),
-                asked,
-            })
-        };
-        self.send_out(step(Asked::Waiting));
-        let decided = self
-            .ask_person_to_approve(request, question, policy.grant)
-            .await;
-        self.send_out(step(match decided.decision {
-            Decision::Deny => Asked::Denied,
-            // The host's own dialog decides a deferred call: it shows as
-            // running until the host says how it ended.
-            Decision::Allow | Decision::Defer => Asked::Allowed,
-        }));
-        decided
+        }
     }
 
     /// Asks `question` about `request` and makes the person's answer the

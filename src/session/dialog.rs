@@ -288,128 +288,206 @@ impl Session {
     /// once, whatever the phone's message waits for (the chat's budget may
     /// hold it a minute), and the deadline decides on time: a phone message
     /// still on its way then is closed when it is out, by a task of its own.
-    pub(super) async fn ask_person<C: Copy + PartialEq>(
-        &self,
-        mut question: Question<C>,
-    ) -> Answer<C> {
+    pub(super) async fn ask_person<C: Copy + PartialEq>(&self, question: Question<C>) -> Answer<C> {
+        let mut asking = Asking::start(self, question).await;
+        loop {
+            let happened = asking.next().await;
+            if let Some(answer) = asking.decide(happened).await {
+                return answer;
+            }
+        }
+    }
+}
+
+/// One question on its way to the person: the phone's message (being
+/// posted, then waited for), the terminal's dialog and the host's own
+/// (`elsewhere`), raced against the deadline.
+struct Asking<'s, C> {
+    session: &'s Session,
+    options: Options<C>,
+    timeout_outcome: String,
+    deadline: Instant,
+    member: Option<Arc<Member>>,
+    /// The phone's message on its way out.
+    posting: Option<tokio::task::JoinHandle<Result<Posted, MemberError>>>,
+    /// The phone's message, out, and its answer awaited.
+    phone: Option<(Posted, PhoneAnswer)>,
+    terminal: Option<OpenDialog>,
+    elsewhere: Option<Elsewhere<C>>,
+    /// Why the phone cannot be asked, once that is known.
+    why_not_phone: Option<String>,
+}
+
+/// What happened next to a question.
+enum Happened<C> {
+    Posted(Result<Result<Posted, MemberError>, tokio::task::JoinError>),
+    PhoneAnswered(Result<AskAnswer, MemberError>),
+    TerminalSaid(Result<SelectResult, crate::host::OutboundError>),
+    Elsewhere(Option<C>),
+    Deadline,
+    /// Nothing is left that could answer.
+    NobodyLeft,
+}
+
+impl<'s, C: Copy + PartialEq> Asking<'s, C> {
+    /// Starts posting on the phone and opens the terminal's dialog.
+    async fn start(session: &'s Session, mut question: Question<C>) -> Self {
         let deadline = Instant::now() + question.timeout;
-        let mut elsewhere = question.elsewhere.take();
-        let member = self.member();
-        let mut posting = member.clone().map(|member| {
+        let member = session.member();
+        let posting = member.clone().map(|member| {
             let ask = ask_of(&question);
             crate::tasks::spawn(async move { post(&member, ask, deadline).await })
         });
-        let mut why_not_phone = member
-            .is_none()
-            .then(|| "this session is not on the relay".to_string());
-        let mut terminal = if self.has_ui() {
-            self.ask_terminal(&question).await
+        let terminal = if session.has_ui() {
+            session.ask_terminal(&question).await
         } else {
             None
         };
-        let mut phone: Option<(Posted, PhoneAnswer)> = None;
-        // Closes the phone's message with `outcome` once it is out; the
-        // phone's answer when it came first.
-        let close_now_or_later = |posting: &mut Option<tokio::task::JoinHandle<_>>,
-                                  phone: &mut Option<(Posted, PhoneAnswer)>,
-                                  outcome: String| {
-            let member = member.clone();
-            let posting = posting.take();
-            let posted = phone.take().map(|(posted, _)| posted);
-            async move {
-                let member = member?;
-                if let Some(posted) = posted {
-                    return close(&member, &posted, &outcome).await;
-                }
-                let posting = posting?;
-                crate::tasks::spawn(async move {
-                    if let Ok(Ok(posted)) = posting.await {
-                        close(&member, &posted, &outcome).await;
+        Self {
+            session,
+            deadline,
+            why_not_phone: member
+                .is_none()
+                .then(|| "this session is not on the relay".to_string()),
+            member,
+            posting,
+            phone: None,
+            terminal,
+            elsewhere: question.elsewhere.take(),
+            options: question.options,
+            timeout_outcome: question.timeout_outcome,
+        }
+    }
+
+    /// Waits for the next thing to happen to the question.
+    async fn next(&mut self) -> Happened<C> {
+        let Self {
+            posting,
+            phone,
+            terminal,
+            elsewhere,
+            deadline,
+            ..
+        } = self;
+        if posting.is_none() && phone.is_none() && terminal.is_none() {
+            return Happened::NobodyLeft;
+        }
+        tokio::select! {
+            posted = async { posting.as_mut().expect("guarded").await }, if posting.is_some() => {
+                Happened::Posted(posted)
+            }
+            answered = async { (&mut phone.as_mut().expect("guarded").1).await }, if phone.is_some() => {
+                Happened::PhoneAnswered(answered)
+            }
+            said = async { (&mut terminal.as_mut().expect("guarded").said).await }, if terminal.is_some() => {
+                Happened::TerminalSaid(said)
+            }
+            resolved = async { elsewhere.as_mut().expect("guarded").await }, if elsewhere.is_some() => {
+                Happened::Elsewhere(resolved)
+            }
+            () = tokio::time::sleep_until(*deadline) => Happened::Deadline,
+        }
+    }
+
+    /// What `happened` decides: the answer, once there is one.
+    async fn decide(&mut self, happened: Happened<C>) -> Option<Answer<C>> {
+        match happened {
+            Happened::Posted(posted) => {
+                self.posting = None;
+                match posted {
+                    Ok(Ok(posted)) => {
+                        let waiting = wait_phone_owned(self.member.clone(), &posted, self.deadline);
+                        self.phone = Some((posted, waiting));
                     }
-                });
+                    Ok(Err(e)) => {
+                        self.why_not_phone = Some(format!("the phone cannot be asked: {e}"))
+                    }
+                    Err(e) => self.why_not_phone = Some(format!("the phone cannot be asked: {e}")),
+                }
                 None
             }
-        };
-        loop {
-            if posting.is_none() && phone.is_none() && terminal.is_none() {
-                let why = why_not_phone.take().unwrap_or_default();
-                return Answer::Nothing(DecidedBy::Unavailable, why);
+            Happened::PhoneAnswered(Ok(answer)) => {
+                self.cancel_terminal();
+                Some(from_phone(&self.options, answer))
             }
-            tokio::select! {
-                posted = async { posting.as_mut().expect("guarded").await }, if posting.is_some() => {
-                    posting = None;
-                    match posted {
-                        Ok(Ok(posted)) => {
-                            let waiting = wait_phone_owned(member.clone(), &posted, deadline);
-                            phone = Some((posted, waiting));
-                        }
-                        Ok(Err(e)) => why_not_phone = Some(format!("the phone cannot be asked: {e}")),
-                        Err(e) => why_not_phone = Some(format!("the phone cannot be asked: {e}")),
-                    }
-                },
-                answered = async { (&mut phone.as_mut().expect("guarded").1).await }, if phone.is_some() => match answered {
-                    Ok(answer) => {
-                        if let Some(t) = terminal.take() {
-                            self.host.cancel(t.id);
-                        }
-                        break from_phone(&question.options, answer);
-                    }
-                    // The phone's side failed for good; the terminal may
-                    // still answer.
-                    Err(e) => {
-                        tracing::warn!("waiting for the phone's answer failed: {e}");
-                        phone = None;
-                        why_not_phone = Some(e.to_string());
-                    }
-                },
-                said = async { (&mut terminal.as_mut().expect("guarded").said).await }, if terminal.is_some() => {
-                    terminal = None;
-                    let at_terminal = from_terminal(&question.options, said, deadline);
-                    if matches!(at_terminal, Answer::Nothing(..)) {
-                        // The terminal could not be asked after all: wait
-                        // for the phone alone.
-                        continue;
-                    }
-                    let outcome = match &at_terminal {
-                        Answer::Choice { choice, .. } => format!(
-                            "{} — at the terminal",
-                            question.options.label(*choice).unwrap_or("?")
-                        ),
-                        Answer::Text { text, .. } => format!("“{text}” — at the terminal"),
-                        _ => "✖ Dismissed at the terminal".to_string(),
-                    };
-                    // The phone may have answered a moment earlier: then
-                    // its answer stands, and the close says so.
-                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
-                        Some(phone) => break from_phone(&question.options, phone),
-                        None => break at_terminal,
-                    }
-                },
-                resolved = async { elsewhere.as_mut().expect("guarded").await }, if elsewhere.is_some() => {
-                    if let Some(t) = terminal.take() {
-                        self.host.cancel(t.id);
-                    }
-                    let outcome = match resolved.and_then(|c| question.options.label(c)) {
-                        Some(label) => format!("⌨️ {label} — at the terminal"),
-                        None => "⌨️ Answered at the terminal".to_string(),
-                    };
-                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
-                        Some(phone) => break from_phone(&question.options, phone),
-                        None => break Answer::Elsewhere(resolved),
-                    }
-                },
-                () = tokio::time::sleep_until(deadline) => {
-                    if let Some(t) = terminal.take() {
-                        self.host.cancel(t.id);
-                    }
-                    let outcome = question.timeout_outcome.clone();
-                    match close_now_or_later(&mut posting, &mut phone, outcome).await {
-                        Some(phone) => break from_phone(&question.options, phone),
-                        None => break Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into()),
-                    }
-                },
+            // The phone's side failed for good; the terminal may still
+            // answer.
+            Happened::PhoneAnswered(Err(e)) => {
+                tracing::warn!("waiting for the phone's answer failed: {e}");
+                self.phone = None;
+                self.why_not_phone = Some(e.to_string());
+                None
+            }
+            Happened::TerminalSaid(said) => self.said_at_terminal(said).await,
+            Happened::Elsewhere(resolved) => {
+                self.cancel_terminal();
+                let outcome = match resolved.and_then(|c| self.options.label(c)) {
+                    Some(label) => format!("⌨️ {label} — at the terminal"),
+                    None => "⌨️ Answered at the terminal".to_string(),
+                };
+                Some(self.closed(outcome, Answer::Elsewhere(resolved)).await)
+            }
+            Happened::Deadline => {
+                self.cancel_terminal();
+                let outcome = self.timeout_outcome.clone();
+                let nobody = Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into());
+                Some(self.closed(outcome, nobody).await)
+            }
+            Happened::NobodyLeft => {
+                let why = self.why_not_phone.take().unwrap_or_default();
+                Some(Answer::Nothing(DecidedBy::Unavailable, why))
             }
         }
+    }
+
+    /// The terminal's dialog answered; if it could not be asked after all,
+    /// the phone alone is waited for.
+    async fn said_at_terminal(
+        &mut self,
+        said: Result<SelectResult, crate::host::OutboundError>,
+    ) -> Option<Answer<C>> {
+        self.terminal = None;
+        let at_terminal = from_terminal(&self.options, said, self.deadline);
+        let outcome = match &at_terminal {
+            Answer::Nothing(..) => return None,
+            Answer::Choice { choice, .. } => format!(
+                "{} — at the terminal",
+                self.options.label(*choice).unwrap_or("?")
+            ),
+            Answer::Text { text, .. } => format!("“{text}” — at the terminal"),
+            _ => "✖ Dismissed at the terminal".to_string(),
+        };
+        Some(self.closed(outcome, at_terminal).await)
+    }
+
+    fn cancel_terminal(&mut self) {
+        if let Some(dialog) = self.terminal.take() {
+            self.session.host.cancel(dialog.id);
+        }
+    }
+
+    /// Closes the phone's message with `outcome`, now if it is out, else by
+    /// a task of its own once it is. The phone may have answered a moment
+    /// earlier: then its answer stands, and the close says so; else
+    /// `answer` does.
+    async fn closed(&mut self, outcome: String, answer: Answer<C>) -> Answer<C> {
+        let Some(member) = self.member.clone() else {
+            return answer;
+        };
+        if let Some((posted, _)) = self.phone.take() {
+            return match close(&member, &posted, &outcome).await {
+                Some(phone) => from_phone(&self.options, phone),
+                None => answer,
+            };
+        }
+        if let Some(posting) = self.posting.take() {
+            crate::tasks::spawn(async move {
+                if let Ok(Ok(posted)) = posting.await {
+                    close(&member, &posted, &outcome).await;
+                }
+            });
+        }
+        answer
     }
 }
 

@@ -618,88 +618,96 @@ impl Session {
     }
 
     async fn disconnect(self: &Arc<Self>) -> ExecuteResult {
+        let Some(member) = self.member() else {
+            return ExecuteResult::new(false, "This session is not connected to the relay.");
+        };
+        let what = match &member.watch().borrow().route {
+            Some(route) => format!("topic {}", route.topic_name),
+            None => "this session's topic".into(),
+        };
+        // Asked at the terminal and on the phone; the first answer counts.
+        // A host without dialogs is not asked (the person just typed it).
+        if self.has_ui()
+            && let Err(cancelled) = self.confirm_disconnect(&what).await
+        {
+            return cancelled;
+        }
+        let disconnected = match member.disconnect().await {
+            Ok(disconnected) => disconnected,
+            Err(e) => {
+                return ExecuteResult::new(
+                    false,
+                    format!("Topic deletion not confirmed ({e}); retry /telegram-disconnect."),
+                );
+            }
+        };
+        {
+            let mut state = self.state();
+            state.member = None;
+            state.outbound = None;
+            state.membership.cancel();
+            state.disconnected = true;
+        }
+        member.leave().await;
+        self.facts.send_modify(|f| {
+            f.binding = BindingFact::Disconnected;
+            f.transport = TransportFact::None;
+            f.sync = SyncFact::None;
+        });
+        if disconnected.cleanup_pending {
+            // The leader hands over whatever Telegram said; its successor
+            // finishes the deletion.
+            ExecuteResult::new(
+                false,
+                format!(
+                    "Disconnected, but Telegram has not confirmed deleting {what} yet; the relay will finish it."
+                ),
+            )
+        } else {
+            ExecuteResult::new(
+                true,
+                format!("Deleted {what}; this session no longer relays to Telegram."),
+            )
+        }
+    }
+
+    /// Asks whether to delete `what` and disconnect; the answer to give
+    /// when the person did not say yes.
+    async fn confirm_disconnect(self: &Arc<Self>, what: &str) -> Result<(), ExecuteResult> {
         /// The confirmation's buttons (at the terminal, yes and no).
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         enum Disconnect {
             Delete,
             Keep,
         }
-        let Some(member) = self.member() else {
-            return ExecuteResult::new(false, "This session is not connected to the relay.");
-        };
-        let state = member.watch().borrow().clone();
-        let what = match &state.route {
-            Some(route) => format!("topic {}", route.topic_name),
-            None => "this session's topic".into(),
-        };
-        // Asked at the terminal and on the phone; the first answer counts.
-        // A host without dialogs is not asked (the person just typed it).
-        if self.has_ui() {
-            let question = dialog::Question {
-                title: "Disconnect from Telegram".into(),
-                html: format!(
-                    "🗑 Delete <b>{}</b> and disconnect this session?",
-                    crate::render::escape(&what)
-                ),
-                detail: Some(format!("Delete {what} and disconnect this session?")),
-                options: dialog::Options::new([
-                    (Disconnect::Delete, "🗑 Yes, delete it".into()),
-                    (Disconnect::Keep, "Keep it".into()),
-                ]),
-                free_text: false,
-                timeout: CONFIRM_TIMEOUT,
-                terminal: dialog::Terminal::Confirm,
-                timeout_outcome: "⌛ No answer: nothing changed".into(),
-                elsewhere: None,
-            };
-            match self.ask_person(question).await {
-                dialog::Answer::Choice {
-                    choice: Disconnect::Delete,
-                    ..
-                } => {}
-                dialog::Answer::Nothing(_, why) => {
-                    return ExecuteResult::cancelled(format!(
-                        "Disconnect cancelled ({why}); nothing changed."
-                    ));
-                }
-                _ => return ExecuteResult::cancelled("Disconnect cancelled; nothing changed."),
-            }
-        }
-        match member.disconnect().await {
-            Ok(disconnected) => {
-                {
-                    let mut state = self.state();
-                    state.member = None;
-                    state.outbound = None;
-                    state.membership.cancel();
-                    state.disconnected = true;
-                }
-                member.leave().await;
-                self.facts.send_modify(|f| {
-                    f.binding = BindingFact::Disconnected;
-                    f.transport = TransportFact::None;
-                    f.sync = SyncFact::None;
-                });
-                if disconnected.cleanup_pending {
-                    // The leader hands over whatever Telegram said; its
-                    // successor finishes the deletion.
-                    ExecuteResult::new(
-                        false,
-                        format!(
-                            "Disconnected, but Telegram has not confirmed deleting {what} yet; the relay will finish it."
-                        ),
-                    )
-                } else {
-                    ExecuteResult::new(
-                        true,
-                        format!("Deleted {what}; this session no longer relays to Telegram."),
-                    )
-                }
-            }
-            Err(e) => ExecuteResult::new(
-                false,
-                format!("Topic deletion not confirmed ({e}); retry /telegram-disconnect."),
+        let question = dialog::Question {
+            title: "Disconnect from Telegram".into(),
+            html: format!(
+                "🗑 Delete <b>{}</b> and disconnect this session?",
+                crate::render::escape(what)
             ),
+            detail: Some(format!("Delete {what} and disconnect this session?")),
+            options: dialog::Options::new([
+                (Disconnect::Delete, "🗑 Yes, delete it".into()),
+                (Disconnect::Keep, "Keep it".into()),
+            ]),
+            free_text: false,
+            timeout: CONFIRM_TIMEOUT,
+            terminal: dialog::Terminal::Confirm,
+            timeout_outcome: "⌛ No answer: nothing changed".into(),
+            elsewhere: None,
+        };
+        match self.ask_person(question).await {
+            dialog::Answer::Choice {
+                choice: Disconnect::Delete,
+                ..
+            } => Ok(()),
+            dialog::Answer::Nothing(_, why) => Err(ExecuteResult::cancelled(format!(
+                "Disconnect cancelled ({why}); nothing changed."
+            ))),
+            _ => Err(ExecuteResult::cancelled(
+                "Disconnect cancelled; nothing changed.",
+            )),
         }
     }
 
@@ -722,29 +730,10 @@ impl Session {
 
     async fn status_report(&self, debug: bool) -> String {
         let facts = self.facts();
-        let mut out = String::new();
-        let config_line = match &self.config {
-            Err(e) => format!("configuration: error — {e}"),
-            Ok(c) => match &c.token {
-                None => format!(
-                    "configuration: not configured — set bot_token in {} (or TELEGRAM_BOT_TOKEN)",
-                    c.file.display()
-                ),
-                Some(t) => format!(
-                    "configuration: bot {} · {} · {} allowed user(s) · {}",
-                    t.bot_id(),
-                    self.chat_description(c),
-                    c.allowed_users.len(),
-                    c.file.display()
-                ),
-            },
-        };
-        out.push_str(&config_line);
-        out.push('\n');
+        let mut out = format!("{}\n", self.config_line());
         out.push_str(&format!("binding: {}\n", describe_binding(&facts.binding)));
-        let clustered = self
-            .member()
-            .is_some_and(|m| m.watch().borrow().cluster.is_some());
+        let route = self.member().map(|m| m.watch().borrow().clone());
+        let clustered = route.as_ref().is_some_and(|s| s.cluster.is_some());
         let transport = match facts.transport {
             // Across machines, the machine that polls is on the cluster line.
             TransportFact::Leader if clustered => "leader of this machine's sessions".to_string(),
@@ -752,10 +741,8 @@ impl Session {
         };
         out.push_str(&format!("transport: {transport}\n"));
         out.push_str(&format!("sync: {}\n", describe_sync(&facts.sync)));
-        let private = self.member().is_some_and(|m| {
-            m.watch()
-                .borrow()
-                .route
+        let private = route.as_ref().is_some_and(|s| {
+            s.route
                 .as_ref()
                 .and_then(|r| r.target)
                 .is_some_and(|t| t.chat_id > 0)
@@ -765,32 +752,15 @@ impl Session {
             describe_outbox(&facts.outbox, private, std::time::Instant::now())
         ));
         if let Ok(config) = &self.config {
-            let policy = &config.approvals;
-            let mode = match policy.mode {
-                crate::policy::Mode::Off => "off".to_string(),
-                mode => format!(
-                    "{} for {} · denied after {} s without an answer{}",
-                    if mode == crate::policy::Mode::Both {
-                        "phone and terminal"
-                    } else {
-                        "on the phone"
-                    },
-                    policy.tools().join(", "),
-                    policy.timeout.as_secs(),
-                    if policy.only_from_telegram {
-                        " · turns from Telegram only"
-                    } else {
-                        ""
-                    }
-                ),
-            };
-            out.push_str(&format!("approvals: {mode}\n"));
+            out.push_str(&format!(
+                "approvals: {}\n",
+                describe_approvals(&config.approvals)
+            ));
         }
         if let Some(grants) = self.grants().describe() {
             out.push_str(&format!("allowed for this session: {grants}\n"));
         }
-        if let Some(member) = self.member() {
-            let state = member.watch().borrow().clone();
+        if let Some(state) = &route {
             if let Some(link) = &state.cluster {
                 out.push_str(&format!("cluster: {}\n", describe_cluster(link)));
             }
@@ -806,23 +776,124 @@ impl Session {
             }
         }
         if debug {
-            let identity = self.state().identity.clone();
-            if let Some(identity) = identity {
-                out.push_str(&format!(
-                    "debug: profile {:?}, host pid {:?}, sidecar pid {}\n",
-                    identity.profile_key(),
-                    identity.host_pid,
-                    std::process::id()
-                ));
-            }
-            out.push_str(&format!(
-                "debug: state dir {}, runtime dir {}\n",
-                self.paths.state_dir.display(),
-                self.paths.runtime_dir.display()
-            ));
+            out.push_str(&self.debug_lines());
         }
         out.truncate(out.trim_end().len());
         out
+    }
+
+    /// `/telegram-status`'s first line: the configuration in use.
+    fn config_line(&self) -> String {
+        match &self.config {
+            Err(e) => format!("configuration: error — {e}"),
+            Ok(c) => match &c.token {
+                None => format!(
+                    "configuration: not configured — set bot_token in {} (or TELEGRAM_BOT_TOKEN)",
+                    c.file.display()
+                ),
+                Some(t) => format!(
+                    "configuration: bot {} · {} · {} allowed user(s) · {}",
+                    t.bot_id(),
+                    self.chat_description(c),
+                    c.allowed_users.len(),
+                    c.file.display()
+                ),
+            },
+        }
+    }
+
+    /// `/telegram-status debug`'s own lines: who this is and where its
+    /// files are.
+    fn debug_lines(&self) -> String {
+        let mut out = String::new();
+        let identity = self.state().identity.clone();
+        if let Some(identity) = identity {
+            out.push_str(&format!(
+                "debug: profile {:?}, host pid {:?}, sidecar pid {}\n",
+                identity.profile_key(),
+                identity.host_pid,
+                std::process::id()
+            ));
+        }
+        out.push_str(&format!(
+            "debug: state dir {}, runtime dir {}\n",
+            self.paths.state_dir.display(),
+            self.paths.runtime_dir.display()
+        ));
+        out
+    }
+}
+
+/// The `[approvals]` policy as `/telegram-status` says it.
+fn describe_approvals(policy: &crate::policy::Policy) -> String {
+    let where_asked = match policy.mode {
+        crate::policy::Mode::Off => return "off".to_string(),
+        crate::policy::Mode::Both => "phone and terminal",
+        _ => "on the phone",
+    };
+    format!(
+        "{where_asked} for {} · denied after {} s without an answer{}",
+        policy.tools().join(", "),
+        policy.timeout.as_secs(),
+        if policy.only_from_telegram {
+            " · turns from Telegram only"
+        } else {
+            ""
+        }
+    )
+}
+
+impl Session {
+    /// The host is ready: the status line starts, and the session joins the
+    /// relay if it is configured to. Once.
+    fn initialized(&self) {
+        let Some(me) = self.me() else { return };
+        let first = !std::mem::replace(&mut self.state().initialized, true);
+        if !first {
+            return;
+        }
+        me.spawn_status_line();
+        let auto = matches!(&self.config, Ok(c) if c.token.is_some() && c.auto_connect);
+        if auto && let Err(e) = me.connect() {
+            tracing::warn!("cannot join the relay: {e}");
+        }
+    }
+
+    /// A turn's text: on the way (it called tools), it joins the progress
+    /// message; at the end, it is the answer.
+    fn turn_ended(&self, turn: &TurnEndedParams) {
+        let text = turn.assistant_text.trim();
+        if text.is_empty() {
+            return;
+        }
+        if !turn.tool_calls.is_empty() && !turn.aborted {
+            self.send_out(ToTopic::Interim(text.to_string()));
+            return;
+        }
+        self.state().last_answer = Some(text.to_string());
+        self.send_out(ToTopic::Answer {
+            markdown: text.to_string(),
+            cut: turn.aborted || self.stopped.load(Ordering::Relaxed),
+        });
+    }
+
+    /// The agent is done: its last text is the answer unless a turn said it
+    /// already; then the progress message's summary follows it.
+    fn agent_ended(&self, ended: &AgentEndedParams) {
+        self.busy.store(false, Ordering::Relaxed);
+        let stopped = self.stopped.swap(false, Ordering::Relaxed);
+        let last = ended.last_assistant_text.as_deref().map(str::trim);
+        if let Some(text) = last.filter(|t| !t.is_empty()) {
+            let already = self.state().last_answer.as_deref() == Some(text);
+            if !already {
+                self.send_out(ToTopic::Answer {
+                    markdown: text.to_string(),
+                    cut: ended.aborted || stopped,
+                });
+            }
+        }
+        self.send_out(ToTopic::Busy(false));
+        self.state().last_answer = None;
     }
 }
 
@@ -864,37 +935,13 @@ impl Handler for Session {
 
     fn notify(&self, event: HostEvent) {
         match event {
-            HostEvent::Initialized => {
-                let Some(me) = self.me() else { return };
-                let first = !std::mem::replace(&mut self.state().initialized, true);
-                if !first {
-                    return;
-                }
-                me.spawn_status_line();
-                let auto = matches!(&self.config, Ok(c) if c.token.is_some() && c.auto_connect);
-                if auto && let Err(e) = me.connect() {
-                    tracing::warn!("cannot join the relay: {e}");
-                }
-            }
+            HostEvent::Initialized => self.initialized(),
             HostEvent::AgentStarted => {
                 self.busy.store(true, Ordering::Relaxed);
                 self.stopped.store(false, Ordering::Relaxed);
                 self.send_out(ToTopic::Busy(true));
             }
-            HostEvent::TurnEnded(turn) => {
-                let text = turn.assistant_text.trim();
-                if !text.is_empty() && !turn.tool_calls.is_empty() && !turn.aborted {
-                    // The agent goes on: what it said on its way joins the
-                    // progress message.
-                    self.send_out(ToTopic::Interim(text.to_string()));
-                } else if !text.is_empty() {
-                    self.state().last_answer = Some(text.to_string());
-                    self.send_out(ToTopic::Answer {
-                        markdown: text.to_string(),
-                        cut: turn.aborted || self.stopped.load(Ordering::Relaxed),
-                    });
-                }
-            }
+            HostEvent::TurnEnded(turn) => self.turn_ended(&turn),
             HostEvent::TurnText(writing) => {
                 // Shown only where a draft can show it; superseded by the next.
                 self.send_out(ToTopic::Writing(writing.text));
@@ -907,23 +954,7 @@ impl Handler for Session {
                     call_id: tool.tool_call_id,
                 });
             }
-            HostEvent::AgentEnded(ended) => {
-                self.busy.store(false, Ordering::Relaxed);
-                let stopped = self.stopped.swap(false, Ordering::Relaxed);
-                let last = ended.last_assistant_text.as_deref().map(str::trim);
-                if let Some(text) = last.filter(|t| !t.is_empty()) {
-                    let already = self.state().last_answer.as_deref() == Some(text);
-                    if !already {
-                        self.send_out(ToTopic::Answer {
-                            markdown: text.to_string(),
-                            cut: ended.aborted || stopped,
-                        });
-                    }
-                }
-                // After the answer: the progress message's summary follows it.
-                self.send_out(ToTopic::Busy(false));
-                self.state().last_answer = None;
-            }
+            HostEvent::AgentEnded(ended) => self.agent_ended(&ended),
             HostEvent::InputReceived(input) => {
                 // What came from Telegram is not echoed back; what the user
                 // typed at the computer is mirrored so the topic reads whole.

@@ -483,33 +483,8 @@ impl TopicPoster {
                 ToTopic::Reply { markdown, done } => {
                     let _ = done.send(self.reply(&markdown).await);
                 }
-                ToTopic::Answer { markdown, cut } => {
-                    // Where the progress was a draft, how the turn went
-                    // heads the answer: the turn's one message.
-                    let summary = self
-                        .drafting()
-                        .then_some(self.progress.as_ref())
-                        .flatten()
-                        .filter(|p| p.tools > 0 || !p.said.is_empty())
-                        .map(|p| render::escape(&p.summary(cut)));
-                    let block = self
-                        .long_answers_as_file
-                        .then(|| render::long_block(&markdown))
-                        .flatten()
-                        .filter(|block| block.code.len() <= MAX_INLINE_FILE);
-                    match block {
-                        Some(block) => self.hand_over_block(&block, cut, summary).await,
-                        None => {
-                            let html = ToTopic::Answer { markdown, cut }.html().unwrap_or_default();
-                            self.hand_over_text(&headed(summary, html)).await;
-                        }
-                    }
-                    self.finish_turn(cut).await;
-                }
-                ToTopic::Plain(text) => {
-                    let html = render::escape(&text);
-                    self.hand_over_text(&html).await;
-                }
+                ToTopic::Answer { markdown, cut } => self.answer(markdown, cut).await,
+                ToTopic::Plain(text) => self.hand_over_text(&render::escape(&text)).await,
                 ToTopic::Busy(busy) => {
                     *typing = busy.then(|| {
                         let mut every = tokio::time::interval(TYPING_EVERY);
@@ -518,29 +493,15 @@ impl TopicPoster {
                         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                         every
                     });
-                    match (busy, self.progress.take()) {
-                        (true, _) => self.progress = Some(self.new_progress()),
-                        // The turn ended without an answer: say how it went.
-                        (false, Some(done))
-                            if done.message_id.is_some() || !done.said.is_empty() =>
-                        {
-                            self.finish(&done, false).await;
-                        }
-                        (false, _) => {}
-                    }
+                    self.busy(busy).await;
                 }
                 ToTopic::Tool {
                     name,
                     argument,
                     call_id,
                 } => {
-                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
-                    p.start(Step::new(name, &argument, call_id));
-                    p.stale = true;
-                    if !p.shown(self.drafting()) {
-                        self.show(&mut p).await;
-                    }
-                    self.progress = Some(p);
+                    let step = Step::new(name, &argument, call_id);
+                    self.update_progress(|p| p.start(step)).await;
                 }
                 ToTopic::Approval(approval) => {
                     // The approval message is the one that asks: a turn
@@ -550,35 +511,73 @@ impl TopicPoster {
                     }
                 }
                 ToTopic::Interim(text) => {
-                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
-                    p.said.push(text);
-                    // What it wrote is a line of the progress now.
-                    p.writing.clear();
-                    p.stale = true;
-                    if !p.shown(self.drafting()) {
-                        self.show(&mut p).await;
-                    }
-                    self.progress = Some(p);
+                    self.update_progress(|p| {
+                        p.said.push(text);
+                        // What it wrote is a line of the progress now.
+                        p.writing.clear();
+                    })
+                    .await;
                 }
-                ToTopic::Writing(text) => {
-                    // A group's budget has no room for it: the answer comes
-                    // whole.
-                    if !self.drafting() {
-                        continue;
-                    }
-                    let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
-                    p.writing = text;
-                    p.stale = true;
-                    if !p.shown(true) {
-                        self.show(&mut p).await;
-                    }
-                    self.progress = Some(p);
+                // A group's budget has no room for it: the answer comes
+                // whole.
+                ToTopic::Writing(text) if self.drafting() => {
+                    self.update_progress(|p| p.writing = text).await;
                 }
+                ToTopic::Writing(_) => {}
                 ToTopic::Flush(done) => {
                     let _ = done.send(());
                 }
             }
         }
+    }
+
+    /// The turn's answer: where the progress was a draft, how the turn
+    /// went heads it (the turn's one message); a long block of code goes as
+    /// a file.
+    async fn answer(&mut self, markdown: String, cut: bool) {
+        let summary = self
+            .drafting()
+            .then_some(self.progress.as_ref())
+            .flatten()
+            .filter(|p| p.tools > 0 || !p.said.is_empty())
+            .map(|p| render::escape(&p.summary(cut)));
+        let block = self
+            .long_answers_as_file
+            .then(|| render::long_block(&markdown))
+            .flatten()
+            .filter(|block| block.code.len() <= MAX_INLINE_FILE);
+        match block {
+            Some(block) => self.hand_over_block(&block, cut, summary).await,
+            None => {
+                let html = ToTopic::Answer { markdown, cut }.html().unwrap_or_default();
+                self.hand_over_text(&headed(summary, html)).await;
+            }
+        }
+        self.finish_turn(cut).await;
+    }
+
+    /// A turn began (a progress of its own) or ended: one that ended
+    /// without an answer says how it went.
+    async fn busy(&mut self, busy: bool) {
+        match (busy, self.progress.take()) {
+            (true, _) => self.progress = Some(self.new_progress()),
+            (false, Some(done)) if done.message_id.is_some() || !done.said.is_empty() => {
+                self.finish(&done, false).await;
+            }
+            (false, _) => {}
+        }
+    }
+
+    /// Changes the turn's progress (a new one if there is none) and shows
+    /// it, unless it is shown soon anyway.
+    async fn update_progress(&mut self, change: impl FnOnce(&mut Progress)) {
+        let mut p = self.progress.take().unwrap_or_else(|| self.new_progress());
+        change(&mut p);
+        p.stale = true;
+        if !p.shown(self.drafting()) {
+            self.show(&mut p).await;
+        }
+        self.progress = Some(p);
     }
 
     /// The answer went first; the turn's summary follows it. Where the

@@ -77,10 +77,8 @@ pub async fn transcribe(
     let (out, err, status) = match tokio::time::timeout(transcriber.timeout, run).await {
         Ok(done) => done,
         Err(_) => {
-            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-                // SAFETY: kill has no memory effects; the group is the
-                // child's own (process_group(0)), so nothing else is hit.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            if let Some(pid) = pid {
+                crate::sys::signal_group(pid, crate::sys::SIGKILL);
             }
             // Reaped when dropped (`kill_on_drop`).
             return Err(TranscribeError::TimedOut(transcriber.timeout.as_secs()));

@@ -14,6 +14,7 @@ use qrcode::QrCode;
 use qrcode::render::unicode::Dense1x2;
 
 use crate::redact::redact;
+use crate::sys::TerminalMode;
 
 /// The user ended setup (Ctrl-C at a hidden prompt, or end of input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,32 +104,23 @@ impl Console {
 /// stdin without echo, line editing or signals, until dropped. Where
 /// stdin is no terminal (tests feeding a pipe) nothing changes.
 struct RawInput {
-    saved: Option<libc::termios>,
+    saved: Option<TerminalMode>,
 }
 
 impl RawInput {
     fn enter() -> Self {
-        // SAFETY: termios is plain data; tcgetattr fills it or fails.
-        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: fd 0 and a valid pointer.
-        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } != 0 {
-            return Self { saved: None };
+        let saved = TerminalMode::save();
+        if let Some(saved) = saved {
+            saved.raw().apply();
         }
-        let mut raw = saved;
-        raw.c_lflag &= !(libc::ECHO | libc::ICANON | libc::ISIG);
-        raw.c_cc[libc::VMIN] = 1;
-        raw.c_cc[libc::VTIME] = 0;
-        // SAFETY: fd 0 and a valid termios.
-        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) };
-        Self { saved: Some(saved) }
+        Self { saved }
     }
 }
 
 impl Drop for RawInput {
     fn drop(&mut self) {
         if let Some(saved) = &self.saved {
-            // SAFETY: fd 0 and the termios read from it.
-            unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved) };
+            saved.apply();
         }
     }
 }

@@ -50,7 +50,7 @@ const HELLO_TOPIC: &str = "agent-relay";
 
 /// Why setup stopped. None of the messages contains the token.
 #[derive(Debug, thiserror::Error)]
-pub enum SetupError {
+pub enum SetupStopped {
     #[error(
         "setup is interactive and needs a terminal. Without one, set TELEGRAM_BOT_TOKEN and AGENT_RELAY_ALLOWED_USERS (your Telegram user id), and AGENT_RELAY_CHAT_ID for a forum group — or bot_token, allowed_users and chat_id in {} (chmod 600) — then check with `agent-relay doctor`",
         .0.display()
@@ -91,7 +91,7 @@ pub enum SetupError {
     Telegram(#[from] TelegramError),
 }
 
-impl From<console::Aborted> for SetupError {
+impl From<console::Aborted> for SetupStopped {
     fn from(_: console::Aborted) -> Self {
         Self::Aborted
     }
@@ -120,21 +120,21 @@ pub struct Start {
 }
 
 /// The configuration file's path, for the refusal without a terminal.
-pub fn no_terminal(paths: &Paths) -> SetupError {
-    SetupError::NoTerminal(paths.config_file())
+pub fn no_terminal(paths: &Paths) -> SetupStopped {
+    SetupStopped::NoTerminal(paths.config_file())
 }
 
 /// Runs setup to the end.
-pub fn run(start: Start) -> Result<Outcome, SetupError> {
+pub fn run(start: Start) -> Result<Outcome, SetupStopped> {
     let config = start.config.map_err(|e| match e {
-        ConfigError::Untrusted(untrusted) => SetupError::Untrusted(untrusted),
-        other => SetupError::Config(other),
+        ConfigError::Untrusted(untrusted) => SetupStopped::Untrusted(untrusted),
+        other => SetupStopped::Config(other),
     })?;
     let document = ConfigDocument::read(&start.paths.config_file())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| SetupError::Client(format!("the async runtime: {e}")))?;
+        .map_err(|e| SetupStopped::Client(format!("the async runtime: {e}")))?;
     Wizard {
         console: start.console,
         paths: start.paths,
@@ -182,32 +182,14 @@ impl Wizard {
         self.console.say(text);
     }
 
-    fn run(self) -> Result<Outcome, SetupError> {
+    fn run(self) -> Result<Outcome, SetupStopped> {
         self.say(
             "agent-relay setup: one Telegram bot for every coding-agent session on this machine.",
         );
-        let env_token = env_set("TELEGRAM_BOT_TOKEN");
-        let mut source = if env_token {
-            TokenSource::Environment
-        } else {
-            TokenSource::Typed
+        let Some(source) = self.token_source()? else {
+            self.say("Nothing changed.");
+            return Ok(Outcome::Unchanged);
         };
-        if self.document.is_configured() {
-            self.show_configuration()?;
-            if !self.console.confirm("Change it?", false)? {
-                self.say("Nothing changed.");
-                return Ok(Outcome::Unchanged);
-            }
-            if !env_token && self.document.values.bot_token.is_some() {
-                let keep = match self.config.token.as_ref().map(BotToken::bot_id) {
-                    Some(id) => self.console.confirm(&format!("Keep bot {id}?"), true)?,
-                    None => false,
-                };
-                if keep {
-                    source = TokenSource::File;
-                }
-            }
-        }
         let bot = self.bot(source)?;
         self.say(&format!(
             "✓ the token works: bot @{} (id {})",
@@ -235,20 +217,7 @@ impl Wizard {
         self.confirm_updates(&mut inbox);
         drop(inbox);
 
-        let managed = Managed {
-            token: bot.token.expose().to_string(),
-            user,
-            chat,
-        };
-        let written = self.document.write(&managed)?;
-        let place = match chat {
-            Chat::Private => "the topics go into your private chat with the bot".to_string(),
-            Chat::Group(id) => format!("the topics go into the group {id}"),
-        };
-        self.say(&format!(
-            "✓ wrote {} (mode 600): the bot's token, you (user id {user}) in allowed_users; {place}",
-            written.path().display()
-        ));
+        self.write(&bot, user, chat)?;
         let chat_id = match chat {
             Chat::Private => user,
             Chat::Group(id) => id,
@@ -264,8 +233,58 @@ impl Wizard {
         })
     }
 
+    /// Where the token comes from: the environment, typed, or (on a rerun
+    /// that keeps the bot) the file; `None` when a rerun changes nothing.
+    fn token_source(&self) -> Result<Option<TokenSource>, SetupStopped> {
+        let env_token = env_set("TELEGRAM_BOT_TOKEN");
+        let typed_or_env = if env_token {
+            TokenSource::Environment
+        } else {
+            TokenSource::Typed
+        };
+        if !self.document.is_configured() {
+            return Ok(Some(typed_or_env));
+        }
+        self.show_configuration()?;
+        if !self.console.confirm("Change it?", false)? {
+            return Ok(None);
+        }
+        if env_token || self.document.values.bot_token.is_none() {
+            return Ok(Some(typed_or_env));
+        }
+        let keep = match self.config.token.as_ref().map(BotToken::bot_id) {
+            Some(id) => self.console.confirm(&format!("Keep bot {id}?"), true)?,
+            None => false,
+        };
+        Ok(Some(if keep {
+            TokenSource::File
+        } else {
+            typed_or_env
+        }))
+    }
+
+    /// Writes `config.toml`: the bot's token, `user` allowed, the topics in
+    /// `chat`; and says so.
+    fn write(&self, bot: &Bot, user: i64, chat: Chat) -> Result<(), SetupStopped> {
+        let managed = Managed {
+            token: bot.token.expose().to_string(),
+            user,
+            chat,
+        };
+        let written = self.document.write(&managed)?;
+        let place = match chat {
+            Chat::Private => "the topics go into your private chat with the bot".to_string(),
+            Chat::Group(id) => format!("the topics go into the group {id}"),
+        };
+        self.say(&format!(
+            "✓ wrote {} (mode 600): the bot's token, you (user id {user}) in allowed_users; {place}",
+            written.path().display()
+        ));
+        Ok(())
+    }
+
     /// A rerun: what the file holds, never the token.
-    fn show_configuration(&self) -> Result<(), SetupError> {
+    fn show_configuration(&self) -> Result<(), SetupStopped> {
         let values = &self.document.values;
         self.say(&format!(
             "agent-relay is set up in {}:",
@@ -328,7 +347,7 @@ impl Wizard {
 
     /// The token from `source`, checked with `getMe`; typed ones are asked
     /// for again when Telegram or the shape check refuses them.
-    fn bot(&self, mut source: TokenSource) -> Result<Bot, SetupError> {
+    fn bot(&self, mut source: TokenSource) -> Result<Bot, SetupStopped> {
         if source == TokenSource::Environment {
             self.say("Using the token from TELEGRAM_BOT_TOKEN.");
         }
@@ -338,7 +357,7 @@ impl Wizard {
                 (TokenSource::Environment | TokenSource::File, Some(token)) => token.clone(),
                 _ => {
                     if tries == TOKEN_TRIES {
-                        return Err(SetupError::NoToken);
+                        return Err(SetupStopped::NoToken);
                     }
                     tries += 1;
                     if tries == 1 {
@@ -356,12 +375,12 @@ impl Wizard {
                 }
             };
             let api = BotApi::new(&self.config.api_url, &token)
-                .map_err(|e| SetupError::Client(e.to_string()))?
+                .map_err(|e| SetupStopped::Client(e.to_string()))?
                 .with_timeout(CALL_TIMEOUT);
             match self.rt.block_on(api.get_me()) {
                 Ok(info) => return Ok(Bot { token, api, info }),
                 Err(TelegramError::Unauthorized) => match source {
-                    TokenSource::Environment => return Err(SetupError::EnvTokenRejected),
+                    TokenSource::Environment => return Err(SetupStopped::EnvTokenRejected),
                     TokenSource::File => {
                         self.say("✗ Telegram rejects the token in the file (401 Unauthorized); it may have been revoked.");
                         source = TokenSource::Typed;
@@ -371,7 +390,7 @@ impl Wizard {
                     }
                 },
                 Err(error) if error.is_transient() => {
-                    return Err(SetupError::Unreachable {
+                    return Err(SetupStopped::Unreachable {
                         url: self.config.api_url.clone(),
                         error,
                     });
@@ -383,19 +402,19 @@ impl Wizard {
 
     /// The bus lock of the bot: refused while a leader (or another setup)
     /// holds it.
-    fn bus_lock(&self, bot: &Bot) -> Result<LeaderLock, SetupError> {
+    fn bus_lock(&self, bot: &Bot) -> Result<LeaderLock, SetupStopped> {
         let bus = BusDir::open_checked(self.paths.bus_dir(bot.token.bot_id()))?;
         match bus.try_lock() {
             Ok(Some(lock)) => Ok(lock),
-            Ok(None) => Err(SetupError::LeaderRunning {
+            Ok(None) => Err(SetupStopped::LeaderRunning {
                 bot: bot.info.username.clone(),
                 pid: bus.leader_info().map(|info| info.pid),
             }),
-            Err(e) => Err(SetupError::Bus(e.to_string())),
+            Err(e) => Err(SetupStopped::Bus(e.to_string())),
         }
     }
 
-    fn choose_mode(&self) -> Result<Mode, SetupError> {
+    fn choose_mode(&self) -> Result<Mode, SetupStopped> {
         let default = if self.document.values.chat_id.is_some() {
             Mode::Group
         } else {
@@ -421,7 +440,7 @@ impl Wizard {
 
     /// Waits until the bot has topics in private chats, saying how to
     /// switch them on; the user may choose a group instead.
-    fn topics_on(&self, bot: &mut Bot) -> Result<Mode, SetupError> {
+    fn topics_on(&self, bot: &mut Bot) -> Result<Mode, SetupStopped> {
         loop {
             if bot.info.has_topics_enabled {
                 self.say(&format!(
@@ -447,7 +466,7 @@ impl Wizard {
 
     /// The deep link, and the wait for its `/start`. Returns the user's id
     /// and first name.
-    fn pair(&self, bot: &Bot, inbox: &mut OwnUpdates<'_>) -> Result<(i64, String), SetupError> {
+    fn pair(&self, bot: &Bot, inbox: &mut OwnUpdates<'_>) -> Result<(i64, String), SetupStopped> {
         // The code grants control of the user's agents: from the OS's
         // CSPRNG (122 random bits), like the relay's own pairing codes.
         let code = uuid::Uuid::new_v4().simple().to_string();
@@ -474,7 +493,7 @@ impl Wizard {
         bot: &Bot,
         inbox: &mut OwnUpdates<'_>,
         user: i64,
-    ) -> Result<i64, SetupError> {
+    ) -> Result<i64, SetupStopped> {
         let name = &bot.info.username;
         self.say("");
         self.say("Now the group:");

@@ -29,13 +29,9 @@
 //    turn held open, for `/stop`; the record gets `aborted: true` when it goes).
 // 5. Otherwise `echo: <last user text>`.
 //
-// Latency: Nagle is off and every answer goes out with its headers in one write,
-// so Claude Code never waits on a delayed ACK.
+// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
 
-import http from "node:http";
-
-const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
-const HANG = "[[hang]]";
+import { FakeApi, HANG, event, halves, newId, printRequests, send, toolCue } from "../shared/fake-api.mjs";
 
 /** The text of a message's content (string or blocks), tool results left out. */
 function textOf(content) {
@@ -63,43 +59,22 @@ function toolResultText(block) {
 	return "";
 }
 
-let nextId = 1;
-const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
-
-export class FakeAnthropic {
-	constructor() {
-		/** Every request: `{ method, path, headers, body, kind, ... }`. */
-		this.requests = [];
-		/** Requests this fake has no answer for (method + path), to learn what the client wants. */
-		this.unknown = [];
-		this.steps = [];
-		this.server = null;
-		this.url = "";
-		/** Answers held open by `[[hang]]`, closed when the fake stops. */
-		this.hanging = new Set();
-	}
-
+export class FakeAnthropic extends FakeApi {
 	static async start() {
-		const fake = new FakeAnthropic();
-		const server = http.createServer({ noDelay: true }, (req, res) => fake.handle(req, res));
-		server.on("connection", (socket) => socket.setNoDelay(true));
+		const fake = await new FakeAnthropic().listen();
 		// As an HTTPS proxy (the harness sets HTTPS_PROXY to this server), it refuses
 		// every tunnel: nothing reaches the network, and the attempt is on record.
-		server.on("connect", (req, socket) => {
+		fake.server.on("connect", (req, socket) => {
 			fake.requests.push({ method: "CONNECT", path: req.url, url: req.url, headers: req.headers, kind: "unknown" });
 			fake.unknown.push(`CONNECT ${req.url}`);
 			socket.end("HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n");
 		});
-		await new Promise((done) => server.listen(0, "127.0.0.1", done));
-		fake.server = server;
-		fake.url = `http://127.0.0.1:${server.address().port}`;
+		fake.url = fake.origin;
 		return fake;
 	}
 
-	/** Queues the answers to the next main-loop calls, in order. */
-	queue(...steps) {
-		this.steps.push(...steps);
-		return this;
+	errorBody(message, type = "api_error") {
+		return JSON.stringify({ type: "error", error: { type, message } });
 	}
 
 	/** Main-loop (tool-offering) `/v1/messages` requests, in order. */
@@ -110,28 +85,6 @@ export class FakeAnthropic {
 	/** `/v1/messages` requests that offered no tools (titles, summaries, …). */
 	get sideCalls() {
 		return this.requests.filter((r) => r.kind === "side");
-	}
-
-	handle(req, res) {
-		const chunks = [];
-		req.on("data", (c) => chunks.push(c));
-		req.on("end", () => {
-			const raw = Buffer.concat(chunks).toString("utf8");
-			let body;
-			try {
-				body = raw ? JSON.parse(raw) : undefined;
-			} catch {
-				body = raw;
-			}
-			const path = req.url.split("?")[0];
-			const record = { method: req.method, path, url: req.url, headers: req.headers, body };
-			this.requests.push(record);
-			try {
-				this.route(record, res);
-			} catch (error) {
-				send(res, 500, "application/json", errorBody("api_error", String(error?.stack ?? error)));
-			}
-		});
 	}
 
 	route(record, res) {
@@ -146,9 +99,7 @@ export class FakeAnthropic {
 			record.kind = "probe";
 			return send(res, 200, "application/json", method === "HEAD" ? "" : "{}");
 		}
-		record.kind = "unknown";
-		this.unknown.push(`${method} ${record.url}`);
-		return send(res, 404, "application/json", errorBody("not_found_error", `fake: no route ${method} ${path}`));
+		return this.notFound(record, res);
 	}
 
 	messages(record, res) {
@@ -168,39 +119,14 @@ export class FakeAnthropic {
 		);
 		record.kind = tools.length === 0 ? "side" : "turn";
 
-		let step;
-		if (record.kind === "side") {
-			step = { text: "Fake title" };
-		} else if (this.steps.length > 0) {
-			step = this.steps.shift();
-			if (typeof step === "function") step = step(record);
-		} else if (record.toolResults.length > 0) {
-			const names = new Map();
-			for (const m of messages) {
-				if (m.role !== "assistant" || !Array.isArray(m.content)) continue;
-				for (const b of m.content) if (b.type === "tool_use") names.set(b.id, b.name);
-			}
-			step = {
-				text: record.toolResults
-					.map(
-						(r) =>
-							`tool ${names.get(r.tool_use_id) ?? r.tool_use_id} ${r.is_error ? "failed" : "returned"}: ${toolResultText(r)}`,
-					)
-					.join("\n"),
-			};
-		} else {
-			const cue = CUE.exec(record.lastUserText);
-			step = cue
-				? { toolUse: { name: cue[1], input: JSON.parse(cue[2]) } }
-				: record.lastUserText.includes(HANG) && body.stream
-					? { hang: true }
-					: { text: `echo: ${record.lastUserText}` };
-		}
+		// A side call never consumes the script.
+		const step =
+			record.kind === "side" ? { text: "Fake title" } : (this.takeStep(record) ?? unscripted(record, messages, body));
 		record.answer = step;
 
 		if (step.error) {
 			const { status = 500, type = "api_error", message = "fake error" } = step.error;
-			return send(res, status, "application/json", errorBody(type, message));
+			return send(res, status, "application/json", this.errorBody(message, type));
 		}
 		if (step.hang) return this.hang(record, res, body);
 		const content = [];
@@ -235,83 +161,74 @@ export class FakeAnthropic {
 			stop_sequence: null,
 			usage: { input_tokens: 10, output_tokens: 1, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 },
 		};
-		const event = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
-		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-		res.write(
+		this.hold(
+			record,
+			res,
 			event("message_start", { message }) +
 				event("content_block_start", { index: 0, content_block: { type: "text", text: "" } }) +
 				event("content_block_delta", { index: 0, delta: { type: "text_delta", text: "thinking…" } }),
 		);
-		this.hanging.add(res);
-		record.aborted = false;
-		res.once("close", () => {
-			this.hanging.delete(res);
-			record.aborted = true;
-		});
 	}
+}
 
-	stop() {
-		if (!this.server) return Promise.resolve();
-		for (const res of this.hanging) res.destroy();
-		this.server.closeAllConnections();
-		return new Promise((done) => this.server.close(() => done()));
+/**
+ * The answer when the script has none: what the tools returned, the call a
+ * cue asks for, a turn held open, or the prompt echoed.
+ */
+function unscripted(record, messages, body) {
+	if (record.toolResults.length > 0) {
+		const names = new Map();
+		for (const m of messages) {
+			if (m.role !== "assistant" || !Array.isArray(m.content)) continue;
+			for (const b of m.content) if (b.type === "tool_use") names.set(b.id, b.name);
+		}
+		return {
+			text: record.toolResults
+				.map(
+					(r) =>
+						`tool ${names.get(r.tool_use_id) ?? r.tool_use_id} ${r.is_error ? "failed" : "returned"}: ${toolResultText(r)}`,
+				)
+				.join("\n"),
+		};
 	}
+	const cue = toolCue(record.lastUserText);
+	if (cue) return { toolUse: { name: cue.name, input: cue.args } };
+	if (record.lastUserText.includes(HANG) && body.stream) return { hang: true };
+	return { text: `echo: ${record.lastUserText}` };
 }
 
 /** The message as the stream of server-sent events the Messages API sends. */
 function sse(message) {
 	const events = [];
-	const event = (type, data) => events.push(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
-	event("message_start", {
+	const say = (type, data) => events.push(event(type, data));
+	say("message_start", {
 		message: { ...message, content: [], stop_reason: null, usage: { ...message.usage, output_tokens: 1 } },
 	});
-	event("ping", {});
+	say("ping", {});
 	message.content.forEach((block, index) => {
 		if (block.type === "text") {
-			event("content_block_start", { index, content_block: { type: "text", text: "" } });
-			// Two deltas, so the client's accumulation is exercised.
-			const cut = Math.ceil(block.text.length / 2);
-			for (const part of [block.text.slice(0, cut), block.text.slice(cut)]) {
-				if (part) event("content_block_delta", { index, delta: { type: "text_delta", text: part } });
+			say("content_block_start", { index, content_block: { type: "text", text: "" } });
+			for (const part of halves(block.text)) {
+				if (part) say("content_block_delta", { index, delta: { type: "text_delta", text: part } });
 			}
 		} else {
-			event("content_block_start", { index, content_block: { type: "tool_use", id: block.id, name: block.name, input: {} } });
-			const json = JSON.stringify(block.input);
-			const cut = Math.ceil(json.length / 2);
-			for (const part of [json.slice(0, cut), json.slice(cut)]) {
-				event("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: part } });
+			say("content_block_start", { index, content_block: { type: "tool_use", id: block.id, name: block.name, input: {} } });
+			for (const part of halves(JSON.stringify(block.input))) {
+				say("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: part } });
 			}
 		}
-		event("content_block_stop", { index });
+		say("content_block_stop", { index });
 	});
-	event("message_delta", {
+	say("message_delta", {
 		delta: { stop_reason: message.stop_reason, stop_sequence: null },
 		usage: { output_tokens: message.usage.output_tokens },
 	});
-	event("message_stop", {});
+	say("message_stop", {});
 	return events.join("");
-}
-
-function errorBody(type, message) {
-	return JSON.stringify({ type: "error", error: { type, message } });
-}
-
-/** Headers and body in one write. */
-function send(res, status, contentType, body, headers = {}) {
-	const buffer = Buffer.from(body, "utf8");
-	res.writeHead(status, { "content-type": contentType, "content-length": buffer.length, ...headers });
-	res.end(buffer);
 }
 
 // `node fake-anthropic.mjs` runs it alone, printing every request: handy to see
 // what a Claude Code version sends.
 if (import.meta.url === `file://${process.argv[1]}`) {
-	const fake = await FakeAnthropic.start();
-	console.log(`listening on ${fake.url}`);
-	const seen = fake.requests;
-	const push = seen.push.bind(seen);
-	seen.push = (record) => {
-		console.log(JSON.stringify({ method: record.method, url: record.url, body: record.body }));
-		return push(record);
-	};
+	printRequests(await FakeAnthropic.start(), (record) => ({ method: record.method, url: record.url, body: record.body }));
 }

@@ -2,10 +2,7 @@
 //! on a free port, with its store in a temporary directory, killed when
 //! dropped. Without the binary the tests skip with a printed reason, except
 //! under CI (`CI` set), where `.ci/run` installs it and a missing one fails.
-//! Shared by `tests/cluster.rs` and `tests/cluster_relay.rs`, which use
-//! different parts.
-
-#![allow(dead_code)]
+//! Shared by `tests/cluster.rs` and `tests/cluster_relay.rs`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -27,13 +27,12 @@
 // 4. When the last user text holds a cue `[[exec {json arguments}]]` — an
 //    `exec_command` call with those arguments.
 // 5. Otherwise `echo: <last user text>`.
+//
+// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
 
-import http from "node:http";
+import { FakeApi, event, halves, newId, printRequests, send } from "../shared/fake-api.mjs";
 
 const CUE = /\[\[exec\s+(\{[\s\S]*?\})\]\]/;
-
-let nextId = 1;
-const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
 
 /** The text of a Responses API input item's content (string or parts). */
 function textOf(content) {
@@ -45,15 +44,9 @@ function textOf(content) {
 		.join("\n");
 }
 
-export class FakeOpenAI {
+export class FakeOpenAI extends FakeApi {
 	constructor() {
-		/** Every request: `{ method, path, body, kind, at (Date.now()), ... }`. */
-		this.requests = [];
-		/** Requests this fake has no answer for (method + path). */
-		this.unknown = [];
-		this.steps = [];
-		this.server = null;
-		this.url = "";
+		super();
 		/** Resolvers of `next()` waiters, called with each new turn request. */
 		this.waiters = new Set();
 		/**
@@ -65,44 +58,18 @@ export class FakeOpenAI {
 	}
 
 	static async start() {
-		const fake = new FakeOpenAI();
-		const server = http.createServer({ noDelay: true }, (req, res) => fake.handle(req, res));
-		server.on("connection", (socket) => socket.setNoDelay(true));
-		await new Promise((done) => server.listen(0, "127.0.0.1", done));
-		fake.server = server;
-		fake.url = `http://127.0.0.1:${server.address().port}`;
+		const fake = await new FakeOpenAI().listen();
+		fake.url = fake.origin;
 		return fake;
 	}
 
-	/** Queues the answers to the next turn calls, in order. */
-	queue(...steps) {
-		this.steps.push(...steps);
-		return this;
+	errorBody(message) {
+		return JSON.stringify({ error: { message } });
 	}
 
 	/** Tool-offering `/v1/responses` requests, in order. */
 	get turns() {
 		return this.requests.filter((r) => r.kind === "turn");
-	}
-
-	handle(req, res) {
-		const chunks = [];
-		req.on("data", (c) => chunks.push(c));
-		req.on("end", () => {
-			const raw = Buffer.concat(chunks).toString("utf8");
-			let body;
-			try {
-				body = raw ? JSON.parse(raw) : undefined;
-			} catch {
-				body = raw;
-			}
-			const path = req.url.split("?")[0];
-			const record = { method: req.method, path, url: req.url, body, at: Date.now() };
-			this.requests.push(record);
-			Promise.resolve()
-				.then(() => this.route(record, res))
-				.catch((error) => send(res, 500, "application/json", JSON.stringify({ error: { message: String(error?.stack ?? error) } })));
-		});
 	}
 
 	async route(record, res) {
@@ -112,9 +79,7 @@ export class FakeOpenAI {
 			record.kind = "models";
 			return send(res, 200, "application/json", JSON.stringify({ data: [], object: "list" }));
 		}
-		record.kind = "unknown";
-		this.unknown.push(`${method} ${record.url}`);
-		return send(res, 404, "application/json", JSON.stringify({ error: { message: `fake: no route ${method} ${path}` } }));
+		return this.notFound(record, res);
 	}
 
 	async responses(record, res) {
@@ -131,19 +96,8 @@ export class FakeOpenAI {
 		record.kind = this.isSide(record) ? "side" : "turn";
 		if (record.kind === "turn") for (const waiter of this.waiters) waiter(record);
 
-		let step;
-		if (record.kind === "side") {
-			step = { text: "Fake title" };
-		} else if (this.steps.length > 0) {
-			step = this.steps.shift();
-			if (typeof step === "function") step = step(record);
-		} else if (record.toolOutput) {
-			const output = typeof record.toolOutput.output === "string" ? record.toolOutput.output : JSON.stringify(record.toolOutput.output);
-			step = { text: `tool ${record.toolName ?? "exec_command"} returned: ${output}` };
-		} else {
-			const cue = CUE.exec(record.lastUserText);
-			step = cue ? { exec: JSON.parse(cue[1]) } : { text: `echo: ${record.lastUserText.trim()}` };
-		}
+		// A side call never consumes the script.
+		const step = record.kind === "side" ? { text: "Fake title" } : (this.takeStep(record) ?? unscripted(record));
 		if (step.hold) {
 			const held = step.hold;
 			// A request that waits may be given up by Codex (an interrupt): then
@@ -180,33 +134,39 @@ export class FakeOpenAI {
 		});
 	}
 
-	stop() {
-		if (!this.server) return Promise.resolve();
-		this.server.closeAllConnections();
-		return new Promise((done) => this.server.close(() => done()));
+}
+
+/**
+ * The answer when the script has none: what the tool returned, the command
+ * a cue asks for, or the prompt echoed.
+ */
+function unscripted(record) {
+	if (record.toolOutput) {
+		const output = typeof record.toolOutput.output === "string" ? record.toolOutput.output : JSON.stringify(record.toolOutput.output);
+		return { text: `tool ${record.toolName ?? "exec_command"} returned: ${output}` };
 	}
+	const cue = CUE.exec(record.lastUserText);
+	return cue ? { exec: JSON.parse(cue[1]) } : { text: `echo: ${record.lastUserText.trim()}` };
 }
 
 /** One step as the server-sent events of a streamed Responses API answer. */
 function sse(step, model) {
 	const responseId = newId("resp");
 	const events = [];
-	const event = (type, data) => events.push(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+	const say = (type, data) => events.push(event(type, data));
 	const response = (status, output) => ({ id: responseId, object: "response", model, status, output });
-	event("response.created", { response: response("in_progress", []) });
+	say("response.created", { response: response("in_progress", []) });
 	const output = [];
 	let index = 0;
 	if (step.text !== undefined) {
 		const id = newId("msg");
 		const item = { type: "message", id, role: "assistant", status: "in_progress", content: [] };
-		event("response.output_item.added", { output_index: index, item });
-		// Two deltas, so the client's accumulation is exercised.
-		const cut = Math.ceil(step.text.length / 2);
-		for (const part of [step.text.slice(0, cut), step.text.slice(cut)]) {
-			if (part) event("response.output_text.delta", { output_index: index, item_id: id, content_index: 0, delta: part });
+		say("response.output_item.added", { output_index: index, item });
+		for (const part of halves(step.text)) {
+			if (part) say("response.output_text.delta", { output_index: index, item_id: id, content_index: 0, delta: part });
 		}
 		const done = { ...item, status: "completed", content: [{ type: "output_text", text: step.text, annotations: [] }] };
-		event("response.output_item.done", { output_index: index, item: done });
+		say("response.output_item.done", { output_index: index, item: done });
 		output.push(done);
 		index += 1;
 	}
@@ -221,8 +181,8 @@ function sse(step, model) {
 			arguments: JSON.stringify(call.arguments),
 			status: "completed",
 		};
-		event("response.output_item.added", { output_index: index, item: { ...item, arguments: "" } });
-		event("response.output_item.done", { output_index: index, item });
+		say("response.output_item.added", { output_index: index, item: { ...item, arguments: "" } });
+		say("response.output_item.done", { output_index: index, item });
 		output.push(item);
 		index += 1;
 	}
@@ -230,19 +190,19 @@ function sse(step, model) {
 		// Codex's client-run tool search: it answers with a `tool_search_output` item
 		// in the next request's input, holding the tools it found.
 		const item = { type: "tool_search_call", id: newId("ts"), call_id: newId("call"), execution: "client", arguments: step.search, status: "completed" };
-		event("response.output_item.added", { output_index: index, item });
-		event("response.output_item.done", { output_index: index, item });
+		say("response.output_item.added", { output_index: index, item });
+		say("response.output_item.done", { output_index: index, item });
 		output.push(item);
 		index += 1;
 	}
 	if (step.custom) {
 		const item = { type: "custom_tool_call", id: newId("ctc"), call_id: newId("call"), name: step.custom.name, input: step.custom.input, status: "completed" };
-		event("response.output_item.added", { output_index: index, item: { ...item, input: "" } });
-		event("response.output_item.done", { output_index: index, item });
+		say("response.output_item.added", { output_index: index, item: { ...item, input: "" } });
+		say("response.output_item.done", { output_index: index, item });
 		output.push(item);
 		index += 1;
 	}
-	event("response.completed", {
+	say("response.completed", {
 		response: {
 			...response("completed", output),
 			usage: { input_tokens: 10, input_tokens_details: { cached_tokens: 0 }, output_tokens: 5, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 15 },
@@ -251,21 +211,13 @@ function sse(step, model) {
 	return events.join("");
 }
 
-/** Headers and body in one write. */
-function send(res, status, contentType, body, headers = {}) {
-	const buffer = Buffer.from(body, "utf8");
-	res.writeHead(status, { "content-type": contentType, "content-length": buffer.length, ...headers });
-	res.end(buffer);
-}
-
 // `node fake-openai.mjs` runs it alone, printing every request: handy to see what
 // a Codex version sends.
 if (import.meta.url === `file://${process.argv[1]}`) {
-	const fake = await FakeOpenAI.start();
-	console.log(`listening on ${fake.url}`);
-	const push = fake.requests.push.bind(fake.requests);
-	fake.requests.push = (record) => {
-		console.log(JSON.stringify({ method: record.method, url: record.url, tools: record.body?.tools?.map((t) => t.name ?? t.type), input: record.body?.input?.slice(-2) }));
-		return push(record);
-	};
+	printRequests(await FakeOpenAI.start(), (record) => ({
+		method: record.method,
+		url: record.url,
+		tools: record.body?.tools?.map((t) => t.name ?? t.type),
+		input: record.body?.input?.slice(-2),
+	}));
 }

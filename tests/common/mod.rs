@@ -3,8 +3,6 @@
 //! stdio and records everything it says. Every wait has a timeout; every
 //! process is killed when its `Sidecar` is dropped.
 
-#![allow(dead_code)]
-
 mod asks;
 
 use std::path::{Path, PathBuf};
@@ -21,8 +19,6 @@ pub use agent_relay::fake_bot_api::{
 };
 pub use agent_relay::host_client::Direction;
 use agent_relay::host_client::{self, FromSidecar, Link, Said};
-// Each test binary uses some of them, as with the rest of this module.
-#[allow(unused_imports)]
 pub use asks::{
     button, first_button, has_buttons, is_settled, question, question_in, settled_label, tap,
     tap_answer, tap_in,
@@ -487,6 +483,78 @@ pub fn inject_in(fake: &FakeServer, chat: i64, thread: Option<i64>, user: i64, t
             user_id: user,
             text: text.into(),
         })
+}
+
+/// Where a bot's topics are: a forum group (`chat_id` configured), or the
+/// paired user's private chat (none). The routing tests run in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chat {
+    Group,
+    Private,
+}
+
+impl Chat {
+    /// The chat the topics are in.
+    pub fn id(self) -> i64 {
+        match self {
+            Self::Group => CHAT,
+            Self::Private => USER,
+        }
+    }
+
+    /// The chat the topics are not in.
+    pub fn other(self) -> i64 {
+        match self {
+            Self::Group => USER,
+            Self::Private => CHAT,
+        }
+    }
+
+    /// `options` of `fake`'s bot with the topics here.
+    pub fn options<'a>(self, options: Options<'a>, fake: &FakeServer) -> Options<'a> {
+        match self {
+            Self::Group => options.configured(fake),
+            Self::Private => options.private_chat(fake),
+        }
+    }
+
+    /// An accepting session on the bus with its topic here.
+    pub async fn session(self, home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
+        start(self.options(Options::new(home), fake), cwd, name).await
+    }
+
+    /// The thread of the one live topic here whose name ends with `· name`.
+    pub fn topic(self, fake: &FakeServer, name: &str) -> i64 {
+        topic_in(fake, self.id(), name).thread_id
+    }
+
+    /// A message from `user` here (`thread` None: outside the topics).
+    pub fn inject(self, fake: &FakeServer, thread: Option<i64>, user: i64, text: &str) -> i64 {
+        inject_in(fake, self.id(), thread, user, text)
+    }
+
+    /// [`wait_topic_text`] here.
+    pub async fn wait_text(self, fake: &FakeServer, thread: i64, needle: &str) -> Vec<String> {
+        wait_topic_text_in(fake, self.id(), thread, needle).await
+    }
+}
+
+/// How many topics were created (and confirmed).
+pub fn created_topics(fake: &FakeServer) -> usize {
+    fake.api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "createForumTopic" && c.ok)
+        .count()
+}
+
+/// The pairing code of the deep link `/telegram-connect` answered with.
+pub fn pairing_code(answer: &str) -> String {
+    let url = answer
+        .split_whitespace()
+        .find(|w| w.starts_with("https://t.me/relay_test_bot?start="))
+        .unwrap_or_else(|| panic!("no link in {answer}"));
+    url.split("start=").nth(1).unwrap_or_default().to_string()
 }
 
 /// Every `agent/sendUserMessage` the sidecar sent its host.

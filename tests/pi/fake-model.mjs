@@ -39,16 +39,29 @@
 // last user text, tool results, image parts); `model.prompts` lists the user texts
 // of requests that start a turn (not the follow-ups after tool results).
 //
-// Latency: Nagle is off and a finished answer goes out with its headers in one
-// write, so pi never waits ~40 ms on a delayed ACK.
+// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
 
-import http from "node:http";
+import { FakeApi, HANG, halves, newId, send, toolCue } from "../shared/fake-api.mjs";
 
-const CUE = /\[\[tool:([A-Za-z0-9_.:-]+)\s+(\{[\s\S]*?\})\]\]/;
-const HANG = "[[hang]]";
-
-let nextId = 1;
-const newId = (prefix) => `${prefix}_fake${String(nextId++).padStart(6, "0")}`;
+/**
+ * The answer when the script has none: what the tools returned, the call a
+ * cue asks for, a turn held open, or the prompt echoed.
+ */
+function unscripted(record, messages) {
+	if (record.toolResults.length > 0) {
+		const names = new Map();
+		for (const m of messages) for (const call of m.tool_calls ?? []) names.set(call.id, call.function?.name);
+		return {
+			text: record.toolResults
+				.map((r) => `tool ${names.get(r.toolCallId) ?? r.toolCallId} returned: ${r.content}`)
+				.join("\n"),
+		};
+	}
+	const cue = toolCue(record.lastUserText);
+	if (cue) return { toolCall: { name: cue.name, arguments: cue.args } };
+	if (record.lastUserText.includes(HANG)) return { hang: true, text: "thinking…" };
+	return { text: `echo: ${record.lastUserText}` };
+}
 
 /** The text parts of an OpenAI message's content, joined. */
 function textOf(content) {
@@ -60,35 +73,19 @@ function textOf(content) {
 		.join("\n");
 }
 
-export class FakeModel {
+export class FakeModel extends FakeApi {
 	constructor() {
-		/** Every request: `{ method, path, headers, body, kind, ... }`, in arrival order. */
-		this.requests = [];
+		super();
 		/** The user text of each request that starts a turn. */
 		this.prompts = [];
-		/** Requests this fake has no route for (`METHOD url`). */
-		this.unknown = [];
-		this.steps = [];
-		this.server = null;
 		/** The OpenAI base URL, `http://127.0.0.1:<port>/v1` (pi appends `/chat/completions`). */
 		this.url = "";
-		this.hanging = new Set();
 	}
 
 	static async start() {
-		const model = new FakeModel();
-		const server = http.createServer({ noDelay: true }, (req, res) => model.handle(req, res));
-		server.on("connection", (socket) => socket.setNoDelay(true));
-		await new Promise((done) => server.listen(0, "127.0.0.1", done));
-		model.server = server;
-		model.url = `http://127.0.0.1:${server.address().port}/v1`;
+		const model = await new FakeModel().listen();
+		model.url = `${model.origin}/v1`;
 		return model;
-	}
-
-	/** Queues the answers to the next requests, in order. */
-	queue(...steps) {
-		this.steps.push(...steps);
-		return this;
 	}
 
 	/** Chat-completion requests, in order. */
@@ -96,34 +93,16 @@ export class FakeModel {
 		return this.requests.filter((r) => r.kind === "completion");
 	}
 
-	handle(req, res) {
-		const chunks = [];
-		req.on("data", (c) => chunks.push(c));
-		req.on("end", () => {
-			const raw = Buffer.concat(chunks).toString("utf8");
-			let body;
-			try {
-				body = raw ? JSON.parse(raw) : undefined;
-			} catch {
-				body = raw;
-			}
-			const record = { method: req.method, path: req.url.split("?")[0], headers: req.headers, body, at: Date.now() };
-			this.requests.push(record);
-			if (req.method === "POST" && record.path.endsWith("/chat/completions")) {
-				try {
-					this.complete(record, req, res);
-				} catch (error) {
-					send(res, 500, "application/json", errorBody(String(error?.stack ?? error)));
-				}
-				return;
-			}
-			record.kind = "unknown";
-			this.unknown.push(`${req.method} ${req.url}`);
-			send(res, 404, "application/json", errorBody(`fake: no route ${req.method} ${req.url}`));
-		});
+	route(record, res) {
+		if (record.method === "POST" && record.path.endsWith("/chat/completions")) return this.complete(record, res);
+		return this.notFound(record, res);
 	}
 
-	complete(record, req, res) {
+	errorBody(message) {
+		return JSON.stringify({ error: { message, type: "fake_error", code: null } });
+	}
+
+	complete(record, res) {
 		record.kind = "completion";
 		const body = record.body ?? {};
 		const messages = Array.isArray(body.messages) ? body.messages : [];
@@ -141,31 +120,12 @@ export class FakeModel {
 		);
 		if (record.toolResults.length === 0) this.prompts.push(record.lastUserText);
 
-		let step;
-		if (this.steps.length > 0) {
-			step = this.steps.shift();
-			if (typeof step === "function") step = step(record);
-		} else if (record.toolResults.length > 0) {
-			const names = new Map();
-			for (const m of messages) for (const call of m.tool_calls ?? []) names.set(call.id, call.function?.name);
-			step = {
-				text: record.toolResults
-					.map((r) => `tool ${names.get(r.toolCallId) ?? r.toolCallId} returned: ${r.content}`)
-					.join("\n"),
-			};
-		} else {
-			const cue = CUE.exec(record.lastUserText);
-			step = cue
-				? { toolCall: { name: cue[1], arguments: JSON.parse(cue[2]) } }
-				: record.lastUserText.includes(HANG)
-					? { hang: true, text: "thinking…" }
-					: { text: `echo: ${record.lastUserText}` };
-		}
+		const step = this.takeStep(record) ?? unscripted(record, messages);
 		record.answer = step;
 
 		if (step.error) {
 			const { status = 500, message = "fake error" } = step.error;
-			return send(res, status, "application/json", errorBody(message));
+			return send(res, status, "application/json", this.errorBody(message));
 		}
 		const frames = [];
 		const frame = (choices, extra = {}) =>
@@ -175,27 +135,25 @@ export class FakeModel {
 		record.id = newId("chatcmpl");
 		frame([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
 		if (step.text) {
-			// Two deltas, so pi's accumulation is exercised.
-			const cut = Math.ceil(step.text.length / 2);
-			for (const part of [step.text.slice(0, cut), step.text.slice(cut)]) {
+			for (const part of halves(step.text)) {
 				if (part) frame([{ index: 0, delta: { content: part }, finish_reason: null }]);
 			}
 		}
-		if (step.hang) return this.hang(record, req, res, frames);
+		if (step.hang) return this.hold(record, res, frames.join(""));
 		if (step.chunks) return this.trickle(record, res, frames, frame, step);
 		const calls = step.toolCalls ?? (step.toolCall ? [step.toolCall] : []);
 		calls.forEach((call, index) => {
 			const id = call.id ?? newId("call");
 			const args = typeof call.arguments === "string" ? call.arguments : JSON.stringify(call.arguments ?? {});
-			const cut = Math.ceil(args.length / 2);
+			const [first, rest] = halves(args);
 			frame([
 				{
 					index: 0,
-					delta: { tool_calls: [{ index, id, type: "function", function: { name: call.name, arguments: args.slice(0, cut) } }] },
+					delta: { tool_calls: [{ index, id, type: "function", function: { name: call.name, arguments: first } }] },
 					finish_reason: null,
 				},
 			]);
-			frame([{ index: 0, delta: { tool_calls: [{ index, function: { arguments: args.slice(cut) } }] }, finish_reason: null }]);
+			frame([{ index: 0, delta: { tool_calls: [{ index, function: { arguments: rest } }] }, finish_reason: null }]);
 		});
 		frame([{ index: 0, delta: {}, finish_reason: calls.length > 0 ? "tool_calls" : "stop" }]);
 		frame([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } });
@@ -225,18 +183,6 @@ export class FakeModel {
 		setTimeout(next, step.everyMs ?? 500);
 	}
 
-	/** Sends what there is so far and holds the stream open until the client leaves. */
-	hang(record, req, res, frames) {
-		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-		res.write(frames.join(""));
-		this.hanging.add(res);
-		record.aborted = false;
-		res.once("close", () => {
-			this.hanging.delete(res);
-			record.aborted = true;
-		});
-	}
-
 	/**
 	 * pi's models.json naming this server as provider `fake`, model `echo`.
 	 * `input` is the model's input kinds: pi replaces images with a placeholder for
@@ -263,22 +209,4 @@ export class FakeModel {
 			},
 		};
 	}
-
-	stop() {
-		if (!this.server) return Promise.resolve();
-		for (const res of this.hanging) res.destroy();
-		this.server.closeAllConnections();
-		return new Promise((done) => this.server.close(() => done()));
-	}
-}
-
-function errorBody(message) {
-	return JSON.stringify({ error: { message, type: "fake_error", code: null } });
-}
-
-/** Headers and body in one write. */
-function send(res, status, contentType, body, headers = {}) {
-	const buffer = Buffer.from(body, "utf8");
-	res.writeHead(status, { "content-type": contentType, "content-length": buffer.length, ...headers });
-	res.end(buffer);
 }

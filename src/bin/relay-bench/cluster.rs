@@ -88,50 +88,10 @@ pub async fn measure(
     let after = nats.traffic();
     tokio::time::sleep(busy).await;
     let idle = nats.traffic();
-    let traffic = match (before, after, idle) {
-        (Ok(before), Ok(after), Ok(idle)) => {
-            let updates = (2 * messages) as f64;
-            let per = |f: fn(&Traffic) -> u64| {
-                let work = f(&after).saturating_sub(f(&before)) as f64;
-                let background = f(&idle).saturating_sub(f(&after)) as f64;
-                ((work - background) / updates).max(0.0)
-            };
-            Measure::Traffic {
-                messages: per(|t| t.messages),
-                bytes: per(|t| t.bytes),
-            }
-        }
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Measure::na(format!("{e:#}")),
-    };
-
+    let traffic = traffic_per_update(before, after, idle, 2 * messages);
     let mut samples = Vec::with_capacity(trials);
     for trial in 0..trials {
-        let dead = polling(&machines).await?;
-        let alive = 1 - dead;
-        let thread = machines[alive].thread(&api, 0)?;
-        machines[alive].hosts[0].drain_prompts();
-        let killed = machines[dead]
-            .hosts
-            .iter()
-            .map(Host::sigkill)
-            .min()
-            .context("a machine without sidecars")?;
-        let text = format!("bench cluster failover #{trial}.");
-        api.inject_message(Inject {
-            chat_id: DEFAULT_FORUM_CHAT_ID,
-            thread_id: Some(thread),
-            user_id: DEFAULT_USER_ID,
-            text: text.clone(),
-        });
-        let prompt = machines[alive].hosts[0]
-            .prompt(&text, TRIAL_TIMEOUT)
-            .await
-            .with_context(|| {
-                format!("trial {trial}: no machine polled within {TRIAL_TIMEOUT:?}")
-            })?;
-        samples.push(prompt.at.saturating_duration_since(killed));
-        machines[dead].restart(relay).await?;
-        settle(&mut machines, &fake).await?;
+        samples.push(failover(relay, &mut machines, &fake, trial).await?);
     }
     Ok(Figures {
         failover: Measure::latency(&samples, "no trial"),
@@ -139,6 +99,66 @@ pub async fn measure(
         inbound_other: inbound_other.unwrap_or_else(|e| Measure::na(format!("{e:#}"))),
         traffic,
     })
+}
+
+/// NATS's traffic per update: what `updates` cost between `before` and
+/// `after`, less what the same time costs idle (`after` to `idle`).
+fn traffic_per_update(
+    before: anyhow::Result<Traffic>,
+    after: anyhow::Result<Traffic>,
+    idle: anyhow::Result<Traffic>,
+    updates: usize,
+) -> Measure {
+    match (before, after, idle) {
+        (Ok(before), Ok(after), Ok(idle)) => {
+            let per = |f: fn(&Traffic) -> u64| {
+                let work = f(&after).saturating_sub(f(&before)) as f64;
+                let background = f(&idle).saturating_sub(f(&after)) as f64;
+                ((work - background) / updates as f64).max(0.0)
+            };
+            Measure::Traffic {
+                messages: per(|t| t.messages),
+                bytes: per(|t| t.bytes),
+            }
+        }
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Measure::na(format!("{e:#}")),
+    }
+}
+
+/// One failover: the polling machine's sidecars killed, a message to the
+/// other's session; the time from the kill to its prompt. The dead machine
+/// comes back after.
+async fn failover(
+    relay: &Path,
+    machines: &mut [Machine],
+    fake: &FakeServer,
+    trial: usize,
+) -> anyhow::Result<Duration> {
+    let api = fake.api();
+    let dead = polling(machines).await?;
+    let alive = 1 - dead;
+    let thread = machines[alive].thread(&api, 0)?;
+    machines[alive].hosts[0].drain_prompts();
+    let killed = machines[dead]
+        .hosts
+        .iter()
+        .map(Host::sigkill)
+        .min()
+        .context("a machine without sidecars")?;
+    let text = format!("bench cluster failover #{trial}.");
+    api.inject_message(Inject {
+        chat_id: DEFAULT_FORUM_CHAT_ID,
+        thread_id: Some(thread),
+        user_id: DEFAULT_USER_ID,
+        text: text.clone(),
+    });
+    let prompt = machines[alive].hosts[0]
+        .prompt(&text, TRIAL_TIMEOUT)
+        .await
+        .with_context(|| format!("trial {trial}: no machine polled within {TRIAL_TIMEOUT:?}"))?;
+    machines[dead].restart(relay).await?;
+    settle(machines, fake).await?;
+    Ok(prompt.at.saturating_duration_since(killed))
 }
 
 /// One machine: its home, its node name and its sessions.

@@ -26,9 +26,10 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::host_client::{FromSidecar, Link, Said};
-use crate::launch::child::{self, Input, Spawned};
-use crate::launch::engine::{Agent, Context, Control, EngineError, Exit, Start};
+use crate::launch::child::{self, Input};
+use crate::launch::engine::{Agent, Context, EngineError, Models, Start};
 use crate::launch::hosted::{Hosted, Identity};
+use crate::launch::starting::{Driver, Started, Starting};
 use crate::protocol::host::{ApprovalResult, Decision, method};
 use crate::protocol::launch::ModelChoice;
 
@@ -114,6 +115,56 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         .resume
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let (mut agent, stdin, stdout) = Starting::spawn("claude", &argv(&start, &session_id), &start)?;
+    let input = child::writer(stdin);
+    let closing = input.clone();
+    agent.on_close(move || closing.close());
+    let cwd = start.folder.display().to_string();
+    let identity = Identity {
+        launch_id: &start.launch_id,
+        cwd: &cwd,
+        session_id: &session_id,
+        session_file: &format!("claude-code:{session_id}"),
+        host: "claude-code",
+    };
+    let mut hosted = match Hosted::start(ctx, identity).await {
+        Ok(hosted) => hosted,
+        Err(why) => {
+            let why = format!("its relay session did not start: {why}");
+            return Err(agent.failed(why).await);
+        }
+    };
+    let (activity_tx, activity) = watch::channel(Instant::now());
+    let claude = Arc::new(Claude {
+        input,
+        link: hosted.link.clone(),
+        state: Mutex::default(),
+        activity: activity_tx,
+    });
+    crate::tasks::spawn(read(child::reader(stdout), claude.clone()));
+    let from_session = std::mem::replace(&mut hosted.from_session, mpsc::unbounded_channel().1);
+    crate::tasks::spawn(answer_session(from_session, claude.clone()));
+    agent.after(async move { hosted.close().await });
+    let init = claude.control(json!({"subtype": "initialize"}));
+    match tokio::time::timeout(STARTUP, init).await {
+        Ok(Ok(init)) => claude.state().models = models_of(&init),
+        Ok(Err(why)) => return Err(agent.failed(why).await),
+        Err(_) => {
+            let why = format!("did not answer within {} s", STARTUP.as_secs());
+            return Err(agent.failed(why).await);
+        }
+    }
+    let started = Started {
+        resume_id: Some(session_id),
+        model: start.model,
+        activity,
+    };
+    Ok(agent.serve(claude, started))
+}
+
+/// Claude Code's command line: headless, stream-json both ways, its
+/// permission questions on stdio, the session by its id.
+fn argv(start: &Start, session_id: &str) -> Vec<String> {
     let mut argv = start.command.clone();
     argv.extend(
         [
@@ -133,87 +184,11 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
     } else {
         "--session-id"
     };
-    argv.extend([flag.to_string(), session_id.clone()]);
+    argv.extend([flag.to_string(), session_id.to_string()]);
     if let Some(model) = &start.model {
         argv.extend(["--model".into(), model.clone()]);
     }
-    let Spawned {
-        mut child,
-        pid,
-        stdin,
-        stdout,
-        stderr,
-    } = child::spawn(&argv, &start.folder, &start.env)?;
-    let input = child::writer(stdin);
-    let failed = |message: String| EngineError::Startup {
-        engine: "claude",
-        message,
-    };
-    let cwd = start.folder.display().to_string();
-    let hosted = Hosted::start(
-        ctx,
-        Identity {
-            launch_id: &start.launch_id,
-            cwd: &cwd,
-            session_id: &session_id,
-            session_file: &format!("claude-code:{session_id}"),
-            host: "claude-code",
-        },
-    )
-    .await;
-    let mut hosted = match hosted {
-        Ok(hosted) => hosted,
-        Err(why) => {
-            input.close();
-            child::end(&mut child, pid, &stderr).await;
-            return Err(failed(format!("its relay session did not start: {why}")));
-        }
-    };
-    let (activity_tx, activity) = watch::channel(Instant::now());
-    let claude = Arc::new(Claude {
-        input,
-        link: hosted.link.clone(),
-        state: Mutex::default(),
-        activity: activity_tx,
-    });
-    crate::tasks::spawn(read(child::reader(stdout), claude.clone()));
-    let from_session = std::mem::replace(&mut hosted.from_session, mpsc::unbounded_channel().1);
-    crate::tasks::spawn(answer_session(from_session, claude.clone()));
-    let init =
-        tokio::time::timeout(STARTUP, claude.control(json!({"subtype": "initialize"}))).await;
-    let init = match init {
-        Ok(Ok(init)) => init,
-        failure => {
-            let why = match failure {
-                Ok(Err(e)) => e,
-                _ => format!("did not answer within {} s", STARTUP.as_secs()),
-            };
-            claude.input.close();
-            let exit = child::end(&mut child, pid, &stderr).await;
-            hosted.close().await;
-            return Err(failed(format!(
-                "{why}; its stderr: {}",
-                crate::policy::clip(&exit.stderr, 800)
-            )));
-        }
-    };
-    claude.state().models = models_of(&init);
-    let (control, controls) = mpsc::channel(16);
-    let (exit_tx, exited) = oneshot::channel();
-    let served = claude.clone();
-    crate::tasks::spawn(async move {
-        let exit = serve(&served, controls, &mut child, pid, &stderr).await;
-        hosted.close().await;
-        let _ = exit_tx.send(exit);
-    });
-    Ok(Agent {
-        pid,
-        resume_id: Some(session_id),
-        model: start.model,
-        control,
-        exited,
-        activity,
-    })
+    argv
 }
 
 /// The models `initialize` answers: what switches to each, what it shows,
@@ -428,55 +403,32 @@ fn prompt(claude: &Claude, params: &Value) -> Value {
     json!({"accepted": true})
 }
 
-/// Serves `serve`'s controls until Claude Code ends.
-async fn serve(
-    claude: &Arc<Claude>,
-    mut controls: mpsc::Receiver<Control>,
-    child: &mut tokio::process::Child,
-    pid: u32,
-    stderr: &child::StderrTail,
-) -> Exit {
-    loop {
-        let control = tokio::select! {
-            exit = child::exit_of(child, stderr) => return exit,
-            control = controls.recv() => control,
-        };
-        match control {
-            Some(Control::Models(reply)) => {
-                let state = claude.state();
-                let current = state.model.clone().map(|model| {
-                    state
-                        .models
-                        .iter()
-                        .find(|(m, resolved)| m.id == model || resolved.as_deref() == Some(&model))
-                        .map_or(model, |(m, _)| m.id.clone())
-                });
-                let models = state.models.iter().map(|(m, _)| m.clone()).collect();
-                let _ = reply.send(Ok((models, current)));
+impl Driver for Arc<Claude> {
+    /// Answered from what `initialize` named and the model in use.
+    fn models(&mut self, reply: oneshot::Sender<Result<Models, String>>) {
+        let state = self.state();
+        let current = state.model.clone().map(|model| {
+            state
+                .models
+                .iter()
+                .find(|(m, resolved)| m.id == model || resolved.as_deref() == Some(&model))
+                .map_or(model, |(m, _)| m.id.clone())
+        });
+        let models = state.models.iter().map(|(m, _)| m.clone()).collect();
+        let _ = reply.send(Ok((models, current)));
+    }
+
+    fn set_model(&mut self, model: String, reply: oneshot::Sender<Result<String, String>>) {
+        let claude = self.clone();
+        crate::tasks::spawn(async move {
+            let set = claude
+                .control(json!({"subtype": "set_model", "model": model}))
+                .await
+                .map(|r| r["model"].as_str().unwrap_or(&model).to_string());
+            if let Ok(set) = &set {
+                claude.state().model = Some(set.clone());
             }
-            Some(Control::SetModel(model, reply)) => {
-                let claude = claude.clone();
-                crate::tasks::spawn(async move {
-                    let set = claude
-                        .control(json!({"subtype": "set_model", "model": model}))
-                        .await
-                        .map(|r| r["model"].as_str().unwrap_or(&model).to_string());
-                    if let Ok(set) = &set {
-                        claude.state().model = Some(set.clone());
-                    }
-                    let _ = reply.send(set);
-                });
-            }
-            Some(Control::End(done)) => {
-                claude.input.close();
-                let exit = child::end(child, pid, stderr).await;
-                let _ = done.send(());
-                return exit;
-            }
-            None => {
-                claude.input.close();
-                return child::end(child, pid, stderr).await;
-            }
-        }
+            let _ = reply.send(set);
+        });
     }
 }

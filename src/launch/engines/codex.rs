@@ -16,14 +16,15 @@
 //! (the app-server's input closed: it leaves). Codex gets the relay's
 //! `send_file` tool as the wrapper's Codex does (`crate::codex::tools`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use crate::codex::{AppServer, Opening, Running, Transport};
-use crate::launch::child::{self, Spawned};
-use crate::launch::engine::{Agent, Context, Control, EngineError, Exit, Start};
+use crate::codex::{AppServer, CodexBridge, Opening, Transport};
+use crate::launch::engine::{Agent, Context, EngineError, Models, Start};
+use crate::launch::starting::{Driver, Started, Starting};
 use crate::protocol::host::method;
 
 /// How long Codex has to answer `initialize` and open or resume the thread.
@@ -37,53 +38,36 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
     let mut argv = start.command.clone();
     argv.extend(tools.iter().flat_map(|t| t.args.iter().cloned()));
     argv.push("app-server".into());
-    let Spawned {
-        mut child,
-        pid,
-        stdin,
-        stdout,
-        stderr,
-    } = child::spawn(&argv, &start.folder, &start.env)?;
+    let (mut agent, stdin, stdout) = Starting::spawn("codex", &argv, &start)?;
     let (codex, incoming) = AppServer::start(Transport::stdio(stdout, stdin));
-    let failed = |message: String| EngineError::Startup {
-        engine: "codex",
-        message,
-    };
+    // Its input closed: the app-server leaves.
+    let closing = codex.clone();
+    agent.on_close(move || closing.close());
     if let Err(e) = codex.initialize("agent-relay").await {
-        codex.close();
-        let exit = child::end(&mut child, pid, &stderr).await;
-        return Err(failed(with_stderr(&e.to_string(), &exit)));
+        return Err(agent.failed(e).await);
     }
-    let opening = match &start.resume {
-        Some(thread_id) => Opening::Resume {
-            thread_id: thread_id.clone(),
-        },
-        None => Opening::Start {
-            cwd: start.folder.display().to_string(),
-            model: start.model.clone(),
-        },
-    };
     let running = crate::codex::launched(
-        codex.clone(),
+        codex,
         incoming,
         ctx.paths.clone(),
         ctx.config.clone(),
-        opening,
+        opening(&start),
         start.launch_id.clone(),
     );
     let bridge = running.bridge().clone();
     if let Some(tools) = &mut tools {
         tools.serve(bridge.clone());
     }
+    agent.after(async move {
+        running.stop().await;
+        drop(tools);
+    });
     let opened = match tokio::time::timeout(STARTUP, bridge.opened()).await {
         Ok(Ok(opened)) => opened,
-        failure => {
-            let why = match failure {
-                Ok(Err(why)) => why,
-                _ => format!("opened no thread within {} s", STARTUP.as_secs()),
-            };
-            let exit = end(running, &codex, &mut child, pid, &stderr).await;
-            return Err(failed(with_stderr(&why, &exit)));
+        Ok(Err(why)) => return Err(agent.failed(why).await),
+        Err(_) => {
+            let why = format!("opened no thread within {} s", STARTUP.as_secs());
+            return Err(agent.failed(why).await);
         }
     };
     if start.resume.is_some() && start.model.is_some() {
@@ -91,112 +75,76 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         // before goes on with the turns from the phone.
         bridge.set_model(start.model.clone());
     }
-    // Idempotent: joins when `auto_connect` is off too, and waits for the
-    // registration, as the hosted session of Claude Code does.
-    let connected = bridge
+    if let Err(e) = join(&bridge).await {
+        let why = format!("its relay session did not start: {e}");
+        return Err(agent.failed(why).await);
+    }
+    let model = start.model.clone().or(opened.model);
+    let started = Started {
+        resume_id: Some(opened.thread_id),
+        model: model.clone(),
+        activity: bridge.activity(),
+    };
+    let launched = Launched {
+        bridge,
+        current: model,
+    };
+    Ok(agent.serve(launched, started))
+}
+
+/// How the session gets its thread: the one to resume, or a new one in
+/// the folder.
+fn opening(start: &Start) -> Opening {
+    match &start.resume {
+        Some(thread_id) => Opening::Resume {
+            thread_id: thread_id.clone(),
+        },
+        None => Opening::Start {
+            cwd: start.folder.display().to_string(),
+            model: start.model.clone(),
+        },
+    }
+}
+
+/// Has the session join the relay. Idempotent: joins when `auto_connect`
+/// is off too, and waits for the registration, as the hosted session of
+/// Claude Code does; joined without a topic is said in the log.
+async fn join(bridge: &CodexBridge) -> Result<(), crate::host_client::HostError> {
+    let answer = bridge
         .ask_session(
             method::COMMAND_EXECUTE,
             json!({"name": "telegram-connect", "args": ""}),
         )
-        .await;
-    match connected {
-        Ok(answer) if answer["ok"].as_bool() == Some(true) => {}
-        Ok(answer) => tracing::warn!(
+        .await?;
+    if answer["ok"].as_bool() != Some(true) {
+        tracing::warn!(
             "a launched Codex session joined without its topic: {}",
             answer["message"].as_str().unwrap_or_default()
-        ),
-        Err(e) => {
-            let exit = end(running, &codex, &mut child, pid, &stderr).await;
-            return Err(failed(with_stderr(
-                &format!("its relay session did not start: {e}"),
-                &exit,
-            )));
-        }
+        );
     }
-    let model = start.model.clone().or(opened.model);
-    let (control, controls) = mpsc::channel(16);
-    let (exit_tx, exited) = oneshot::channel();
-    let activity = bridge.activity();
-    let current = model.clone();
-    crate::tasks::spawn(async move {
-        let exit = serve(
-            &running, &codex, current, controls, &mut child, pid, &stderr,
-        )
-        .await;
-        running.stop().await;
-        drop(tools);
-        let _ = exit_tx.send(exit);
-    });
-    Ok(Agent {
-        pid,
-        resume_id: Some(opened.thread_id),
-        model,
-        control,
-        exited,
-        activity,
-    })
+    Ok(())
 }
 
-/// Ends a Codex that is starting: the session leaves, the app-server's
-/// input closes, and the process goes.
-async fn end(
-    running: Running,
-    codex: &AppServer,
-    child: &mut tokio::process::Child,
-    pid: u32,
-    stderr: &child::StderrTail,
-) -> Exit {
-    running.stop().await;
-    codex.close();
-    child::end(child, pid, stderr).await
+/// A launched Codex, as `serve` asks it about models: Codex's catalogue
+/// through the bridge, and the model the turns from the phone start with.
+struct Launched {
+    bridge: Arc<CodexBridge>,
+    current: Option<String>,
 }
 
-fn with_stderr(why: &str, exit: &Exit) -> String {
-    format!(
-        "{why}; its stderr: {}",
-        crate::policy::clip(&exit.stderr, 800)
-    )
-}
+impl Driver for Launched {
+    fn models(&mut self, reply: oneshot::Sender<Result<Models, String>>) {
+        let bridge = self.bridge.clone();
+        let current = self.current.clone();
+        crate::tasks::spawn(async move {
+            let listed = bridge.models().await.map_err(|e| e.to_string());
+            let _ = reply.send(listed.map(|list| (list, current)));
+        });
+    }
 
-/// Serves `serve`'s controls until Codex ends.
-async fn serve(
-    running: &Running,
-    codex: &AppServer,
-    mut current: Option<String>,
-    mut controls: mpsc::Receiver<Control>,
-    child: &mut tokio::process::Child,
-    pid: u32,
-    stderr: &child::StderrTail,
-) -> Exit {
-    loop {
-        let control = tokio::select! {
-            exit = child::exit_of(child, stderr) => return exit,
-            control = controls.recv() => control,
-        };
-        match control {
-            Some(Control::Models(reply)) => {
-                let bridge = running.bridge().clone();
-                let current = current.clone();
-                crate::tasks::spawn(async move {
-                    let listed = bridge.models().await.map_err(|e| e.to_string());
-                    let _ = reply.send(listed.map(|list| (list, current)));
-                });
-            }
-            Some(Control::SetModel(model, reply)) => {
-                running.bridge().set_model(Some(model.clone()));
-                current = Some(model.clone());
-                let _ = reply.send(Ok(model));
-            }
-            Some(Control::End(done)) => {
-                codex.close();
-                let exit = child::end(child, pid, stderr).await;
-                let _ = done.send(());
-                return exit;
-            }
-            None => {
-                codex.close();
-                return child::end(child, pid, stderr).await;
-            }
-        }
+    fn set_model(&mut self, model: String, reply: oneshot::Sender<Result<String, String>>) {
+        self.bridge.set_model(Some(model.clone()));
+        self.current = Some(model.clone());
+        let _ = reply.send(Ok(model));
     }
 }

@@ -1,7 +1,8 @@
 //! One file per engine (`super::engine` is the seam): each has
-//! `start(Start, &Context) -> Result<Agent, EngineError>`. [`Engine`]
-//! names them and calls the one asked for: a new engine is a variant here
-//! and a file beside this one.
+//! `start(Start, &Context) -> Result<Agent, EngineError>`, built on
+//! `super::starting` (spawn, failed start-up, the controls served, the
+//! end). [`Engine`] names them and calls the one asked for: a new engine
+//! is a variant here and a file beside this one.
 
 mod claude;
 mod codex;

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::launch::child::{self, Spawned};
-use crate::launch::engine::{Agent, Context, Control, EngineError, Start};
+use crate::launch::child;
+use crate::launch::engine::{Agent, Context, EngineError, Models, Start};
+use crate::launch::starting::{Driver, Started, Starting};
 use crate::protocol::launch::ModelChoice;
 
 /// How long pi has to load its extensions and answer `get_state`.
@@ -81,55 +82,31 @@ pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineE
     if let Some(model) = &start.model {
         argv.extend(["--model".into(), model.clone()]);
     }
-    let Spawned {
-        mut child,
-        pid,
-        stdin,
-        stdout,
-        stderr,
-    } = child::spawn(&argv, &start.folder, &start.env)?;
+    let (mut agent, stdin, stdout) = Starting::spawn("pi", &argv, &start)?;
     let rpc = Rpc {
         lines: child::writer(stdin),
         waiting: Arc::default(),
         next: Arc::default(),
     };
+    // Its input closed: pi leaves, and its extension stops the sidecar.
+    let lines = rpc.lines.clone();
+    agent.on_close(move || lines.close());
     let (activity_tx, activity) = watch::channel(Instant::now());
-    let events = child::reader(stdout);
-    crate::tasks::spawn(read(events, rpc.clone(), activity_tx));
-    let state = tokio::time::timeout(STARTUP, rpc.call(json!({"type": "get_state"}))).await;
-    let state = match state {
+    crate::tasks::spawn(read(child::reader(stdout), rpc.clone(), activity_tx));
+    let state = match tokio::time::timeout(STARTUP, rpc.call(json!({"type": "get_state"}))).await {
         Ok(Ok(state)) => state,
-        failed => {
-            let why = match failed {
-                Ok(Err(e)) => e,
-                _ => format!("did not answer within {} s", STARTUP.as_secs()),
-            };
-            rpc.lines.close();
-            let exit = child::end(&mut child, pid, &stderr).await;
-            return Err(EngineError::Startup {
-                engine: "pi",
-                message: format!(
-                    "{why}; its stderr: {}",
-                    crate::policy::clip(&exit.stderr, 800)
-                ),
-            });
+        Ok(Err(why)) => return Err(agent.failed(why).await),
+        Err(_) => {
+            let why = format!("did not answer within {} s", STARTUP.as_secs());
+            return Err(agent.failed(why).await);
         }
     };
-    let (control, controls) = mpsc::channel(16);
-    let (exit_tx, exited) = oneshot::channel();
-    let model = model_id(&state["model"]);
-    crate::tasks::spawn(async move {
-        let exit = serve(rpc, controls, &mut child, pid, &stderr).await;
-        let _ = exit_tx.send(exit);
-    });
-    Ok(Agent {
-        pid,
+    let started = Started {
         resume_id: state["sessionFile"].as_str().map(str::to_string),
-        model,
-        control,
-        exited,
+        model: model_id(&state["model"]),
         activity,
-    })
+    };
+    Ok(agent.serve(rpc, started))
 }
 
 /// Reads pi's stdout: responses to whoever waits, dialogs dismissed,
@@ -173,44 +150,19 @@ async fn read(
     }
 }
 
-/// Serves `serve`'s controls until pi ends.
-async fn serve(
-    rpc: Rpc,
-    mut controls: mpsc::Receiver<Control>,
-    child: &mut tokio::process::Child,
-    pid: u32,
-    stderr: &child::StderrTail,
-) -> crate::launch::engine::Exit {
-    loop {
-        let control = tokio::select! {
-            exit = child::exit_of(child, stderr) => return exit,
-            control = controls.recv() => control,
-        };
-        match control {
-            Some(Control::Models(reply)) => {
-                let rpc = rpc.clone();
-                crate::tasks::spawn(async move {
-                    let _ = reply.send(models(&rpc).await);
-                });
-            }
-            Some(Control::SetModel(model, reply)) => {
-                let rpc = rpc.clone();
-                crate::tasks::spawn(async move {
-                    let _ = reply.send(set_model(&rpc, &model).await);
-                });
-            }
-            Some(Control::End(done)) => {
-                // Its input closed: pi leaves, and its extension stops the sidecar.
-                rpc.lines.close();
-                let exit = child::end(child, pid, stderr).await;
-                let _ = done.send(());
-                return exit;
-            }
-            None => {
-                rpc.lines.close();
-                return child::end(child, pid, stderr).await;
-            }
-        }
+impl Driver for Rpc {
+    fn models(&mut self, reply: oneshot::Sender<Result<Models, String>>) {
+        let rpc = self.clone();
+        crate::tasks::spawn(async move {
+            let _ = reply.send(models(&rpc).await);
+        });
+    }
+
+    fn set_model(&mut self, model: String, reply: oneshot::Sender<Result<String, String>>) {
+        let rpc = self.clone();
+        crate::tasks::spawn(async move {
+            let _ = reply.send(set_model(&rpc, &model).await);
+        });
     }
 }
 
@@ -223,7 +175,7 @@ fn model_id(model: &Value) -> Option<String> {
     ))
 }
 
-async fn models(rpc: &Rpc) -> Result<(Vec<ModelChoice>, Option<String>), String> {
+async fn models(rpc: &Rpc) -> Result<Models, String> {
     let state = rpc.call(json!({"type": "get_state"})).await?;
     let available = rpc.call(json!({"type": "get_available_models"})).await?;
     let models = available["models"]

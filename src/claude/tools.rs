@@ -1,34 +1,24 @@
-//! The MCP server Claude Code starts (`agent-relay mcp`): the Model Context
-//! Protocol's lifecycle, its tools, and Claude Code's channel extension, on
-//! the crate's JSON-RPC transport (`docs/decisions/0002-mcp-server.md` says
-//! why not the official SDK).
+//! Claude Code's tools on the relay's MCP server (`src/mcp.rs`), which
+//! Claude Code starts as `agent-relay mcp`:
 //!
-//! * `initialize` answers the client's protocol version when we speak it
-//!   (else our newest), `tools`, and the experimental `claude/channel` and
-//!   `claude/channel/permission` capabilities; `server/discover` (the
-//!   draft stateless lifecycle) is an unknown method, so Claude Code falls
-//!   back to `initialize`, the lifecycle it was seen to use.
-//! * Tools: `reply`, `send_file`, `ask`, `status`, `telegram_inbox`, and `permission`
-//!   for `--permission-prompt-tool` in print mode.
-//! * Prompts from the topic go out as `notifications/claude/channel` to a
-//!   client that takes them (Claude Code, or one that declares
-//!   `claude/channel`), and always wait in the inbox until a turn took them.
+//! * `reply`, `send_file`, `ask`, `status`, `telegram_inbox`, and
+//!   `permission` for `--permission-prompt-tool` in print mode;
+//! * Claude Code's channel extension: the experimental `claude/channel`
+//!   and `claude/channel/permission` capabilities. Prompts from the topic
+//!   go out as `notifications/claude/channel` to a client that takes them
+//!   (Claude Code, or one that declares `claude/channel`), and always wait
+//!   in the inbox until a turn took them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::bridge::{Bridge, Waiting};
-use crate::host::{HostLink, RpcError, Service, encode_result};
+use super::bridge::{ClaudeBridge, Unread};
+use crate::mcp::{SEND_FILE_WAIT, send_file_params, send_file_tool, sent_text, tool_result};
 use crate::protocol::host::*;
 
-/// The MCP protocol versions this server speaks, newest first.
-const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
-
-/// What the model reads about this server (Claude Code puts it under "MCP
-/// Server Instructions").
+/// What the model reads about this server.
 const INSTRUCTIONS: &str = "agent-relay connects this session to a Telegram topic of its own. \
 Messages the user writes there arrive as <channel source=\"agent-relay\" …> turns, or wait for the \
 telegram_inbox tool. With agent-relay's hooks installed, your final answer of each turn is posted \
@@ -37,21 +27,15 @@ into the topic by itself; use `reply` for anything else the user should read on 
 question to them with buttons. Files the user sends are saved on this machine; the message names \
 their paths.";
 
-/// How long `send_file` waits: the leader gives an upload 10 minutes.
-const SEND_FILE_WAIT: Duration = Duration::from_secs(11 * 60);
-
-pub(super) struct Mcp {
-    bridge: Arc<Bridge>,
+/// The tools of one Claude Code's session, played through its bridge.
+pub(super) struct ClaudeTools {
+    bridge: Arc<ClaudeBridge>,
 }
 
-impl Mcp {
-    pub fn new(bridge: Arc<Bridge>, link: HostLink) -> Arc<Self> {
-        bridge.set_mcp(link);
-        Arc::new(Self { bridge })
-    }
+impl crate::mcp::Tools for ClaudeTools {
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
 
-    fn initialize(&self, params: &Value) -> Value {
-        let version = protocol_version(params);
+    fn initialize(&self, params: &Value) -> Option<Value> {
         let declares = params["capabilities"]["experimental"]
             .get("claude/channel")
             .is_some();
@@ -60,30 +44,43 @@ impl Mcp {
         // them where its channels are on and ignores them elsewhere, and the
         // inbox keeps every message either way.
         self.bridge.use_channel(declares || claude_code);
-        json!({
-            "protocolVersion": version,
-            "capabilities": {
-                "tools": {"listChanged": false},
-                "experimental": {"claude/channel": {}, "claude/channel/permission": {}},
-            },
-            "serverInfo": {"name": "agent-relay", "version": env!("CARGO_PKG_VERSION")},
-            "instructions": INSTRUCTIONS,
-        })
+        Some(json!({"claude/channel": {}, "claude/channel/permission": {}}))
     }
 
-    async fn call_tool(&self, params: Value) -> Result<Value, RpcError> {
-        let name = params["name"].as_str().unwrap_or_default().to_string();
-        let args = params.get("arguments").cloned().unwrap_or(json!({}));
-        let outcome = match name.as_str() {
+    fn list(&self) -> Value {
+        tools()
+    }
+
+    async fn call(&self, name: &str, args: Value) -> Option<Value> {
+        let outcome = match name {
             "reply" => self.reply(&args).await,
-            "send_file" => self.send_file(&args).await,
+            "send_file" => self.send_file(args).await,
             "ask" => self.ask(&args).await,
             "status" => self.status().await,
             "telegram_inbox" => Ok(inbox_text(&self.bridge.take_inbox())),
-            "permission" => return Ok(self.permission(&args).await),
-            other => return Err(RpcError::invalid_params(format!("Unknown tool: {other}"))),
+            "permission" => return Some(self.permission(&args).await),
+            _ => return None,
         };
-        Ok(tool_result(outcome))
+        Some(tool_result(outcome))
+    }
+
+    fn notify(&self, method: &str, params: Value) {
+        match method {
+            "notifications/initialized" => self.bridge.clone().start_after_grace(),
+            "notifications/claude/channel/permission_request" => {
+                self.bridge.clone().relay_permission(params);
+            }
+            other => tracing::trace!(method = other, "MCP notification"),
+        }
+    }
+}
+
+impl ClaudeTools {
+    /// The tools for `bridge`'s session; `link` is how the bridge reaches
+    /// Claude Code (its channel notifications).
+    pub fn new(bridge: Arc<ClaudeBridge>, link: crate::host::HostLink) -> Self {
+        bridge.set_mcp(link);
+        Self { bridge }
     }
 
     async fn reply(&self, args: &Value) -> Result<String, String> {
@@ -115,9 +112,8 @@ impl Mcp {
 
     /// `file/send` through the session: the leader checks the path and
     /// uploads the file; a refusal comes back saying why.
-    async fn send_file(&self, args: &Value) -> Result<String, String> {
-        let params: SendFileParams =
-            serde_json::from_value(args.clone()).map_err(|e| format!("send_file: {e}"))?;
+    async fn send_file(&self, args: Value) -> Result<String, String> {
+        let params = send_file_params(args)?;
         let result = self
             .bridge
             .ask_session(
@@ -201,97 +197,8 @@ impl Mcp {
     }
 }
 
-/// The MCP version to answer `initialize` with: the client's when we
-/// speak it, else our newest.
-pub(crate) fn protocol_version(params: &Value) -> &'static str {
-    let asked = params["protocolVersion"].as_str().unwrap_or_default();
-    VERSIONS
-        .iter()
-        .find(|v| **v == asked)
-        .unwrap_or(&VERSIONS[0])
-}
-
-/// A `tools/call` result: the text, flagged as an error when the tool
-/// failed (the model reads it either way).
-pub(crate) fn tool_result(outcome: Result<String, String>) -> Value {
-    match outcome {
-        Ok(text) => json!({"content": [{"type": "text", "text": text}]}),
-        Err(why) => json!({"content": [{"type": "text", "text": why}], "isError": true}),
-    }
-}
-
-/// What `send_file` tells the model when the file went.
-pub(crate) fn sent_text(params: &SendFileParams, result: &SendFileResult) -> String {
-    let kind = match result.sent_as {
-        SendAs::Photo => "a photo",
-        SendAs::Document => "a document",
-    };
-    format!(
-        "Sent {} to the Telegram topic as {kind} ({}).",
-        params.path,
-        crate::files::describe_size(result.size)
-    )
-}
-
-/// The `send_file` tool as `tools/list` names it.
-pub(crate) fn send_file_tool() -> Value {
-    json!({
-        "name": "send_file",
-        "description": "Send a file from this session's working directory to its Telegram topic: pictures as photos, anything else as a document (at most 50 MB).",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "Absolute, or relative to the working directory; it must lie there (links resolved) or in a folder the user allowed."},
-                "caption": {"type": "string", "description": "Plain text shown under the file."},
-                "as": {"type": "string", "enum": ["photo", "document"], "description": "Left out: a picture small enough goes as a photo."},
-            },
-            "required": ["path"],
-        },
-    })
-}
-
-/// A request's or notification's params as the tree the MCP side reads
-/// them as (`null` when absent).
-pub(crate) fn tree(params: Option<&RawValue>) -> Result<Value, RpcError> {
-    params.map_or(Ok(Value::Null), |raw| {
-        serde_json::from_str(raw.get())
-            .map_err(|e| RpcError::invalid_params(format!("Invalid params: {e}")))
-    })
-}
-
-impl Service for Mcp {
-    async fn call(
-        self: Arc<Self>,
-        method: String,
-        params: Option<Box<RawValue>>,
-    ) -> Result<Box<RawValue>, RpcError> {
-        let params = tree(params.as_deref())?;
-        let result = match method.as_str() {
-            "initialize" => self.initialize(&params),
-            "ping" => json!({}),
-            "tools/list" => json!({"tools": tools()}),
-            "tools/call" => self.call_tool(params).await?,
-            _ => {
-                return Err(RpcError::method_not_found(&method));
-            }
-        };
-        encode_result(&result)
-    }
-
-    fn notify(&self, method: &str, params: Option<Box<RawValue>>) {
-        match method {
-            "notifications/initialized" => self.bridge.clone().start_after_grace(),
-            "notifications/claude/channel/permission_request" => match tree(params.as_deref()) {
-                Ok(params) => self.bridge.clone().relay_permission(params),
-                Err(e) => tracing::warn!("an unreadable permission request: {}", e.message),
-            },
-            other => tracing::trace!(method = other, "MCP notification"),
-        }
-    }
-}
-
 /// What `telegram_inbox` answers.
-fn inbox_text(waiting: &[Waiting]) -> String {
+fn inbox_text(waiting: &[Unread]) -> String {
     if waiting.is_empty() {
         return "No messages are waiting.".into();
     }

@@ -1,0 +1,207 @@
+//! What the session asks of its host — a prompt from the topic is a
+//! turn (or joins the one running), `/stop` interrupts it — and what the
+//! launch engine and the relay's tool ask of the bridge (the models, a
+//! file to send, a command).
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{CodexBridge, FROM_PHONE, QUICK, SESSION_QUICK};
+use crate::codex::app_server::AppServerError;
+use crate::codex::wire::{self, method as codex};
+use crate::host_client::{FromSidecar, HostError, Said};
+use crate::protocol::host::{
+    AttachmentKind, SendFileParams, SendFileResult, SendUserMessageParams, method,
+};
+
+/// The most pages of `model/list` read (a page holds every model Codex
+/// 0.171 knows).
+const MODEL_PAGES: usize = 5;
+/// Update ids remembered to drop a prompt delivered twice.
+const SEEN: usize = 4096;
+
+impl CodexBridge {
+    /// Answers what the session asks of its host, until it is gone.
+    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
+        crate::tasks::spawn(async move {
+            while let Some(Said { message, .. }) = from.recv().await {
+                match message {
+                    FromSidecar::Request { id, method, params } => {
+                        let me = self.clone();
+                        crate::tasks::spawn(async move {
+                            let sent = match me.on_session_request(&method, params).await {
+                                Ok(result) => me.session.respond(id, result),
+                                Err((code, why)) => me.session.respond_error(id, code, &why),
+                            };
+                            if let Err(e) = sent {
+                                tracing::debug!("the session is gone: {e}");
+                            }
+                        });
+                    }
+                    FromSidecar::Notification { method, params } => {
+                        // The status line and notices: the TUI has no place
+                        // for them, the log has.
+                        tracing::debug!(method, %params, "from the session");
+                    }
+                    FromSidecar::Response(_) | FromSidecar::NotJson(_) => {}
+                }
+            }
+        });
+    }
+
+    async fn on_session_request(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, (i64, String)> {
+        match method {
+            method::AGENT_SEND_USER_MESSAGE => {
+                let params: SendUserMessageParams = serde_json::from_value(params)
+                    .map_err(|e| (-32602, format!("Invalid params: {e}")))?;
+                self.prompt(params).await
+            }
+            method::AGENT_ABORT => self.interrupt().await,
+            _ => Err((-32601, format!("Method not found: {method}"))),
+        }
+    }
+
+    /// A prompt from the topic starts a turn on the thread, or joins the
+    /// one running.
+    async fn prompt(&self, params: SendUserMessageParams) -> Result<Value, (i64, String)> {
+        let update_id = params.origin.update_id;
+        let (thread_id, model) = {
+            let mut state = self.state();
+            if !state.seen_set.insert(update_id) {
+                return Ok(json!({"accepted": true}));
+            }
+            state.seen.push_back(update_id);
+            if state.seen.len() > SEEN
+                && let Some(old) = state.seen.pop_front()
+            {
+                state.seen_set.remove(&old);
+            }
+            (state.thread.clone(), state.model.clone())
+        };
+        let forget = || {
+            let mut state = self.state();
+            state.seen_set.remove(&update_id);
+        };
+        let Some(thread_id) = thread_id else {
+            forget();
+            return Err((-32000, "Codex has no thread open yet".into()));
+        };
+        let mut input = vec![wire::UserInput::Text { text: params.text }];
+        input.extend(
+            params
+                .attachments
+                .iter()
+                .filter(|a| a.kind == AttachmentKind::Photo)
+                .map(|a| wire::UserInput::LocalImage {
+                    path: a.path.clone(),
+                }),
+        );
+        let started: Result<TurnOnly, _> = self
+            .codex
+            .request(
+                codex::TURN_START,
+                &wire::TurnStartParams {
+                    thread_id,
+                    input,
+                    client_user_message_id: format!("{FROM_PHONE}{update_id}"),
+                    model,
+                },
+                QUICK,
+            )
+            .await;
+        match started {
+            Ok(started) => {
+                self.state().phone_turns.insert(started.turn.id.clone());
+                self.turn_started(&started.turn.id);
+                self.try_subscribe.notify_one();
+                Ok(json!({"accepted": true}))
+            }
+            Err(e) => {
+                forget();
+                Err((-32000, format!("Codex did not take the message: {e}")))
+            }
+        }
+    }
+
+    /// `/stop`: the running turn is interrupted.
+    async fn interrupt(&self) -> Result<Value, (i64, String)> {
+        let (thread_id, turn_id) = {
+            let state = self.state();
+            (state.thread.clone(), state.turn.clone())
+        };
+        let (Some(thread_id), Some(turn_id)) = (thread_id, turn_id) else {
+            return Err((-32000, "Codex is not working on anything".into()));
+        };
+        self.codex
+            .request::<_, Value>(
+                codex::TURN_INTERRUPT,
+                &wire::TurnInterruptParams { thread_id, turn_id },
+                QUICK,
+            )
+            .await
+            .map(|_| json!({}))
+            .map_err(|e| (-32000, e.to_string()))
+    }
+
+    /// The models Codex offers a person (not the hidden ones), as
+    /// `model/list` pages them: what a turn names, and what the phone shows.
+    pub async fn models(
+        &self,
+    ) -> Result<Vec<crate::protocol::launch::ModelChoice>, AppServerError> {
+        let mut models = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MODEL_PAGES {
+            let page: wire::ModelList = self
+                .codex
+                .request(codex::MODEL_LIST, &json!({"cursor": cursor}), QUICK)
+                .await?;
+            models.extend(page.data.into_iter().filter(|m| !m.hidden).map(|m| {
+                let label = if m.display_name.trim().is_empty() {
+                    m.model.clone()
+                } else {
+                    m.display_name
+                };
+                crate::protocol::launch::ModelChoice { id: m.model, label }
+            }));
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        Ok(models)
+    }
+
+    /// `file/send` through the session, for the relay's tool
+    /// ([`super::tools`]): the session checks the path against the policy
+    /// and the leader uploads the file; a refusal says why.
+    pub async fn send_file(&self, params: &SendFileParams) -> Result<SendFileResult, String> {
+        let params = serde_json::to_value(params).map_err(|e| e.to_string())?;
+        let sent = self
+            .session
+            .request(method::FILE_SEND, params, crate::mcp::SEND_FILE_WAIT)
+            .await
+            .map_err(|e| match e {
+                HostError::Rpc { message, .. } => message,
+                other => other.to_string(),
+            })?;
+        serde_json::from_value(sent).map_err(|e| e.to_string())
+    }
+
+    /// A request to the session, for the launch engine (a command typed in
+    /// the topic it handles itself).
+    pub async fn ask_session(&self, method: &str, params: Value) -> Result<Value, HostError> {
+        self.session.request(method, params, SESSION_QUICK).await
+    }
+}
+
+/// The result of `turn/start`.
+#[derive(serde::Deserialize)]
+struct TurnOnly {
+    turn: wire::Turn,
+}
