@@ -464,9 +464,14 @@ impl Launches {
             by_user: 0,
         };
         match self.order(end, ORDER_WAIT).await {
-            Ok(OrderOutcome::Ended) => tracing::info!(launch = id, "ended an agent whose start was given up"),
+            Ok(OrderOutcome::Ended) => {
+                tracing::info!(launch = id, "ended an agent whose start was given up")
+            }
             Ok(other) => tracing::debug!(launch = id, "ending a start given up: {other:?}"),
-            Err(e) => tracing::warn!(launch = id, "cannot end an agent whose start was given up: {e}"),
+            Err(e) => tracing::warn!(
+                launch = id,
+                "cannot end an agent whose start was given up: {e}"
+            ),
         }
     }
 

@@ -43,10 +43,10 @@ use crate::config::Config;
 use crate::files::DOWNLOAD_MAX;
 use crate::protocol::bus::{FETCH_DEADLINE, SendAs, TOPIC_DEADLINE, Target, UPLOAD_DEADLINE};
 use crate::render;
-use crate::telegram::types::InlineKeyboardMarkup;
 use crate::telegram::call::{
     AnswerCallbackQuery, ChatAction, CreateForumTopic, InTopic, SendChatAction,
 };
+use crate::telegram::types::InlineKeyboardMarkup;
 use crate::telegram::{
     BotApi, BotCall, BotInfo, BotReply, ChatBudget, DownloadError, Priority, RateLimiter, SendFile,
     SetupError, TelegramError, UploadSource,
@@ -188,7 +188,9 @@ impl Lacking {
             .iter()
             .map(|what| match *what {
                 "sendMessageDraft" => "sendMessageDraft (drafts show as an edited message)".into(),
-                DISABLED_BUTTONS => "disabled buttons (settled questions lose their buttons)".into(),
+                DISABLED_BUTTONS => {
+                    "disabled buttons (settled questions lose their buttons)".into()
+                }
                 other => (*other).to_string(),
             })
             .collect()
@@ -722,7 +724,12 @@ fn recover(call: &BotCall, error: &TelegramError, priority: Priority) -> Recover
 
 /// Whether a keyboard has a button that cannot be pressed (Bot API 10.3).
 fn has_disabled_buttons(markup: Option<&InlineKeyboardMarkup>) -> bool {
-    markup.is_some_and(|m| m.inline_keyboard.iter().flatten().any(|b| b.disabled.is_some()))
+    markup.is_some_and(|m| {
+        m.inline_keyboard
+            .iter()
+            .flatten()
+            .any(|b| b.disabled.is_some())
+    })
 }
 
 /// The call without its disabled buttons, for a server that knows none: a

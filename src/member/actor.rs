@@ -432,18 +432,7 @@ impl Actor {
         let ended = loop {
             tokio::select! {
                 () = self.stop.cancelled() => {
-                    // Acknowledgements still queued go out first: a message
-                    // the host took must not come to it again.
-                    let generation = self.generation;
-                    let mut frames = Vec::new();
-                    while let Ok(delivery_id) = self.acks.try_recv() {
-                        frames.push(ToLeader::DeliveryAck(DeliveryAck { generation, delivery_id }));
-                    }
-                    if !frames.is_empty()
-                        && let Err(e) = writer.send_all(&frames).await
-                    {
-                        tracing::debug!("acknowledgements not sent while leaving: {e}");
-                    }
+                    self.last_acks(&mut writer).await;
                     break Ended::Stopped;
                 }
                 frame = reader.recv::<FromLeader>() => match frame {
@@ -466,26 +455,9 @@ impl Actor {
                     Err(e) => break Ended::Lost(e.to_string()),
                 },
                 Some(call) = self.calls.recv() => {
-                    let id = self.next_id();
-                    let generation = self.generation;
-                    let envelope = match call.call {
-                        Call::Reregister => {
-                            self.retry_provisioning = true;
-                            let _ = call.reply.send(Ok(None));
-                            break Ended::Reregister;
-                        }
-                        Call::Rebind { profile_key, session_name } => {
-                            self.rebind(profile_key, session_name);
-                            let _ = call.reply.send(Ok(None));
-                            break Ended::Reregister;
-                        }
-                        Call::Request(envelope) => envelope(id, generation),
-                    };
-                    if let Err(e) = writer.send(&envelope).await {
-                        let _ = call.reply.send(Err(MemberError::NotConnected));
-                        break Ended::Lost(e.to_string());
+                    if let Some(ended) = self.call(call, &mut writer, &mut waiting).await {
+                        break ended;
                     }
-                    waiting.insert(id, call.reply);
                 }
                 n = self.acks.recv_many(&mut acks, ACK_BURST), if !self.acks.is_closed() => {
                     let generation = self.generation;
@@ -518,6 +490,58 @@ impl Actor {
         ended
     }
 
+    /// Acknowledgements still queued go out before the member leaves: a
+    /// message the host took must not come to it again.
+    async fn last_acks(&mut self, writer: &mut WireWriter) {
+        let generation = self.generation;
+        let mut frames = Vec::new();
+        while let Ok(delivery_id) = self.acks.try_recv() {
+            frames.push(ToLeader::DeliveryAck(DeliveryAck {
+                generation,
+                delivery_id,
+            }));
+        }
+        if !frames.is_empty()
+            && let Err(e) = writer.send_all(&frames).await
+        {
+            tracing::debug!("acknowledgements not sent while leaving: {e}");
+        }
+    }
+
+    /// What the session asks while connected: a request goes to the leader
+    /// and waits for its ack; registering again ends this connection.
+    async fn call(
+        &mut self,
+        call: Pending,
+        writer: &mut WireWriter,
+        waiting: &mut Waiting,
+    ) -> Option<Ended> {
+        let id = self.next_id();
+        let generation = self.generation;
+        let envelope = match call.call {
+            Call::Reregister => {
+                self.retry_provisioning = true;
+                let _ = call.reply.send(Ok(None));
+                return Some(Ended::Reregister);
+            }
+            Call::Rebind {
+                profile_key,
+                session_name,
+            } => {
+                self.rebind(profile_key, session_name);
+                let _ = call.reply.send(Ok(None));
+                return Some(Ended::Reregister);
+            }
+            Call::Request(envelope) => envelope(id, generation),
+        };
+        if let Err(e) = writer.send(&envelope).await {
+            let _ = call.reply.send(Err(MemberError::NotConnected));
+            return Some(Ended::Lost(e.to_string()));
+        }
+        waiting.insert(id, call.reply);
+        None
+    }
+
     /// Sends this session's full route snapshot; returns the request id.
     async fn send_reconcile(&mut self, writer: &mut WireWriter) -> std::io::Result<u64> {
         let id = self.next_id();
@@ -548,35 +572,7 @@ impl Actor {
         reconcile: &mut Option<u64>,
     ) -> Next {
         match frame {
-            FromLeader::Ack(ack) => {
-                if ack.id.is_some() && ack.id == *reconcile {
-                    *reconcile = None;
-                    return self.reconciled(ack);
-                }
-                let moved = self.state.borrow().epoch != Some(ack.epoch);
-                if moved {
-                    tracing::info!(epoch = ack.epoch, "the leader's epoch changed; reconciling");
-                    self.set(|s| s.epoch = Some(ack.epoch));
-                }
-                if let Some(id) = ack.id
-                    && self.paced.remove(&id).is_some()
-                {
-                    self.show_pacing();
-                }
-                match ack.id.and_then(|id| waiting.remove(&id)) {
-                    Some(reply) => {
-                        let _ = reply.send(Ok(Some(ack)));
-                    }
-                    None => {
-                        if let Err(e) = ack.outcome {
-                            tracing::debug!("leader refused a frame: {e}");
-                        }
-                    }
-                }
-                if moved && reconcile.is_none() && !self.is_launcher() {
-                    return Next::Reconcile;
-                }
-            }
+            FromLeader::Ack(ack) => return self.on_ack(ack, waiting, reconcile),
             FromLeader::Deliver(deliver) => match &self.membership {
                 Membership::Session { deliveries } => {
                     if deliveries.send(deliver).await.is_err() {
@@ -618,13 +614,7 @@ impl Actor {
                         .is_some_and(|l| l.state != ClusterLinkState::Up);
                 self.set(|s| s.cluster = Some(link));
                 // Joined without a topic while the cluster was away: try again.
-                let topicless = self
-                    .state
-                    .borrow()
-                    .route
-                    .as_ref()
-                    .is_some_and(|r| r.target.is_none());
-                if back && topicless {
+                if back && self.topicless() {
                     return Next::Reregister;
                 }
             }
@@ -647,18 +637,55 @@ impl Actor {
                 self.set(|s| s.needs_pairing = false);
                 // Paired while this session had no topic: register again so
                 // the leader can provision one now.
-                let topicless = self
-                    .state
-                    .borrow()
-                    .route
-                    .as_ref()
-                    .is_some_and(|r| r.target.is_none());
-                if topicless {
+                if self.topicless() {
                     return Next::Reregister;
                 }
             }
         }
         Next::Go
+    }
+
+    /// An ack: the route snapshot's, or a request's (handed to whoever
+    /// waits). An ack of a new epoch means a new leader: the snapshot goes
+    /// to it.
+    fn on_ack(&mut self, ack: Ack, waiting: &mut Waiting, reconcile: &mut Option<u64>) -> Next {
+        if ack.id.is_some() && ack.id == *reconcile {
+            *reconcile = None;
+            return self.reconciled(ack);
+        }
+        let moved = self.state.borrow().epoch != Some(ack.epoch);
+        if moved {
+            tracing::info!(epoch = ack.epoch, "the leader's epoch changed; reconciling");
+            self.set(|s| s.epoch = Some(ack.epoch));
+        }
+        if let Some(id) = ack.id
+            && self.paced.remove(&id).is_some()
+        {
+            self.show_pacing();
+        }
+        match ack.id.and_then(|id| waiting.remove(&id)) {
+            Some(reply) => {
+                let _ = reply.send(Ok(Some(ack)));
+            }
+            None => {
+                if let Err(e) = ack.outcome {
+                    tracing::debug!("leader refused a frame: {e}");
+                }
+            }
+        }
+        if moved && reconcile.is_none() && !self.is_launcher() {
+            return Next::Reconcile;
+        }
+        Next::Go
+    }
+
+    /// Whether this session is registered without a topic.
+    fn topicless(&self) -> bool {
+        self.state
+            .borrow()
+            .route
+            .as_ref()
+            .is_some_and(|r| r.target.is_none())
     }
 
     /// The latest of the waits for the chat's budget, for the status line.

@@ -102,113 +102,179 @@ enum Taken {
 pub async fn run(
     session: Weak<Session>,
     member: Arc<Member>,
-    mut deliveries: mpsc::Receiver<Deliver>,
+    deliveries: mpsc::Receiver<Deliver>,
     stop: CancellationToken,
 ) {
-    let mut seen = Seen::new();
-    let mut in_flight: FuturesOrdered<Answered> = FuturesOrdered::new();
-    let mut on_the_way: HashSet<i64> = HashSet::new();
-    // A delivery read ahead while an album waited for its parts.
-    let mut held: VecDeque<Deliver> = VecDeque::new();
-    let settle =
-        |(parts, taken): (Vec<Deliver>, Taken), seen: &mut Seen, on_the_way: &mut HashSet<i64>| {
-            for deliver in parts {
-                on_the_way.remove(&deliver.update_id);
-                match taken {
-                    Taken::Yes => {
-                        seen.insert(deliver.update_id);
-                        member.ack_delivery(deliver.delivery_id);
-                    }
-                    // Acknowledged when a turn takes it (`agent/taken`).
-                    Taken::Queued => {
-                        seen.insert(deliver.update_id);
-                        if let Some(session) = session.upgrade() {
-                            session.awaits_turn(deliver.update_id, deliver.delivery_id);
-                        }
-                    }
-                    Taken::No => {}
+    Inbound {
+        session,
+        member,
+        deliveries,
+        stop,
+        seen: Seen::new(),
+        in_flight: FuturesOrdered::new(),
+        on_the_way: HashSet::new(),
+        held: VecDeque::new(),
+    }
+    .run()
+    .await;
+}
+
+/// The session's deliveries on their way to its host (see the module
+/// docs).
+struct Inbound {
+    session: Weak<Session>,
+    member: Arc<Member>,
+    deliveries: mpsc::Receiver<Deliver>,
+    stop: CancellationToken,
+    /// What the host took, by update id: a repeat is dropped.
+    seen: Seen,
+    /// Prompts handed to the host, waiting for its answer, in order.
+    in_flight: FuturesOrdered<Answered>,
+    /// The update ids of those prompts.
+    on_the_way: HashSet<i64>,
+    /// A delivery read ahead while an album waited for its parts.
+    held: VecDeque<Deliver>,
+}
+
+/// What came of one delivery.
+enum Step {
+    Next,
+    End,
+}
+
+impl Inbound {
+    async fn run(mut self) {
+        loop {
+            let next = async {
+                match self.held.pop_front() {
+                    Some(deliver) => Some(deliver),
+                    None => self.deliveries.recv().await,
                 }
+            };
+            let step = tokio::select! {
+                () = self.stop.cancelled() => Step::End,
+                Some(answered) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    self.settle(answered);
+                    Step::Next
+                }
+                next = next, if self.in_flight.len() < WINDOW => match next {
+                    Some(deliver) => self.deliver(deliver).await,
+                    None => Step::End,
+                },
+            };
+            if let Step::End = step {
+                break;
             }
+        }
+    }
+
+    /// Settles what the host's answer made of `parts`.
+    fn settle(&mut self, (parts, taken): (Vec<Deliver>, Taken)) {
+        for deliver in parts {
+            self.on_the_way.remove(&deliver.update_id);
+            match taken {
+                Taken::Yes => {
+                    self.seen.insert(deliver.update_id);
+                    self.member.ack_delivery(deliver.delivery_id);
+                }
+                // Acknowledged when a turn takes it (`agent/taken`).
+                Taken::Queued => {
+                    self.seen.insert(deliver.update_id);
+                    if let Some(session) = self.session.upgrade() {
+                        session.awaits_turn(deliver.update_id, deliver.delivery_id);
+                    }
+                }
+                Taken::No => {}
+            }
+        }
+    }
+
+    /// One delivery (with the rest of its album) to the host: a command
+    /// run, or a prompt handed over.
+    async fn deliver(&mut self, deliver: Deliver) -> Step {
+        let mut parts = vec![deliver];
+        if let Some(group) = parts[0].message.media_group_id.clone() {
+            gather_album(&group, &mut parts, &mut self.held, &mut self.deliveries).await;
+        }
+        self.drop_repeats(&mut parts);
+        if parts.is_empty() {
+            return Step::Next;
+        }
+        let Some(session) = self.session.upgrade() else {
+            return Step::End;
         };
-    loop {
-        let next = async {
-            match held.pop_front() {
-                Some(deliver) => Some(deliver),
-                None => deliveries.recv().await,
+        let has_files = parts.iter().any(|d| !d.message.attachments.is_empty());
+        if !has_files && PhoneCommand::delivered(&parts[0].message.text).is_some() {
+            // A command acts on what came before it: the prompts on their
+            // way are answered first.
+            while let Some(answered) = self.in_flight.next().await {
+                self.settle(answered);
             }
+            run_command(&session, &parts[0]).await;
+            self.settle((parts, Taken::Yes));
+            return Step::Next;
+        }
+        let (text, attachments) = if has_files {
+            let prepared = tokio::select! {
+                () = self.stop.cancelled() => return Step::End,
+                prepared = media::prepare(&session, &self.member, &parts) => prepared,
+            };
+            match prepared {
+                Prepared::Prompt { text, attachments } => (text, attachments),
+                Prepared::Nothing => {
+                    self.settle((parts, Taken::Yes));
+                    return Step::Next;
+                }
+                Prepared::Later => return Step::Next,
+            }
+        } else {
+            (parts[0].message.text.clone(), Vec::new())
         };
-        tokio::select! {
-            () = stop.cancelled() => break,
-            Some(answered) = in_flight.next(), if !in_flight.is_empty() => {
-                settle(answered, &mut seen, &mut on_the_way);
+        self.hand_over(session, parts, text, attachments).await;
+        Step::Next
+    }
+
+    /// Drops repeats: settled ones are acknowledged again (but for one
+    /// still waiting for a turn), ones the host has not answered yet are
+    /// settled by that answer.
+    fn drop_repeats(&self, parts: &mut Vec<Deliver>) {
+        let waiting = self
+            .session
+            .upgrade()
+            .map(|s| s.awaiting_turn())
+            .unwrap_or_default();
+        parts.retain(|deliver| {
+            if self.seen.contains(deliver.update_id) {
+                if !waiting.contains(&deliver.update_id) {
+                    self.member.ack_delivery(deliver.delivery_id);
+                }
+                return false;
             }
-            next = next, if in_flight.len() < WINDOW => {
-                let Some(deliver) = next else { break };
-                let mut parts = vec![deliver];
-                if let Some(group) = parts[0].message.media_group_id.clone() {
-                    gather_album(&group, &mut parts, &mut held, &mut deliveries).await;
-                }
-                // Repeats: settled ones are acknowledged again (but for one
-                // still waiting for a turn), ones the host has not answered
-                // yet are settled by that answer.
-                let waiting = session.upgrade().map(|s| s.awaiting_turn()).unwrap_or_default();
-                parts.retain(|deliver| {
-                    if seen.contains(deliver.update_id) {
-                        if !waiting.contains(&deliver.update_id) {
-                            member.ack_delivery(deliver.delivery_id);
-                        }
-                        return false;
-                    }
-                    !on_the_way.contains(&deliver.update_id)
-                });
-                if parts.is_empty() {
-                    continue;
-                }
-                let Some(session) = session.upgrade() else {
-                    break;
-                };
-                let has_files = parts.iter().any(|d| !d.message.attachments.is_empty());
-                if !has_files && PhoneCommand::delivered(&parts[0].message.text).is_some() {
-                    // A command acts on what came before it: the prompts
-                    // on their way are answered first.
-                    while let Some(answered) = in_flight.next().await {
-                        settle(answered, &mut seen, &mut on_the_way);
-                    }
-                    run_command(&session, &parts[0]).await;
-                    settle((parts, Taken::Yes), &mut seen, &mut on_the_way);
-                    continue;
-                }
-                let (text, attachments) = if has_files {
-                    let prepared = tokio::select! {
-                        () = stop.cancelled() => break,
-                        prepared = media::prepare(&session, &member, &parts) => prepared,
-                    };
-                    match prepared {
-                        Prepared::Prompt { text, attachments } => (text, attachments),
-                        Prepared::Nothing => {
-                            settle((parts, Taken::Yes), &mut seen, &mut on_the_way);
-                            continue;
-                        }
-                        Prepared::Later => continue,
-                    }
-                } else {
-                    (parts[0].message.text.clone(), Vec::new())
-                };
-                let params = prompt(&parts[0], text, attachments, session.is_busy());
-                match session.host.send_user_message(&params, HOST_TIMEOUT).await {
-                    Ok(answer) => {
-                        on_the_way.extend(parts.iter().map(|d| d.update_id));
-                        in_flight.push_back(Box::pin(async move {
-                            let settled = accepted(&session, &parts[0], answer.await);
-                            (parts, settled)
-                        }));
-                    }
-                    Err(e) => tracing::warn!(
-                        update_id = parts[0].update_id,
-                        "the host did not take a message: {e}"
-                    ),
-                }
+            !self.on_the_way.contains(&deliver.update_id)
+        });
+    }
+
+    /// Hands a prompt to the host; its answer settles it later, in order.
+    async fn hand_over(
+        &mut self,
+        session: Arc<Session>,
+        parts: Vec<Deliver>,
+        text: String,
+        attachments: Vec<crate::protocol::host::Attachment>,
+    ) {
+        let params = prompt(&parts[0], text, attachments, session.is_busy());
+        match session.host.send_user_message(&params, HOST_TIMEOUT).await {
+            Ok(answer) => {
+                self.on_the_way.extend(parts.iter().map(|d| d.update_id));
+                self.in_flight.push_back(Box::pin(async move {
+                    let settled = accepted(&session, &parts[0], answer.await);
+                    (parts, settled)
+                }));
             }
+            Err(e) => tracing::warn!(
+                update_id = parts[0].update_id,
+                "the host did not take a message: {e}"
+            ),
         }
     }
 }
