@@ -319,3 +319,72 @@ async fn the_drafts_stop_button_stops_the_turn() {
         prompts(&a)
     );
 }
+
+/// A Bot API server that lags behind Telegram (a self-hosted one, or a
+/// proxy) lacks drafts and disabled buttons: the turn's progress is an
+/// edited message, as in a group, after one refused draft (before: every
+/// 1.2 s a 404, for the whole turn, and only typing shown); a settled
+/// question loses its buttons instead of keeping live ones; `/relay
+/// status` says what the server lacks.
+#[tokio::test]
+async fn a_server_without_drafts_or_disabled_buttons_is_done_without() {
+    let home = common::home();
+    let fake = common::fake().await;
+    fake.api().set_lagging(&["sendMessageDraft"], false);
+    let mut a = session(home.path(), &fake, "/tmp/a", "api").await;
+    let thread = topic(&fake, "api");
+
+    a.notify("agent/started", json!({}));
+    a.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c1", "args": {"command": "ls"}}),
+    );
+    wait_topic_text_in(&fake, USER, thread, "⚙️ Working").await;
+    a.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c2", "args": {"command": "make"}}),
+    );
+    a.notify(
+        "turn/ended",
+        json!({"assistantText": "Built.", "toolCalls": [{"name": "bash"}, {"name": "bash"}]}),
+    );
+    a.notify("agent/ended", json!({"lastAssistantText": "Built."}));
+    wait_topic_text_in(&fake, USER, thread, "Built.").await;
+    let drafts = fake
+        .api()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "sendMessageDraft")
+        .count();
+    assert_eq!(drafts, 1, "one draft refused, then none asked for");
+
+    let decision = a.call_later(
+        "approval/request",
+        json!({"toolCallId": "c3", "tool": "bash", "input": {"command": "make deploy"}, "fromTelegram": true}),
+    );
+    let asked = common::question_in(&fake, USER, thread, "make deploy").await;
+    let allow = common::button(&asked, "Allow");
+    common::tap_in(&fake, USER, &asked, thread, USER, &allow);
+    tokio::time::timeout(WAIT, decision)
+        .await
+        .expect("decided in time")
+        .expect("the sidecar runs");
+    fake.api()
+        .wait_until(
+            |api| {
+                api.message(USER, asked.message_id)
+                    .filter(|m| m.plain_text.contains("Allow") && m.reply_markup.is_none())
+            },
+            WAIT,
+        )
+        .await
+        .expect("the settled question keeps no live buttons");
+
+    let (ok, text) = a.command("relay", "status").await;
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("the Bot API server lacks: sendMessageDraft")
+            && text.contains("the Bot API server lacks: disabled buttons"),
+        "{text}"
+    );
+}

@@ -34,6 +34,7 @@
 //! `long_answers_as_file` is on.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -54,8 +55,11 @@ const TYPING_EVERY: Duration = Duration::from_secs(4);
 /// How long a hand-over waits for the relay while it is between leaders.
 const HAND_OVER_PATIENCE: Duration = Duration::from_secs(30);
 /// A group's progress message is edited at most this often (a private
-/// chat shows a draft instead).
+/// chat shows a draft instead)…
 const EDIT_EVERY: Duration = Duration::from_secs(10);
+/// …and a private chat's, on a server without drafts: its budget is a
+/// message a second, not twenty a minute for every topic together.
+const PRIVATE_EDIT_EVERY: Duration = Duration::from_secs(3);
 /// A private chat's draft changes at most this often: a background call
 /// that never waits, so the chat's one message a second stays the answer's
 /// when it comes.
@@ -398,6 +402,7 @@ pub fn spawn(
         progress: None,
         long_answers_as_file,
         drafts: 0,
+        no_drafts: AtomicBool::new(false),
     };
     // Dropping `tx` lets the task send what is queued, then end.
     (tx, crate::tasks::spawn(outbound.run(rx, stop)))
@@ -410,12 +415,18 @@ struct TopicPoster {
     long_answers_as_file: bool,
     /// Drafts begun: the next draft's id is one more.
     drafts: i64,
+    /// The Bot API server lacks drafts (a self-hosted one, or a proxy,
+    /// that lags behind Telegram): the progress is an edited message, as in
+    /// a group.
+    no_drafts: AtomicBool,
 }
 
 impl TopicPoster {
-    /// Whether this session's chat shows drafts: a private chat.
+    /// Whether this session's chat shows drafts: a private chat, on a
+    /// server that has them.
     fn drafting(&self) -> bool {
-        target(&self.member).is_some_and(|t| t.chat_id > 0)
+        !self.no_drafts.load(Ordering::Relaxed)
+            && target(&self.member).is_some_and(|t| t.chat_id > 0)
     }
 
     /// A new turn's progress, with a draft of its own.
@@ -429,6 +440,11 @@ impl TopicPoster {
         let mut queue = VecDeque::new();
         loop {
             let drafting = self.drafting();
+            let edit_every = if target(&self.member).is_some_and(|t| t.chat_id > 0) {
+                PRIVATE_EDIT_EVERY
+            } else {
+                EDIT_EVERY
+            };
             let edit_due = self.progress.as_ref().and_then(|p| {
                 let last = p.last_shown?;
                 match (drafting, p.stale) {
@@ -437,7 +453,7 @@ impl TopicPoster {
                     // What a person acts on is shown now; the rest waits
                     // for the next edit.
                     (false, stale) => {
-                        stale.then(|| if p.urgent { last } else { last + EDIT_EVERY })
+                        stale.then(|| if p.urgent { last } else { last + edit_every })
                     }
                 }
             });
@@ -701,13 +717,21 @@ impl TopicPoster {
                 // Offered only where pressing it stops the turn.
                 can_stop: self.session.upgrade().is_some_and(|s| s.can_abort()),
             });
-            if let Err(e) = self.member.topic_background(op).await {
-                if e.code() == Some(BusErrorCode::Paced) {
-                    p.stale = true;
+            match self.member.topic_background(op).await {
+                Ok(_) => return,
+                // From now on the progress is a message of its own, shown
+                // now: the leader said why once, at warn.
+                Err(e) if e.code() == Some(BusErrorCode::Unsupported) => {
+                    self.no_drafts.store(true, Ordering::Relaxed);
                 }
-                tracing::debug!("draft not shown: {e}");
+                Err(e) => {
+                    if e.code() == Some(BusErrorCode::Paced) {
+                        p.stale = true;
+                    }
+                    tracing::debug!("draft not shown: {e}");
+                    return;
+                }
             }
-            return;
         }
         let text = render::escape(&p.text());
         let op = match p.message_id {

@@ -36,7 +36,9 @@ const ALLOWED_UPDATES: [&str; 4] = [
     "message",
     "edited_message",
     "callback_query",
-    // Only delivered when named: a draft's stop button (docs/DESIGN.md, *Drafts*).
+    // A draft's stop button (docs/DESIGN.md, *Drafts*). Telegram's default
+    // list has it; it is named because this list is explicit, and an
+    // explicit list without it would keep it away.
     "stopped_message_generation",
 ];
 
