@@ -639,3 +639,58 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------------ the phone's commands
+
+/// Numbers as a person might type them: tiny, huge, negative, with units.
+fn typed_number() -> impl Strategy<Value = String> {
+    let digits = prop_oneof![
+        "[0-9]{1,3}",
+        "[0-9]{15,25}",
+        Just("18446744073709551615".to_string()),
+        Just("2305843009213693952".to_string()),
+    ];
+    let unit = prop_oneof![
+        Just(""),
+        Just("s"),
+        Just("m"),
+        Just("h"),
+        Just("d"),
+        Just("w"),
+        Just("y"),
+        Just("ms"),
+    ];
+    (
+        prop_oneof![Just(""), Just("+"), Just("-"), Just("in ")],
+        digits,
+        unit,
+    )
+        .prop_map(|(sign, n, unit)| format!("{sign}{n}{unit}"))
+}
+
+proptest! {
+    /// What `fuzz/fuzz_targets/phone_commands.rs` checks, in every `cargo
+    /// test`: no text panics the readers of `/every` and `/at`, and what they
+    /// accept is within the range the leader's schedules hold (an interval of
+    /// 5 s to 366 days; a time not past, at most 366 days and a day ahead).
+    #[test]
+    fn a_typed_schedule_is_in_range_or_refused(
+        number in typed_number(),
+        rest in "[ -~]{0,20}",
+        anything in any::<String>(),
+    ) {
+        use agent_relay::phone::{LONGEST, SHORTEST, When, read_at, read_every};
+        use chrono::TimeZone;
+        let now = chrono::Local.timestamp_opt(1_800_000_000, 0).single().expect("a time");
+        for text in [format!("{number} {rest}"), anything.clone()] {
+            if let Ok((When::Every(every), _)) = read_every(&text) {
+                prop_assert!((SHORTEST..=LONGEST).contains(&every), "{text:?}: {every:?}");
+            }
+            if let Ok((at, _)) = read_at(&text, now) {
+                let ahead = at - now.timestamp_millis();
+                prop_assert!(ahead >= 0, "{text:?}");
+                prop_assert!(ahead <= LONGEST.as_millis() as i64 + 26 * 3_600_000, "{text:?}");
+            }
+        }
+    }
+}
