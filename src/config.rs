@@ -44,6 +44,10 @@ pub struct ConfigFile {
     /// Join the bus as soon as the host is initialized (default true); when
     /// false the session waits for `/telegram-connect`.
     pub auto_connect: Option<bool>,
+    /// Mark each message written in a topic with what became of it, as the
+    /// bot's reaction on it: 👀 once the agent took it, 💔 when it could not
+    /// be delivered (default true).
+    pub receipts: Option<bool>,
     /// Which tool calls wait for a person's approval, and where they ask.
     pub approvals: Option<ApprovalsFile>,
     /// One bot across several machines, over NATS JetStream
@@ -639,6 +643,8 @@ pub struct Config {
     pub allowed_users: Vec<i64>,
     pub api_url: String,
     pub auto_connect: bool,
+    /// Receipts on people's messages, as reactions (`receipts`).
+    pub receipts: bool,
     pub approvals: Policy,
     /// One bot across machines (docs/CLUSTER.md); `None` is the
     /// single-machine relay.
@@ -825,6 +831,7 @@ impl Config {
             allowed_users,
             api_url,
             auto_connect: parsed.auto_connect.unwrap_or(true),
+            receipts: parsed.receipts.unwrap_or(true),
             approvals,
             cluster,
             file: file.to_path_buf(),

@@ -18,21 +18,7 @@ use tokio::sync::oneshot;
 
 /// A config file with an `[approvals]` table, private as the relay wants.
 fn write_config(home: &Path, approvals: &str) {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let dir = home.join("config");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .expect("config dir");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dir.join("config.toml"))
-        .expect("config.toml");
-    std::io::Write::write_all(&mut file, format!("[approvals]\n{approvals}\n").as_bytes())
-        .expect("write config");
+    common::write_config(home, &format!("[approvals]\n{approvals}\n"));
 }
 
 /// A session that accepts prompts and answers dialogs with `terminal`.

@@ -30,6 +30,7 @@ mod never_down;
 mod never_silent;
 mod private_chat;
 mod proptest_entry;
+mod receipts;
 mod routing;
 mod schema;
 mod security;

@@ -22,7 +22,7 @@ type Answer = Result<Value, ApiError>;
 pub(super) type Uploads = HashMap<String, Upload>;
 
 /// Every method the fake implements, in Telegram's spelling.
-const METHODS: [&str; 25] = [
+const METHODS: [&str; 26] = [
     "getMe",
     "deleteWebhook",
     "getWebhookInfo",
@@ -48,6 +48,7 @@ const METHODS: [&str; 25] = [
     "closeForumTopic",
     "reopenForumTopic",
     "deleteForumTopic",
+    "setMessageReaction",
 ];
 
 /// Telegram matches method names case-insensitively.
@@ -101,6 +102,7 @@ pub(super) async fn dispatch(
         "closeForumTopic" => set_topic_closed(inner, params, true),
         "reopenForumTopic" => set_topic_closed(inner, params, false),
         "deleteForumTopic" => delete_forum_topic(inner, params),
+        "setMessageReaction" => set_message_reaction(inner, params),
         _ => Err(ApiError::new(404, "Not Found")),
     })
 }
@@ -834,6 +836,69 @@ fn send_chat_action(inner: &mut Inner, params: &Value) -> Answer {
 
 /// Longest `answerCallbackQuery` text.
 const MAX_CALLBACK_ANSWER: usize = 200;
+
+/// The emoji a bot may react with: Telegram's fixed list (Bot API
+/// `ReactionTypeEmoji`), as far as the relay and its tests use it.
+const REACTIONS: [&str; 12] = [
+    "👍", "👎", "❤", "🔥", "🎉", "🤔", "👀", "👌", "💔", "🤷", "✍", "😢",
+];
+
+/// `setMessageReaction`: the bot's one reaction on a message (bots set at
+/// most one; an empty list takes it away). A message of a media group is
+/// reacted to on the group's first message, as Telegram does; service
+/// messages cannot be reacted to.
+fn set_message_reaction(inner: &mut Inner, params: &Value) -> Answer {
+    let chat_id = chat_id(params)?;
+    let message_id = params
+        .get("message_id")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| ApiError::bad_request("message_id is required"))?;
+    let reaction = match params.get("reaction") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list.clone(),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "can't parse reaction types JSON object",
+            ));
+        }
+    };
+    if reaction.len() > 1 {
+        return Err(ApiError::bad_request("REACTIONS_TOO_MANY"));
+    }
+    let emoji = match reaction.first() {
+        None => None,
+        Some(r) if r.get("type").and_then(Value::as_str) == Some("emoji") => {
+            let emoji = r.get("emoji").and_then(Value::as_str).unwrap_or_default();
+            if !REACTIONS.contains(&emoji) {
+                return Err(ApiError::bad_request("REACTION_INVALID"));
+            }
+            Some(emoji.to_string())
+        }
+        Some(_) => return Err(ApiError::bad_request("REACTION_INVALID")),
+    };
+    let chat = inner
+        .chats
+        .get_mut(&chat_id)
+        .ok_or_else(|| ApiError::bad_request("chat not found"))?;
+    let first_of_group = chat
+        .message(message_id)
+        .and_then(|m| m.media_group_id.clone())
+        .and_then(|group| {
+            chat.messages
+                .iter()
+                .find(|m| m.media_group_id.as_deref() == Some(group.as_str()))
+                .map(|m| m.message_id)
+        });
+    let index = chat
+        .message_index(first_of_group.unwrap_or(message_id))
+        .ok_or_else(|| ApiError::bad_request("message to react not found"))?;
+    let message = &mut chat.messages[index];
+    if message.service.is_some() {
+        return Err(ApiError::bad_request("MESSAGE_NOT_MODIFIED"));
+    }
+    message.reactions.push(emoji);
+    Ok(json!(true))
+}
 
 fn answer_callback_query(inner: &mut Inner, params: &Value) -> Answer {
     let id = string(params, "callback_query_id").unwrap_or_default();

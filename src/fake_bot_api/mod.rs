@@ -90,6 +90,13 @@
 //!   delivered only when `allowed_updates` names it. Drafts are no messages: they
 //!   are not counted against the rate limits. Every text is kept ([`DraftRecord`]).
 //! * Inline buttons may be `disabled` (`{"text": …, "disabled": {}}`, Bot API 10.3).
+//! * `setMessageReaction`: at most one reaction (`REACTIONS_TOO_MANY`), an emoji of
+//!   Telegram's list (`REACTION_INVALID`), a message that exists; a message of an
+//!   album is reacted to on the album's first, as Telegram does. Reactions are no
+//!   messages: not counted against the rate limits ([`FakeBotApi::reactions`]).
+//! * A server that lags behind Telegram ([`FakeBotApi::set_lagging`]): the methods
+//!   it lacks answer 404 `Not Found: method not found`; without `disabled` buttons
+//!   such a button is a text button, refused.
 //! * A deleted topic keeps its messages for inspection (Telegram would delete them).
 //! * Accepted connections get `TCP_NODELAY` (see [`FakeBotApi::start`]).
 //!
@@ -111,16 +118,17 @@
 //!
 //! * World: `add_forum_supergroup`, `add_supergroup`, `add_private_chat`,
 //!   `add_default_chats`, `set_bot_rights`, `set_has_topics_enabled`,
-//!   `set_allows_users_to_create_topics`.
+//!   `set_allows_users_to_create_topics`, `set_lagging`.
 //! * Users act: `inject_message` (text), `inject_user_message` (replies, files,
 //!   captions, albums), `inject_callback_query` (taps, also forged ones),
 //!   `inject_topic` (a user opens a topic), `press_stop` (a draft's stop
-//!   button), `inject_raw_update`,
+//!   button), `inject_edit` (a user edits a message), `inject_raw_update`,
 //!   `delete_topic_externally`.
 //! * Faults: `inject_fault`, `inject_fault_until_cleared`, `clear_faults`.
 //! * Read back: `calls`, `topics`, `messages` (per thread), `message` (one, by id,
 //!   with its markup and edit history), `pending_update_ids`, `callback_queries`,
-//!   `unanswered_callback_queries`, `drafts`, `file`, `uploads`, `downloads`, `stats`.
+//!   `unanswered_callback_queries`, `drafts`, `reactions`, `file`, `uploads`,
+//!   `downloads`, `stats`.
 //! * Wait: `wait_until`, `wait_for_messages`, `wait_for_call`, `wait_for_poller`.
 //!
 //! # Control routes (`{url}/control/…`, JSON), for tests in other processes
@@ -793,6 +801,18 @@ impl FakeBotApi {
     pub fn message(&self, chat_id: i64, message_id: i64) -> Option<SentMessage> {
         let inner = self.lock();
         state::sent_message(inner.chats.get(&chat_id)?.message(message_id)?)
+    }
+
+    /// The bot's reaction on message `message_id` of `chat_id` now, and
+    /// every one it set, oldest first (`None`: taken away).
+    pub fn reactions(&self, chat_id: i64, message_id: i64) -> Vec<Option<String>> {
+        let inner = self.lock();
+        inner
+            .chats
+            .get(&chat_id)
+            .and_then(|c| c.message(message_id))
+            .map(|m| m.reactions.clone())
+            .unwrap_or_default()
     }
 
     /// Updates not yet confirmed by a `getUpdates` offset.

@@ -80,6 +80,9 @@ pub(super) struct StoredMessage {
     pub service: Option<(&'static str, Value)>,
     /// The bot's messages: every version, oldest first.
     pub history: Vec<MessageVersion>,
+    /// The bot's reaction on it (bots set at most one), and every one it
+    /// set, oldest first.
+    pub reactions: Vec<Option<String>>,
 }
 
 impl StoredMessage {
@@ -98,6 +101,7 @@ impl StoredMessage {
             media_group_id: None,
             service: None,
             history: Vec::new(),
+            reactions: Vec::new(),
         }
     }
 

@@ -58,6 +58,7 @@ mod launches;
 mod outbox;
 mod pairing;
 mod poller;
+mod receipts;
 mod register;
 mod registry;
 mod restart;
@@ -100,6 +101,7 @@ use inbox::FileInbox;
 use launches::Launches;
 use outbox::Outbox;
 use poller::{LocalJournal, Poller};
+use receipts::Receipts;
 use register::Registrations;
 use restart::Restart;
 use router::Router;
@@ -124,6 +126,7 @@ pub(super) struct Leader {
     asks: Arc<Asks>,
     courier: Arc<Courier>,
     launches: Arc<Launches>,
+    receipts: Arc<Receipts>,
     router: Arc<Router>,
     schedules: Arc<Schedules>,
     restart: Arc<Restart>,
@@ -326,6 +329,7 @@ async fn run(
     let cx = leader.cx.clone();
     leader.registrations.start_cleanups();
     let mut courier = crate::tasks::spawn(courier::run(leader.courier.clone()));
+    crate::tasks::spawn(leader.receipts.clone().run());
     let (batches_tx, mut batches) = mpsc::channel(64);
     let mut poller = leader.start_poll(batches_tx);
     // A single machine's link never changes (its sender lives as long).
@@ -411,10 +415,12 @@ impl Leader {
         let asks = Arc::new(Asks::new(cx.clone()));
         let courier = Arc::new(Courier::new(cx.clone(), asks.clone()));
         let launches = Arc::new(Launches::new(cx.clone(), config.launch.clone()));
+        let receipts = Arc::new(Receipts::new(cx.clone(), config.receipts));
         let router = Arc::new(Router::new(
             cx.clone(),
             asks.clone(),
             launches.clone(),
+            receipts.clone(),
             settle,
         ));
         let schedules = Arc::new(Schedules::new(cx.clone(), router.clone(), launches.clone()));
@@ -436,6 +442,7 @@ impl Leader {
             asks,
             courier,
             launches,
+            receipts,
             router,
             schedules,
             restart,

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::asks::Asks;
 use super::context::Context;
 use super::launches::Launches;
+use super::receipts::Receipts;
 use super::registry::{ConnId, Conns};
 use super::triage::{Entry, JournaledFile};
 use crate::ids::Place;
@@ -43,6 +44,8 @@ pub(super) struct Router {
     asks: Arc<Asks>,
     /// A launched session that is not running is started again for a message.
     launches: Arc<Launches>,
+    /// What became of a person's message, as a reaction on it.
+    receipts: Arc<Receipts>,
     /// Profiles whose topic was told that the session is away, so it is told
     /// only once per absence.
     told_away: Mutex<HashSet<String>>,
@@ -55,12 +58,14 @@ impl Router {
         cx: Arc<Context>,
         asks: Arc<Asks>,
         launches: Arc<Launches>,
+        receipts: Arc<Receipts>,
         settle: mpsc::UnboundedSender<(String, i64)>,
     ) -> Self {
         Self {
             cx,
             asks,
             launches,
+            receipts,
             told_away: Mutex::default(),
             settle,
         }
@@ -265,6 +270,7 @@ impl Router {
         why: &str,
         in_topic: bool,
     ) -> Vec<(Place, String)> {
+        self.receipts.undelivered(&entries);
         let mut places: Vec<(Place, Vec<NewUpdate>)> = Vec::new();
         for entry in entries {
             if let Err(e) = self.cx.store().mark_dropped(entry.update_id, why) {
@@ -308,5 +314,6 @@ impl Router {
             Ok(_) => {}
             Err(e) => tracing::error!("cannot settle {} deliveries: {e}", acks.len()),
         }
+        self.receipts.taken(acks);
     }
 }

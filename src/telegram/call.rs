@@ -34,6 +34,7 @@ pub enum BotCall {
     CloseForumTopic(InTopic),
     ReopenForumTopic(InTopic),
     DeleteForumTopic(InTopic),
+    SetMessageReaction(SetMessageReaction),
     GetMe,
 }
 
@@ -80,6 +81,23 @@ pub struct AnswerCallbackQuery {
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub show_alert: bool,
+}
+
+/// `setMessageReaction` parameters: the bot's one reaction on a message
+/// (an empty list takes it away). Not a message: it spends no chat's
+/// message budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetMessageReaction {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub reaction: Vec<ReactionType>,
+}
+
+/// A reaction: one of Telegram's fixed emoji.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ReactionType {
+    Emoji { emoji: String },
 }
 
 /// `createForumTopic` parameters.
@@ -134,6 +152,7 @@ impl BotCall {
             Self::CloseForumTopic(_) => "closeForumTopic",
             Self::ReopenForumTopic(_) => "reopenForumTopic",
             Self::DeleteForumTopic(_) => "deleteForumTopic",
+            Self::SetMessageReaction(_) => "setMessageReaction",
             Self::GetMe => "getMe",
         }
     }
@@ -151,6 +170,7 @@ impl BotCall {
             Self::CloseForumTopic(t) | Self::ReopenForumTopic(t) | Self::DeleteForumTopic(t) => {
                 Some(t.chat_id)
             }
+            Self::SetMessageReaction(p) => Some(p.chat_id),
             Self::AnswerCallbackQuery(_) | Self::GetMe => None,
         }
     }
@@ -194,7 +214,8 @@ impl BotCall {
             | Self::AnswerCallbackQuery(_)
             | Self::CloseForumTopic(_)
             | Self::ReopenForumTopic(_)
-            | Self::DeleteForumTopic(_) => BotReply::Done,
+            | Self::DeleteForumTopic(_)
+            | Self::SetMessageReaction(_) => BotReply::Done,
         })
     }
 

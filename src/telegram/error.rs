@@ -286,6 +286,7 @@ pub fn is_idempotent(method: &str) -> bool {
                 | "setMyDescription"
                 | "sendChatAction"
                 | "sendMessageDraft"
+                | "setMessageReaction"
                 | "answerCallbackQuery"
                 | "editMessageText"
                 | "editForumTopic"

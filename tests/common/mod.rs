@@ -442,6 +442,24 @@ pub async fn start(options: Options<'_>, cwd: &str, name: &str) -> Sidecar {
     s
 }
 
+/// Writes `home`'s config.toml with `text`, private as the relay wants it.
+pub fn write_config(home: &Path, text: &str) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = home.join("config");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .expect("config dir");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("config.toml"))
+        .expect("config.toml");
+    std::io::Write::write_all(&mut file, text.as_bytes()).expect("write config");
+}
+
 /// An accepting session of `fake`'s bot in `home`, on the bus.
 pub async fn session(home: &Path, fake: &FakeServer, cwd: &str, name: &str) -> Sidecar {
     start(Options::new(home).configured(fake), cwd, name).await
