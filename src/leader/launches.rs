@@ -23,7 +23,6 @@ use super::registry::{ConnId, LauncherReg};
 use super::speaker::Say;
 use crate::config::LaunchPolicy;
 use crate::protocol::bus::*;
-use crate::protocol::launch::START_WAIT;
 use crate::protocol::launch::{
     LaunchEvent, LaunchSpec, OrderOp, OrderOutcome, RemoteDone, RemoteOp,
 };
@@ -261,15 +260,7 @@ impl Launches {
         self.cx
             .registry
             .vouch(&hello.instance_id, &hello.instance_secret)?;
-        let resume: Vec<LaunchSpec> = self
-            .cx
-            .store()
-            .launches()
-            .map_err(store_error)?
-            .into_iter()
-            .filter(|l| l.state.is_running())
-            .map(|l| spec_of(&l, l.by_user))
-            .collect();
+        let resume = self.to_resume()?;
         {
             let mut conns = self.cx.registry.lock();
             let before: Vec<ConnId> = conns
@@ -303,6 +294,29 @@ impl Launches {
             epoch: self.cx.epoch,
             resume,
         })
+    }
+
+    /// The sessions that should be running, for a `serve` that joins: those
+    /// with messages waiting first, so that `serve`, which starts a few at
+    /// a time, brings back first the sessions someone waits for.
+    fn to_resume(&self) -> Result<Vec<LaunchSpec>, BusError> {
+        let store = self.cx.store();
+        let mut resume: Vec<(bool, LaunchSpec)> = store
+            .launches()
+            .map_err(store_error)?
+            .into_iter()
+            .filter(|l| l.state.is_running())
+            .map(|l| {
+                let waiting = l
+                    .profile_key
+                    .as_deref()
+                    .and_then(|key| store.pending_for(key).ok())
+                    .is_some_and(|pending| !pending.is_empty());
+                (waiting, spec_of(&l, l.by_user))
+            })
+            .collect();
+        resume.sort_by_key(|(waiting, _)| !waiting);
+        Ok(resume.into_iter().map(|(_, spec)| spec).collect())
     }
 
     /// `serve` as `/relay status` shows it.
@@ -411,15 +425,18 @@ impl Launches {
         started
     }
 
-    /// Starts a recorded launch (new, or again) and waits for its session.
+    /// Starts a recorded launch (new, or again) and waits for its session,
+    /// `[launch] join_within_s` in all from the order.
     async fn start(&self, spec: LaunchSpec) -> Result<Route, String> {
         let id = spec.launch_id.clone();
+        let within = self.policy.join_within;
+        let deadline = tokio::time::Instant::now() + within;
         let (tx, registered) = oneshot::channel();
         lock(&self.registered)
             .entry(id.clone())
             .or_default()
             .push(tx);
-        let outcome = self.order(OrderOp::Start(spec), START_WAIT).await;
+        let outcome = self.order(OrderOp::Start(spec), within).await;
         let folder = match outcome {
             Ok(OrderOutcome::Started { folder, .. }) => {
                 if let Err(e) = self.cx.store().set_launch_folder(&id, &folder) {
@@ -442,13 +459,13 @@ impl Launches {
             }
         };
         tracing::debug!(launch = %id, %folder, "agent started; waiting for its session");
-        match tokio::time::timeout(START_WAIT, registered).await {
+        match tokio::time::timeout_at(deadline, registered).await {
             Ok(Ok(route)) => Ok(route),
             _ => {
                 self.abandon(&id).await;
                 Err(format!(
-                    "the agent started in {folder}, but its session did not join the relay within {} s, so it was ended (for pi: is the relay's extension loaded? see [launch.commands] in config.toml)",
-                    START_WAIT.as_secs()
+                    "the agent started in {folder}, but its session did not join the relay within {} s ([launch] join_within_s in config.toml), so it was ended",
+                    within.as_secs()
                 ))
             }
         }
@@ -687,6 +704,10 @@ impl Launches {
         let launch = match self.cx.store().launch_by_profile(owner) {
             Ok(Some(launch)) if !launch.state.is_running() => launch,
             Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => return true,
+            Ok(Some(launch)) => {
+                self.hurry(&launch, user);
+                return false;
+            }
             _ => return false,
         };
         let launches = self.clone();
@@ -705,6 +726,25 @@ impl Launches {
             }
         });
         true
+    }
+
+    /// A message waits for a launched session that should be running and
+    /// is away: if this machine's `serve` is on the bus (it came back and
+    /// is starting its sessions again a few at a time), it starts this one
+    /// now rather than in its turn. One that runs or is being started
+    /// already is left as it is; the message waits in the journal either
+    /// way.
+    fn hurry(self: &Arc<Self>, launch: &Launch, user: i64) {
+        if self.serve_status().is_none() {
+            return;
+        }
+        let launches = self.clone();
+        let spec = spec_of(launch, user);
+        self.cx.errands.run(async move {
+            let id = spec.launch_id.clone();
+            let outcome = launches.order(OrderOp::Start(spec), ORDER_WAIT).await;
+            tracing::debug!(launch = %id, "a message hurried a launched session: {outcome:?}");
+        });
     }
 
     /// The line a launched session's new topic opens with, under its name.
