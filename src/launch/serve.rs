@@ -16,7 +16,7 @@
 //!   (a crash, an upgrade, a reboot), each comes back in its own topic,
 //!   from the agent's own session store — a few at a time, in the
 //!   leader's order (those with messages waiting first), and one the
-//!   leader orders started meanwhile (a message came for it) at once;
+//!   leader orders started meanwhile (a message came for it) next;
 //! * runs at most `[launch] max_agents` agents, being started included: a
 //!   start past it is refused in words naming the setting;
 //! * ends an agent whose start the leader gave up (it did not join in
@@ -112,6 +112,8 @@ struct Agents {
     starting: HashMap<String, Option<Ending>>,
     /// To be started again after `serve` came back, in the leader's order.
     queued: VecDeque<LaunchSpec>,
+    /// Orders waiting for a start that is queued or under way.
+    waiting: HashMap<String, Vec<oneshot::Sender<OrderOutcome>>>,
     /// Tasks starting what is queued.
     resuming: usize,
 }
@@ -120,6 +122,18 @@ impl Agents {
     /// Processes running or on their way: what `[launch] max_agents` counts.
     fn count(&self) -> usize {
         self.running.len() + self.starting.len()
+    }
+
+    /// Moves `id`, if it is queued, to the front of the queue: a message
+    /// waits for it. Answers whether it was queued.
+    fn next_in_line(&mut self, id: &str) -> bool {
+        let Some(at) = self.queued.iter().position(|q| q.launch_id == id) else {
+            return false;
+        };
+        if let Some(spec) = self.queued.remove(at) {
+            self.queued.push_front(spec);
+        }
+        true
     }
 
     fn has(&self, id: &str) -> bool {
@@ -302,12 +316,12 @@ impl Serve {
     }
 
     /// Starts (or starts again) one session; `after_restart` when `serve`
-    /// itself came back. One queued to start again is started now, as
-    /// after a restart.
+    /// itself came back. An order for a session being started, or queued
+    /// to start again, waits for that start (one queued goes next in line)
+    /// and answers as it does.
     async fn start(self: &Arc<Self>, spec: LaunchSpec, after_restart: bool) -> OrderOutcome {
-        let refused = |reason: String| OrderOutcome::Refused { reason };
         let id = spec.launch_id.clone();
-        let after_restart = {
+        let waiting = {
             let mut agents = lock(&self.agents);
             if let Some(running) = agents.running.get(&id) {
                 return OrderOutcome::Started {
@@ -315,27 +329,44 @@ impl Serve {
                     pid: running.pid,
                 };
             }
-            if agents.starting.contains_key(&id) {
-                return refused("it is being started already".into());
+            if agents.next_in_line(&id) || agents.starting.contains_key(&id) {
+                let (tx, rx) = oneshot::channel();
+                agents.waiting.entry(id.clone()).or_default().push(tx);
+                Some(rx)
+            } else if agents.count() >= self.ctx.config.launch.max_agents {
+                return OrderOutcome::Refused {
+                    reason: format!(
+                        "this machine runs {} agents already, as many as [launch] max_agents allows: /end one, or raise max_agents in {}",
+                        agents.count(),
+                        self.ctx.config.file.display()
+                    ),
+                };
+            } else {
+                agents.starting.insert(id.clone(), None);
+                None
             }
-            let max = self.ctx.config.launch.max_agents;
-            if agents.count() >= max {
-                return refused(format!(
-                    "this machine runs {} agents already, as many as [launch] max_agents allows: /end one, or raise max_agents in {}",
-                    agents.count(),
-                    self.ctx.config.file.display()
-                ));
-            }
-            let queued = agents.queued.len();
-            agents.queued.retain(|queued| queued.launch_id != id);
-            agents.starting.insert(id.clone(), None);
-            after_restart || agents.queued.len() < queued
         };
+        if let Some(started) = waiting {
+            return started.await.unwrap_or_else(|_| OrderOutcome::Refused {
+                reason: "agent-relay serve is stopping".into(),
+            });
+        }
+        let outcome = self.launch(spec, after_restart).await;
+        let waiters = lock(&self.agents).waiting.remove(&id);
+        for waiter in waiters.into_iter().flatten() {
+            let _ = waiter.send(outcome.clone());
+        }
+        outcome
+    }
+
+    /// Starts one session now (it is noted as being started) and reports it.
+    async fn launch(self: &Arc<Self>, spec: LaunchSpec, after_restart: bool) -> OrderOutcome {
+        let id = spec.launch_id.clone();
         let started = self.spawn_agent(&spec).await;
         let ending = lock(&self.agents).starting.remove(&id).flatten();
         let agent = match started {
             Ok(agent) => agent,
-            Err(why) => return refused(why),
+            Err(reason) => return OrderOutcome::Refused { reason },
         };
         let folder = agent.folder.clone();
         let pid = agent.pid;
@@ -435,6 +466,13 @@ impl Serve {
             let queued = agents.queued.len();
             agents.queued.retain(|spec| spec.launch_id != id);
             let was_queued = agents.queued.len() < queued;
+            if was_queued {
+                for waiter in agents.waiting.remove(id).into_iter().flatten() {
+                    let _ = waiter.send(OrderOutcome::Refused {
+                        reason: "it was ended before it started again".into(),
+                    });
+                }
+            }
             match agents.running.get_mut(id) {
                 Some(running) => {
                     running.ending = Some(why);
@@ -546,6 +584,7 @@ impl Serve {
         let controls: Vec<mpsc::Sender<Control>> = {
             let mut agents = lock(&self.agents);
             agents.queued.clear();
+            agents.waiting.clear();
             for ending in agents.starting.values_mut() {
                 *ending = Some(Ending::Shutdown);
             }
@@ -584,6 +623,29 @@ mod tests {
     #[test]
     fn a_few_sessions_start_again_at_once() {
         assert!((2..=8).contains(&resume_at_once()));
+    }
+
+    #[test]
+    fn a_session_a_message_waits_for_goes_next_in_line() {
+        let spec = |id: &str| LaunchSpec {
+            launch_id: id.into(),
+            engine: "pi".into(),
+            folder: "/w".into(),
+            resume_id: None,
+            model: None,
+            by_user: 1,
+        };
+        let mut agents = Agents {
+            queued: ["a", "b", "c"].map(spec).into(),
+            ..Agents::default()
+        };
+        assert!(agents.next_in_line("c"));
+        assert!(!agents.next_in_line("z"));
+        let order: Vec<_> = agents.queued.iter().map(|s| s.launch_id.as_str()).collect();
+        assert_eq!(order, ["c", "a", "b"]);
+        assert!(agents.has("b") && !agents.has("z"));
+        agents.starting.insert("d".into(), None);
+        assert_eq!(agents.count(), 1, "queued ones are not running yet");
     }
 
     #[test]

@@ -130,6 +130,22 @@ pub(super) struct Launches {
     registered: Mutex<HashMap<String, Vec<oneshot::Sender<Route>>>>,
     /// Launches being started again now: one resume at a time each.
     resuming: Mutex<HashSet<String>>,
+    /// Launches `serve` is bringing back after its restart (its welcome
+    /// named them), until each registers or is reported: their topics are
+    /// told when they are back, so a message meanwhile needs no word.
+    returning: Mutex<HashSet<String>>,
+}
+
+/// What becomes of a message for a launched session that is away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Comeback {
+    /// None: the topic is told the session is away.
+    No,
+    /// It is started again for the message; the topic is told so.
+    Resuming,
+    /// `serve` is bringing it back (asked to take it next); its topic is
+    /// told when it is back, and the message waits for it.
+    Returning,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -150,6 +166,7 @@ impl Launches {
             orders: Mutex::default(),
             registered: Mutex::default(),
             resuming: Mutex::default(),
+            returning: Mutex::default(),
         }
     }
 
@@ -298,24 +315,24 @@ impl Launches {
 
     /// The sessions that should be running, for a `serve` that joins: those
     /// with messages waiting first, so that `serve`, which starts a few at
-    /// a time, brings back first the sessions someone waits for.
+    /// a time, brings back first the sessions someone waits for. Those not
+    /// on the bus now are noted as returning.
     fn to_resume(&self) -> Result<Vec<LaunchSpec>, BusError> {
-        let store = self.cx.store();
-        let mut resume: Vec<(bool, LaunchSpec)> = store
-            .launches()
-            .map_err(store_error)?
-            .into_iter()
-            .filter(|l| l.state.is_running())
-            .map(|l| {
-                let waiting = l
-                    .profile_key
-                    .as_deref()
-                    .and_then(|key| store.pending_for(key).ok())
-                    .is_some_and(|pending| !pending.is_empty());
-                (waiting, spec_of(&l, l.by_user))
-            })
-            .collect();
+        let launches = self.cx.store().launches().map_err(store_error)?;
+        let mut resume: Vec<(bool, LaunchSpec)> = Vec::new();
+        let mut returning = HashSet::new();
+        for launch in launches.into_iter().filter(|l| l.state.is_running()) {
+            let key = launch.profile_key.as_deref();
+            if self.live_route(key).is_none() {
+                returning.insert(launch.id.clone());
+            }
+            let waiting = key
+                .and_then(|key| self.cx.store().pending_for(key).ok())
+                .is_some_and(|pending| !pending.is_empty());
+            resume.push((waiting, spec_of(&launch, launch.by_user)));
+        }
         resume.sort_by_key(|(waiting, _)| !waiting);
+        *lock(&self.returning) = returning;
         Ok(resume.into_iter().map(|(_, spec)| spec).collect())
     }
 
@@ -579,6 +596,7 @@ impl Launches {
     /// is linked to it, its first prompt journaled (before the session goes
     /// live, so it is delivered first), and whoever waits is told.
     pub(super) fn launched_registered(&self, launch_id: &str, route: &Route, user_hint: i64) {
+        lock(&self.returning).remove(launch_id);
         let linked = self.cx.store().link_launch(launch_id, &route.profile_key);
         let launch = match linked {
             Ok(Some(launch)) => launch,
@@ -630,6 +648,9 @@ impl Launches {
             .lock()
             .launcher_of(conn, report.generation)?;
         let id = &report.launch_id;
+        if !matches!(report.event, LaunchEvent::Started { .. }) {
+            lock(&self.returning).remove(id);
+        }
         let Some(launch) = self.cx.store().launch(id).map_err(store_error)? else {
             return Err(BusError::new(BusErrorCode::Forbidden, "no such launch"));
         };
@@ -681,7 +702,13 @@ impl Launches {
         let cx = self.cx.clone();
         self.cx.errands.run(async move {
             let say = Say::plain(text).with(buttons);
-            if let Err(e) = cx.speaker.now(target.into(), say).await {
+            // A session back is a line of status: the chat's budget goes to
+            // answers first (after `serve` restarts, one per session).
+            let said = match told {
+                Told::Running => cx.speaker.notice(target.into(), say).await,
+                Told::Stopped { .. } => cx.speaker.now(target.into(), say).await,
+            };
+            if let Err(e) = said {
                 tracing::warn!("cannot tell a launch's topic: {e}");
             }
             if close {
@@ -700,15 +727,14 @@ impl Launches {
     /// A message arrived for a launched session that is not running: it
     /// waits in the journal, and the session is started again for it (once
     /// per absence). Answers whether the owner is such a launch.
-    pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> bool {
+    pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> Comeback {
         let launch = match self.cx.store().launch_by_profile(owner) {
             Ok(Some(launch)) if !launch.state.is_running() => launch,
-            Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => return true,
-            Ok(Some(launch)) => {
-                self.hurry(&launch, user);
-                return false;
+            Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => {
+                return Comeback::Resuming;
             }
-            _ => return false,
+            Ok(Some(launch)) => return self.hurry(&launch, user),
+            _ => return Comeback::No,
         };
         let launches = self.clone();
         self.cx.errands.run(async move {
@@ -725,19 +751,24 @@ impl Launches {
                 }
             }
         });
-        true
+        Comeback::Resuming
     }
 
     /// A message waits for a launched session that should be running and
     /// is away: if this machine's `serve` is on the bus (it came back and
     /// is starting its sessions again a few at a time), it starts this one
-    /// now rather than in its turn. One that runs or is being started
+    /// next rather than in its turn. One that runs or is being started
     /// already is left as it is; the message waits in the journal either
-    /// way.
-    fn hurry(self: &Arc<Self>, launch: &Launch, user: i64) {
+    /// way. `Returning` when `serve` is bringing it back after its restart.
+    fn hurry(self: &Arc<Self>, launch: &Launch, user: i64) -> Comeback {
         if self.serve_status().is_none() {
-            return;
+            return Comeback::No;
         }
+        let returning = if lock(&self.returning).contains(&launch.id) {
+            Comeback::Returning
+        } else {
+            Comeback::No
+        };
         let launches = self.clone();
         let spec = spec_of(launch, user);
         self.cx.errands.run(async move {
@@ -745,6 +776,7 @@ impl Launches {
             let outcome = launches.order(OrderOp::Start(spec), ORDER_WAIT).await;
             tracing::debug!(launch = %id, "a message hurried a launched session: {outcome:?}");
         });
+        returning
     }
 
     /// The line a launched session's new topic opens with, under its name.

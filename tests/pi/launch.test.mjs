@@ -295,14 +295,21 @@ test("serve killed with two launched sessions comes back with both, and nothing 
 	await world.bot.injectMessage(one.thread_id, "typed while serve was down");
 
 	const again = await world.startServe();
-	await world.bot.said(one.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic one told" });
-	await world.bot.said(two.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic two told" });
+	const back = Date.now();
 	await world.bot.said(one.thread_id, (text) => text === "echo: typed while serve was down", {
 		ms: WAIT,
 		what: "what was typed meanwhile, answered",
 	});
+	const waitingAnswered = Date.now();
+	await world.bot.said(one.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic one told" });
+	await world.bot.said(two.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic two told" });
+	const bothBack = Date.now();
 	await world.bot.injectMessage(two.thread_id, "two goes on");
 	await world.bot.said(two.thread_id, (text) => text === "echo: two goes on", { ms: WAIT, what: "two goes on" });
+	t.diagnostic(
+		`serve back on the bus → the message typed while it was down answered: ${waitingAnswered - back} ms; ` +
+			`both sessions back after ${bothBack - back} ms; then a message to its answer: ${Date.now() - bothBack} ms`,
+	);
 	assert.equal(again.agents().length, 2, "both run under the new serve");
 	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 2, "in their own topics");
 });
