@@ -92,8 +92,9 @@ pub struct LaunchFile {
     pub engine: Option<String>,
     /// How to run each engine, as a list of arguments (no shell); the relay
     /// adds what makes it headless. Default: `pi = ["pi"]`,
-    /// `claude = ["claude"]`, `codex = ["codex"]`. pi must load the relay's extension: install
-    /// the package (`pi install`), or add `"-e", "<path>/scripts/pi-extension.ts"`.
+    /// `claude = ["claude"]`, `codex = ["codex"]`. pi gets the relay's extension from
+    /// `agent-relay serve` unless its settings load the package (`pi install`) or this
+    /// names it with `-e`.
     pub commands: Option<std::collections::BTreeMap<String, CommandLine>>,
 }
 
