@@ -109,13 +109,13 @@ pub(super) fn spawn(
     sys::dies_with_parent(&mut command);
     let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
     let pid = child.id().unwrap_or_default();
-    // The group is the agent's pid: the watcher ends it if `serve` dies.
-    super::watcher::watch(pid);
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(failed("its pipes were not set up".into()));
     };
+    // The group is the agent's pid: the watcher ends it if `serve` dies.
+    super::watcher::watch(pid);
     let tail = StderrTail::default();
     let kept = tail.clone();
     crate::tasks::spawn(async move {
