@@ -214,6 +214,12 @@ pub fn mcp(log_stderr: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `agent-relay serve-watcher`: what `serve` starts beside it to end its
+/// agents' process groups once it is gone (`launch::watcher`).
+pub fn serve_watcher() -> ExitCode {
+    crate::launch::watcher::run()
+}
+
 /// `agent-relay drain`: a leader for as long as the messages the last
 /// relay process left take to go (`leader::drain`). Started by a relay
 /// process, detached; what it does goes to the log.

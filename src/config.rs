@@ -80,6 +80,15 @@ pub struct LaunchFile {
     /// End a launched session that had no turn for this many hours; the
     /// next message resumes it (default: never).
     pub idle_end_hours: Option<f64>,
+    /// How many agents `agent-relay serve` runs at once on this machine;
+    /// `/new` and a resume past it are refused, saying so (default 8, 1 to
+    /// 64).
+    pub max_agents: Option<u32>,
+    /// Seconds a launched agent has to join the relay (its session
+    /// registered) before its start is given up and the agent ended
+    /// (default 90, 5 to 90: a machine asked through the cluster waits no
+    /// longer).
+    pub join_within_s: Option<u64>,
     /// The engine `/new` starts when none is named: `pi`, `claude` or
     /// `codex` (default `pi`). `default_engine`, the name an earlier README
     /// gave it, is read as this.
@@ -87,8 +96,9 @@ pub struct LaunchFile {
     pub engine: Option<String>,
     /// How to run each engine, as a list of arguments (no shell); the relay
     /// adds what makes it headless. Default: `pi = ["pi"]`,
-    /// `claude = ["claude"]`, `codex = ["codex"]`. pi must load the relay's extension: install
-    /// the package (`pi install`), or add `"-e", "<path>/scripts/pi-extension.ts"`.
+    /// `claude = ["claude"]`, `codex = ["codex"]`. pi gets the relay's extension from
+    /// `agent-relay serve` unless its settings load the package (`pi install`) or this
+    /// names it with `-e`.
     pub commands: Option<std::collections::BTreeMap<String, CommandLine>>,
 }
 
@@ -125,6 +135,10 @@ pub struct LaunchPolicy {
     /// used, since a root may not exist yet.
     pub roots: Vec<PathBuf>,
     pub idle_end: Option<std::time::Duration>,
+    /// How many agents `serve` runs at once.
+    pub max_agents: usize,
+    /// How long a launch may take from the order to its session joining.
+    pub join_within: std::time::Duration,
     pub default_engine: String,
     /// Engine name → program and arguments.
     pub commands: std::collections::BTreeMap<String, Vec<String>>,
@@ -135,6 +149,8 @@ impl Default for LaunchPolicy {
         Self {
             roots: Vec::new(),
             idle_end: None,
+            max_agents: Self::MAX_AGENTS,
+            join_within: Self::JOIN_WITHIN_MOST,
             default_engine: "pi".into(),
             commands: [("pi", "pi"), ("claude", "claude"), ("codex", "codex")]
                 .into_iter()
@@ -145,22 +161,27 @@ impl Default for LaunchPolicy {
 }
 
 impl LaunchPolicy {
+    /// `[launch] max_agents` unless set: a few sessions at once is what one
+    /// person drives, and a burst of `/new` must not start dozens.
+    pub const MAX_AGENTS: usize = 8;
+    /// The most `[launch] max_agents` may be.
+    const MOST_AGENTS: u32 = 64;
+    /// The least `[launch] join_within_s` may be: pi loads its extensions,
+    /// the sidecar joins, the topic is made.
+    const JOIN_WITHIN_LEAST: u64 = 5;
+    /// Its default and its most: a machine that asks another's `serve`
+    /// through the cluster waits this long and a little more
+    /// (`protocol::launch::START_WAIT`, the same).
+    pub const JOIN_WITHIN_MOST: std::time::Duration = std::time::Duration::from_secs(90);
+
     /// Checks the keys; an error names the key. `home` expands `~/`.
     fn from_file(file: LaunchFile, home: Option<&Path>) -> Result<Self, (&'static str, String)> {
         let mut policy = Self::default();
+        policy.read_numbers(&file)?;
         for root in file.roots.unwrap_or_default() {
             policy
                 .roots
                 .push(absolute(&root, home).map_err(|m| ("launch.roots", m))?);
-        }
-        if let Some(hours) = file.idle_end_hours {
-            if !(hours > 0.0 && hours <= 24.0 * 365.0) {
-                return Err((
-                    "launch.idle_end_hours",
-                    format!("must be more than 0 and at most a year of hours, found {hours}"),
-                ));
-            }
-            policy.idle_end = Some(std::time::Duration::from_secs_f64(hours * 3600.0));
         }
         for (engine, command) in file.commands.unwrap_or_default() {
             let argv = match command {
@@ -211,6 +232,42 @@ impl LaunchPolicy {
             policy.default_engine = engine;
         }
         Ok(policy)
+    }
+
+    /// The keys that are numbers, each range-checked.
+    fn read_numbers(&mut self, file: &LaunchFile) -> Result<(), (&'static str, String)> {
+        if let Some(hours) = file.idle_end_hours {
+            if !(hours > 0.0 && hours <= 24.0 * 365.0) {
+                return Err((
+                    "launch.idle_end_hours",
+                    format!("must be more than 0 and at most a year of hours, found {hours}"),
+                ));
+            }
+            self.idle_end = Some(std::time::Duration::from_secs_f64(hours * 3600.0));
+        }
+        if let Some(agents) = file.max_agents {
+            if !(1..=Self::MOST_AGENTS).contains(&agents) {
+                return Err((
+                    "launch.max_agents",
+                    format!("must be 1 to {}, found {agents}", Self::MOST_AGENTS),
+                ));
+            }
+            self.max_agents = agents as usize;
+        }
+        if let Some(seconds) = file.join_within_s {
+            let most = Self::JOIN_WITHIN_MOST.as_secs();
+            if !(Self::JOIN_WITHIN_LEAST..=most).contains(&seconds) {
+                return Err((
+                    "launch.join_within_s",
+                    format!(
+                        "must be {} to {most} seconds, found {seconds}",
+                        Self::JOIN_WITHIN_LEAST
+                    ),
+                ));
+            }
+            self.join_within = std::time::Duration::from_secs(seconds);
+        }
+        Ok(())
     }
 }
 
@@ -1430,6 +1487,8 @@ mod tests {
         let c = load("", &[]).unwrap();
         assert!(c.launch.roots.is_empty(), "no roots by default");
         assert_eq!(c.launch.idle_end, None);
+        assert_eq!(c.launch.max_agents, 8);
+        assert_eq!(c.launch.join_within, std::time::Duration::from_secs(90));
         assert_eq!(c.launch.default_engine, "pi");
         assert_eq!(c.launch.commands["claude"], ["claude"]);
 
@@ -1446,6 +1505,9 @@ mod tests {
         );
         assert_eq!(c.launch.default_engine, "claude");
         assert_eq!(c.launch.commands["pi"], ["node", "/opt/pi/cli.js"]);
+        let capped = load("[launch]\nmax_agents = 2\njoin_within_s = 5\n", &[]).unwrap();
+        assert_eq!(capped.launch.max_agents, 2);
+        assert_eq!(capped.launch.join_within, std::time::Duration::from_secs(5));
         let older = load("[launch]\ndefault_engine = \"codex\"\n", &[]).unwrap();
         assert_eq!(
             older.launch.default_engine, "codex",
@@ -1463,6 +1525,18 @@ mod tests {
                 "[launch]\nengine = \"vim\"",
                 "launch.engine",
                 "none of the engines",
+            ),
+            ("[launch]\nmax_agents = 0", "launch.max_agents", "1 to 64"),
+            ("[launch]\nmax_agents = 65", "launch.max_agents", "1 to 64"),
+            (
+                "[launch]\njoin_within_s = 4",
+                "launch.join_within_s",
+                "5 to 90 seconds",
+            ),
+            (
+                "[launch]\njoin_within_s = 91",
+                "launch.join_within_s",
+                "5 to 90 seconds",
             ),
             (
                 "[launch.commands]\npi = \"pi -e x\"",

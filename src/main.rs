@@ -60,6 +60,9 @@ enum Cmd {
     /// Send what the last relay process left to go, then exit (a relay process starts this itself).
     #[command(hide = true)]
     Drain,
+    /// End the process groups of `serve`'s agents once `serve` is gone (`serve` starts this itself).
+    #[command(hide = true)]
+    ServeWatcher,
     /// Add the relay to a coding agent's configuration.
     Install {
         #[command(subcommand)]
@@ -181,6 +184,7 @@ fn main() -> ExitCode {
         Cmd::Codex { args } => cli::codex(&args),
         Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
+        Cmd::ServeWatcher => Ok(cli::serve_watcher()),
         Cmd::CodexTools { socket } => cli::codex_tools(&socket),
         Cmd::Install {
             host: InstallHost::ClaudeCode { dry_run, remove },

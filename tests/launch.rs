@@ -413,3 +413,275 @@ async fn new_with_an_engine_alone_offers_the_folders_for_that_engine() {
         "never a folder called claude: {said:?}"
     );
 }
+
+/// An engine that never joins: a shell that plays pi's RPC side (it answers
+/// every command, `get_commands` listing the relay's command as if its
+/// extension were loaded) and starts a child of its own, whose pid it
+/// appends to `pids`; `delay` seconds before its first answer.
+fn never_joins(pids: &Path, delay: u32) -> String {
+    let script = format!(
+        "sleep 600 & echo $! >> '{}'; sleep {delay}; n=0; \
+         while read -r line; do \
+           printf '{{\"type\":\"response\",\"id\":\"relay-%s\",\"success\":true,\"data\":{{\"commands\":[{{\"name\":\"telegram-connect\",\"source\":\"extension\"}}]}}}}\\n' \"$n\"; \
+           n=$((n+1)); \
+         done",
+        pids.display()
+    );
+    serde_json::to_string(&["/bin/sh", "-c", &script, "pi"]).unwrap()
+}
+
+/// `agent-relay serve` for `fake`'s bot with `config.toml` written from
+/// `launch` (the `[launch]` table's lines), once it is on the bus. The
+/// relay's own pacing is off (`AGENT_RELAY_UNLIMITED`): a burst of `/new`
+/// is answered at once rather than at Telegram's 20 a minute in a group.
+async fn serve(home: &Path, fake: &FakeServer, launch: &str) -> tokio::process::Child {
+    config(
+        home,
+        &format!(
+            "bot_token = \"{}\"\nchat_id = {CHAT}\nallowed_users = [{USER}]\napi_url = \"{}\"\n[launch]\n{launch}\n",
+            fake.api().token(),
+            fake.url()
+        ),
+    );
+    let command = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(common::binary());
+        command
+            .args(args)
+            .env_clear()
+            .env("AGENT_RELAY_HOME", home)
+            .env("AGENT_RELAY_LOG", "debug")
+            .env("AGENT_RELAY_UNLIMITED", "1")
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    let serve = command(&["serve"]).spawn().expect("serve");
+    let pid = serve.id().expect("a pid");
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let out = command(&["status"]).output().await.expect("status");
+            if String::from_utf8_lossy(&out.stdout).contains(&format!("serve: pid {pid}")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("serve on the bus");
+    serve
+}
+
+/// Whether `pid` runs (a zombie has ended; it only waits to be reaped).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(!matches!(state, 'Z' | 'X'))
+        })
+        .unwrap_or(false)
+}
+
+/// The running processes whose parent is `parent`, but its watcher.
+fn agents_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let watcher = String::from_utf8_lossy(&cmdline).contains("serve-watcher");
+        if ppid == Some(parent) && running(pid) && !watcher {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The pids an agent of [`never_joins`] wrote down.
+fn written_pids(file: &Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Waits until `pids` all ended.
+async fn all_end(pids: &[u32], within: Duration) {
+    let ended = tokio::time::timeout(within, async {
+        while pids.iter().any(|pid| running(*pid)) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let left: Vec<_> = pids.iter().filter(|pid| running(**pid)).collect();
+    assert!(ended.is_ok(), "still running after {within:?}: {left:?}");
+}
+
+/// 50 `/new` at once on a machine whose agents never join: the first ones
+/// start and are ended when they do not join within `[launch]
+/// join_within_s`; past `[launch] max_agents` the rest are refused naming
+/// the setting; every one is answered, and nothing is left running — no
+/// agent, nothing an agent started.
+#[tokio::test]
+async fn a_burst_of_new_is_capped_and_leaves_no_agent_that_nothing_reaches() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let pids = home.path().join("pids");
+    let launch = format!(
+        "roots = [\"{}\"]\nmax_agents = 3\njoin_within_s = 5\n[launch.commands]\npi = {}",
+        work.display(),
+        never_joins(&pids, 0)
+    );
+    let serve = serve(home.path(), &fake, &launch).await;
+    let serve_pid = serve.id().unwrap();
+    for i in 0..50 {
+        inject(
+            &fake,
+            None,
+            USER,
+            &format!("/new {} task {i}", work.display()),
+        );
+    }
+    let answers = fake
+        .api()
+        .wait_until(
+            |api| {
+                let done: Vec<String> = api
+                    .messages(CHAT, None)
+                    .into_iter()
+                    .map(|m| m.plain_text)
+                    .filter(|t| !t.starts_with("⏳"))
+                    .collect();
+                (done.len() >= 50).then_some(done)
+            },
+            Duration::from_secs(90),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "not every /new was answered: {:?}",
+                general(&fake)
+                    .iter()
+                    .map(|m| &m.plain_text)
+                    .collect::<Vec<_>>()
+            )
+        });
+    assert!(
+        answers.iter().all(|t| t.starts_with("⚠️ Not done")),
+        "{answers:#?}"
+    );
+    let capped = answers
+        .iter()
+        .filter(|t| t.contains("[launch] max_agents"))
+        .count();
+    let given_up = answers
+        .iter()
+        .filter(|t| t.contains("did not join the relay within 5 s ([launch] join_within_s"))
+        .count();
+    assert!(capped >= 1 && given_up >= 1, "{answers:#?}");
+    assert_eq!(capped + given_up, 50, "{answers:#?}");
+    assert!(
+        written_pids(&pids).len() <= given_up,
+        "an agent starts only for a /new that is then given up"
+    );
+    // Every agent and what it started ends.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !agents_of(serve_pid).is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("agents left: {:?}", agents_of(serve_pid)));
+    all_end(&written_pids(&pids), Duration::from_secs(30)).await;
+    assert!(fake.api().topics(CHAT).is_empty(), "no topic was made");
+}
+
+/// The leader gives a start up while the agent is still being started
+/// (it answers only after `join_within_s`): the agent is ended as soon as
+/// it runs, and no topic is told it started.
+#[tokio::test]
+async fn a_start_given_up_while_the_agent_starts_ends_it_when_it_runs() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let pids = home.path().join("pids");
+    let launch = format!(
+        "roots = [\"{}\"]\njoin_within_s = 5\n[launch.commands]\npi = {}",
+        work.display(),
+        never_joins(&pids, 8)
+    );
+    let serve = serve(home.path(), &fake, &launch).await;
+    inject(&fake, None, USER, &format!("/new {} slow", work.display()));
+    let refused = wait_general(&fake, "Not done").await;
+    assert!(
+        refused.plain_text.contains("did not answer within 5 s"),
+        "{}",
+        refused.plain_text
+    );
+    // The agent answers at 8 s; then it is ended, with its child.
+    let serve_pid = serve.id().unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !agents_of(serve_pid).is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("agents left: {:?}", agents_of(serve_pid)));
+    let started = written_pids(&pids);
+    assert_eq!(started.len(), 1);
+    all_end(&started, Duration::from_secs(30)).await;
+    assert!(fake.api().topics(CHAT).is_empty(), "no topic was made");
+}
+
+/// `serve` killed outright (SIGKILL): what its agent started ends too,
+/// through `serve`'s watcher, not only the agent (the kernel's death
+/// signal reaches the agent alone).
+#[tokio::test]
+async fn what_an_agent_started_ends_when_serve_is_killed() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let pids = home.path().join("pids");
+    let launch = format!(
+        "roots = [\"{}\"]\n[launch.commands]\npi = {}",
+        work.display(),
+        never_joins(&pids, 0)
+    );
+    let mut serve = serve(home.path(), &fake, &launch).await;
+    let serve_pid = serve.id().unwrap();
+    inject(&fake, None, USER, &format!("/new {} hi", work.display()));
+    // The agent runs (it waits to join) and its child too.
+    let (agent, child) = tokio::time::timeout(WAIT, async {
+        loop {
+            if let ([agent], [child]) = (
+                agents_of(serve_pid).as_slice(),
+                written_pids(&pids).as_slice(),
+            ) {
+                return (*agent, *child);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the agent and its child run");
+    assert!(running(child));
+    serve.start_kill().unwrap();
+    serve.wait().await.unwrap();
+    all_end(&[agent, child], Duration::from_secs(20)).await;
+}

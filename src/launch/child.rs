@@ -1,7 +1,10 @@
 //! An agent's process: spawned as `serve`'s child in its own process
 //! group, with exactly the environment it is given, its stdin and stdout
 //! piped as JSON lines, the tail of its stderr kept (a crash is reported
-//! with it), and ended politely, then less so.
+//! with it), and ended politely, then less so — and with it its whole
+//! group: what it started and left behind is ended after it ([`end_group`]),
+//! and `serve`'s watcher (`watcher.rs`) ends the group if `serve` is
+//! killed first.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -33,6 +36,11 @@ pub fn set_agent_umask(mask: u32) {
 const LEAVE: Duration = Duration::from_secs(10);
 /// How long after `SIGTERM` before `SIGKILL`.
 const TERM: Duration = Duration::from_secs(5);
+/// How long what an agent started has to leave by itself once the agent
+/// ended (pi's sidecar hands over its last words) before its group is ended.
+const LINGER: Duration = Duration::from_secs(2);
+/// How often a group is looked at while it is given time to leave.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// The stderr lines a crash report keeps.
 const STDERR_LINES: usize = 20;
 /// The most of one stderr line kept.
@@ -106,6 +114,8 @@ pub(super) fn spawn(
     else {
         return Err(failed("its pipes were not set up".into()));
     };
+    // The group is the agent's pid: the watcher ends it if `serve` dies.
+    super::watcher::watch(pid);
     let tail = StderrTail::default();
     let kept = tail.clone();
     crate::tasks::spawn(async move {
@@ -230,4 +240,34 @@ pub(super) async fn end(child: &mut Child, pid: u32, stderr: &StderrTail) -> Exi
     }
     sys::signal_group(pid, sys::SIGKILL);
     exit_of(child, stderr).await
+}
+
+/// Ends what is left of an agent's process group once the agent itself
+/// ended: [`LINGER`] to leave by itself, then `SIGTERM`, [`TERM`], then
+/// `SIGKILL`; then the watcher forgets the group. The group keeps the
+/// agent's pid while any of it lives, so the number names nothing else.
+pub(super) async fn end_group(pid: u32) {
+    if !left_within(pid, LINGER).await {
+        tracing::debug!(
+            pid,
+            "what the agent started outlives it: its group is ended"
+        );
+        sys::signal_group(pid, sys::SIGTERM);
+        if !left_within(pid, TERM).await {
+            sys::signal_group(pid, sys::SIGKILL);
+        }
+    }
+    super::watcher::forget(pid);
+}
+
+/// Whether process group `pid` is gone within `within`.
+async fn left_within(pid: u32, within: Duration) -> bool {
+    let until = tokio::time::Instant::now() + within;
+    while sys::signal_group(pid, 0) {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+    true
 }

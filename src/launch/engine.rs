@@ -35,8 +35,10 @@
 //! second time (the Claude Code plugin steps aside when it sees it).
 //!
 //! The process is `serve`'s child, in its own process group, ended with
-//! `serve` (`SIGTERM` when `serve` dies, Linux). Ending is: the input
-//! closed, 10 s, then `SIGTERM` to the group, 5 s, then `SIGKILL`.
+//! `serve` (`SIGTERM` when `serve` dies, Linux; and its whole group by
+//! `serve`'s watcher, `super::watcher`). Ending is: the input closed, 10 s,
+//! then `SIGTERM` to the group, 5 s, then `SIGKILL`; what the agent left in
+//! its group is ended after it.
 //!
 //! What every engine does alike is `super::starting`'s: spawning the
 //! process, ending it when start-up fails (the error with its stderr),

@@ -12,7 +12,9 @@
 //!   (`pi.rs`, `claude.rs`, `codex.rs`).
 //! * [`place`] — where agents may run: `[launch] roots`, links and owners.
 //! * [`env`] — the environment a launched agent gets.
-//! * `child` — spawning an agent's process and ending it; `starting` —
+//! * `child` — spawning an agent's process and ending it with its whole
+//!   process group; [`watcher`] — what ends those groups when `serve` is
+//!   killed (`agent-relay serve-watcher`); `starting` —
 //!   an agent from its spawn to its end, the same for every engine (a
 //!   failed start-up reported, the controls served); `hosted` — a
 //!   relay session in `serve`'s own process for an engine whose agent has
@@ -33,5 +35,6 @@ pub mod place;
 pub mod serve;
 pub mod service;
 mod starting;
+pub mod watcher;
 
 pub use child::set_agent_umask;

@@ -7,10 +7,11 @@
 //! [`Driver`]).
 //!
 //! The end is one order whichever way it comes (a failed start-up, `End`,
-//! `serve` dropping the agent): the agent's input closed (what each engine
-//! noted with [`Starting::on_close`]), the process ended ([`child::end`]),
-//! then what ran beside it ended ([`Starting::after`]: a hosted session,
-//! the relay's tool for Codex).
+//! `serve` dropping the agent, the agent leaving by itself): the agent's
+//! input closed (what each engine noted with [`Starting::on_close`]), the
+//! process ended ([`child::end`]), what it left in its process group ended
+//! ([`child::end_group`]), then what ran beside it ended
+//! ([`Starting::after`]: a hosted session, the relay's tool for Codex).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -146,8 +147,10 @@ impl Starting {
         child::end(&mut self.child, self.pid, &self.stderr).await
     }
 
-    /// What ran beside the process ends.
+    /// What the agent left in its process group ends, then what ran beside
+    /// the process.
     async fn ended(&mut self) {
+        child::end_group(self.pid).await;
         for ended in self.after.drain(..) {
             ended.await;
         }

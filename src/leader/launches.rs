@@ -23,7 +23,6 @@ use super::registry::{ConnId, LauncherReg};
 use super::speaker::Say;
 use crate::config::LaunchPolicy;
 use crate::protocol::bus::*;
-use crate::protocol::launch::START_WAIT;
 use crate::protocol::launch::{
     LaunchEvent, LaunchSpec, OrderOp, OrderOutcome, RemoteDone, RemoteOp,
 };
@@ -131,6 +130,22 @@ pub(super) struct Launches {
     registered: Mutex<HashMap<String, Vec<oneshot::Sender<Route>>>>,
     /// Launches being started again now: one resume at a time each.
     resuming: Mutex<HashSet<String>>,
+    /// Launches `serve` is bringing back after its restart (its welcome
+    /// named them), until each registers or is reported: their topics are
+    /// told when they are back, so a message meanwhile needs no word.
+    returning: Mutex<HashSet<String>>,
+}
+
+/// What becomes of a message for a launched session that is away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Comeback {
+    /// None: the topic is told the session is away.
+    No,
+    /// It is started again for the message; the topic is told so.
+    Resuming,
+    /// `serve` is bringing it back (asked to take it next); its topic is
+    /// told when it is back, and the message waits for it.
+    Returning,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -151,6 +166,7 @@ impl Launches {
             orders: Mutex::default(),
             registered: Mutex::default(),
             resuming: Mutex::default(),
+            returning: Mutex::default(),
         }
     }
 
@@ -261,15 +277,7 @@ impl Launches {
         self.cx
             .registry
             .vouch(&hello.instance_id, &hello.instance_secret)?;
-        let resume: Vec<LaunchSpec> = self
-            .cx
-            .store()
-            .launches()
-            .map_err(store_error)?
-            .into_iter()
-            .filter(|l| l.state.is_running())
-            .map(|l| spec_of(&l, l.by_user))
-            .collect();
+        let resume = self.to_resume()?;
         {
             let mut conns = self.cx.registry.lock();
             let before: Vec<ConnId> = conns
@@ -303,6 +311,29 @@ impl Launches {
             epoch: self.cx.epoch,
             resume,
         })
+    }
+
+    /// The sessions that should be running, for a `serve` that joins: those
+    /// with messages waiting first, so that `serve`, which starts a few at
+    /// a time, brings back first the sessions someone waits for. Those not
+    /// on the bus now are noted as returning.
+    fn to_resume(&self) -> Result<Vec<LaunchSpec>, BusError> {
+        let launches = self.cx.store().launches().map_err(store_error)?;
+        let mut resume: Vec<(bool, LaunchSpec)> = Vec::new();
+        let mut returning = HashSet::new();
+        for launch in launches.into_iter().filter(|l| l.state.is_running()) {
+            let key = launch.profile_key.as_deref();
+            if self.live_route(key).is_none() {
+                returning.insert(launch.id.clone());
+            }
+            let waiting = key
+                .and_then(|key| self.cx.store().pending_for(key).ok())
+                .is_some_and(|pending| !pending.is_empty());
+            resume.push((waiting, spec_of(&launch, launch.by_user)));
+        }
+        resume.sort_by_key(|(waiting, _)| !waiting);
+        *lock(&self.returning) = returning;
+        Ok(resume.into_iter().map(|(_, spec)| spec).collect())
     }
 
     /// `serve` as `/relay status` shows it.
@@ -411,15 +442,18 @@ impl Launches {
         started
     }
 
-    /// Starts a recorded launch (new, or again) and waits for its session.
+    /// Starts a recorded launch (new, or again) and waits for its session,
+    /// `[launch] join_within_s` in all from the order.
     async fn start(&self, spec: LaunchSpec) -> Result<Route, String> {
         let id = spec.launch_id.clone();
+        let within = self.policy.join_within;
+        let deadline = tokio::time::Instant::now() + within;
         let (tx, registered) = oneshot::channel();
         lock(&self.registered)
             .entry(id.clone())
             .or_default()
             .push(tx);
-        let outcome = self.order(OrderOp::Start(spec), START_WAIT).await;
+        let outcome = self.order(OrderOp::Start(spec), within).await;
         let folder = match outcome {
             Ok(OrderOutcome::Started { folder, .. }) => {
                 if let Err(e) = self.cx.store().set_launch_folder(&id, &folder) {
@@ -442,13 +476,13 @@ impl Launches {
             }
         };
         tracing::debug!(launch = %id, %folder, "agent started; waiting for its session");
-        match tokio::time::timeout(START_WAIT, registered).await {
+        match tokio::time::timeout_at(deadline, registered).await {
             Ok(Ok(route)) => Ok(route),
             _ => {
                 self.abandon(&id).await;
                 Err(format!(
-                    "the agent started in {folder}, but its session did not join the relay within {} s, so it was ended (for pi: is the relay's extension loaded? see [launch.commands] in config.toml)",
-                    START_WAIT.as_secs()
+                    "the agent started in {folder}, but its session did not join the relay within {} s ([launch] join_within_s in config.toml), so it was ended",
+                    within.as_secs()
                 ))
             }
         }
@@ -562,6 +596,7 @@ impl Launches {
     /// is linked to it, its first prompt journaled (before the session goes
     /// live, so it is delivered first), and whoever waits is told.
     pub(super) fn launched_registered(&self, launch_id: &str, route: &Route, user_hint: i64) {
+        lock(&self.returning).remove(launch_id);
         let linked = self.cx.store().link_launch(launch_id, &route.profile_key);
         let launch = match linked {
             Ok(Some(launch)) => launch,
@@ -613,6 +648,9 @@ impl Launches {
             .lock()
             .launcher_of(conn, report.generation)?;
         let id = &report.launch_id;
+        if !matches!(report.event, LaunchEvent::Started { .. }) {
+            lock(&self.returning).remove(id);
+        }
         let Some(launch) = self.cx.store().launch(id).map_err(store_error)? else {
             return Err(BusError::new(BusErrorCode::Forbidden, "no such launch"));
         };
@@ -664,7 +702,13 @@ impl Launches {
         let cx = self.cx.clone();
         self.cx.errands.run(async move {
             let say = Say::plain(text).with(buttons);
-            if let Err(e) = cx.speaker.now(target.into(), say).await {
+            // A session back is a line of status: the chat's budget goes to
+            // answers first (after `serve` restarts, one per session).
+            let said = match told {
+                Told::Running => cx.speaker.notice(target.into(), say).await,
+                Told::Stopped { .. } => cx.speaker.now(target.into(), say).await,
+            };
+            if let Err(e) = said {
                 tracing::warn!("cannot tell a launch's topic: {e}");
             }
             if close {
@@ -683,11 +727,14 @@ impl Launches {
     /// A message arrived for a launched session that is not running: it
     /// waits in the journal, and the session is started again for it (once
     /// per absence). Answers whether the owner is such a launch.
-    pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> bool {
+    pub(super) fn resume_for_message(self: &Arc<Self>, owner: &str, user: i64) -> Comeback {
         let launch = match self.cx.store().launch_by_profile(owner) {
             Ok(Some(launch)) if !launch.state.is_running() => launch,
-            Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => return true,
-            _ => return false,
+            Ok(Some(launch)) if lock(&self.resuming).contains(&launch.id) => {
+                return Comeback::Resuming;
+            }
+            Ok(Some(launch)) => return self.hurry(&launch, user),
+            _ => return Comeback::No,
         };
         let launches = self.clone();
         self.cx.errands.run(async move {
@@ -704,7 +751,32 @@ impl Launches {
                 }
             }
         });
-        true
+        Comeback::Resuming
+    }
+
+    /// A message waits for a launched session that should be running and
+    /// is away: if this machine's `serve` is on the bus (it came back and
+    /// is starting its sessions again a few at a time), it starts this one
+    /// next rather than in its turn. One that runs or is being started
+    /// already is left as it is; the message waits in the journal either
+    /// way. `Returning` when `serve` is bringing it back after its restart.
+    fn hurry(self: &Arc<Self>, launch: &Launch, user: i64) -> Comeback {
+        if self.serve_status().is_none() {
+            return Comeback::No;
+        }
+        let returning = if lock(&self.returning).contains(&launch.id) {
+            Comeback::Returning
+        } else {
+            Comeback::No
+        };
+        let launches = self.clone();
+        let spec = spec_of(launch, user);
+        self.cx.errands.run(async move {
+            let id = spec.launch_id.clone();
+            let outcome = launches.order(OrderOp::Start(spec), ORDER_WAIT).await;
+            tracing::debug!(launch = %id, "a message hurried a launched session: {outcome:?}");
+        });
+        returning
     }
 
     /// The line a launched session's new topic opens with, under its name.

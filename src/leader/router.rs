@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::asks::Asks;
 use super::context::Context;
-use super::launches::Launches;
+use super::launches::{Comeback, Launches};
 use super::receipts::Receipts;
 use super::registry::{ConnId, Conns};
 use super::triage::{Entry, JournaledFile};
@@ -220,9 +220,15 @@ impl Router {
                 chat_id: update.chat_id,
                 thread_id: update.thread_id,
             };
-            if self.launches.resume_for_message(&owner, update.user_id) {
-                self.cx.speaker.later(topic, RESUMING_NOTICE.into());
-                return;
+            match self.launches.resume_for_message(&owner, update.user_id) {
+                Comeback::Resuming => {
+                    self.cx.speaker.later(topic, RESUMING_NOTICE.into());
+                    return;
+                }
+                // Its topic is told when `serve` has it back: a notice now
+                // would only spend the chat's budget before the answer.
+                Comeback::Returning => return,
+                Comeback::No => {}
             }
             let switched = self
                 .cx

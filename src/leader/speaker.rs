@@ -115,6 +115,17 @@ impl Speaker {
     /// Posts `say` in `place` at once, first in line; answers the
     /// message's id.
     pub async fn now(&self, place: Place, say: Say) -> Result<i64, Failure> {
+        self.send(place, say, Pace::high()).await
+    }
+
+    /// [`Speaker::now`] for a line of status (a session back after its
+    /// launcher restarted): when the chat's budget is short, after what
+    /// people wait for, as edits.
+    pub async fn notice(&self, place: Place, say: Say) -> Result<i64, Failure> {
+        self.send(place, say, Pace::of(Priority::Normal)).await
+    }
+
+    async fn send(&self, place: Place, say: Say, pace: Pace<'_>) -> Result<i64, Failure> {
         let say = say.fitted();
         let call = BotCall::SendMessage(SendMessage {
             chat_id: place.chat_id,
@@ -125,7 +136,7 @@ impl Speaker {
             reply_parameters: None,
             link_preview_options: Some(LinkPreviewOptions::default()),
         });
-        let done = self.outbox.call(call, Pace::high()).await?;
+        let done = self.outbox.call(call, pace).await?;
         Ok(done.reply.message_id().unwrap_or_default())
     }
 

@@ -413,7 +413,7 @@ export class Serve {
 		return this.child.pid;
 	}
 
-	/** The processes serve started (its children), by pid. */
+	/** The agents serve started (its children but its watcher, `serve-watcher`), by pid. */
 	agents() {
 		const found = [];
 		for (const entry of readdirSync("/proc")) {
@@ -421,7 +421,9 @@ export class Serve {
 			try {
 				const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
 				const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-				if (ppid === this.child.pid && isRunning(Number(entry))) found.push(Number(entry));
+				if (ppid !== this.child.pid || !isRunning(Number(entry))) continue;
+				if (readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0").includes("serve-watcher")) continue;
+				found.push(Number(entry));
 			} catch {
 				// the process ended while we looked
 			}

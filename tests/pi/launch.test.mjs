@@ -7,10 +7,11 @@
 // sessions comes back with both in their topics, and nothing typed meanwhile is lost.
 
 import assert from "node:assert/strict";
-import { mkdir, symlink } from "node:fs/promises";
+import { readFileSync, statSync } from "node:fs";
+import { mkdir, readdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHAT_ID, USER_ID, World, eventually, isRunning } from "./harness.mjs";
+import { CHAT_ID, EXTENSION, REPO, USER_ID, World, eventually, isRunning, sidecarsOf } from "./harness.mjs";
 
 const WAIT = 60_000;
 
@@ -182,6 +183,68 @@ test("/new starts pi in its own topic; turns, /model, /end and /resume keep the 
 	);
 });
 
+/** The environment of process `pid` (pi rewrites its command line, not this). */
+function envOf(pid) {
+	return Object.fromEntries(
+		readFileSync(`/proc/${pid}/environ`, "utf8")
+			.split("\0")
+			.filter(Boolean)
+			.map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]),
+	);
+}
+
+test("/new … pi works with no relay package in pi: serve brings its own extension, and never a second one when pi has the package", async (t) => {
+	const world = await World.create(t);
+	await mkdir(join(world.work, "api"), { recursive: true });
+	await mkdir(join(world.work, "web"), { recursive: true });
+	await mkdir(join(world.work, "ops", ".pi"), { recursive: true });
+	await world.serveConfig();
+	// pi as `npm i -g agent-relay` or `cargo install` leave it: no `-e`, no package
+	// in pi's settings, and no AGENT_RELAY_BIN (serve names itself to its agent).
+	const config = join(world.relayHome, "config", "config.toml");
+	const plainPi = (await readFile(config, "utf8")).replace(`,"-e",${JSON.stringify(EXTENSION)}`, "");
+	assert.ok(!plainPi.includes(EXTENSION));
+	await world.relayConfig(plainPi);
+	const serve = await world.startServe({ env: { AGENT_RELAY_BIN: undefined } });
+
+	await world.bot.injectMessage(null, "/new api hello without the package");
+	const api = await eventually(() => world.topicOf("api"), WAIT, "the topic of pi with the relay's own extension");
+	await world.bot.said(api.thread_id, (text) => text === "echo: hello without the package", { ms: WAIT, what: "its answer" });
+	const [first] = serve.agents();
+	// serve brought its extension, and named itself as the binary the extension runs.
+	assert.ok(envOf(first).AGENT_RELAY_BIN, "the sidecar is serve's own binary");
+	const brought = join(world.relayHome, "state", "pi-extension", "scripts", "pi-extension.ts");
+	assert.equal(statSync(brought).mode & 0o777, 0o600);
+	assert.equal(statSync(join(world.relayHome, "state", "pi-extension")).mode & 0o777, 0o700);
+	assert.equal(sidecarsOf(first).length, 1, "one sidecar");
+
+	// A project's settings name the package, but pi (offline) has none installed and
+	// loads nothing: serve sees it in pi's commands and starts it again with its own.
+	await writeFile(join(world.work, "ops", ".pi", "settings.json"), JSON.stringify({ packages: ["npm:agent-relay"] }));
+	await world.bot.injectMessage(null, "/new ops hello with a package missing");
+	const ops = await eventually(() => world.topicOf("ops"), WAIT, "the topic of pi whose package is missing");
+	await world.bot.said(ops.thread_id, (text) => text === "echo: hello with a package missing", { ms: WAIT, what: "its answer" });
+	const third = serve.agents().find((pid) => pid !== first);
+	assert.ok(envOf(third).AGENT_RELAY_BIN, "started again with the relay's own extension");
+	const logs = join(world.relayHome, "state", "logs");
+	const log = (await readdir(logs)).map((f) => readFileSync(join(logs, f), "utf8")).join("");
+	assert.match(log, /loaded no copy of it: starting it again with the relay's own/);
+	assert.equal(sidecarsOf(third).length, 1, "one sidecar");
+
+	// With the package installed in pi, pi loads it and serve adds none.
+	const installed = await world.piCommand(["install", REPO]);
+	assert.equal(installed.code, 0, installed.stderr);
+	await world.bot.injectMessage(null, "/new web hello with the package");
+	const web = await eventually(() => world.topicOf("web"), WAIT, "the topic of pi with the package");
+	await world.bot.said(web.thread_id, (text) => text === "echo: hello with the package", { ms: WAIT, what: "its answer" });
+	const second = serve.agents().find((pid) => pid !== first && pid !== third);
+	assert.equal(envOf(second).AGENT_RELAY_BIN, undefined, "serve brought nothing: pi has the package");
+	await eventually(() => sidecarsOf(second).length === 1, WAIT, "its sidecar");
+	await new Promise((done) => setTimeout(done, 1000));
+	assert.equal(sidecarsOf(second).length, 1, "one sidecar, never two");
+	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 3, "one topic each");
+});
+
 test("a folder outside the roots, a link out of them and a stranger's /new start nothing", async (t) => {
 	const world = await World.create(t);
 	const outside = join(world.root, "elsewhere");
@@ -232,14 +295,21 @@ test("serve killed with two launched sessions comes back with both, and nothing 
 	await world.bot.injectMessage(one.thread_id, "typed while serve was down");
 
 	const again = await world.startServe();
-	await world.bot.said(one.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic one told" });
-	await world.bot.said(two.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic two told" });
+	const back = Date.now();
 	await world.bot.said(one.thread_id, (text) => text === "echo: typed while serve was down", {
 		ms: WAIT,
 		what: "what was typed meanwhile, answered",
 	});
+	const waitingAnswered = Date.now();
+	await world.bot.said(one.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic one told" });
+	await world.bot.said(two.thread_id, (text) => text.includes("serve restarted"), { ms: WAIT, what: "topic two told" });
+	const bothBack = Date.now();
 	await world.bot.injectMessage(two.thread_id, "two goes on");
 	await world.bot.said(two.thread_id, (text) => text === "echo: two goes on", { ms: WAIT, what: "two goes on" });
+	t.diagnostic(
+		`serve back on the bus → the message typed while it was down answered: ${waitingAnswered - back} ms; ` +
+			`both sessions back after ${bothBack - back} ms; then a message to its answer: ${Date.now() - bothBack} ms`,
+	);
 	assert.equal(again.agents().length, 2, "both run under the new serve");
 	assert.equal((await world.bot.topics()).filter((t) => !t.deleted).length, 2, "in their own topics");
 });

@@ -1,8 +1,9 @@
 //! pi as an engine (RPC mode, as pi-coding-agent's own docs in its npm
 //! package describe it; docs/DESIGN.md, *Launching*): `pi --mode rpc`, its
 //! commands and their responses as JSON lines on stdin and stdout. The
-//! relay's extension inside it (`scripts/pi-extension.ts`, loaded from the
-//! installed package or `-e` in `[launch.commands]`) spawns the session's
+//! relay's extension inside it (`scripts/pi-extension.ts`: the installed
+//! package, `-e` in `[launch.commands]`, or else the copy this binary
+//! carries, `extension.rs`) spawns the session's
 //! sidecar, which registers as the launch (its environment names it), so
 //! prompts, approvals, `ask_user` and `telegram_send_file` work as in a
 //! keyboard session. `serve` keeps the RPC side: which session file pi
@@ -12,6 +13,7 @@
 //! and the relay's own questions go to the phone.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,8 @@ use crate::launch::child;
 use crate::launch::engine::{Agent, Context, EngineError, Models, Start};
 use crate::launch::starting::{Driver, Started, Starting};
 use crate::protocol::launch::ModelChoice;
+
+mod extension;
 
 /// How long pi has to load its extensions and answer `get_state`.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -72,9 +76,71 @@ impl Rpc {
     }
 }
 
-/// Starts pi (see the module docs).
-pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineError> {
+/// Starts pi (see the module docs), with the relay's extension when pi
+/// does not load the relay's package itself; a pi that turns out to load
+/// no copy after all is started again with it.
+pub(crate) async fn start(mut start: Start, ctx: &Context) -> Result<Agent, EngineError> {
+    let places = extension::PiPlaces::new(&start.folder, &start.env);
+    let own = match places.loads_relay(&start.command) {
+        Some(from) => {
+            tracing::debug!(launch = %start.launch_id, "pi loads the relay's extension itself: {from}");
+            None
+        }
+        None => Some(bring(ctx, &mut start)?),
+    };
+    let pi = match run(&start, own.as_deref()).await? {
+        Ran::Relayed(pi) => return Ok(pi),
+        Ran::Unrelayed(pi) => pi,
+    };
+    if own.is_some() {
+        return Err(pi
+            .failed("it did not load the relay's extension given with -e")
+            .await);
+    }
+    tracing::info!(
+        launch = %start.launch_id,
+        "pi's settings name the relay's package but it loaded no copy of it: starting it again with the relay's own"
+    );
+    drop(pi.failed("started again").await);
+    let own = bring(ctx, &mut start)?;
+    match run(&start, Some(&own)).await? {
+        Ran::Relayed(pi) => Ok(pi),
+        Ran::Unrelayed(pi) => Err(pi
+            .failed("it did not load the relay's extension given with -e")
+            .await),
+    }
+}
+
+/// The extension this binary carries, written for pi; the agent's sidecar
+/// is then this very binary (`AGENT_RELAY_BIN`, unless set already), the
+/// build the extension came with.
+fn bring(ctx: &Context, start: &mut Start) -> Result<PathBuf, EngineError> {
+    let path = extension::bring(&ctx.paths).map_err(|message| EngineError::Startup {
+        engine: "pi",
+        message: format!("it needs the relay's extension, which cannot be written: {message}"),
+    })?;
+    let set = start.env.iter().any(|(k, _)| k == "AGENT_RELAY_BIN");
+    if let Some(binary) = std::env::current_exe().ok().filter(|b| b.is_file())
+        && !set
+    {
+        start.env.push(("AGENT_RELAY_BIN".into(), binary.into()));
+    }
+    Ok(path)
+}
+
+/// A pi that answers, with or without the relay's extension in it.
+enum Ran {
+    Relayed(Agent),
+    Unrelayed(Starting),
+}
+
+/// Spawns pi with `extension` (if any) and waits until it answers; pi that
+/// loaded no copy of the relay's extension is handed back to be ended.
+async fn run(start: &Start, extension: Option<&Path>) -> Result<Ran, EngineError> {
     let mut argv = start.command.clone();
+    if let Some(extension) = extension {
+        argv.extend(["-e".into(), extension.display().to_string()]);
+    }
     argv.extend(["--mode".into(), "rpc".into()]);
     if let Some(file) = &start.resume {
         argv.extend(["--session".into(), file.clone()]);
@@ -82,7 +148,7 @@ pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineE
     if let Some(model) = &start.model {
         argv.extend(["--model".into(), model.clone()]);
     }
-    let (mut agent, stdin, stdout) = Starting::spawn("pi", &argv, &start)?;
+    let (mut agent, stdin, stdout) = Starting::spawn("pi", &argv, start)?;
     let rpc = Rpc {
         lines: child::writer(stdin),
         waiting: Arc::default(),
@@ -101,12 +167,24 @@ pub(crate) async fn start(start: Start, _ctx: &Context) -> Result<Agent, EngineE
             return Err(agent.failed(why).await);
         }
     };
+    match rpc.call(json!({"type": "get_commands"})).await {
+        Ok(commands) => match extension::loaded_copies(&commands) {
+            0 => return Ok(Ran::Unrelayed(agent)),
+            1 => {}
+            copies => tracing::warn!(
+                launch = %start.launch_id,
+                copies,
+                "pi loaded the relay's extension more than once: a sidecar each; load it one way only (pi's settings, or -e in [launch.commands])"
+            ),
+        },
+        Err(why) => return Err(agent.failed(why).await),
+    }
     let started = Started {
         resume_id: state["sessionFile"].as_str().map(str::to_string),
         model: model_id(&state["model"]),
         activity,
     };
-    Ok(agent.serve(rpc, started))
+    Ok(Ran::Relayed(agent.serve(rpc, started)))
 }
 
 /// Reads pi's stdout: responses to whoever waits, dialogs dismissed,
