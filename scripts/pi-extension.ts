@@ -61,8 +61,11 @@ const SHUTDOWN_REPLY_MS = 1_000;
 const EXIT_GRACE_MS = 1_500;
 /** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
 const REBIND_WAIT_MS = 5_000;
-/** Sending a file: the sidecar gives up after its upload deadline (10 min); this bounds a sidecar that never answers. */
-const FILE_SEND_TIMEOUT_MS = 11 * 60_000;
+/**
+ * Sending a file: the sidecar answers within 2 s (an upload Telegram has not answered
+ * goes on, and the answer says so); this bounds a sidecar that never answers.
+ */
+const FILE_SEND_TIMEOUT_MS = 15_000;
 /**
  * Pictures from Telegram larger than this reach the model as a path only: model APIs refuse
  * big images (Anthropic's limit is 5 MB), and base64 makes them a third bigger.
@@ -867,6 +870,7 @@ class Bridge {
 		const sent = sidecar.request("file/send", params, FILE_SEND_TIMEOUT_MS) as Promise<{
 			sentAs?: unknown;
 			size?: unknown;
+			kept?: unknown;
 		} | null>;
 		const aborted = new Promise<never>((_, fail) => {
 			const stop = () => fail(new Error("The run was stopped; the file may or may not have reached Telegram."));
@@ -874,6 +878,8 @@ class Bridge {
 			signal?.addEventListener("abort", stop, { once: true });
 		});
 		const result = await Promise.race([sent, aborted]);
+		// Telegram has not answered yet: the upload goes on, and the topic hears if it fails.
+		if (typeof result?.kept === "string") return `${path} is not in the user's Telegram topic yet: ${result.kept}.`;
 		const how = result?.sentAs === "photo" ? "a photo" : "a document";
 		const size = typeof result?.size === "number" ? ` (${result.size} bytes)` : "";
 		return `Sent ${path} to the user's Telegram topic as ${how}${size}.`;

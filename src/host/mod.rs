@@ -110,6 +110,7 @@ pub trait Handler: Send + Sync + 'static {
             sent: false,
             messages: 0,
             reason: Some("this sidecar has no topic".into()),
+            kept: false,
         })
     }
 
