@@ -190,6 +190,12 @@ pub struct AgentEndedParams {
     /// The run was stopped (`/stop`, Escape): its last answer is cut off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aborted: bool,
+    /// The run failed for good with this error (its model call did, and
+    /// the host will not try again): no answer comes of it, whatever text
+    /// it had written, and the topic is told so once. A host that tries a
+    /// failed call again itself (pi) says this only after its last try.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `turn/ended` params.
@@ -203,6 +209,12 @@ pub struct TurnEndedParams {
     /// The turn was stopped: its text is cut off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aborted: bool,
+    /// The turn's model call failed with this error (a stream cut
+    /// mid-answer, a 503): its text is broken, never an answer or a line of
+    /// the progress. The host may try again; `agent/ended` says whether the
+    /// run failed for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `turn/text` params: the text the current turn has written so far, while

@@ -869,6 +869,13 @@ impl Session {
     /// A turn's text: on the way (it called tools), it joins the progress
     /// message; at the end, it is the answer.
     fn turn_ended(&self, turn: &TurnEndedParams) {
+        if turn.error.is_some() {
+            // A failed try's text is broken (a stream cut mid-answer): no
+            // answer, no line of the progress, and gone from the draft. The
+            // host may try again; `agent/ended` says if the turn failed.
+            self.send_out(ToTopic::Writing(String::new()));
+            return;
+        }
         let text = turn.assistant_text.trim();
         if text.is_empty() {
             return;
@@ -885,10 +892,20 @@ impl Session {
     }
 
     /// The agent is done: its last text is the answer unless a turn said it
-    /// already; then the progress message's summary follows it.
+    /// already; then the progress message's summary follows it. A run that
+    /// failed for good says so once, with its error, and has no answer
+    /// (one that was stopped meanwhile said `⏹ Stopped.` already).
     fn agent_ended(&self, ended: &AgentEndedParams) {
         self.busy.store(false, Ordering::Relaxed);
         let stopped = self.stopped.swap(false, Ordering::Relaxed);
+        if let Some(error) = &ended.error {
+            if !(ended.aborted || stopped) {
+                self.send_out(ToTopic::Failed(error.trim().to_string()));
+            }
+            self.send_out(ToTopic::Busy(false));
+            self.state().last_answer = None;
+            return;
+        }
         let last = ended.last_assistant_text.as_deref().map(str::trim);
         if let Some(text) = last.filter(|t| !t.is_empty()) {
             let already = self.state().last_answer.as_deref() == Some(text);
