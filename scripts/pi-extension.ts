@@ -739,6 +739,7 @@ class Bridge {
 		const asked = sidecar.request("question/ask", { question, options, allowText }, APPROVAL_TIMEOUT_MS) as Promise<{
 			answer?: unknown;
 			by?: unknown;
+			reason?: unknown;
 		} | null>;
 		const aborted = new Promise<null>((done) => signal?.addEventListener("abort", () => done(null), { once: true }));
 		const result = await Promise.race([asked, aborted]).catch(() => null);
@@ -747,6 +748,7 @@ class Bridge {
 			const where = result.by === "phone" ? "on the phone" : result.by === "terminal" ? "at the terminal" : "";
 			return `The user answered${where ? ` ${where}` : ""}: ${result.answer}`;
 		}
+		if (result.by === "unavailable" && typeof result.reason === "string") return `Nobody could be asked: ${result.reason}.`;
 		return result.by === "timeout" ? "The user did not answer in time." : "The user did not answer.";
 	}
 

@@ -914,6 +914,19 @@ async fn every_tool_answers_at_once_and_truly_while_telegram_is_unreachable() {
     );
     let (inbox, _) = tool_in_time(&s, "telegram_inbox", json!({})).await;
     assert_eq!(text_of(&inbox), "No messages are waiting.");
+    // A question cannot reach the phone: said at once, not after its
+    // 10 minutes as "nobody answered".
+    let (asked, _) = tool_in_time(
+        &s,
+        "ask",
+        json!({"question": "Deploy now?", "options": ["yes", "no"]}),
+    )
+    .await;
+    assert_eq!(asked["isError"], true, "{asked}");
+    assert!(
+        text_of(&asked).starts_with("Nobody could be asked: the question cannot reach the phone: Telegram is not answering ("),
+        "{asked}"
+    );
     let refused = tool_in_time(&s, "send_file", json!({"path": "/etc/passwd"}))
         .await
         .0;
@@ -946,6 +959,21 @@ async fn every_tool_answers_at_once_and_truly_while_telegram_is_unreachable() {
         .expect("the kept file in the topic once Telegram answers");
     let file_id = &message.media.as_ref().unwrap().file_id;
     assert_eq!(fake.api().file(file_id).unwrap().bytes.to_vec(), log);
+    // The question the agent was told could not be asked is not left open.
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread)).into_iter().find(|m| {
+                    m.plain_text.contains("Deploy now?")
+                        && m.reply_markup.as_ref().is_some_and(|k| {
+                            k.to_string().contains("Not asked: Telegram did not answer")
+                        })
+                })
+            },
+            WAIT,
+        )
+        .await
+        .expect("the question, once out, closed as not asked");
 }
 
 /// A file kept while Telegram is unreachable, and the session ends before

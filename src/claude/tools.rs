@@ -158,12 +158,14 @@ impl ClaudeTools {
             .ask_session(method::QUESTION_ASK, params, Duration::from_secs(3700))
             .await?;
         let result: QuestionResult = serde_json::from_value(result).map_err(|e| e.to_string())?;
+        let why = result.reason;
         match (result.answer, result.by) {
             (Some(answer), _) => Ok(format!("The user answered: {answer}")),
             (None, DecidedBy::Timeout) => Err("Nobody answered in time.".into()),
-            (None, DecidedBy::Unavailable) => {
-                Err("Nobody could be asked: this session has no Telegram topic right now.".into())
-            }
+            (None, DecidedBy::Unavailable) => Err(format!(
+                "Nobody could be asked: {}.",
+                why.unwrap_or_else(|| "this session has no Telegram topic right now".into())
+            )),
             (None, _) => Err("The question was dismissed.".into()),
         }
     }

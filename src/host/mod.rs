@@ -121,6 +121,7 @@ pub trait Handler: Send + Sync + 'static {
             choice: None,
             answer: None,
             by: DecidedBy::Unavailable,
+            reason: None,
         })
     }
 }

@@ -590,6 +590,10 @@ pub struct QuestionResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
     pub by: DecidedBy,
+    /// Why nobody answered (`timeout`, `unavailable`): the question never
+    /// reached the phone (Telegram not answering), or nobody took it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `ui/select` params (sidecar → host): a choice at the terminal. The
