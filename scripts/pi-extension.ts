@@ -28,7 +28,7 @@ import { delimiter, dirname, join, resolve } from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
 import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
-import { VERSION } from "@mariozechner/pi-coding-agent";
+import { SettingsManager, VERSION } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 
 const PROTOCOL_VERSION = 1;
@@ -61,8 +61,11 @@ const SHUTDOWN_REPLY_MS = 1_000;
 const EXIT_GRACE_MS = 1_500;
 /** A relayed prompt that arrives while pi swaps sessions waits this long for the new one. */
 const REBIND_WAIT_MS = 5_000;
-/** Sending a file: the sidecar gives up after its upload deadline (10 min); this bounds a sidecar that never answers. */
-const FILE_SEND_TIMEOUT_MS = 11 * 60_000;
+/**
+ * Sending a file: the sidecar answers within 2 s (an upload Telegram has not answered
+ * goes on, and the answer says so); this bounds a sidecar that never answers.
+ */
+const FILE_SEND_TIMEOUT_MS = 15_000;
 /**
  * Pictures from Telegram larger than this reach the model as a path only: model APIs refuse
  * big images (Anthropic's limit is 5 MB), and base64 makes them a third bigger.
@@ -76,6 +79,13 @@ const GLOBAL_KEY = Symbol.for("agent-relay.pi-extension.bridge");
 const SEEN_UPDATES = 4096;
 /** How often the text being written goes to the sidecar, at most (`turn/text`; each supersedes the last). */
 const WRITING_EVERY_MS = 500;
+/**
+ * How long past pi's own delay before a try again (its `retry` settings) a failed run
+ * waits for that try before it counts as the turn's end: pi starts it from a timer.
+ */
+const RETRY_GRACE_MS = 3_000;
+/** A failed run pi compacts after (a context overflow) waits at most this long for the try after it. */
+const COMPACTION_WAIT_MS = 5 * 60_000;
 
 type Tone = "info" | "success" | "warning" | "error" | "muted";
 type NotifyLevel = "info" | "warning" | "error";
@@ -503,6 +513,8 @@ class Bridge {
 	private readonly dialogsById = new Map<string, AbortController>();
 	/** The latest prompt came from Telegram (relayed), not from the keyboard. */
 	fromTelegram = false;
+	/** A failed run waiting to see whether pi tries again (`Failures`). */
+	readonly failures = new Failures((params) => this.ended(params));
 	private readonly rebindWaiters = new Set<() => void>();
 	private versionNoticed = false;
 
@@ -727,6 +739,7 @@ class Bridge {
 		const asked = sidecar.request("question/ask", { question, options, allowText }, APPROVAL_TIMEOUT_MS) as Promise<{
 			answer?: unknown;
 			by?: unknown;
+			reason?: unknown;
 		} | null>;
 		const aborted = new Promise<null>((done) => signal?.addEventListener("abort", () => done(null), { once: true }));
 		const result = await Promise.race([asked, aborted]).catch(() => null);
@@ -735,6 +748,7 @@ class Bridge {
 			const where = result.by === "phone" ? "on the phone" : result.by === "terminal" ? "at the terminal" : "";
 			return `The user answered${where ? ` ${where}` : ""}: ${result.answer}`;
 		}
+		if (result.by === "unavailable" && typeof result.reason === "string") return `Nobody could be asked: ${result.reason}.`;
 		return result.by === "timeout" ? "The user did not answer in time." : "The user did not answer.";
 	}
 
@@ -768,6 +782,8 @@ class Bridge {
 			case "agent/abort": {
 				const binding = await this.awaitBinding();
 				binding?.ctx.abort();
+				// Stopped while pi waited to try again: it will not, and the run was stopped.
+				void this.failures.settle({ aborted: true });
 				return {};
 			}
 			default:
@@ -867,6 +883,7 @@ class Bridge {
 		const sent = sidecar.request("file/send", params, FILE_SEND_TIMEOUT_MS) as Promise<{
 			sentAs?: unknown;
 			size?: unknown;
+			kept?: unknown;
 		} | null>;
 		const aborted = new Promise<never>((_, fail) => {
 			const stop = () => fail(new Error("The run was stopped; the file may or may not have reached Telegram."));
@@ -874,6 +891,8 @@ class Bridge {
 			signal?.addEventListener("abort", stop, { once: true });
 		});
 		const result = await Promise.race([sent, aborted]);
+		// Telegram has not answered yet: the upload goes on, and the topic hears if it fails.
+		if (typeof result?.kept === "string") return `${path} is not in the user's Telegram topic yet: ${result.kept}.`;
 		const how = result?.sentAs === "photo" ? "a photo" : "a document";
 		const size = typeof result?.size === "number" ? ` (${result.size} bytes)` : "";
 		return `Sent ${path} to the user's Telegram topic as ${how}${size}.`;
@@ -905,6 +924,112 @@ class Bridge {
 		for (const dialog of this.dialogs) dialog.abort();
 		this.dialogs.clear();
 	}
+}
+
+/**
+ * A failed run (its last model call ended with `stopReason: "error"`), held until pi
+ * is seen to try again or not. pi tries a failed call again itself (docs/settings.md,
+ * "Retry": by default 3 more tries, 2 s, 4 s and 8 s after the failure) and tells
+ * extensions nothing of it (pi 0.73.1): `agent_end` comes before pi decides, the next
+ * try is a new `agent_start`, and `auto_retry_*` reach RPC clients only. So:
+ *
+ * - a run that fails when pi will not try again (retries off, or the last try: pi's
+ *   own settings say) is the turn's end at once, failed, with its error;
+ * - else it is held. pi starting again (`agent_start`) makes it one try of the same
+ *   turn: the relay hears nothing of its end. pi quiet once its delay for that try is
+ *   past, a new prompt, a stop, or pi leaving make it the turn's end, failed.
+ *
+ * The relay hears of a failed turn once (`agent/ended {error}`), and an errored try's
+ * text is never an answer (`turn/ended {error}`).
+ */
+class Failures {
+	/** Failed runs in a row, as pi counts its tries (a model call that answers resets it). */
+	private failed = 0;
+	private held?: { params: Record<string, JsonValue>; timer: ReturnType<typeof setTimeout> };
+
+	constructor(private readonly end: (params: JsonValue) => Promise<void>) {}
+
+	/** A model call answered: the next failure is a first one again. */
+	answered(): void {
+		this.failed = 0;
+	}
+
+	/**
+	 * A run started: true when it is pi trying a held failure again (the same turn for
+	 * the relay), false for a turn of its own.
+	 */
+	resumed(): boolean {
+		if (!this.held) {
+			this.failed = 0;
+			return false;
+		}
+		clearTimeout(this.held.timer);
+		this.held = undefined;
+		return true;
+	}
+
+	/** A run failed with `error` in `cwd`: its end, now or once pi did not try again. */
+	async failedWith(error: string, cwd: string): Promise<void> {
+		await this.settle({});
+		this.failed += 1;
+		const params = { error: clip(error, 2_000) };
+		const delay = retryDelayMs(cwd, this.failed);
+		if (delay === undefined) {
+			this.failed = 0;
+			await this.end(params);
+			return;
+		}
+		this.held = { params, timer: this.timer(delay + RETRY_GRACE_MS) };
+	}
+
+	/** pi compacts the conversation, which a context overflow is followed by: the try after it may take long. */
+	compacting(): void {
+		if (this.held) this.rearm(COMPACTION_WAIT_MS);
+	}
+
+	/** The compaction is done: a try after it starts at once, or never. */
+	compacted(): void {
+		if (this.held) this.rearm(RETRY_GRACE_MS);
+	}
+
+	/** The held failure, if any, is the turn's end now (with `extra`, e.g. `aborted`). */
+	async settle(extra: Record<string, JsonValue>): Promise<void> {
+		const held = this.held;
+		if (!held) return;
+		clearTimeout(held.timer);
+		this.held = undefined;
+		this.failed = 0;
+		await this.end({ ...held.params, ...extra });
+	}
+
+	private timer(ms: number): ReturnType<typeof setTimeout> {
+		const timer = setTimeout(() => void this.settle({}), ms);
+		// pi leaving is settled in `session_shutdown`; the timer keeps nobody alive.
+		timer.unref();
+		return timer;
+	}
+
+	private rearm(ms: number): void {
+		if (!this.held) return;
+		clearTimeout(this.held.timer);
+		this.held.timer = this.timer(ms);
+	}
+}
+
+/**
+ * How long pi waits before it tries a failed run again for the `attempt`th time, by
+ * its own reading of its settings (global and the project's); `undefined` when it will
+ * not try again. Unreadable settings count as pi's documented defaults.
+ */
+function retryDelayMs(cwd: string, attempt: number): number | undefined {
+	let settings = { enabled: true, maxRetries: 3, baseDelayMs: 2_000 };
+	try {
+		if (typeof SettingsManager?.create === "function") settings = SettingsManager.create(cwd).getRetrySettings();
+	} catch {
+		// a broken settings file: pi reads it the same way, with its defaults
+	}
+	if (!settings.enabled || attempt > settings.maxRetries) return undefined;
+	return settings.baseDelayMs * 2 ** (attempt - 1);
 }
 
 function bridge(): Bridge {
@@ -1028,6 +1153,13 @@ function aborted(message: unknown): boolean {
 	return (message as { stopReason?: unknown } | null)?.stopReason === "aborted";
 }
 
+/** The error a model call ended with, when it failed (`stopReason: "error"`). */
+function failure(message: unknown): string | undefined {
+	const { stopReason, errorMessage } = (message ?? {}) as { stopReason?: unknown; errorMessage?: unknown };
+	if (stopReason !== "error") return undefined;
+	return typeof errorMessage === "string" && errorMessage.trim() !== "" ? errorMessage : "the model call failed";
+}
+
 /** The text blocks of an assistant message, joined; other roles have none. */
 function assistantText(message: unknown): string | undefined {
 	if (typeof message !== "object" || message === null) return undefined;
@@ -1082,13 +1214,23 @@ export default function agentRelay(pi: ExtensionAPI): void {
 	});
 
 	pi.on("session_shutdown", async (event) => {
+		// A failed run pi would have tried again: pi is leaving, so that was the turn's end.
+		await relay.failures.settle({});
 		relay.notify("session/shutdown", { reason: event.reason });
 		relay.unbind(pi);
 		if (event.reason === "quit") await relay.stop("quit");
 	});
 
-	pi.on("agent_start", () => relay.notify("agent/started", {}));
-	pi.on("agent_end", async (event) => {
+	pi.on("agent_start", () => {
+		// pi trying a failed run again is the same turn for the relay.
+		if (!relay.failures.resumed()) relay.notify("agent/started", {});
+	});
+	pi.on("agent_end", async (event, ctx) => {
+		const error = failure(event.messages[event.messages.length - 1]);
+		if (error !== undefined) {
+			await relay.failures.failedWith(error, ctx.cwd);
+			return;
+		}
 		let lastAssistantText: string | undefined;
 		for (let i = event.messages.length - 1; i >= 0 && lastAssistantText === undefined; i--) {
 			lastAssistantText = assistantText(event.messages[i]);
@@ -1122,12 +1264,20 @@ export default function agentRelay(pi: ExtensionAPI): void {
 	});
 	pi.on("turn_end", (event) => {
 		stopWriting();
+		// An errored try's text is broken (a stream cut mid-answer): the sidecar hears the
+		// error with it, and never takes the text for an answer.
+		const error = failure(event.message);
+		if (error === undefined) relay.failures.answered();
 		relay.notify("turn/ended", {
 			assistantText: clip(assistantText(event.message) ?? ""),
 			toolCalls: toolCallNames(event.message),
 			...(aborted(event.message) ? { aborted: true } : {}),
+			...(error === undefined ? {} : { error: clip(error, 2_000) }),
 		});
 	});
+	// A context overflow is compacted, then tried again: that may take a while.
+	pi.on("session_before_compact", () => relay.failures.compacting());
+	pi.on("session_compact", () => relay.failures.compacted());
 	pi.on("tool_execution_start", (event) =>
 		relay.notify("tool/started", {
 			toolName: clip(event.toolName, 256),
@@ -1142,6 +1292,8 @@ export default function agentRelay(pi: ExtensionAPI): void {
 		relay.notify("tool/ended", { toolName: clip(event.toolName, 256), isError: event.isError === true }),
 	);
 	pi.on("input", (event) => {
+		// A new prompt: a failed run held for pi's try again was the turn's end.
+		void relay.failures.settle({});
 		// A prompt typed at the keyboard: what follows is the person at the keyboard's turn.
 		if (event.source !== "extension") relay.fromTelegram = false;
 		relay.notify("input/received", { text: clip(event.text), source: event.source });

@@ -25,8 +25,11 @@ use serde_json::{Value, json};
 use crate::host::{RpcError, Service, encode_result};
 use crate::protocol::host::{SendAs, SendFileParams, SendFileResult};
 
-/// How long `send_file` may take: the leader gives an upload 10 minutes.
-pub const SEND_FILE_WAIT: Duration = Duration::from_secs(11 * 60);
+/// How long `send_file` waits for the session, which answers within
+/// `protocol::host::ANSWER_WITHIN` (an upload Telegram has not answered by
+/// then goes on, and the answer says so): a bound on a session that does
+/// not answer at all.
+pub const SEND_FILE_WAIT: Duration = Duration::from_secs(10);
 
 /// The MCP protocol versions this server speaks, newest first.
 const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
@@ -163,8 +166,11 @@ pub fn send_file_params(args: Value) -> Result<SendFileParams, String> {
     serde_json::from_value(args).map_err(|e| format!("send_file: {e}"))
 }
 
-/// What `send_file` tells the model when the file went.
+/// What `send_file` tells the model when the file went, or is on its way.
 pub fn sent_text(params: &SendFileParams, result: &SendFileResult) -> String {
+    if let Some(kept) = &result.kept {
+        return format!("{} is not in the Telegram topic yet: {kept}.", params.path);
+    }
     let kind = match result.sent_as {
         SendAs::Photo => "a photo",
         SendAs::Document => "a document",

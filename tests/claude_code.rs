@@ -779,3 +779,244 @@ async fn a_hook_whose_input_never_ends_gives_up_and_decides_nothing() {
     assert!(output.stdout.is_empty(), "it decided nothing");
     assert!(err.contains("did not end within"), "{err}");
 }
+
+/// A tool call answered within `ANSWER_WITHIN` and a margin for a loaded
+/// machine (the session answers by `ANSWER_WITHIN` by construction; before,
+/// `send_file` took 61 s with Telegram unreachable): the result, and how
+/// long it took (for the log).
+async fn tool_in_time(s: &Sidecar, name: &str, arguments: Value) -> (Value, std::time::Duration) {
+    let bound = agent_relay::protocol::host::ANSWER_WITHIN + std::time::Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    let answer = s
+        .link()
+        .request_message(
+            "tools/call",
+            json!({"name": name, "arguments": arguments}),
+            bound,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name} did not answer within {bound:?}: {e}"));
+    let took = started.elapsed();
+    eprintln!("{name} answered in {took:?}");
+    (answer["result"].clone(), took)
+}
+
+/// Telegram made unreachable as a network makes it: the relay reaches the
+/// fake through this forwarder on 127.0.0.1, which can refuse every
+/// connection (cutting those open) and take them again on the same port.
+/// A refused connection is a call Telegram never saw, which the leader
+/// tries again; a 5xx or a timeout would leave a file's fate open.
+struct Network {
+    addr: std::net::SocketAddr,
+    up: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Network {
+    async fn to(fake: &FakeServer) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(tokio::sync::watch::channel(true).0);
+        let target = fake.addr();
+        let mut state = up.subscribe();
+        let switch = up.clone();
+        tokio::spawn(async move {
+            let mut listener = Some(listener);
+            loop {
+                let Some(open) = listener.as_ref() else {
+                    if state.wait_for(|up| *up).await.is_err() {
+                        return;
+                    }
+                    listener = tokio::net::TcpListener::bind(addr).await.ok();
+                    continue;
+                };
+                tokio::select! {
+                    accepted = open.accept() => {
+                        let Ok((mut inbound, _)) = accepted else { continue };
+                        let mut down = switch.subscribe();
+                        tokio::spawn(async move {
+                            let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else { return };
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                                _ = down.wait_for(|up| !*up) => {}
+                            }
+                        });
+                    }
+                    changed = state.wait_for(|up| !*up) => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        listener = None;
+                    }
+                }
+            }
+        });
+        Self { addr, up }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn down(&self) {
+        self.up.send_replace(false);
+    }
+
+    fn back(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+/// With Telegram unreachable (every connection refused), every tool of the
+/// MCP server answers at once and says what is true: `reply` and
+/// `send_file` say their message and file are kept, not sent, `status`
+/// counts the file; once Telegram answers again both arrive, the file byte
+/// for byte.
+#[tokio::test]
+async fn every_tool_answers_at_once_and_truly_while_telegram_is_unreachable() {
+    let fake = common::fake().await;
+    let network = Network::to(&fake).await;
+    let home = common::home();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("offline");
+    std::fs::create_dir(&cwd).unwrap();
+    let dir = cwd.to_str().unwrap();
+    let options = Options::new(home.path())
+        .configured(&fake)
+        .env("AGENT_RELAY_API_URL", &network.url())
+        .mcp();
+    let mut s = Sidecar::spawn(claude_env(options, "1", "s-1", dir));
+    handshake(&mut s).await;
+    let thread = wait_topic(&fake, "offline").await;
+    let sent = tool(&mut s, "reply", json!({"text": "ready"})).await;
+    assert_eq!(text_of(&sent), "Sent to the Telegram topic.", "{sent}");
+    let log: Vec<u8> = (0..50_000u32).map(|i| (i * 11 % 249) as u8).collect();
+    std::fs::write(cwd.join("build.log"), &log).unwrap();
+
+    network.down();
+    let (reply, _) = tool_in_time(&s, "reply", json!({"text": "**still** here"})).await;
+    assert!(reply.get("isError").is_none(), "{reply}");
+    assert!(
+        text_of(&reply).starts_with("Not in the Telegram topic yet, but kept: "),
+        "{reply}"
+    );
+    let (file, _) = tool_in_time(&s, "send_file", json!({"path": "build.log"})).await;
+    assert!(file.get("isError").is_none(), "{file}");
+    let said = text_of(&file);
+    assert!(
+        said.starts_with("build.log is not in the Telegram topic yet: ")
+            && said.contains("says in the topic if it does not arrive"),
+        "{file}"
+    );
+    let (status, _) = tool_in_time(&s, "status", json!({})).await;
+    assert!(
+        text_of(&status).contains("files: 1 on its way, Telegram has not answered yet"),
+        "{status}"
+    );
+    let (inbox, _) = tool_in_time(&s, "telegram_inbox", json!({})).await;
+    assert_eq!(text_of(&inbox), "No messages are waiting.");
+    // A question cannot reach the phone: said at once, not after its
+    // 10 minutes as "nobody answered".
+    let (asked, _) = tool_in_time(
+        &s,
+        "ask",
+        json!({"question": "Deploy now?", "options": ["yes", "no"]}),
+    )
+    .await;
+    assert_eq!(asked["isError"], true, "{asked}");
+    assert!(
+        text_of(&asked).starts_with("Nobody could be asked: the question cannot reach the phone: Telegram is not answering ("),
+        "{asked}"
+    );
+    let refused = tool_in_time(&s, "send_file", json!({"path": "/etc/passwd"}))
+        .await
+        .0;
+    assert_eq!(refused["isError"], true, "refused at once: {refused}");
+    assert!(text_of(&refused).contains("outside"), "{refused}");
+    let arrived = fake
+        .api()
+        .messages(CHAT, Some(thread))
+        .into_iter()
+        .filter(|m| m.plain_text.contains("still here") || m.media.is_some())
+        .count();
+    assert_eq!(
+        arrived, 0,
+        "nothing reached Telegram while it was unreachable"
+    );
+
+    network.back();
+    wait_topic_text(&fake, thread, "still here").await;
+    let message = fake
+        .api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread))
+                    .into_iter()
+                    .find(|m| m.media.is_some())
+            },
+            WAIT,
+        )
+        .await
+        .expect("the kept file in the topic once Telegram answers");
+    let file_id = &message.media.as_ref().unwrap().file_id;
+    assert_eq!(fake.api().file(file_id).unwrap().bytes.to_vec(), log);
+    // The question the agent was told could not be asked is not left open.
+    fake.api()
+        .wait_until(
+            |api| {
+                api.messages(CHAT, Some(thread)).into_iter().find(|m| {
+                    m.plain_text.contains("Deploy now?")
+                        && m.reply_markup.as_ref().is_some_and(|k| {
+                            k.to_string().contains("Not asked: Telegram did not answer")
+                        })
+                })
+            },
+            WAIT,
+        )
+        .await
+        .expect("the question, once out, closed as not asked");
+}
+
+/// A file kept while Telegram is unreachable, and the session ends before
+/// Telegram answered: the upload ends with it, and the topic hears that the
+/// file may not have arrived once Telegram answers again (the leader, a
+/// sidecar of its own, outlives the session).
+#[tokio::test]
+async fn a_file_kept_when_the_session_ends_is_told_in_the_topic() {
+    let fake = common::fake().await;
+    let network = Network::to(&fake).await;
+    let home = common::home();
+    let url = network.url();
+    let through = |home| {
+        Options::new(home)
+            .configured(&fake)
+            .env("AGENT_RELAY_API_URL", &url)
+    };
+    let _leader = common::start(through(home.path()), "/tmp/lead", "lead").await;
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("leaving");
+    std::fs::create_dir(&cwd).unwrap();
+    let dir = cwd.to_str().unwrap();
+    let options = through(home.path()).mcp();
+    let mut s = Sidecar::spawn(claude_env(options, "1", "s-1", dir));
+    handshake(&mut s).await;
+    let thread = wait_topic(&fake, "leaving").await;
+    wait_topic_text(&fake, thread, "connected").await;
+    std::fs::write(cwd.join("plot.png.txt"), b"a plot, in words").unwrap();
+
+    network.down();
+    let (file, _) = tool_in_time(&s, "send_file", json!({"path": "plot.png.txt"})).await;
+    assert!(
+        text_of(&file).starts_with("plot.png.txt is not in the Telegram topic yet: "),
+        "{file}"
+    );
+    s.close_stdin();
+    assert_eq!(s.wait_exit().await, Some(0));
+    network.back();
+    let texts = wait_topic_text(&fake, thread, "plot.png.txt").await;
+    assert!(
+        texts.iter().any(|t| t.starts_with(
+            "⚠️ It is unknown whether the file plot.png.txt reached this topic: the session ended before Telegram answered."
+        )),
+        "{texts:?}"
+    );
+}

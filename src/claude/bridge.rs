@@ -269,8 +269,11 @@ impl ClaudeBridge {
     ) -> Result<Value, String> {
         if self.state().session_id.is_none() {
             // Claude Code called a tool before any hook said which session
-            // this is: start from the environment, and be on the relay.
-            if let Err(e) = self.ensure_session(None, None, "startup", true).await {
+            // this is: start from the environment. A question waits to be
+            // on the relay (it waits for a person anyway); what hands
+            // something over answers within 2 s, the joining included.
+            let wait = method == method::QUESTION_ASK;
+            if let Err(e) = self.ensure_session(None, None, "startup", wait).await {
                 tracing::warn!("the session is not on the relay: {e}");
             }
         }

@@ -27,6 +27,11 @@ into the topic by itself; use `reply` for anything else the user should read on 
 question to them with buttons. Files the user sends are saved on this machine; the message names \
 their paths.";
 
+/// How long a tool that hands something over (`reply`, `status`) waits for
+/// the session, which answers within `ANSWER_WITHIN`: a bound on one that
+/// does not answer at all.
+const TOOL_WAIT: Duration = Duration::from_secs(10);
+
 /// The tools of one Claude Code's session, played through its bridge.
 pub(super) struct ClaudeTools {
     bridge: Arc<ClaudeBridge>,
@@ -90,13 +95,15 @@ impl ClaudeTools {
         }
         let result = self
             .bridge
-            .ask_session(
-                method::TOPIC_SEND,
-                json!({"text": text}),
-                Duration::from_secs(330),
-            )
+            .ask_session(method::TOPIC_SEND, json!({"text": text}), TOOL_WAIT)
             .await?;
         let result: TopicSendResult = serde_json::from_value(result).map_err(|e| e.to_string())?;
+        if result.kept {
+            let why = result
+                .reason
+                .unwrap_or_else(|| "Telegram has not answered yet".into());
+            return Ok(format!("Not in the Telegram topic yet, but kept: {why}."));
+        }
         if result.sent {
             Ok(match result.messages {
                 1 => "Sent to the Telegram topic.".to_string(),
@@ -151,12 +158,14 @@ impl ClaudeTools {
             .ask_session(method::QUESTION_ASK, params, Duration::from_secs(3700))
             .await?;
         let result: QuestionResult = serde_json::from_value(result).map_err(|e| e.to_string())?;
+        let why = result.reason;
         match (result.answer, result.by) {
             (Some(answer), _) => Ok(format!("The user answered: {answer}")),
             (None, DecidedBy::Timeout) => Err("Nobody answered in time.".into()),
-            (None, DecidedBy::Unavailable) => {
-                Err("Nobody could be asked: this session has no Telegram topic right now.".into())
-            }
+            (None, DecidedBy::Unavailable) => Err(format!(
+                "Nobody could be asked: {}.",
+                why.unwrap_or_else(|| "this session has no Telegram topic right now".into())
+            )),
             (None, _) => Err("The question was dismissed.".into()),
         }
     }
@@ -167,7 +176,7 @@ impl ClaudeTools {
             .ask_session(
                 method::COMMAND_EXECUTE,
                 json!({"name": "telegram-status", "args": ""}),
-                Duration::from_secs(30),
+                TOOL_WAIT,
             )
             .await?;
         Ok(result["message"].as_str().unwrap_or_default().to_string())

@@ -67,8 +67,10 @@ fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
 
 /// What Codex's command line gets so that it runs `agent-relay
 /// codex-tools <socket>` as an MCP server: `-c` overrides, each a TOML
-/// value (a JSON string is one). The tool may wait as long as an upload,
-/// and Codex does not ask about it (`approve`): it would stop the turn on a
+/// value (a JSON string is one). The tool answers within 2 s (an upload
+/// Telegram has not answered goes on, and the answer says so); Codex gives
+/// it a few seconds more than the relay's own bound on a session that does
+/// not answer. Codex does not ask about it (`approve`): it would stop the turn on a
 /// question in the terminal for every file, and what the tool may send is
 /// the relay's own check, the same for every host.
 fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
@@ -80,7 +82,7 @@ fn codex_args(exe: &Path, socket: &Path) -> Vec<String> {
         "-c".into(),
         format!("{key}.args=[\"codex-tools\", {}]", quoted(socket)),
         "-c".into(),
-        format!("{key}.tool_timeout_sec={}", SEND_FILE_WAIT.as_secs()),
+        format!("{key}.tool_timeout_sec={}", SEND_FILE_WAIT.as_secs() + 5),
         "-c".into(),
         format!("{key}.default_tools_approval_mode=\"approve\""),
     ]
@@ -313,7 +315,7 @@ mod tests {
             overrides["default_tools_approval_mode"].as_str(),
             Some("approve")
         );
-        assert_eq!(overrides["tool_timeout_sec"].as_integer(), Some(660));
+        assert_eq!(overrides["tool_timeout_sec"].as_integer(), Some(15));
     }
 
     #[test]

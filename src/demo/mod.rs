@@ -478,6 +478,7 @@ async fn play_agent(
                         assistant_text: answer.clone(),
                         tool_calls: Vec::new(),
                         aborted: false,
+                        error: None,
                     }),
                 );
                 let _ = link.notify(
@@ -485,6 +486,7 @@ async fn play_agent(
                     json!(AgentEndedParams {
                         last_assistant_text: Some(answer),
                         aborted: false,
+                        error: None,
                     }),
                 );
             }

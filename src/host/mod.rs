@@ -110,6 +110,7 @@ pub trait Handler: Send + Sync + 'static {
             sent: false,
             messages: 0,
             reason: Some("this sidecar has no topic".into()),
+            kept: false,
         })
     }
 
@@ -120,6 +121,7 @@ pub trait Handler: Send + Sync + 'static {
             choice: None,
             answer: None,
             by: DecidedBy::Unavailable,
+            reason: None,
         })
     }
 }

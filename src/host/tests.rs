@@ -355,6 +355,7 @@ async fn notifications_reach_the_handler_typed_and_unknown_ones_are_ignored() {
             tool_calls: vec![ToolCall {
                 name: "bash".into()
             }],
+            error: None,
         })
     );
     assert_eq!(

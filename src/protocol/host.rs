@@ -190,6 +190,12 @@ pub struct AgentEndedParams {
     /// The run was stopped (`/stop`, Escape): its last answer is cut off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aborted: bool,
+    /// The run failed for good with this error (its model call did, and
+    /// the host will not try again): no answer comes of it, whatever text
+    /// it had written, and the topic is told so once. A host that tries a
+    /// failed call again itself (pi) says this only after its last try.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `turn/ended` params.
@@ -203,6 +209,12 @@ pub struct TurnEndedParams {
     /// The turn was stopped: its text is cut off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aborted: bool,
+    /// The turn's model call failed with this error (a stream cut
+    /// mid-answer, a 503): its text is broken, never an answer or a line of
+    /// the progress. The host may try again; `agent/ended` says whether the
+    /// run failed for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `turn/text` params: the text the current turn has written so far, while
@@ -420,16 +432,28 @@ pub struct SendFileParams {
 /// refused it).
 pub const FILE_NOT_SENT: i32 = -32001;
 
-/// `file/send` result. A refusal is a JSON-RPC error ([`FILE_NOT_SENT`])
-/// whose message says why.
+/// `file/send` result, within [`ANSWER_WITHIN`] whatever Telegram does. A
+/// refusal is a JSON-RPC error ([`FILE_NOT_SENT`]) whose message says why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SendFileResult {
+    /// The message that holds the file; 0 while it is `kept`.
     pub message_id: i64,
+    /// How it went; while it is `kept`, how it was asked to go (a
+    /// document when that was left open).
     pub sent_as: SendAs,
-    /// Bytes sent.
+    /// Bytes sent (while it is `kept`, the file's size).
     pub size: u64,
+    /// Telegram has not answered yet: the upload goes on, and the topic is
+    /// told if the file does not arrive. Says why it waits, as a sentence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
 }
+
+/// How long `file/send` and `topic/send` take at most before they answer
+/// (hand-over included): what Telegram has not done by then is `kept`.
+/// Tools answer within 2 s, and an agent's turn never waits on Telegram.
+pub const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_millis(1_500);
 
 /// `agent/sendUserMessage` result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -566,6 +590,10 @@ pub struct QuestionResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
     pub by: DecidedBy,
+    /// Why nobody answered (`timeout`, `unavailable`): the question never
+    /// reached the phone (Telegram not answering), or nobody took it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `ui/select` params (sidecar → host): a choice at the terminal. The
@@ -611,15 +639,20 @@ pub struct TopicSendParams {
     pub text: String,
 }
 
-/// `topic/send` result: how many messages went out, or why none did.
+/// `topic/send` result, within [`ANSWER_WITHIN`]: the messages went out,
+/// or they are `kept` (the relay has them and posts them when Telegram
+/// answers; `reason` says why they wait), or why none will go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TopicSendResult {
     pub sent: bool,
-    /// Messages posted (a long text is split).
+    /// Messages posted, or kept to be posted (a long text is split).
     #[serde(default)]
     pub messages: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Not out yet, but the relay's to post: they go when Telegram answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 /// `agent/notice` params (host → sidecar, a notification): something the

@@ -369,21 +369,25 @@ impl Session {
                 choice: Some(choice),
                 answer: request.options.get(choice as usize).cloned(),
                 by: decided_by(&by),
+                reason: None,
             },
             Answer::Text { text, by } => QuestionResult {
                 choice: None,
                 answer: Some(text),
                 by: decided_by(&by),
+                reason: None,
             },
             Answer::Dismissed | Answer::Elsewhere(_) => QuestionResult {
                 choice: None,
                 answer: None,
                 by: DecidedBy::Terminal,
+                reason: None,
             },
-            Answer::Nothing(by, _) => QuestionResult {
+            Answer::Nothing(by, why) => QuestionResult {
                 choice: None,
                 answer: None,
                 by,
+                reason: Some(why),
             },
         }
     }

@@ -20,7 +20,8 @@ use super::Session;
 use crate::member::{Member, MemberError};
 use crate::protocol::bus::*;
 use crate::protocol::host::{
-    ConfirmParams, ConfirmResult, DecidedBy, Decision, SelectParams, SelectResult, method,
+    ANSWER_WITHIN, ConfirmParams, ConfirmResult, DecidedBy, Decision, SelectParams, SelectResult,
+    method,
 };
 
 /// What the terminal gets on top of the phone's timeout, so the host's own
@@ -316,6 +317,9 @@ struct Asking<'s, C> {
     elsewhere: Option<Elsewhere<C>>,
     /// Why the phone cannot be asked, once that is known.
     why_not_phone: Option<String>,
+    /// When to look again whether Telegram answers, while the phone's
+    /// message is on its way.
+    look_again: Instant,
 }
 
 /// What happened next to a question.
@@ -324,6 +328,9 @@ enum Happened<C> {
     PhoneAnswered(Result<AskAnswer, MemberError>),
     TerminalSaid(Result<SelectResult, crate::host::OutboundError>),
     Elsewhere(Option<C>),
+    /// The phone's message is still on its way: time to look whether
+    /// Telegram answers at all.
+    PhoneLate,
     Deadline,
     /// Nothing is left that could answer.
     NobodyLeft,
@@ -356,6 +363,7 @@ impl<'s, C: Copy + PartialEq> Asking<'s, C> {
             elsewhere: question.elsewhere.take(),
             options: question.options,
             timeout_outcome: question.timeout_outcome,
+            look_again: Instant::now() + ANSWER_WITHIN,
         }
     }
 
@@ -367,6 +375,7 @@ impl<'s, C: Copy + PartialEq> Asking<'s, C> {
             terminal,
             elsewhere,
             deadline,
+            look_again,
             ..
         } = self;
         if posting.is_none() && phone.is_none() && terminal.is_none() {
@@ -385,6 +394,7 @@ impl<'s, C: Copy + PartialEq> Asking<'s, C> {
             resolved = async { elsewhere.as_mut().expect("guarded").await }, if elsewhere.is_some() => {
                 Happened::Elsewhere(resolved)
             }
+            () = tokio::time::sleep_until(*look_again), if posting.is_some() => Happened::PhoneLate,
             () = tokio::time::sleep_until(*deadline) => Happened::Deadline,
         }
     }
@@ -427,16 +437,61 @@ impl<'s, C: Copy + PartialEq> Asking<'s, C> {
                 };
                 Some(self.closed(outcome, Answer::Elsewhere(resolved)).await)
             }
+            Happened::PhoneLate => self.phone_late().await,
             Happened::Deadline => {
                 self.cancel_terminal();
                 let outcome = self.timeout_outcome.clone();
-                let nobody = Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into());
+                let nobody = match (&self.posting, self.unreachable()) {
+                    // Asked nobody: the question never reached the phone,
+                    // Telegram not answering (one held by the chat's
+                    // budget simply was not answered in time).
+                    (Some(_), Some(why)) => Answer::Nothing(
+                        DecidedBy::Unavailable,
+                        format!("the question did not reach the phone in time: {why}"),
+                    ),
+                    _ => Answer::Nothing(DecidedBy::Timeout, "nobody answered in time".into()),
+                };
                 Some(self.closed(outcome, nobody).await)
             }
             Happened::NobodyLeft => {
                 let why = self.why_not_phone.take().unwrap_or_default();
                 Some(Answer::Nothing(DecidedBy::Unavailable, why))
             }
+        }
+    }
+
+    /// The phone's message has not gone out yet. When Telegram is known not
+    /// to answer and nobody else can answer, the asker hears so now, not at
+    /// the deadline (the message, if it goes out later, is closed saying
+    /// so); else it waits on (the chat's budget may hold a message a
+    /// minute), and looks again a little later.
+    async fn phone_late(&mut self) -> Option<Answer<C>> {
+        self.look_again = Instant::now() + ANSWER_WITHIN;
+        if self.terminal.is_some() || self.elsewhere.is_some() {
+            return None;
+        }
+        let why = self.unreachable()?;
+        let nobody = Answer::Nothing(
+            DecidedBy::Unavailable,
+            format!("the question cannot reach the phone: {why}"),
+        );
+        let outcome = "⚠️ Not asked: Telegram did not answer".to_string();
+        Some(self.closed(outcome, nobody).await)
+    }
+
+    /// Why Telegram does not answer the relay now, when it is known not to.
+    fn unreachable(&self) -> Option<String> {
+        let state = self.member.as_ref()?.watch().borrow().clone();
+        if !state.role.is_connected() {
+            return Some(format!(
+                "the relay is not reachable ({})",
+                state.role.describe()
+            ));
+        }
+        match state.telegram {
+            Health::Offline { reason } => Some(format!("Telegram is not answering ({reason})")),
+            Health::Unauthorized => Some("Telegram refuses the bot's token".into()),
+            _ => None,
         }
     }
 

@@ -16,7 +16,7 @@ use crate::config::{Config, ConfigError};
 use crate::host::{Handler, HostEvent, HostLink, RpcError};
 use crate::member::{JoinRequest, Member, MemberState, Role};
 use crate::paths::Paths;
-use crate::protocol::bus::{BusErrorCode, ClusterLinkState, FileSource, Health, SendFile, TopicOp};
+use crate::protocol::bus::{ClusterLinkState, Health};
 use crate::protocol::host::*;
 use crate::topics;
 
@@ -26,6 +26,7 @@ mod facts;
 mod inbound;
 mod media;
 mod outbound;
+mod sending;
 mod transcribe;
 mod unsent;
 
@@ -43,10 +44,6 @@ const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
 /// How much of a locally typed prompt is mirrored into the topic.
 const MIRROR_LIMIT: usize = 2000;
-
-/// How long `topic/send` waits for its messages to go out (the leader paces
-/// a group at 20 messages a minute).
-const SEND_WAIT: Duration = Duration::from_secs(300);
 
 /// How long the user has to answer a confirmation dialog.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -136,6 +133,8 @@ pub struct Session {
     /// id: acknowledged when a turn takes them (`agent/taken`), else they
     /// stay the leader's for when the session is resumed.
     untaken: Mutex<Untaken>,
+    /// Files on their way to the topic (`sending.rs`).
+    uploads: Mutex<sending::Uploads>,
     /// Messages the relay would not take at all (`unsent.rs`).
     not_taken: std::sync::atomic::AtomicU32,
     /// The leader's count of messages that reached neither the topic nor
@@ -290,6 +289,7 @@ impl Session {
             told_about_voice: AtomicBool::new(false),
             resolutions: Mutex::default(),
             untaken: Mutex::default(),
+            uploads: Mutex::default(),
             not_taken: Default::default(),
             leader_undelivered: Default::default(),
             launch: std::sync::OnceLock::new(),
@@ -751,6 +751,13 @@ impl Session {
             "outbox: {}\n",
             describe_outbox(&facts.outbox, private, std::time::Instant::now())
         ));
+        match self.uploads_kept() {
+            0 => {}
+            1 => out.push_str("files: 1 on its way, Telegram has not answered yet\n"),
+            n => out.push_str(&format!(
+                "files: {n} on their way, Telegram has not answered yet\n"
+            )),
+        }
         if let Ok(config) = &self.config {
             out.push_str(&format!(
                 "approvals: {}\n",
@@ -862,6 +869,13 @@ impl Session {
     /// A turn's text: on the way (it called tools), it joins the progress
     /// message; at the end, it is the answer.
     fn turn_ended(&self, turn: &TurnEndedParams) {
+        if turn.error.is_some() {
+            // A failed try's text is broken (a stream cut mid-answer): no
+            // answer, no line of the progress, and gone from the draft. The
+            // host may try again; `agent/ended` says if the turn failed.
+            self.send_out(ToTopic::Writing(String::new()));
+            return;
+        }
         let text = turn.assistant_text.trim();
         if text.is_empty() {
             return;
@@ -878,10 +892,20 @@ impl Session {
     }
 
     /// The agent is done: its last text is the answer unless a turn said it
-    /// already; then the progress message's summary follows it.
+    /// already; then the progress message's summary follows it. A run that
+    /// failed for good says so once, with its error, and has no answer
+    /// (one that was stopped meanwhile said `⏹ Stopped.` already).
     fn agent_ended(&self, ended: &AgentEndedParams) {
         self.busy.store(false, Ordering::Relaxed);
         let stopped = self.stopped.swap(false, Ordering::Relaxed);
+        if let Some(error) = &ended.error {
+            if !(ended.aborted || stopped) {
+                self.send_out(ToTopic::Failed(error.trim().to_string()));
+            }
+            self.send_out(ToTopic::Busy(false));
+            self.state().last_answer = None;
+            return;
+        }
         let last = ended.last_assistant_text.as_deref().map(str::trim);
         if let Some(text) = last.filter(|t| !t.is_empty()) {
             let already = self.state().last_answer.as_deref() == Some(text);
@@ -1005,38 +1029,7 @@ impl Handler for Session {
     }
 
     async fn send_text(&self, params: TopicSendParams) -> TopicSendResult {
-        let not_sent = |reason: &str| TopicSendResult {
-            sent: false,
-            messages: 0,
-            reason: Some(reason.to_string()),
-        };
-        // A session still joining (just started, or between leaders) is
-        // waited for, as `/telegram-connect` waits.
-        let has_topic = match self.member() {
-            Some(member) => {
-                let state = member.wait_registered(CONNECT_WAIT).await;
-                state.role.is_connected() && state.route.and_then(|r| r.target).is_some()
-            }
-            None => false,
-        };
-        if !has_topic {
-            return not_sent("this session has no Telegram topic right now");
-        }
-        let (done, sent) = tokio::sync::oneshot::channel();
-        self.send_out(ToTopic::Reply {
-            markdown: params.text,
-            done,
-        });
-        match tokio::time::timeout(SEND_WAIT, sent).await {
-            Ok(Ok(Ok(messages))) => TopicSendResult {
-                sent: true,
-                messages,
-                reason: None,
-            },
-            Ok(Ok(Err(why))) => not_sent(&why),
-            Ok(Err(_)) => not_sent("the session left the relay"),
-            Err(_) => not_sent("Telegram did not take the message in time"),
-        }
+        Session::send_text(self, params).await
     }
 
     /// `agent/ended` sent as a request: answered once the turn's answer is
@@ -1114,48 +1107,6 @@ impl Session {
         }
     }
 
-    /// `file/send`: the agent posts a file into its topic. The path is
-    /// resolved against the session's working directory; the leader checks
-    /// where it lies and opens it (docs/DESIGN.md, *Files*).
-    async fn send_file(&self, params: SendFileParams) -> Result<SendFileResult, RpcError> {
-        let refused = |message: String| RpcError {
-            code: FILE_NOT_SENT,
-            message,
-        };
-        let Some(member) = self.member() else {
-            return Err(refused(
-                "this session is not connected to Telegram; run /telegram-connect first".into(),
-            ));
-        };
-        let path = std::path::Path::new(&params.path);
-        let path = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            std::path::Path::new(&self.cwd()).join(path)
-        };
-        let op = TopicOp::SendFile(SendFile {
-            source: FileSource::Path(path.display().to_string()),
-            caption: params.caption.filter(|c| !c.trim().is_empty()),
-            send_as: params.send_as,
-        });
-        match member.topic_within(op, crate::member::UPLOAD_TIMEOUT).await {
-            Ok(done) => Ok(SendFileResult {
-                message_id: done.message_id.unwrap_or_default(),
-                sent_as: done.sent_as.unwrap_or(SendAs::Document),
-                size: done.size.unwrap_or_default(),
-            }),
-            Err(e) => Err(refused(match e.code() {
-                Some(BusErrorCode::CommitUnknown) => format!(
-                    "it is unknown whether Telegram got the file ({e}); look in the topic before sending it again"
-                ),
-                Some(BusErrorCode::NoTopic) => {
-                    "this session has no Telegram topic yet; run /telegram-connect".into()
-                }
-                _ => format!("the file was not sent: {e}"),
-            })),
-        }
-    }
-
     /// The `Arc` this session lives in, for spawning tasks from `&self`.
     fn me(&self) -> Option<Arc<Self>> {
         self.this.upgrade()
@@ -1214,6 +1165,7 @@ impl Session {
     /// answer, as `claude -p` and `pi -p` do, must not lose it), for at most
     /// [`FLUSH_WAIT`]. Idempotent.
     pub async fn close(&self) {
+        self.uploads_cut_off();
         let task = {
             let mut state = self.state();
             state.outbound = None;

@@ -75,6 +75,9 @@ const TOOL_ARGUMENT: usize = 80;
 pub enum ToTopic {
     /// The agent's answer, as Markdown; `cut` when the turn was stopped.
     Answer { markdown: String, cut: bool },
+    /// The turn failed for good with this error (its model call did):
+    /// said once, in the answer's place.
+    Failed(String),
     /// Plain text (status replies, mirrored prompts).
     Plain(String),
     /// The agent started (true) or stopped (false) working.
@@ -120,10 +123,39 @@ impl ToTopic {
                 Some(render::render(&markdown))
             }
             ToTopic::Plain(text) => Some(render::escape(text)),
+            ToTopic::Failed(error) => Some(render::escape(&format!(
+                "⚠️ The turn failed: {}. No answer came of it.",
+                crate::policy::clip(error.trim_end_matches('.'), ERROR_SHOWN)
+            ))),
             _ => None,
         }
     }
 }
+
+/// How a turn ended, as its summary heads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Answered,
+    Stopped,
+    Failed,
+}
+
+impl Ending {
+    fn of(cut: bool) -> Self {
+        if cut { Self::Stopped } else { Self::Answered }
+    }
+
+    fn mark(self) -> &'static str {
+        match self {
+            Self::Answered => "✓",
+            Self::Stopped => "⏹ Stopped",
+            Self::Failed => "⚠️ Failed",
+        }
+    }
+}
+
+/// How much of a failed turn's error its message quotes.
+const ERROR_SHOWN: usize = 1_000;
 
 /// Where a tool call that needed a person's approval stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,8 +366,8 @@ impl Progress {
 
     /// How the turn went, and what the agent said on its way (the oldest
     /// lines elided when they are long).
-    fn summary(&self, cut: bool) -> String {
-        let how = if cut { "⏹ Stopped" } else { "✓" };
+    fn summary(&self, ending: Ending) -> String {
+        let how = ending.mark();
         let mut summary = format!("{how} · {} · {}", self.tool_count(), elapsed(self.started));
         let mut kept: Vec<String> = Vec::new();
         let mut room = INTERIM_KEPT;
@@ -500,6 +532,7 @@ impl TopicPoster {
                     let _ = done.send(self.reply(&markdown).await);
                 }
                 ToTopic::Answer { markdown, cut } => self.answer(markdown, cut).await,
+                ToTopic::Failed(error) => self.failed(error).await,
                 ToTopic::Plain(text) => self.hand_over_text(&render::escape(&text)).await,
                 ToTopic::Busy(busy) => {
                     *typing = busy.then(|| {
@@ -551,12 +584,7 @@ impl TopicPoster {
     /// went heads it (the turn's one message); a long block of code goes as
     /// a file.
     async fn answer(&mut self, markdown: String, cut: bool) {
-        let summary = self
-            .drafting()
-            .then_some(self.progress.as_ref())
-            .flatten()
-            .filter(|p| p.tools > 0 || !p.said.is_empty())
-            .map(|p| render::escape(&p.summary(cut)));
+        let summary = self.draft_summary(Ending::of(cut));
         let block = self
             .long_answers_as_file
             .then(|| render::long_block(&markdown))
@@ -569,7 +597,27 @@ impl TopicPoster {
                 self.hand_over_text(&headed(summary, html)).await;
             }
         }
-        self.finish_turn(cut).await;
+        self.finish_turn(Ending::of(cut)).await;
+    }
+
+    /// The turn failed for good: said once in the answer's place, headed
+    /// by how the turn went where the progress was a draft.
+    async fn failed(&mut self, error: String) {
+        let summary = self.draft_summary(Ending::Failed);
+        let html = ToTopic::Failed(error).html().unwrap_or_default();
+        self.hand_over_text(&headed(summary, html)).await;
+        self.finish_turn(Ending::Failed).await;
+    }
+
+    /// How the turn went, to head its message where the progress was a
+    /// draft (which the message takes the place of), when there is more to
+    /// say than the mark.
+    fn draft_summary(&self, ending: Ending) -> Option<String> {
+        self.drafting()
+            .then_some(self.progress.as_ref())
+            .flatten()
+            .filter(|p| p.tools > 0 || !p.said.is_empty())
+            .map(|p| render::escape(&p.summary(ending)))
     }
 
     /// A turn began (a progress of its own) or ended: one that ended
@@ -578,7 +626,7 @@ impl TopicPoster {
         match (busy, self.progress.take()) {
             (true, _) => self.progress = Some(self.new_progress()),
             (false, Some(done)) if done.message_id.is_some() || !done.said.is_empty() => {
-                self.finish(&done, false).await;
+                self.finish(&done, Ending::Answered).await;
             }
             (false, _) => {}
         }
@@ -599,7 +647,7 @@ impl TopicPoster {
     /// The answer went first; the turn's summary follows it. Where the
     /// progress was a draft, the summary went with the answer, whose
     /// message takes the draft's place: what comes next is a new draft.
-    async fn finish_turn(&mut self, cut: bool) {
+    async fn finish_turn(&mut self, ending: Ending) {
         if let Some(done) = self.progress.take() {
             if self.drafting() {
                 let draft_id = self.new_progress().draft_id;
@@ -613,7 +661,7 @@ impl TopicPoster {
                 });
                 return;
             }
-            self.finish(&done, cut).await;
+            self.finish(&done, ending).await;
             self.progress = Some(Progress {
                 message_id: None,
                 said: Vec::new(),
@@ -768,8 +816,8 @@ impl TopicPoster {
     /// after the answer, so it follows it. What the agent said on its way
     /// is kept there; when the progress message never got out (the budget
     /// was spent), the summary is a message of its own if it holds any.
-    async fn finish(&self, p: &Progress, cut: bool) {
-        let text = render::escape(&p.summary(cut));
+    async fn finish(&self, p: &Progress, ending: Ending) {
+        let text = render::escape(&p.summary(ending));
         let item = match p.message_id {
             Some(message_id) => PostItem::Edit {
                 message_id,
@@ -850,6 +898,20 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_turn_says_its_error_once_in_the_answers_place_and_its_summary_says_failed() {
+        let said = ToTopic::Failed("503 <overloaded>.".into()).html().unwrap();
+        assert_eq!(
+            said,
+            "⚠️ The turn failed: 503 &lt;overloaded&gt;. No answer came of it."
+        );
+        let long = ToTopic::Failed("x".repeat(ERROR_SHOWN * 3)).html().unwrap();
+        assert!(long.len() < ERROR_SHOWN + 100, "{}", long.len());
+        let mut p = Progress::new(1);
+        p.tools = 2;
+        assert_eq!(p.summary(Ending::Failed), "⚠️ Failed · 2 tools · 0:00");
+    }
+
+    #[test]
     fn a_draft_shows_the_progress_and_the_end_of_what_is_written() {
         let mut p = Progress::new(1);
         p.start(Step::new("bash".into(), "ls", None));
@@ -872,18 +934,18 @@ mod tests {
     fn the_summary_keeps_what_the_agent_said_on_its_way_newest_first_to_go_last() {
         let mut p = Progress::new(1);
         p.tools = 3;
-        assert_eq!(p.summary(false), "✓ · 3 tools · 0:00");
+        assert_eq!(p.summary(Ending::Answered), "✓ · 3 tools · 0:00");
         p.said = vec!["Looking at the tests.".into(), "Now the build.".into()];
         assert_eq!(
-            p.summary(false),
+            p.summary(Ending::Answered),
             "✓ · 3 tools · 0:00\n💬 Looking at the tests.\n💬 Now the build."
         );
         p.said = vec!["x".repeat(INTERIM_KEPT), "the last word".into()];
-        let summary = p.summary(true);
+        let summary = p.summary(Ending::Stopped);
         assert!(summary.starts_with("⏹ Stopped · 3 tools"), "{summary}");
         assert!(summary.contains("\n💬 …\n💬 the last word"), "{summary}");
         p.said = vec!["y".repeat(INTERIM_KEPT * 2)];
-        assert!(p.summary(false).len() < INTERIM_KEPT + 100);
+        assert!(p.summary(Ending::Answered).len() < INTERIM_KEPT + 100);
         p.step = Some(Step::new("bash".into(), "ls", None));
         let shown = format!(
             "\n💬 {}\n▸ bash: ls",
@@ -925,14 +987,14 @@ mod tests {
             p.text(),
             "⚙️ Working · 1 tool · 1 denied · 0:00\n🚫 bash: $ git push -f — denied, not run"
         );
-        assert_eq!(p.summary(false), "✓ · 1 tool · 1 denied · 0:00");
+        assert_eq!(p.summary(Ending::Answered), "✓ · 1 tool · 1 denied · 0:00");
 
         // A call the host told of only by asking becomes the step, uncounted.
         let mut p = Progress::new(1);
         p.decide(approval("t3", Asked::Waiting));
         assert!(p.text().contains("🔐 bash: $ rm -rf build"), "{}", p.text());
         p.decide(approval("t3", Asked::Denied));
-        assert_eq!(p.summary(false), "✓ · 0 tools · 1 denied · 0:00");
+        assert_eq!(p.summary(Ending::Answered), "✓ · 0 tools · 1 denied · 0:00");
 
         // Asked before the host tells of the call: the call still waits.
         p.decide(approval("t4", Asked::Waiting));
@@ -944,6 +1006,6 @@ mod tests {
             p.text()
         );
         p.decide(approval("t4", Asked::Allowed));
-        assert_eq!(p.summary(false), "✓ · 1 tool · 1 denied · 0:00");
+        assert_eq!(p.summary(Ending::Answered), "✓ · 1 tool · 1 denied · 0:00");
     }
 }

@@ -20,9 +20,12 @@
 // 1. The next step queued with `model.queue(step, …)`. A step is
 //    `{ text }`, `{ toolCall: { name, arguments, id? } }` (or `toolCalls: [...]`,
 //    optionally with `text` too), `{ error: { status, message } }` (an HTTP error;
-//    each retry would take the next step, so the harness turns pi's retries off),
+//    each retry takes the next step, so the harness turns pi's retries off unless a
+//    test wants them, as tests/pi/retries.test.mjs does),
 //    `{ hang: true, text? }` (streams `text`, then never finishes until the client
 //    goes away — for abort tests; the record gets `aborted: true`),
+//    `{ text, cut: true, cutAfterMs? }` (streams `text`, then breaks the connection
+//    mid-answer, as a proxy does: pi's error is `terminated`),
 //    `{ chunks: [...], everyMs }` (streams each chunk of the answer's text
 //    `everyMs` apart, then finishes — a model that writes slowly), or a function
 //    of the request record returning one of these.
@@ -140,6 +143,7 @@ export class FakeModel extends FakeApi {
 			}
 		}
 		if (step.hang) return this.hold(record, res, frames.join(""));
+		if (step.cut) return this.cut(record, res, frames.join(""), step.cutAfterMs);
 		if (step.chunks) return this.trickle(record, res, frames, frame, step);
 		const calls = step.toolCalls ?? (step.toolCall ? [step.toolCall] : []);
 		calls.forEach((call, index) => {
@@ -159,6 +163,17 @@ export class FakeModel extends FakeApi {
 		frame([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } });
 		frames.push("data: [DONE]\n\n");
 		return send(res, 200, "text/event-stream", frames.join(""), { "cache-control": "no-cache" });
+	}
+
+	/**
+	 * Starts a streamed answer with `text` and breaks the connection mid-body `afterMs`
+	 * later, as a proxy or a server that restarts does: the client reads the words,
+	 * then a stream that ends without its last chunk (pi: `terminated`).
+	 */
+	cut(record, res, text, afterMs = 50) {
+		res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+		res.write(text, () => setTimeout(() => res.socket?.destroy(), afterMs));
+		record.cut = true;
 	}
 
 	/** Streams `step.chunks` one every `step.everyMs`, then ends the answer. */
