@@ -61,6 +61,9 @@ pub struct SessionInfo {
     pub title: Option<String>,
 }
 
+/// How the title of a session OpenCode has not titled yet begins.
+pub const UNTITLED: &str = "New session - ";
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct SessionCreated {
     pub info: SessionInfo,

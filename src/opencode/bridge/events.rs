@@ -66,10 +66,16 @@ impl OpenCodeBridge {
                 return;
             }
         }
+        // OpenCode's placeholder title names nothing: the topic is named
+        // after the folder then.
+        let title = info
+            .title
+            .as_deref()
+            .filter(|t| !t.starts_with(wire::UNTITLED));
         let profile = json!({
             "id": info.id,
             "file": crate::opencode::session_file(&info.id),
-            "name": info.title,
+            "name": title,
         });
         let first = self.state().session.is_none();
         let said = match first {
