@@ -180,7 +180,7 @@ export class FakeOpenAICompatible extends FakeApi {
 	 */
 	provider({ more = [] } = {}) {
 		const models = Object.fromEntries(
-			["fake-model", ...more].map((id) => [id, { name: id === "fake-model" ? "Fake Model" : id, tool_call: true, attachment: true }]),
+			["fake-model", ...more].map((id) => [id, { name: id === "fake-model" ? "Fake Model" : id, tool_call: true, attachment: true, modalities: { input: ["text", "image"], output: ["text"] } }]),
 		);
 		return {
 			fake: {
