@@ -132,10 +132,15 @@ impl Default for LaunchPolicy {
             roots: Vec::new(),
             idle_end: None,
             default_engine: "pi".into(),
-            commands: [("pi", "pi"), ("claude", "claude"), ("codex", "codex")]
-                .into_iter()
-                .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
-                .collect(),
+            commands: [
+                ("pi", "pi"),
+                ("claude", "claude"),
+                ("codex", "codex"),
+                ("opencode", "opencode"),
+            ]
+            .into_iter()
+            .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
+            .collect(),
         }
     }
 }

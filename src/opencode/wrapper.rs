@@ -144,11 +144,12 @@ async fn beside(
     if status.as_ref().is_ok_and(|s| s.signal().is_some()) {
         terminal.restore();
     }
-    relay.stop().await;
+    // The session sends what it still has for the topic while the server
+    // leaves: it needs the server no more.
     if let Some(tool) = tool {
         tool.abort();
     }
-    stop_app_server(&mut server).await;
+    tokio::join!(relay.stop(), stop_app_server(&mut server));
     status.map(exit_code)
 }
 
