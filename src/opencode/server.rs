@@ -65,7 +65,7 @@ impl Server {
             .user_agent(concat!("agent-relay/", env!("CARGO_PKG_VERSION")))
             .no_proxy()
             .build()
-            .map_err(|e| ServerError::http(e))?;
+            .map_err(ServerError::http)?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
@@ -119,9 +119,9 @@ impl Server {
         wait: Duration,
     ) -> Result<T, ServerError> {
         let answered = tokio::time::timeout(wait, async {
-            let response = request.send().await.map_err(|e| ServerError::http(e))?;
+            let response = request.send().await.map_err(ServerError::http)?;
             let status = response.status();
-            let body = response.bytes().await.map_err(|e| ServerError::http(e))?;
+            let body = response.bytes().await.map_err(ServerError::http)?;
             Ok::<_, ServerError>((status, body))
         })
         .await
@@ -182,7 +182,7 @@ impl Server {
             .header("accept", "text/event-stream")
             .send()
             .await
-            .map_err(|e| ServerError::http(e))?;
+            .map_err(ServerError::http)?;
         if !response.status().is_success() {
             return Err(ServerError::Refused {
                 status: response.status().as_u16(),
@@ -196,7 +196,7 @@ impl Server {
             let chunk = match tokio::time::timeout(SILENCE, body.next()).await {
                 Err(_) => return Err(ServerError::Timeout(SILENCE)),
                 Ok(None) => return Ok(()),
-                Ok(Some(chunk)) => chunk.map_err(|e| ServerError::http(e))?,
+                Ok(Some(chunk)) => chunk.map_err(ServerError::http)?,
             };
             for data in lines.push(&chunk) {
                 match serde_json::from_str::<Event>(&data) {

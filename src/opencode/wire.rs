@@ -220,7 +220,6 @@ pub struct Replied {
 #[serde(rename_all = "lowercase")]
 pub enum PermissionReply {
     Once,
-    Always,
     Reject,
 }
 

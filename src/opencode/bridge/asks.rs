@@ -238,11 +238,12 @@ fn permission_input(asked: &wire::PermissionAsked) -> Value {
 /// How the session's decision goes back to OpenCode. Beside the TUI an ask
 /// the relay did not decide is never answered (see
 /// [`OpenCodeBridge::answers`]); alone, "no approval needed" lets it run and
-/// nobody to ask refuses it. A refusal says why: OpenCode hands that to
-/// the model, which goes on.
+/// nobody to ask refuses it. "Allow for 30 min" is `once` too: the session
+/// keeps that grant itself and allows the next asks while it lasts, where
+/// OpenCode's `always` would keep allowing after it ran out. A refusal says
+/// why: OpenCode hands that to the model, which goes on.
 fn permission_answer(decided: &ApprovalResult, beside_tui: bool) -> wire::PermissionAnswer {
     let reply = match (decided.decision, decided.by) {
-        (Decision::Allow, _) if decided.for_session => wire::PermissionReply::Always,
         (Decision::Allow, _) => wire::PermissionReply::Once,
         (Decision::Defer, by) if by != DecidedBy::Unavailable && !beside_tui => {
             wire::PermissionReply::Once
@@ -273,12 +274,13 @@ mod tests {
     }
 
     #[test]
-    fn the_three_buttons_are_opencodes_three_replies() {
+    fn the_three_buttons_are_opencodes_replies() {
         use wire::PermissionReply::*;
         let phone = DecidedBy::Phone;
         let reply = |d: &ApprovalResult, beside| permission_answer(d, beside).reply;
         assert_eq!(reply(&decided(Decision::Allow, phone, false), true), Once);
-        assert_eq!(reply(&decided(Decision::Allow, phone, true), true), Always);
+        // The grant for 30 minutes is the session's, not OpenCode's `always`.
+        assert_eq!(reply(&decided(Decision::Allow, phone, true), true), Once);
         let denied = permission_answer(&decided(Decision::Deny, phone, false), true);
         assert_eq!(denied.reply, Reject);
         assert!(denied.message.is_some(), "the model is told why");

@@ -12,7 +12,7 @@
 //! | a user's text part typed at the terminal | `input/received` (mirrored into the topic) |
 //! | an assistant's text part, and its deltas | `turn/text` (the draft), the turn's answer kept for `agent/ended` |
 //! | a tool part `running`; `completed`/`error` | `tool/started`; `tool/ended` (the progress message) |
-//! | `permission.asked` | `approval/request` → `once` / `always` / `reject` |
+//! | `permission.asked` | `approval/request` → `once` / `reject` (the session keeps "for 30 min" itself) |
 //! | `question.asked` | `question/ask`, one per question → the answers, or `reject` |
 //! | `permission.replied`, `question.replied`/`rejected` of a request the relay did not answer | `approval/resolved` / `question/resolved` (the phone's message closes) |
 //! | ← `POST /session/{id}/prompt_async` (queued into a running turn) | `agent/sendUserMessage` |
