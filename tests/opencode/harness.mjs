@@ -45,9 +45,10 @@ export class World {
 	/**
 	 * `permission`: OpenCode's `permission` setting (by default a shell command asks
 	 * first, so approvals reach the phone); `relayConfig`: lines of the relay's
-	 * config.toml.
+	 * config.toml; `privateChat`: no group, the topics in the allowed user's
+	 * private chat (where a turn shows as a draft).
 	 */
-	static async create(t, { permission = { bash: "ask" }, relayConfig = [] } = {}) {
+	static async create(t, { permission = { bash: "ask" }, relayConfig = [], privateChat = false } = {}) {
 		assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 		assert.ok(existsSync(OPENCODE), `${OPENCODE} is missing: run \`npm ci --prefix tests/opencode\` first`);
 		const world = new World();
@@ -99,7 +100,8 @@ export class World {
 			AGENT_RELAY_OPENCODE_BIN: OPENCODE,
 			AGENT_RELAY_HOME: world.relayHome,
 			TELEGRAM_BOT_TOKEN: world.telegram.token,
-			AGENT_RELAY_CHAT_ID: String(CHAT_ID),
+			// Without a group the topics are in the allowed user's private chat.
+			...(privateChat ? {} : { AGENT_RELAY_CHAT_ID: String(CHAT_ID) }),
 			AGENT_RELAY_ALLOWED_USERS: String(USER_ID),
 			AGENT_RELAY_API_URL: world.telegram.url,
 			AGENT_RELAY_LOG: "debug",
