@@ -30,9 +30,9 @@ test("the TUI's session gets a topic, what is typed there is mirrored, a phone m
 	await world.telegram.said(topic.thread_id, (text) => text.includes("hello from the terminal") && !text.includes("echo"), { what: "the typed prompt, mirrored" });
 	const asked = performance.now();
 	await world.telegram.injectMessage(topic.thread_id, "hello from the phone");
-	await world.shows(/hello from the phone/, 30_000, "the phone's message");
 	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: hello from the phone"), { what: "the answer" });
 	t.diagnostic(`phone → answer: ${(performance.now() - asked).toFixed(0)} ms (the message injected into the fake Bot API → the answer sent to the topic)`);
+	await world.shows(/hello from the phone/, 30_000, "the phone's message");
 	await world.shows(/echo: hello from the phone/, 30_000, "the answer in the TUI");
 	const messages = await world.telegram.messages(topic.thread_id);
 	assert.equal(messages.filter((m) => m.plain_text.includes("echo: hello from the phone")).length, 1, "one message for the turn");
