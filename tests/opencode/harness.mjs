@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, readlinkSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -97,6 +97,15 @@ export class World {
 			OPENCODE_DISABLE_AUTOUPDATE: "1",
 			OPENCODE_DISABLE_MODELS_FETCH: "1",
 			OPENCODE_DISABLE_LSP_DOWNLOAD: "1",
+			// OpenCode now and then opens an HTTPS connection of its own at start
+			// (docs/OPENCODE.md): through a proxy that is a closed port of this
+			// machine it goes nowhere; the fakes on 127.0.0.1 are reached directly.
+			HTTP_PROXY: "http://127.0.0.1:9",
+			HTTPS_PROXY: "http://127.0.0.1:9",
+			http_proxy: "http://127.0.0.1:9",
+			https_proxy: "http://127.0.0.1:9",
+			NO_PROXY: "127.0.0.1,localhost",
+			no_proxy: "127.0.0.1,localhost",
 			AGENT_RELAY_OPENCODE_BIN: OPENCODE,
 			AGENT_RELAY_HOME: world.relayHome,
 			TELEGRAM_BOT_TOKEN: world.telegram.token,
@@ -250,9 +259,16 @@ export class World {
 		return out;
 	}
 
-	/** OpenCode's servers of this world still running. */
+	/** OpenCode's servers of this world (run in its project) still running. */
 	servers() {
-		return processesOf(OPENCODE).filter((p) => p.cmdline.includes(" serve "));
+		const cwd = (pid) => {
+			try {
+				return readlinkSync(`/proc/${pid}/cwd`);
+			} catch {
+				return "";
+			}
+		};
+		return processesOf(OPENCODE).filter((p) => p.cmdline.includes(" serve ") && cwd(p.pid) === this.project);
 	}
 
 	async stop() {
