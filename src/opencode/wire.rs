@@ -12,6 +12,8 @@ use serde_json::Value;
 pub mod route {
     pub const EVENTS: &str = "/event";
     pub const SESSION: &str = "/session";
+    /// Every busy session's status, by id (an idle one is left out).
+    pub const STATUSES: &str = "/session/status";
     pub const PROVIDERS: &str = "/config/providers";
     pub const CONFIG: &str = "/config";
     pub const MCP: &str = "/mcp";

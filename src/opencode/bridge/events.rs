@@ -373,7 +373,7 @@ impl OpenCodeBridge {
         let Some(session_id) = self.session_id() else {
             return;
         };
-        let statuses: Result<Value, _> = self.server.get("/session/status", QUICK).await;
+        let statuses: Result<Value, _> = self.server.get(wire::route::STATUSES, QUICK).await;
         let busy = statuses
             .map(|s| s[&session_id]["type"].as_str() == Some("busy"))
             .unwrap_or(true);
