@@ -351,6 +351,22 @@ pub fn codex(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
+/// `agent-relay opencode [args…]`: OpenCode's TUI with the relay beside it;
+/// exits with the TUI's code.
+pub fn opencode(args: &[std::ffi::OsString]) -> anyhow::Result<ExitCode> {
+    // The terminal is the TUI's, as for `agent-relay codex`.
+    let Sidecar {
+        paths,
+        config,
+        rt,
+        _log,
+    } = sidecar(false, |e| matches!(e, ConfigError::Untrusted(_)))?;
+    let program = crate::opencode::program();
+    let code = rt.block_on(crate::opencode::wrapper::run(paths, config, &program, args))?;
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
 /// `agent-relay codex-tools <socket>`: the MCP server Codex runs for the
 /// relay's tool; ends when Codex closes its stdin.
 pub fn codex_tools(socket: &std::path::Path) -> anyhow::Result<ExitCode> {

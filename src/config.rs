@@ -152,10 +152,15 @@ impl Default for LaunchPolicy {
             max_agents: Self::MAX_AGENTS,
             join_within: Self::JOIN_WITHIN_MOST,
             default_engine: "pi".into(),
-            commands: [("pi", "pi"), ("claude", "claude"), ("codex", "codex")]
-                .into_iter()
-                .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
-                .collect(),
+            commands: [
+                ("pi", "pi"),
+                ("claude", "claude"),
+                ("codex", "codex"),
+                ("opencode", "opencode"),
+            ]
+            .into_iter()
+            .map(|(engine, program)| (engine.to_string(), vec![program.to_string()]))
+            .collect(),
         }
     }
 }

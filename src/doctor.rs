@@ -194,6 +194,17 @@ async fn diagnose_relay(report: &mut Report, paths: &Paths, config: Result<Confi
     }
     check_users(report, &config.allowed_users);
     check_transcriber(report, &config, std::env::var_os("PATH"));
+    let launched = config
+        .launch
+        .commands
+        .get("opencode")
+        .and_then(|a| a.first());
+    check_opencode(
+        report,
+        &crate::opencode::program(),
+        launched.map(String::as_str),
+        std::env::var_os("PATH").as_deref(),
+    );
     let serve = check_leader(report, paths, bot_id).await;
     check_serve(report, serve, &config.launch);
 }
@@ -202,7 +213,6 @@ async fn diagnose_relay(report: &mut Report, paths: &Paths, config: Result<Confi
 /// executable file, a bare name must be found on `path` (the sidecar's
 /// `PATH` is its host's; the doctor's is a good guess of it).
 fn check_transcriber(report: &mut Report, config: &Config, path: Option<std::ffi::OsString>) {
-    use std::os::unix::fs::PermissionsExt as _;
     let Some(transcriber) = &config.files.transcriber else {
         report.note(
             "voice notes",
@@ -214,19 +224,7 @@ fn check_transcriber(report: &mut Report, config: &Config, path: Option<std::ffi
         return;
     };
     let program = &transcriber.argv[0];
-    let runnable = |candidate: &std::path::Path| {
-        std::fs::metadata(candidate)
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    let found = if program.contains('/') {
-        runnable(std::path::Path::new(program)).then(|| std::path::PathBuf::from(program))
-    } else {
-        path.iter()
-            .flat_map(std::env::split_paths)
-            .map(|dir| dir.join(program))
-            .find(|candidate| runnable(candidate))
-    };
-    match found {
+    match find_program(program, path.as_deref()) {
         Some(found) => report.pass(
             "voice notes",
             format!(
@@ -244,6 +242,59 @@ fn check_transcriber(report: &mut Report, config: &Config, path: Option<std::ffi
             ),
         ),
     }
+}
+
+/// Where `program` is: a path must be an executable file, a bare name is
+/// looked for on `path`.
+fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let runnable = |candidate: &std::path::Path| {
+        std::fs::metadata(candidate)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        runnable(std::path::Path::new(program)).then(|| std::path::PathBuf::from(program))
+    } else {
+        path.into_iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join(program))
+            .find(|candidate| runnable(candidate))
+    }
+}
+
+/// Whether OpenCode is there for `agent-relay opencode` (`program`:
+/// `AGENT_RELAY_OPENCODE_BIN`, else `opencode`) and for `/new … opencode`
+/// (`launched`, the program of `[launch.commands] opencode`), on `path`.
+/// Without it the relay works for the other hosts: a note, not a failure.
+fn check_opencode(
+    report: &mut Report,
+    program: &std::path::Path,
+    launched: Option<&str>,
+    path: Option<&std::ffi::OsStr>,
+) {
+    const SUBJECT: &str = "OpenCode";
+    let Some(found) = find_program(&program.to_string_lossy(), path) else {
+        report.note(
+            SUBJECT,
+            format!(
+                "{} is not found: install OpenCode (`npm i -g opencode-ai`) to use `agent-relay opencode`, or set {}",
+                program.display(),
+                crate::opencode::OPENCODE_BIN
+            ),
+        );
+        return;
+    };
+    let from_phone = match launched.and_then(|p| find_program(p, path)) {
+        Some(_) => ", `/new … opencode` starts it from the phone",
+        None => " ([launch.commands] opencode is not found: /new cannot start it)",
+    };
+    report.pass(
+        SUBJECT,
+        format!(
+            "{}: `agent-relay opencode` runs its TUI beside the relay{from_phone}",
+            found.display()
+        ),
+    );
 }
 
 fn config_fix(error: &ConfigError) -> String {
@@ -776,6 +827,41 @@ mod tests {
         let unset = check(&Config::load_with(&dir.path().join("none.toml"), |_| None).unwrap());
         assert!(unset.passed(), "a note only: {unset}");
         assert!(unset.to_string().contains("audio files"), "{unset}");
+    }
+
+    #[test]
+    fn opencode_is_found_on_path_and_its_absence_is_a_note() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bin = tempfile::tempdir().unwrap();
+        let opencode = bin.path().join("opencode");
+        std::fs::write(&opencode, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&opencode, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = bin.path().as_os_str();
+        let mut found = Report::default();
+        check_opencode(
+            &mut found,
+            std::path::Path::new("opencode"),
+            Some("opencode"),
+            Some(path),
+        );
+        assert!(found.passed());
+        assert!(
+            found.to_string().contains("`/new … opencode` starts it"),
+            "{found}"
+        );
+        let mut absent = Report::default();
+        let elsewhere = tempfile::tempdir().unwrap();
+        check_opencode(
+            &mut absent,
+            std::path::Path::new("opencode"),
+            None,
+            Some(elsewhere.path().as_os_str()),
+        );
+        assert!(absent.passed(), "a note: {absent}");
+        assert!(
+            absent.to_string().contains("npm i -g opencode-ai"),
+            "{absent}"
+        );
     }
 
     #[test]

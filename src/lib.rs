@@ -41,6 +41,7 @@ mod leader;
 mod logging;
 mod mcp;
 mod member;
+mod opencode;
 mod paths;
 pub mod phone;
 mod policy;

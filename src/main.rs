@@ -45,6 +45,13 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Run OpenCode's terminal UI with the relay beside it on the same server (arguments go to
+    /// `opencode attach`, e.g. `agent-relay opencode --continue`).
+    Opencode {
+        /// What `opencode attach` gets, after the relay's private server and `--dir`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Handle one hook event (its JSON on stdin); what Claude Code's hooks, and plain Codex's, run.
     Hook {
         /// Whose hook it is.
@@ -167,6 +174,7 @@ fn main() -> ExitCode {
             | Cmd::Mcp { .. }
             | Cmd::Serve { .. }
             | Cmd::Codex { .. }
+            | Cmd::Opencode { .. }
             | Cmd::Hook { .. }
             | Cmd::Drain
             | Cmd::Status
@@ -182,6 +190,7 @@ fn main() -> ExitCode {
         Cmd::Mcp { log_stderr } => cli::mcp(log_stderr),
         Cmd::Serve { log_stderr } => cli::serve(log_stderr),
         Cmd::Codex { args } => cli::codex(&args),
+        Cmd::Opencode { args } => cli::opencode(&args),
         Cmd::Hook { host, event } => cli::hook(matches!(host, HookHost::Codex), &event),
         Cmd::Drain => cli::drain(),
         Cmd::ServeWatcher => Ok(cli::serve_watcher()),

@@ -56,7 +56,7 @@ pub fn offer(folder: &Path) -> Option<(UnixListener, Vec<String>)> {
 }
 
 /// Binds the relay's end of the tool's socket in `folder`.
-fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
+pub fn bind(folder: &Path) -> io::Result<(UnixListener, PathBuf)> {
     let socket = folder.join(SOCKET);
     match std::fs::remove_file(&socket) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -142,9 +142,24 @@ impl Drop for Offer {
     }
 }
 
+/// The relay's session a tool socket forwards `file/send` to: Codex's
+/// bridge, or OpenCode's (which runs the same MCP server).
+pub trait SendsFiles: Send + Sync + 'static {
+    fn send_file(
+        &self,
+        params: &SendFileParams,
+    ) -> impl std::future::Future<Output = Result<SendFileResult, String>> + Send;
+}
+
+impl SendsFiles for CodexBridge {
+    async fn send_file(&self, params: &SendFileParams) -> Result<SendFileResult, String> {
+        CodexBridge::send_file(self, params).await
+    }
+}
+
 /// Serves the tool's connections for `bridge`'s session until aborted
 /// (which ends the connections too).
-pub fn serve(listener: UnixListener, bridge: Arc<CodexBridge>) -> JoinHandle<()> {
+pub fn serve<S: SendsFiles>(listener: UnixListener, bridge: Arc<S>) -> JoinHandle<()> {
     crate::tasks::spawn(async move {
         let mut connections = JoinSet::new();
         loop {
@@ -175,11 +190,11 @@ fn check_peer_is_me(stream: &UnixStream) -> io::Result<()> {
 }
 
 /// The relay's end of one connection: `file/send` to the session.
-struct Desk {
-    bridge: Arc<CodexBridge>,
+struct Desk<S> {
+    bridge: Arc<S>,
 }
 
-impl Service for Desk {
+impl<S: SendsFiles> Service for Desk<S> {
     async fn call(
         self: Arc<Self>,
         method: String,

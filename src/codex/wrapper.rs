@@ -262,7 +262,7 @@ async fn connect(
 
 /// Waits for the TUI, passing on the signals the wrapper gets; a TUI that
 /// does not quit within [`STOP_WAIT`] of one is killed.
-async fn wait_tui(tui: &mut Child) -> Result<std::process::ExitStatus, WrapperError> {
+pub(crate) async fn wait_tui(tui: &mut Child) -> Result<std::process::ExitStatus, WrapperError> {
     let mut terminate = signal(SignalKind::terminate()).map_err(WrapperError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(WrapperError::Signals)?;
     let mut hangup = signal(SignalKind::hangup()).map_err(WrapperError::Signals)?;
@@ -299,7 +299,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// SIGTERM to the app-server's process group (it and what it runs), then
 /// SIGKILL if it is still there after [`STOP_WAIT`].
-async fn stop_app_server(server: &mut Child) {
+pub(crate) async fn stop_app_server(server: &mut Child) {
     let Some(pid) = server.id() else {
         return;
     };
@@ -316,7 +316,7 @@ async fn stop_app_server(server: &mut Child) {
 
 /// The terminal as it was before the TUI took it, to put back when the TUI
 /// died without doing so itself.
-struct Terminal {
+pub(crate) struct Terminal {
     mode: Option<sys::TerminalMode>,
 }
 
@@ -326,13 +326,13 @@ struct Terminal {
 const TERMINAL_RESET: &str = "\x1b[<u\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1004l\x1b[?2004l\x1b[?1049l\x1b[?25h\r\n";
 
 impl Terminal {
-    fn save() -> Self {
+    pub(crate) fn save() -> Self {
         Self {
             mode: sys::TerminalMode::save(),
         }
     }
 
-    fn restore(&self) {
+    pub(crate) fn restore(&self) {
         let Some(mode) = &self.mode else {
             return;
         };
@@ -348,7 +348,7 @@ impl Terminal {
 
 /// A TUI's exit status as a shell reports it: its code, or 128 + the
 /// signal that ended it.
-fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))

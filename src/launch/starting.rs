@@ -79,6 +79,11 @@ impl Starting {
         Ok((starting, stdin, stdout))
     }
 
+    /// The agent's process id (its process group's too).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// How the agent's input closes: the polite end, asked first.
     pub fn on_close(&mut self, close: impl FnOnce() + Send + 'static) {
         self.close.push(Box::new(close));

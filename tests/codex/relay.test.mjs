@@ -45,9 +45,11 @@ test("the TUI's thread gets a topic, a phone message starts a turn the TUI shows
 	const wrapper = await world.wrapper();
 	const topic = await world.topic();
 	assert.match(topic.name, /project/);
+	const asked = performance.now();
 	await world.telegram.injectMessage(topic.thread_id, "hello from the phone");
-	await world.shows(/hello from the phone/, 30_000, "the phone's message");
 	await world.telegram.said(topic.thread_id, (text) => text.includes("echo: hello from the phone"), { what: "the answer" });
+	t.diagnostic(`phone → answer: ${(performance.now() - asked).toFixed(0)} ms (the message injected into the fake Bot API → the answer sent to the topic)`);
+	await world.shows(/hello from the phone/, 30_000, "the phone's message");
 	await world.shows(/echo: hello from the phone[\s\S]*Worked for/, 30_000, "the answer in the TUI, the turn done");
 	const tree = treeOf(wrapper);
 	assert.ok(tree.length >= 3, `the wrapper, the TUI, the app-server: ${tree}`);

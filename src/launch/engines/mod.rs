@@ -6,6 +6,7 @@
 
 mod claude;
 mod codex;
+mod opencode;
 mod pi;
 
 use super::engine::{Agent, Context, EngineError, Start};
@@ -19,10 +20,12 @@ pub enum Engine {
     Claude,
     /// Codex's app-server on stdio, the relay its only client.
     Codex,
+    /// `opencode serve` on 127.0.0.1, the relay its only client.
+    OpenCode,
 }
 
 impl Engine {
-    pub const ALL: [Engine; 3] = [Engine::Pi, Engine::Claude, Engine::Codex];
+    pub const ALL: [Engine; 4] = [Engine::Pi, Engine::Claude, Engine::Codex, Engine::OpenCode];
 
     /// Its name in `/new`, `[launch.commands]` and the store.
     pub fn name(self) -> &'static str {
@@ -30,6 +33,7 @@ impl Engine {
             Self::Pi => "pi",
             Self::Claude => "claude",
             Self::Codex => "codex",
+            Self::OpenCode => "opencode",
         }
     }
 
@@ -43,6 +47,7 @@ impl Engine {
             Self::Pi => pi::start(start, ctx).await,
             Self::Claude => claude::start(start, ctx).await,
             Self::Codex => codex::start(start, ctx).await,
+            Self::OpenCode => opencode::start(start, ctx).await,
         }
     }
 }
