@@ -67,6 +67,127 @@ pub struct ConfigFile {
     /// Sessions the relay starts itself (`agent-relay serve`, `/new` from
     /// the phone).
     pub launch: Option<LaunchFile>,
+    /// What each allowed user may do, when several share the bot.
+    pub access: Option<AccessFile>,
+    /// Scheduled prompts (`/every`, `/at`).
+    pub schedules: Option<SchedulesFile>,
+}
+
+/// `[access]` in `config.toml`: roles, for a bot several people share.
+/// Every user named here may use the bot (as those in `allowed_users`);
+/// an allowed user named nowhere here is an owner, so one person's relay
+/// needs none of this.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AccessFile {
+    /// Everything: sessions started, ended and resumed from the phone,
+    /// schedules, every question and approval.
+    pub owners: Option<Vec<i64>>,
+    /// Write to sessions and answer their questions (approvals as
+    /// `[approvals] by` says); no `/new`, `/end`, `/resume` or schedules.
+    pub drivers: Option<Vec<i64>>,
+    /// Read only: their messages reach no agent and are answered with why.
+    pub viewers: Option<Vec<i64>>,
+}
+
+/// `[schedules]` in `config.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulesFile {
+    /// What a scheduled turn does when a tool call needs approval: `ask`
+    /// (the default: the phone is asked, as for any turn) or `deny` (at
+    /// once, without a person: a turn at 3 a.m. does not wait for a phone
+    /// that sleeps).
+    pub approvals: Option<crate::policy::Scheduled>,
+}
+
+/// What a user may do with the bot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Owner,
+    Driver,
+    Viewer,
+}
+
+impl Role {
+    /// Whether the user may write to sessions (their messages are prompts).
+    pub fn writes(self) -> bool {
+        self != Self::Viewer
+    }
+
+    /// Whether this role may do what `needed` may.
+    pub fn covers(self, needed: Role) -> bool {
+        let rank = |role| match role {
+            Self::Viewer => 0,
+            Self::Driver => 1,
+            Self::Owner => 2,
+        };
+        rank(self) >= rank(needed)
+    }
+
+    /// The role's name as `[access]` spells it, singular.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Owner => "an owner",
+            Self::Driver => "a driver",
+            Self::Viewer => "a viewer",
+        }
+    }
+}
+
+/// `[access]`, checked: no user in two roles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Roles {
+    pub owners: Vec<i64>,
+    pub drivers: Vec<i64>,
+    pub viewers: Vec<i64>,
+}
+
+impl Roles {
+    fn from_file(file: AccessFile) -> Result<Self, (&'static str, String)> {
+        let roles = Self {
+            owners: file.owners.unwrap_or_default(),
+            drivers: file.drivers.unwrap_or_default(),
+            viewers: file.viewers.unwrap_or_default(),
+        };
+        let named = [
+            ("access.owners", &roles.owners),
+            ("access.drivers", &roles.drivers),
+            ("access.viewers", &roles.viewers),
+        ];
+        for (i, (key, users)) in named.iter().enumerate() {
+            for user in users.iter() {
+                if let Some((other, _)) = named[i + 1..].iter().find(|(_, u)| u.contains(user)) {
+                    return Err((
+                        key,
+                        format!("user {user} is also in {other}: one role each"),
+                    ));
+                }
+            }
+        }
+        Ok(roles)
+    }
+
+    /// Every user the roles name.
+    pub fn users(&self) -> impl Iterator<Item = i64> + '_ {
+        self.owners
+            .iter()
+            .chain(&self.drivers)
+            .chain(&self.viewers)
+            .copied()
+    }
+
+    /// The role of an allowed `user`: an owner unless named a driver or a
+    /// viewer.
+    pub fn of(&self, user: i64) -> Role {
+        if self.viewers.contains(&user) {
+            Role::Viewer
+        } else if self.drivers.contains(&user) {
+            Role::Driver
+        } else {
+            Role::Owner
+        }
+    }
 }
 
 /// `[launch]` in `config.toml`: where `/new` may start agents, and how.
@@ -716,6 +837,8 @@ pub struct Config {
     pub files: FilesPolicy,
     /// `[launch]`: where and how `agent-relay serve` starts agents.
     pub launch: LaunchPolicy,
+    /// `[access]`: what each allowed user may do.
+    pub roles: Roles,
     /// The file that was read (it may not exist).
     pub file: PathBuf,
 }
@@ -872,7 +995,10 @@ impl Config {
                 parsed.api_url.as_deref().unwrap_or(DEFAULT_API_URL),
             )?,
         };
-        let approvals = Policy::from_file(parsed.approvals.unwrap_or_default())
+        let scheduled = parsed.schedules.unwrap_or_default().approvals;
+        let approvals = Policy::from_file(parsed.approvals.unwrap_or_default(), scheduled)
+            .map_err(|(key, message)| invalid(&from_file, key, message))?;
+        let roles = Roles::from_file(parsed.access.unwrap_or_default())
             .map_err(|(key, message)| invalid(&from_file, key, message))?;
         let home = env("HOME").map(PathBuf::from);
         let files = FilesPolicy::from_file(
@@ -888,6 +1014,7 @@ impl Config {
         Ok(Self {
             files,
             launch,
+            roles,
             token,
             chat_id,
             allowed_users,
@@ -1089,6 +1216,35 @@ mod tests {
         Config::load_with(&file, |k| {
             env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn roles_approvals_by_and_scheduled_approvals_are_read_and_a_user_has_one_role() {
+        let c = load(
+            "[access]\ndrivers = [5]\nviewers = [6]\n[approvals]\nby = \"requester\"\n\
+             [schedules]\napprovals = \"deny\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.roles.of(5), Role::Driver);
+        assert_eq!(c.roles.of(6), Role::Viewer);
+        assert_eq!(
+            c.roles.of(7),
+            Role::Owner,
+            "an allowed user named nowhere owns"
+        );
+        assert_eq!(c.approvals.by, crate::policy::ApproveBy::Requester);
+        assert_eq!(c.approvals.scheduled, crate::policy::Scheduled::Deny);
+        let defaults = load("", &[]).unwrap();
+        assert_eq!(defaults.approvals.by, crate::policy::ApproveBy::Anyone);
+        assert_eq!(defaults.approvals.scheduled, crate::policy::Scheduled::Ask);
+        let twice = load("[access]\nowners = [5]\nviewers = [5]\n", &[]).unwrap_err();
+        assert!(twice.to_string().contains("one role each"), "{twice}");
+        let unknown = load("[approvals]\nby = \"whoever\"\n", &[]).unwrap_err();
+        assert!(
+            unknown.to_string().contains("expected one of `anyone`"),
+            "{unknown}"
+        );
     }
 
     #[test]

@@ -36,6 +36,33 @@ pub struct ApprovalsFile {
     pub timeout_s: Option<u64>,
     /// Minutes an "allow for this session" grant lasts (default 30).
     pub grant_minutes: Option<u64>,
+    /// Who may answer an approval on the phone when several people share
+    /// the bot: `anyone` allowed to write (the default), the `requester`
+    /// (whose message started the turn; who launched the session and the
+    /// owners too), or `owners` only.
+    pub by: Option<ApproveBy>,
+}
+
+/// Who may answer an approval on the phone (`[approvals] by`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ApproveBy {
+    #[default]
+    Anyone,
+    Requester,
+    Owners,
+}
+
+/// What a scheduled turn does when a tool call needs approval
+/// (`[schedules] approvals`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduled {
+    /// The phone is asked, as for any turn.
+    #[default]
+    Ask,
+    /// Denied at once: nobody is asked.
+    Deny,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -56,6 +83,9 @@ pub struct Policy {
     pub only_from_telegram: bool,
     pub timeout: Duration,
     pub grant: Duration,
+    pub by: ApproveBy,
+    /// What a scheduled turn does when a call needs approval.
+    pub scheduled: Scheduled,
 }
 
 impl PartialEq for Policy {
@@ -73,6 +103,8 @@ impl PartialEq for Policy {
             && self.only_from_telegram == other.only_from_telegram
             && self.timeout == other.timeout
             && self.grant == other.grant
+            && self.by == other.by
+            && self.scheduled == other.scheduled
     }
 }
 
@@ -80,7 +112,7 @@ impl Eq for Policy {}
 
 impl Default for Policy {
     fn default() -> Self {
-        Self::from_file(ApprovalsFile::default()).expect("the defaults are valid")
+        Self::from_file(ApprovalsFile::default(), None).expect("the defaults are valid")
     }
 }
 
@@ -94,7 +126,10 @@ pub enum Reason {
 
 impl Policy {
     /// Checks the table; an error names the key and what is wrong with it.
-    pub fn from_file(file: ApprovalsFile) -> Result<Self, (&'static str, String)> {
+    pub fn from_file(
+        file: ApprovalsFile,
+        scheduled: Option<Scheduled>,
+    ) -> Result<Self, (&'static str, String)> {
         let commands = file
             .commands
             .unwrap_or_default()
@@ -135,6 +170,8 @@ impl Policy {
             only_from_telegram: file.only_from_telegram.unwrap_or(true),
             timeout: Duration::from_secs(timeout_s),
             grant: Duration::from_secs(grant_minutes * 60),
+            by: file.by.unwrap_or_default(),
+            scheduled: scheduled.unwrap_or_default(),
         })
     }
 
@@ -365,10 +402,13 @@ mod tests {
 
     #[test]
     fn the_relays_own_file_tool_is_refused_by_its_check_not_asked_about() {
-        let policy = Policy::from_file(ApprovalsFile {
-            outside_project: Some(true),
-            ..ApprovalsFile::default()
-        })
+        let policy = Policy::from_file(
+            ApprovalsFile {
+                outside_project: Some(true),
+                ..ApprovalsFile::default()
+            },
+            None,
+        )
         .unwrap();
         let cwd = Path::new("/home/u/project");
         let passwd = json!({"path": "/etc/passwd"});
@@ -391,7 +431,7 @@ mod tests {
     use super::*;
 
     fn policy(file: ApprovalsFile) -> Policy {
-        Policy::from_file(file).unwrap()
+        Policy::from_file(file, None).unwrap()
     }
 
     #[test]
@@ -450,7 +490,7 @@ mod tests {
 
     #[test]
     fn bad_tables_are_refused_with_their_key() {
-        let bad = |file| Policy::from_file(file).unwrap_err().0;
+        let bad = |file| Policy::from_file(file, None).unwrap_err().0;
         assert_eq!(
             bad(ApprovalsFile {
                 commands: Some(vec!["(".into()]),

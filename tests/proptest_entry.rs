@@ -339,15 +339,22 @@ fn topic_op() -> impl Strategy<Value = TopicOp> {
             ".{0,40}",
             prop::collection::vec(".{0,12}", 0..4),
             any::<bool>(),
-            any::<u64>()
+            any::<u64>(),
+            prop_oneof![
+                Just(Concerns::Anyone),
+                prop::option::of(any::<i64>())
+                    .prop_map(|requester| Concerns::Approval { requester }),
+                Just(Concerns::Owners),
+            ]
         )
             .prop_map(
-                |(token, text, options, free_text, expires_in_ms)| TopicOp::Ask(Ask {
+                |(token, text, options, free_text, expires_in_ms, concerns)| TopicOp::Ask(Ask {
                     token,
                     text,
                     options,
                     free_text,
-                    expires_in_ms
+                    expires_in_ms,
+                    concerns
                 })
             ),
         (".{0,32}", any::<i64>(), ".{0,20}").prop_map(|(token, message_id, outcome)| {
@@ -412,6 +419,7 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
         prop::option::of(any::<i64>()),
         prop::collection::vec(inbound_attachment(), 0..3),
         prop::option::of("[0-9]{1,12}"),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -425,6 +433,7 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
                 reply_to,
                 attachments,
                 media_group_id,
+                scheduled,
             )| {
                 FromLeader::Deliver(Deliver {
                     delivery_id,
@@ -438,6 +447,7 @@ fn from_leader() -> impl Strategy<Value = FromLeader> {
                         reply_to,
                         attachments,
                         media_group_id,
+                        scheduled,
                     },
                 })
             },

@@ -31,6 +31,7 @@ mod never_silent;
 mod private_chat;
 mod proptest_entry;
 mod receipts;
+mod roles;
 mod routing;
 mod schema;
 mod security;

@@ -30,6 +30,7 @@ use super::launches::{Launches, NO_SERVE, refused, topic_html};
 use super::schedules::Schedules;
 use super::speaker::{Say, paging};
 use super::status::Status;
+use crate::config::Role;
 use crate::ids::Place;
 use crate::phone::{NewArgs, PhoneCommand, new_args};
 use crate::policy::clip;
@@ -191,6 +192,9 @@ impl ControlPlace {
         owner: Option<&str>,
         prefix: &str,
     ) -> Result<(), Failure> {
+        if let Some(why) = self.cx.access.refuses_command(user, &command) {
+            return self.cx.speaker.now(place, Say::plain(why)).await.map(drop);
+        }
         match command {
             PhoneCommand::New(rest) => {
                 let args = new_args(&rest, &self.launches.engines());
@@ -631,9 +635,15 @@ impl ControlPlace {
             thread_id: message.topic(),
         };
         let (tap, user) = (query.id.clone(), query.from.id);
+        cx.access
+            .saw(&cx.shared_store(), user, &query.from.first_name);
         let control = self.clone();
+        let refused = cx.access.refuses(user, needed_for(&data));
         self.cx.errands.run(async move {
-            let toast = control.tapped(place, message.message_id, user, &data).await;
+            let toast = match refused {
+                Some(why) => why,
+                None => control.tapped(place, message.message_id, user, &data).await,
+            };
             control.cx.speaker.toast(&tap, &toast).await;
         });
     }
@@ -864,8 +874,12 @@ pub(super) fn sessions_page(
         } else {
             String::new()
         };
+        let by = match s.launch.as_ref().and_then(|l| l.by.as_deref()) {
+            Some(by) => format!(" · by {}", escape(by)),
+            None => String::new(),
+        };
         text.push_str(&format!(
-            "\n• {} — {state}{on} — <code>{}</code>",
+            "\n• {} — {state}{by}{on} — <code>{}</code>",
             topic_html(&s.topic_name, s.target),
             escape(&s.cwd)
         ));
@@ -877,6 +891,17 @@ pub(super) fn sessions_page(
     let mut rows: Vec<Vec<Button>> = buttons.chunks(4).map(<[Button]>::to_vec).collect();
     rows.extend(paging("s", page, pages));
     (text, (!rows.is_empty()).then_some(Keyboard { rows }))
+}
+
+/// The least role a control button's verb needs (`c:<verb>:…`): turning
+/// a list's page is anyone's, choosing a model a driver's, starting,
+/// resuming, ending and cancelling an owner's.
+fn needed_for(data: &str) -> Role {
+    match data.split(':').nth(1).unwrap_or("") {
+        "s" | "y" => Role::Viewer,
+        "m" => Role::Driver,
+        _ => Role::Owner,
+    }
 }
 
 /// A launched session's button on page `page` of the list: end it while
@@ -933,6 +958,7 @@ mod tests {
                 launch_id: format!("{slot:012x}"),
                 engine: "pi".into(),
                 state: state.into(),
+                by: Some("Ann <3".into()),
             }),
         }
     }
@@ -965,6 +991,10 @@ mod tests {
         assert_eq!(rows[0][0].text, "▶ B");
         assert_eq!(rows[0][0].data, "c:r:000000000001:0");
         assert_eq!(rows.last().unwrap()[0].data, "c:s:1", "to the next page");
+        assert!(
+            first.contains("⏹ ended · pi · by Ann &lt;3"),
+            "who started a launched session, escaped: {first}"
+        );
         let (second, buttons) = sessions_page(&status, 1, "");
         assert!(second.contains("/home/ada/s9"), "{second}");
         let rows = buttons.unwrap().rows;

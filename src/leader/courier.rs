@@ -734,6 +734,7 @@ impl Courier {
             options: vec!["↻ Send it again".into()],
             free_text: false,
             expires_in_ms: OFFER_FOR.as_millis() as u64,
+            concerns: Concerns::Anyone,
         };
         match self.asks.ask(profile, target, &ask).await {
             Ok(_) => {

@@ -21,6 +21,8 @@ pub(super) enum Refusal {
     Guess,
     /// A tap by somebody who may not tap.
     Tap,
+    /// A viewer's message in a session's topic.
+    Viewer,
 }
 
 /// The window in which a chat gets at most one refusal of a kind.

@@ -625,7 +625,18 @@ impl Launches {
                 },
                 message_id: 0,
                 text: prompt,
-                detail: None,
+                // A schedule's first firing started this launch: its
+                // turn decides approvals as a scheduled one.
+                detail: self
+                    .by_schedule(launch_id)
+                    .then(|| {
+                        serde_json::to_string(&super::triage::MessageDetail {
+                            scheduled: true,
+                            ..super::triage::MessageDetail::default()
+                        })
+                        .ok()
+                    })
+                    .flatten(),
             });
             if let Err(e) = journaled {
                 tracing::error!("cannot hand the launch's first prompt to its session: {e}");
@@ -633,6 +644,19 @@ impl Launches {
         }
         for waiter in lock(&self.registered).remove(launch_id).unwrap_or_default() {
             let _ = waiter.send(route.clone());
+        }
+    }
+
+    /// Whether a schedule made in the control place started `launch_id`.
+    fn by_schedule(&self, launch_id: &str) -> bool {
+        match self.cx.store().schedules() {
+            Ok(schedules) => schedules
+                .iter()
+                .any(|s| s.launch_id.as_deref() == Some(launch_id)),
+            Err(e) => {
+                tracing::warn!("cannot read the schedules: {e}");
+                false
+            }
         }
     }
 
@@ -801,6 +825,7 @@ impl Launches {
                             launch_id: l.id,
                             engine: l.engine,
                             state: l.state.as_str().to_string(),
+                            by: (l.by_user != 0).then(|| self.cx.access.name_of(l.by_user)),
                         },
                     ))
                 })

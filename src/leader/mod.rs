@@ -80,7 +80,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::bus::election::{LeaderInfo, LeaderLock};
-use crate::config::Config;
+use crate::config::{Config, Role};
 use crate::ids::Place;
 use crate::paths::Paths;
 use crate::phone::PhoneCommand;
@@ -95,6 +95,7 @@ use cluster::{ClusterNode, Ground, Machine};
 use context::Context;
 use control::ControlPlace;
 use courier::Courier;
+use errands::Refusal;
 use failure::{Failure, Performed};
 use files::Files;
 use inbox::FileInbox;
@@ -190,11 +191,12 @@ async fn start_with(
     let outbox = Outbox::new(config, cluster.clone())?;
     let (budget, spent) = budget::Kept::read(paths.budget_file(bot));
     outbox.go_on_from(&spent);
-    let configured = config.allowed_users.clone();
+    let (configured, roles) = (config.allowed_users.clone(), config.roles.clone());
+    let approve_by = config.approvals.by;
     let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut store = Store::open(&store_path)?;
         let epoch = store.bump_epoch()?;
-        let access = Access::load(&configured, &store)?;
+        let access = Access::load(&configured, roles, approve_by, &store)?;
         Ok((store, epoch, access))
     })
     .await
@@ -542,6 +544,9 @@ impl Leader {
         if !allowed || !self.cx.is_ours(message) {
             return;
         }
+        // Who starts a session is named in `/sessions`.
+        let store = self.cx.shared_store();
+        self.cx.access.saw(&store, user.id, &user.first_name);
         prefix.push_str(self.no_session_here(message));
         self.control.command(message, command, prefix);
     }
@@ -577,10 +582,24 @@ impl Leader {
         }
         // The session list names local paths: only where the relay lives,
         // never in some other group an allowed user happens to be in.
-        if self.cx.is_ours(message) {
-            let prefix = self.no_session_here(message).to_string();
-            self.control.message(message, prefix);
+        if !self.cx.is_ours(message) {
+            return;
         }
+        let prefix = self.no_session_here(message);
+        let in_a_session = message.topic().is_some() && prefix.is_empty();
+        if in_a_session && self.cx.access.role(user.id) == Some(Role::Viewer) {
+            // Told once a while, and never a prompt.
+            if self.cx.errands.admit(user.id, Refusal::Viewer) {
+                let text = "👁 You are a viewer here ([access] in config.toml): you can read this session, not write to it, so your messages here reach no agent.";
+                let place = Place {
+                    chat_id: message.chat.id,
+                    thread_id: message.topic(),
+                };
+                self.cx.speaker.later(place, text.into());
+            }
+            return;
+        }
+        self.control.message(message, prefix.to_string());
     }
 
     /// An edited message no session takes: an edit of a command does not

@@ -101,7 +101,7 @@ impl Registrations {
     pub(super) fn claims(&self) -> Claims<'_> {
         Claims {
             node: self.cx.cluster.as_deref(),
-            chat: self.cx.chat_id.or_else(|| self.cx.access.owner()),
+            chat: self.cx.chat_id.or_else(|| self.cx.access.topics_user()),
         }
     }
 
@@ -565,7 +565,7 @@ impl Registrations {
         if let Some(chat) = self.cx.chat_id {
             return Ok(chat);
         }
-        let Some(user) = self.cx.access.owner() else {
+        let Some(user) = self.cx.access.topics_user() else {
             return Err(Provisioned::Without("no chat configured and nobody paired: set chat_id or run /telegram-connect to pair".into()));
         };
         match self.cx.outbox.bot().await {

@@ -88,6 +88,7 @@ impl Router {
                     reply_to: detail.reply_to,
                     attachments: detail.files.iter().map(JournaledFile::inbound).collect(),
                     media_group_id: detail.media_group_id.clone(),
+                    scheduled: detail.scheduled,
                 },
             });
             if !conns.push(conn, frame) {

@@ -27,7 +27,7 @@ use super::launches::{Launches, new_launch_id};
 use super::now_ms;
 use super::router::Router;
 use super::speaker::{Say, paging};
-use super::triage::Entry;
+use super::triage::{Entry, MessageDetail};
 use crate::ids::Place;
 use crate::phone::{LONGEST, SHORTEST, When, new_args, read_at, read_every};
 use crate::protocol::bus::{Button, Keyboard};
@@ -494,7 +494,11 @@ impl Schedules {
             user_id: schedule.by_user,
             message_id: 0,
             text: schedule.prompt.clone(),
-            detail: None,
+            detail: serde_json::to_string(&MessageDetail {
+                scheduled: true,
+                ..MessageDetail::default()
+            })
+            .ok(),
         });
         match journaled {
             Ok(update) => self.router.route(vec![Entry::stored(update)]),

@@ -32,6 +32,9 @@ pub(super) struct MessageDetail {
     pub files: Vec<JournaledFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_group_id: Option<String>,
+    /// A scheduled prompt's firing, not a person's message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scheduled: bool,
 }
 
 /// A file of a journaled message: what `getFile` needs and what the
@@ -128,7 +131,7 @@ pub(super) enum Triaged {
 pub(super) struct Triage {
     store: Arc<Mutex<Store>>,
     access: Arc<Access>,
-    /// Read once per batch: who may write.
+    /// Read once per batch: who may write (owners and drivers).
     allowed: HashSet<i64>,
     /// Read once per batch: which session owns which topic.
     owners: HashMap<(i64, i64), String>,
@@ -147,7 +150,7 @@ impl Triage {
     /// Reads what the decisions need once per batch, not once per update:
     /// before a batch's first [`Triage::triage`].
     pub fn prepare(&mut self) {
-        self.allowed = self.access.snapshot();
+        self.allowed = self.access.writers();
         self.owners.clear();
         let bindings = self
             .store
@@ -243,6 +246,7 @@ impl Triage {
             from: reply_to.and(user.map(|u| u.first_name.clone())),
             media_group_id: message.media_group_id.clone().filter(|_| !files.is_empty()),
             files,
+            scheduled: false,
         };
         Triaged::Journal(Entry {
             update: NewUpdate {

@@ -23,7 +23,11 @@ use std::time::Duration;
 /// 5: `agent-relay serve` joins (`serve`, `orderDone`, `launchReport`; the
 /// leader's `order`), and `register` says which launch a session is (a
 /// leader of 4 would take serve for a session and never start anything).
-pub const BUS_PROTOCOL_VERSION: u32 = 5;
+/// 6: an ask says whom it concerns (`Ask::concerns`: an approval only its
+/// requester or an owner may answer, under `[approvals] by`), a delivery
+/// says it is a scheduled firing, and a topic request may fail
+/// `unsupported` (a leader of 5 would let anyone answer any approval).
+pub const BUS_PROTOCOL_VERSION: u32 = 6;
 
 pub use super::host::{AttachmentKind, SendAs};
 pub use super::launch::{
@@ -467,6 +471,33 @@ pub struct Ask {
     /// How long the leader keeps the ask open at most (the asker normally
     /// closes it sooner, with its own outcome).
     pub expires_in_ms: u64,
+    /// Who may answer it, beyond who may write to the session at all.
+    #[serde(default, skip_serializing_if = "Concerns::is_anyone")]
+    pub concerns: Concerns,
+}
+
+/// Who an ask concerns, when several people share the bot (`[access]`):
+/// who may answer it on the phone besides the owners.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Concerns {
+    /// Whoever may write to the session (owners and drivers): a question.
+    #[default]
+    Anyone,
+    /// A tool call waiting for approval: who may answer is `[approvals] by`
+    /// (the requester is whose message started the turn, when one did).
+    Approval {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        requester: Option<i64>,
+    },
+    /// The owners alone (deleting a session's topic).
+    Owners,
+}
+
+impl Concerns {
+    pub fn is_anyone(&self) -> bool {
+        *self == Self::Anyone
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -926,6 +957,10 @@ pub struct InboundMessage {
     /// make one prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_group_id: Option<String>,
+    /// A scheduled prompt's firing (`/every`, `/at`), not a person's
+    /// message: its turn decides approvals as `[schedules] approvals` says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scheduled: bool,
 }
 
 /// A file an inbound message carries, as Telegram describes it.

@@ -189,6 +189,9 @@ pub struct SessionLaunch {
     pub engine: String,
     /// `starting`, `running`, `ended`, `crashed` or `idle`.
     pub state: String,
+    /// Who started it from the phone, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// One machine asks another's `serve` through the cluster (`/new box:…`, a

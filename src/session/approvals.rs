@@ -18,7 +18,7 @@ use super::Session;
 use super::dialog::{Answer, Options, Question, Terminal, Who};
 use super::outbound::{ApprovalStep, Asked, ToTopic};
 use crate::policy::{self, Mode, Reason};
-use crate::protocol::bus::{FileSource, MAX_INLINE_FILE, SendAs, SendFile, TopicOp};
+use crate::protocol::bus::{Concerns, FileSource, MAX_INLINE_FILE, SendAs, SendFile, TopicOp};
 use crate::protocol::host::*;
 use crate::render;
 use crate::visible::reveal;
@@ -33,6 +33,62 @@ enum Approval {
     Deny,
     /// Allow, and grant the tool for the policy's grant time.
     AllowForSession,
+}
+
+/// Who a phone turn is for: whose message started it, and whether that
+/// was a scheduled firing rather than a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Requester {
+    pub user: i64,
+    pub scheduled: bool,
+}
+
+/// Whose phone messages the host has, to know whom the turn under way
+/// concerns (`[approvals] by`, `[schedules] approvals`).
+#[derive(Debug, Default)]
+pub(super) struct Requesters {
+    /// Messages the host holds for a later turn, oldest first (bounded).
+    waiting: std::collections::VecDeque<(i64, Requester)>,
+    /// The turn under way's, when a phone message started it.
+    current: Option<Requester>,
+}
+
+impl Requesters {
+    /// How many held messages are remembered.
+    const WAITING: usize = 64;
+
+    /// The host has update `update_id` from `requester`: it starts the next
+    /// turn (`starts` when the agent was idle) or waits for one.
+    pub fn handed(&mut self, update_id: i64, requester: Requester, starts: bool) {
+        if starts {
+            self.current = Some(requester);
+            return;
+        }
+        self.waiting.push_back((update_id, requester));
+        if self.waiting.len() > Self::WAITING {
+            self.waiting.pop_front();
+        }
+    }
+
+    /// A turn took these held messages: the first one's writer is whom the
+    /// turn concerns.
+    pub fn took(&mut self, update_ids: &[i64]) {
+        let mut first = None;
+        self.waiting.retain(|(id, requester)| {
+            let taken = update_ids.contains(id);
+            if taken && first.is_none() {
+                first = Some(*requester);
+            }
+            !taken
+        });
+        if first.is_some() {
+            self.current = first;
+        }
+    }
+
+    pub fn current(&self) -> Option<Requester> {
+        self.current
+    }
 }
 
 /// "Allow for this session" grants: tool (lower case) → until when.
@@ -68,6 +124,16 @@ impl Grants {
         grants.sort();
         Some(grants.join(", "))
     }
+}
+
+/// The progress's line for `request`'s call, at step `asked`.
+fn step_of(request: &ApprovalParams, asked: Asked) -> ToTopic {
+    ToTopic::Approval(ApprovalStep {
+        call_id: request.tool_call_id.clone(),
+        name: request.tool.clone(),
+        argument: super::in_short(&request.input),
+        asked,
+    })
 }
 
 impl Session {
@@ -108,17 +174,28 @@ impl Session {
         if self.grants().holds(&request.tool) {
             return result(Decision::Allow, DecidedBy::Grant, None);
         }
-        let question = self.approval_question(request, policy, &reason).await;
+        // A call of a turn from the keyboard concerns whoever is there.
+        let requester = request
+            .from_telegram
+            .then(|| self.requesters().current())
+            .flatten();
+        if requester.is_some_and(|r| r.scheduled) && policy.scheduled == policy::Scheduled::Deny {
+            self.send_out(step_of(request, Asked::Denied));
+            return result(
+                Decision::Deny,
+                DecidedBy::Policy,
+                Some(
+                    "A scheduled turn decides without a person ([schedules] approvals = \"deny\"): denied."
+                        .into(),
+                ),
+            );
+        }
+        let question = self
+            .approval_question(request, policy, &reason, requester.map(|r| r.user))
+            .await;
         // The progress shows the call as waiting, not running, until the
         // person (or the timeout) decides; the approval message asks.
-        let step = |asked| {
-            ToTopic::Approval(ApprovalStep {
-                call_id: request.tool_call_id.clone(),
-                name: request.tool.clone(),
-                argument: super::in_short(&request.input),
-                asked,
-            })
-        };
+        let step = |asked| step_of(request, asked);
         self.send_out(step(Asked::Waiting));
         let decided = self
             .ask_person_to_approve(request, question, policy.grant)
@@ -140,6 +217,7 @@ impl Session {
         request: &ApprovalParams,
         policy: &policy::Policy,
         reason: &Reason,
+        requester: Option<i64>,
     ) -> Question<Approval> {
         let wait = span(policy.timeout);
         let grant_minutes = policy.grant.as_secs() / 60;
@@ -194,6 +272,7 @@ impl Session {
                         Some(Decision::Defer) | None => None,
                     }),
             )),
+            concerns: Concerns::Approval { requester },
         }
     }
 
@@ -218,8 +297,11 @@ impl Session {
                 let by_whom = who(&by);
                 // Who denied, said so that it cannot read as whose call it was.
                 let denied = match &by {
-                    Who::Phone { name } => {
-                        format!("{name} denied this {} call on the phone.", request.tool)
+                    Who::Phone { name, user } => {
+                        format!(
+                            "{name} (user {user}) denied this {} call on the phone.",
+                            request.tool
+                        )
                     }
                     Who::Terminal => {
                         format!(
@@ -361,6 +443,7 @@ impl Session {
                 );
                 answered
             }),
+            concerns: Concerns::Anyone,
         };
         let answered = self.ask_person(question).await;
         tracing::info!(target: "audit", question = %request.question, answer = ?answered, "question answered");
@@ -402,7 +485,7 @@ fn decided_by(who: &Who) -> DecidedBy {
 
 fn who(by: &Who) -> String {
     match by {
-        Who::Phone { name } => format!("by {name} on the phone"),
+        Who::Phone { name, user } => format!("by {name} (user {user}) on the phone"),
         Who::Terminal => "at the terminal".into(),
     }
 }

@@ -87,6 +87,8 @@ pub(super) struct Question<C> {
     /// The answer of the host's own dialog for this question, if it has
     /// one (see the module doc).
     pub elsewhere: Option<Elsewhere<C>>,
+    /// Who may answer it on the phone, besides the owners.
+    pub concerns: Concerns,
 }
 
 /// The host's own dialog, answered: the choice it stands for, or `None`
@@ -108,7 +110,7 @@ pub(super) enum Terminal {
 /// Who answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Who {
-    Phone { name: String },
+    Phone { name: String, user: i64 },
     Terminal,
 }
 
@@ -571,6 +573,7 @@ fn ask_of<C: Copy + PartialEq>(question: &Question<C>) -> Ask {
         options: question.options.labels(),
         free_text: question.free_text,
         expires_in_ms: (question.timeout + LEADER_GRACE).as_millis() as u64,
+        concerns: question.concerns,
     }
 }
 
@@ -684,6 +687,7 @@ fn unknown<C>(by: &Who, position: u32) -> Answer<C> {
 fn from_phone<C: Copy + PartialEq>(options: &Options<C>, answer: AskAnswer) -> Answer<C> {
     let by = Who::Phone {
         name: answer.user_name,
+        user: answer.user_id,
     };
     match (answer.choice, answer.text) {
         (Some(position), _) => match options.at(position) {
@@ -755,7 +759,10 @@ mod tests {
 
     #[test]
     fn a_buttons_position_is_read_back_as_the_choice_it_was_posted_for() {
-        let by = Who::Phone { name: "P".into() };
+        let by = Who::Phone {
+            name: "P".into(),
+            user: 1,
+        };
         assert_eq!(
             from_phone(&options(), tapped(Some(1))),
             Answer::Choice {

@@ -262,7 +262,17 @@ impl Inbound {
         text: String,
         attachments: Vec<crate::protocol::host::Attachment>,
     ) {
-        let params = prompt(&parts[0], text, attachments, session.is_busy());
+        let busy = session.is_busy();
+        let params = prompt(&parts[0], text, attachments, busy);
+        let first = &parts[0];
+        session.requesters().handed(
+            first.update_id,
+            super::approvals::Requester {
+                user: first.message.user_id,
+                scheduled: first.message.scheduled,
+            },
+            !busy,
+        );
         match session.host.send_user_message(&params, HOST_TIMEOUT).await {
             Ok(answer) => {
                 self.on_the_way.extend(parts.iter().map(|d| d.update_id));

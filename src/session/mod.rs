@@ -125,6 +125,8 @@ pub struct Session {
     stopped: AtomicBool,
     /// "Allow for this session" grants.
     grants: Mutex<approvals::Grants>,
+    /// Whose phone messages the host has, and whom the turn concerns.
+    requesters: Mutex<approvals::Requesters>,
     /// The topic was told how to have voice notes transcribed.
     told_about_voice: AtomicBool,
     /// Answers of the host's own dialogs, for the questions they close.
@@ -286,6 +288,7 @@ impl Session {
             busy: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             grants: Mutex::default(),
+            requesters: Mutex::default(),
             told_about_voice: AtomicBool::new(false),
             resolutions: Mutex::default(),
             untaken: Mutex::default(),
@@ -306,6 +309,10 @@ impl Session {
 
     fn grants(&self) -> std::sync::MutexGuard<'_, approvals::Grants> {
         self.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn requesters(&self) -> std::sync::MutexGuard<'_, approvals::Requesters> {
+        self.requesters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn resolutions(&self) -> std::sync::MutexGuard<'_, dialog::Resolutions> {
@@ -696,6 +703,7 @@ impl Session {
             terminal: dialog::Terminal::Confirm,
             timeout_outcome: "⌛ No answer: nothing changed".into(),
             elsewhere: None,
+            concerns: crate::protocol::bus::Concerns::Owners,
         };
         match self.ask_person(question).await {
             dialog::Answer::Choice {
@@ -1138,6 +1146,7 @@ impl Session {
 
     /// A turn took these messages: now they are settled.
     fn turn_took(&self, update_ids: &[i64]) {
+        self.requesters().took(update_ids);
         let taken = self
             .untaken
             .lock()

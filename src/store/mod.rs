@@ -899,6 +899,32 @@ impl Store {
         })
     }
 
+    /// The names of the people seen, by user id.
+    pub fn people(&self) -> Result<Vec<(i64, String)>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT user_id, name FROM people")?;
+            let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
+    /// Remembers `user`'s name (clipped to 256 characters; an empty one is
+    /// not kept).
+    pub fn set_person_name(&mut self, user_id: i64, name: &str) -> Result<()> {
+        let name: String = name.chars().take(256).collect();
+        if name.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO people (user_id, name, seen_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (user_id) DO UPDATE SET name = ?2, seen_ms = ?3",
+            )?
+            .execute(rusqlite::params![user_id, name, now_ms()])?;
+            Ok(())
+        })
+    }
+
     // ------------------------------------------------------------ internals
 
     fn connect(path: &Path, flags: OpenFlags) -> Result<Store> {

@@ -199,6 +199,16 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE outbox ADD COLUMN origin TEXT;
     CREATE UNIQUE INDEX outbox_origin ON outbox (origin) WHERE origin IS NOT NULL;
     ",
+    // 7: the names of the allowed users the leader has seen, so that
+    // `/sessions` says who started each launched session. One row per
+    // allowed user, kept current.
+    "
+    CREATE TABLE people (
+        user_id  INTEGER PRIMARY KEY NOT NULL,
+        name     TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 256),
+        seen_ms  INTEGER NOT NULL CHECK (seen_ms >= 0)
+    ) STRICT;
+    ",
 ];
 
 /// The schema version this binary writes. (The list is a handful of entries;

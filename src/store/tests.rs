@@ -757,6 +757,23 @@ fn cleanup_intents_live_until_finished() {
 }
 
 #[test]
+fn a_persons_name_is_kept_current_and_clipped() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store.set_person_name(7, "Ann").expect("set");
+    store.set_person_name(7, "Anna").expect("rename");
+    store
+        .set_person_name(8, "")
+        .expect("an empty name is no error");
+    store.set_person_name(9, &"x".repeat(300)).expect("clipped");
+    let mut people = store.people().expect("read");
+    people.sort();
+    assert_eq!(people.len(), 2);
+    assert_eq!(people[0], (7, "Anna".to_string()));
+    assert_eq!(people[1].1.chars().count(), 256);
+}
+
+#[test]
 fn allowed_users_are_a_set() {
     let (_dir, path) = temp_db();
     let mut store = Store::open(&path).expect("open");

@@ -33,6 +33,7 @@ use super::failure::store_error;
 use super::now_ms;
 use super::speaker::Say;
 use super::triage::Entry;
+use crate::config::Role;
 use crate::protocol::bus::*;
 use crate::render;
 use crate::store::{EntryKind, Lane, NewOutboxEntry};
@@ -229,6 +230,15 @@ impl Asks {
             return;
         }
         let button = query.data.as_deref().and_then(open::parse_button);
+        if let Some(why) = button.and_then(|(token, _)| self.not_theirs(token, query.from.id)) {
+            tracing::info!(
+                target: "audit",
+                user = query.from.id,
+                "a tap on a question that is not theirs changed nothing"
+            );
+            toast(cx, &query.id, why);
+            return;
+        }
         let taken = match (button, &query.message) {
             (Some((token, choice)), Some(message)) => self.open.take(
                 Key::Tap {
@@ -271,6 +281,25 @@ impl Asks {
             Taken::Settled => toast(cx, &query.id, "Already answered."),
             Taken::Unknown => toast(cx, &query.id, "This question is no longer open."),
         }
+    }
+
+    /// Why `user` may not answer the ask `token` opens, if not: a viewer,
+    /// or an approval that concerns someone else (`[approvals] by`).
+    fn not_theirs(&self, token: &str, user: i64) -> Option<&'static str> {
+        let (profile, concerns) = self.open.concerning(token)?;
+        let cx = &self.cx;
+        let launcher = || {
+            let launch = cx.store().launch_by_profile(&profile);
+            launch.ok().flatten().map(|launch| launch.by_user)
+        };
+        if cx.access.may_answer(user, concerns, launcher) {
+            return None;
+        }
+        Some(match (cx.access.role(user), concerns) {
+            (Some(Role::Viewer), _) => "You can read here, not answer: you are a viewer.",
+            (_, Concerns::Owners) => "Not yours: only an owner can answer this.",
+            _ => "Not yours: this approval is for whoever started the turn, or an owner.",
+        })
     }
 
     /// Shows who answered a question, with what and when, and answers the

@@ -135,6 +135,14 @@ impl OpenAsks {
 
     /// Whether the leader knows the ask (it may have been asked of its
     /// predecessor).
+    /// The session and the ask that `token` opens, for deciding who may
+    /// answer it.
+    pub fn concerning(&self, token: &str) -> Option<(String, Concerns)> {
+        self.open()
+            .get(token)
+            .map(|o| (o.profile.clone(), o.ask.concerns))
+    }
+
     pub fn knows(&self, token: &str) -> bool {
         self.open().contains_key(token)
     }
@@ -332,6 +340,7 @@ mod tests {
             text: "Run <code>rm</code>?".into(),
             options: vec!["Allow".into(), "Deny".into()],
             free_text,
+            concerns: Concerns::Anyone,
             expires_in_ms: 60_000,
         }
     }
