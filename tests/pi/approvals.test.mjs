@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { eventually, isSettled, World } from "./harness.mjs";
+import { button, eventually, isSettled, question, tapAnswer, World } from "./harness.mjs";
 
 const TEST_MS = 120_000;
 
@@ -15,33 +15,6 @@ async function boundPi(world, name) {
 	const topic = await world.topicOf(name);
 	assert.ok(topic, `pi ${name} has a topic`);
 	return { pi, topic };
-}
-
-/** The question with buttons in the topic whose text contains `needle`. */
-function question(world, threadId, needle) {
-	return eventually(
-		async () =>
-			(await world.bot.messages(threadId)).find((m) => (m.reply_markup?.inline_keyboard ?? []).flat().some((b) => b.callback_data) && m.plain_text.includes(needle)),
-		30_000,
-		`a question about ${needle}`,
-	);
-}
-
-/** The callback data of the button whose label contains `label`. */
-function button(message, label) {
-	for (const row of message.reply_markup.inline_keyboard) {
-		for (const b of row) if (b.text.includes(label)) return b.callback_data;
-	}
-	throw new Error(`no button ${label} in ${JSON.stringify(message.reply_markup)}`);
-}
-
-/** How the bot answered the tap `id`. */
-function tapAnswer(world, id) {
-	return eventually(
-		async () => (await world.bot.callbackQueries()).find((q) => q.callback_query_id === id)?.answer,
-		15_000,
-		`the answer to tap ${id}`,
-	);
 }
 
 /** The message once settled: its buttons gave way to one disabled button that says how. */

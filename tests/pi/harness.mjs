@@ -120,6 +120,33 @@ export function sidecarsOf(parentPid) {
 
 // ------------------------------------------------------------------- fake Bot API
 
+/** The question with buttons in the topic whose text contains `needle`. */
+export function question(world, threadId, needle) {
+	return eventually(
+		async () =>
+			(await world.bot.messages(threadId)).find((m) => (m.reply_markup?.inline_keyboard ?? []).flat().some((b) => b.callback_data) && m.plain_text.includes(needle)),
+		30_000,
+		`a question about ${needle}`,
+	);
+}
+
+/** The callback data of the button whose label contains `label`. */
+export function button(message, label) {
+	for (const row of message.reply_markup.inline_keyboard) {
+		for (const b of row) if (b.text.includes(label)) return b.callback_data;
+	}
+	throw new Error(`no button ${label} in ${JSON.stringify(message.reply_markup)}`);
+}
+
+/** How the bot answered the tap `id`. */
+export function tapAnswer(world, id) {
+	return eventually(
+		async () => (await world.bot.callbackQueries()).find((q) => q.callback_query_id === id)?.answer,
+		15_000,
+		`the answer to tap ${id}`,
+	);
+}
+
 export class FakeBotApi {
 	constructor(child, url, token) {
 		this.child = child;
