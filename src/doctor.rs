@@ -122,12 +122,26 @@ pub async fn diagnose(paths: &Paths, config: Result<Config, ConfigError>) -> Rep
     if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         let home = std::path::Path::new(&home);
         let installed = install::installed(&install::Targets::from_env(home));
-        let binary = install::launcher_finds(
-            std::env::var_os("AGENT_RELAY_BIN").as_deref(),
-            std::env::var_os("PATH").as_deref(),
-            std::env::var_os("CARGO_HOME").as_deref(),
-            home,
+        let var = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|name| std::env::var_os(name).filter(|v| !v.is_empty()))
+        };
+        let (relay_bin, path, cargo_home) = (
+            var(&["AGENT_RELAY_BIN"]),
+            var(&["PATH"]),
+            var(&["CARGO_HOME"]),
         );
+        let npm_prefix = var(&["npm_config_prefix", "NPM_CONFIG_PREFIX"]);
+        let npmrc = var(&["npm_config_userconfig", "NPM_CONFIG_USERCONFIG"]);
+        let binary = install::launcher_finds(&install::LauncherEnv {
+            relay_bin: relay_bin.as_deref(),
+            path: path.as_deref(),
+            cargo_home: cargo_home.as_deref(),
+            npm_prefix: npm_prefix.as_deref(),
+            npmrc: npmrc.as_deref(),
+            home,
+        });
         check_claude_code(&mut report, &installed, binary);
     }
     report

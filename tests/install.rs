@@ -159,6 +159,22 @@ fn the_plugins_launcher_finds_the_binary_where_users_put_it_and_says_when_it_can
     );
     std::fs::remove_file(cargo_bin.join("agent-relay")).unwrap();
 
+    // In npm's global prefix (`npm i -g agent-relay`), named by ~/.npmrc
+    // as `npm config set prefix ~/.npm-global` writes it.
+    let npm_bin = home.join(".npm-global/bin");
+    std::fs::create_dir_all(&npm_bin).unwrap();
+    std::os::unix::fs::symlink(&binary, npm_bin.join("agent-relay")).unwrap();
+    std::fs::write(home.join(".npmrc"), "fund=false\nprefix = ~/.npm-global\n").unwrap();
+    let out = launcher(&["--version"], &[("HOME", &home)]);
+    assert!(stdout(&out).starts_with(&version), "{out:?}");
+    assert_eq!(
+        agent_relay_finds(None, "/usr/bin:/bin", &home),
+        Ok(npm_bin.join("agent-relay")),
+        "the doctor looks in npm's prefix as the launcher does"
+    );
+    std::fs::remove_file(npm_bin.join("agent-relay")).unwrap();
+    std::fs::remove_file(home.join(".npmrc")).unwrap();
+
     // Nowhere: SessionStart tells the user, the MCP server fails saying
     // why, the other hooks decide nothing.
     let out = launcher(&["hook", "SessionStart"], &[("HOME", &home)]);

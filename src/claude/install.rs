@@ -314,21 +314,30 @@ impl Installed {
     }
 }
 
+/// Where the plugin's launcher looks, from the environment it runs in.
+pub struct LauncherEnv<'a> {
+    pub relay_bin: Option<&'a std::ffi::OsStr>,
+    pub path: Option<&'a std::ffi::OsStr>,
+    pub cargo_home: Option<&'a std::ffi::OsStr>,
+    /// `npm_config_prefix` (or `NPM_CONFIG_PREFIX`).
+    pub npm_prefix: Option<&'a std::ffi::OsStr>,
+    /// `npm_config_userconfig` (or `NPM_CONFIG_USERCONFIG`): npm's user
+    /// config file, `~/.npmrc` by default.
+    pub npmrc: Option<&'a std::ffi::OsStr>,
+    pub home: &'a Path,
+}
+
 /// The binary the plugin's launcher (`claude-plugin/agent-relay.sh`) runs,
 /// looked for as it looks: `AGENT_RELAY_BIN`, then `agent-relay` on `PATH`,
-/// then `cargo install`'s folder. `Err` says why there is none.
-pub fn launcher_finds(
-    relay_bin: Option<&std::ffi::OsStr>,
-    path: Option<&std::ffi::OsStr>,
-    cargo_home: Option<&std::ffi::OsStr>,
-    home: &Path,
-) -> Result<PathBuf, String> {
+/// then `cargo install`'s folder, then npm's global prefix's `bin`. `Err`
+/// says why there is none.
+pub fn launcher_finds(env: &LauncherEnv<'_>) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt as _;
     let runnable = |candidate: &Path| {
         std::fs::metadata(candidate)
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
-    if let Some(bin) = relay_bin.filter(|b| !b.is_empty()) {
+    if let Some(bin) = env.relay_bin.filter(|b| !b.is_empty()) {
         let bin = PathBuf::from(bin);
         return if runnable(&bin) {
             Ok(bin)
@@ -339,7 +348,8 @@ pub fn launcher_finds(
             ))
         };
     }
-    let on_path = path
+    let on_path = env
+        .path
         .into_iter()
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join("agent-relay"))
@@ -347,19 +357,64 @@ pub fn launcher_finds(
     if let Some(found) = on_path {
         return Ok(found);
     }
-    let cargo_bin = cargo_home
+    let cargo_bin = env
+        .cargo_home
         .filter(|c| !c.is_empty())
-        .map_or_else(|| home.join(".cargo"), PathBuf::from)
+        .map_or_else(|| env.home.join(".cargo"), PathBuf::from)
         .join("bin")
         .join("agent-relay");
     if runnable(&cargo_bin) {
-        Ok(cargo_bin)
-    } else {
-        Err(format!(
+        return Ok(cargo_bin);
+    }
+    let npm_bin = npm_prefix(env).map(|prefix| prefix.join("bin").join("agent-relay"));
+    match npm_bin {
+        Some(npm_bin) if runnable(&npm_bin) => Ok(npm_bin),
+        Some(npm_bin) => Err(format!(
+            "there is no agent-relay on PATH, in {} or in {}, and AGENT_RELAY_BIN is not set",
+            cargo_bin.display(),
+            npm_bin.display()
+        )),
+        None => Err(format!(
             "there is no agent-relay on PATH or in {}, and AGENT_RELAY_BIN is not set",
             cargo_bin.display()
-        ))
+        )),
     }
+}
+
+/// npm's global prefix as the launcher finds it, without running npm: the
+/// environment's, else the last `prefix` line of npm's user config, else
+/// the folder above the `node` on `PATH` (npm's default).
+fn npm_prefix(env: &LauncherEnv<'_>) -> Option<PathBuf> {
+    if let Some(prefix) = env.npm_prefix.filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(prefix));
+    }
+    let npmrc = env
+        .npmrc
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| env.home.join(".npmrc"), PathBuf::from);
+    let configured = std::fs::read_to_string(npmrc)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .filter_map(|line| line.split_once('='))
+                .filter(|(key, _)| key.trim() == "prefix")
+                .map(|(_, value)| value.trim().to_string())
+                .next_back()
+        })
+        .filter(|prefix| !prefix.is_empty());
+    if let Some(prefix) = configured {
+        return Some(match prefix.strip_prefix("~/") {
+            Some(rest) => env.home.join(rest),
+            None => PathBuf::from(prefix),
+        });
+    }
+    let node = env
+        .path
+        .into_iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("node"))
+        .find(|candidate| candidate.is_file())?;
+    Some(node.parent()?.parent()?.to_path_buf())
 }
 
 /// Reads what the user's Claude Code has of the relay (user scope): the
