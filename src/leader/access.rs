@@ -91,11 +91,15 @@ impl Access {
         if !self.is_allowed(user) {
             return;
         }
-        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        if names.get(&user).is_some_and(|known| known == name) {
-            return;
+        {
+            // Let go before the store is taken: readers take the store
+            // first, then a name.
+            let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+            if names.get(&user).is_some_and(|known| known == name) {
+                return;
+            }
+            names.insert(user, name.to_string());
         }
-        names.insert(user, name.to_string());
         let stored = store
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

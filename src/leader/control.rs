@@ -425,7 +425,7 @@ impl ControlPlace {
     ) -> Result<i64, Failure> {
         let status = self.status().await;
         let (text, buttons) = match status {
-            Ok(status) => sessions_page(&status, page, prefix),
+            Ok(status) => sessions_page(&status, page, prefix, |user| self.cx.access.name_of(user)),
             Err(e) => (
                 format!(
                     "{prefix}The relay cannot list its sessions: {}",
@@ -835,6 +835,7 @@ pub(super) fn sessions_page(
     status: &BusStatus,
     page: usize,
     prefix: &str,
+    name_of: impl Fn(i64) -> String,
 ) -> (String, Option<Keyboard>) {
     let machines = machines_of(status);
     let many = machines.len() > 1;
@@ -874,8 +875,8 @@ pub(super) fn sessions_page(
         } else {
             String::new()
         };
-        let by = match s.launch.as_ref().and_then(|l| l.by.as_deref()) {
-            Some(by) => format!(" · by {}", escape(by)),
+        let by = match s.launch.as_ref().and_then(|l| l.by_user) {
+            Some(user) => format!(" · by {}", escape(&name_of(user))),
             None => String::new(),
         };
         text.push_str(&format!(
@@ -958,7 +959,7 @@ mod tests {
                 launch_id: format!("{slot:012x}"),
                 engine: "pi".into(),
                 state: state.into(),
-                by: Some("Ann <3".into()),
+                by_user: Some(501),
             }),
         }
     }
@@ -980,7 +981,7 @@ mod tests {
             serve: None,
             lacking: Vec::new(),
         };
-        let (first, buttons) = sessions_page(&status, 0, "");
+        let (first, buttons) = sessions_page(&status, 0, "", |user| format!("Ann <{user}"));
         assert!(first.contains("page 1/2"), "{first}");
         assert!(
             first.contains("/home/ada/s0") && !first.contains("/home/ada/s9"),
@@ -992,10 +993,10 @@ mod tests {
         assert_eq!(rows[0][0].data, "c:r:000000000001:0");
         assert_eq!(rows.last().unwrap()[0].data, "c:s:1", "to the next page");
         assert!(
-            first.contains("⏹ ended · pi · by Ann &lt;3"),
+            first.contains("⏹ ended · pi · by Ann &lt;501"),
             "who started a launched session, escaped: {first}"
         );
-        let (second, buttons) = sessions_page(&status, 1, "");
+        let (second, buttons) = sessions_page(&status, 1, "", |user| format!("Ann <{user}"));
         assert!(second.contains("/home/ada/s9"), "{second}");
         let rows = buttons.unwrap().rows;
         assert_eq!(rows[0][0].text, "⏹ J", "a running launch can be ended");

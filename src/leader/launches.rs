@@ -613,6 +613,17 @@ impl Launches {
             }
         };
         if let (Some(prompt), Some(target)) = (launch.first_prompt.clone(), route.target) {
+            // A schedule's first firing started this launch: its turn
+            // decides approvals as a scheduled one. (Read before the store
+            // is taken for the journal: it is one lock.)
+            let detail = self.by_schedule(launch_id).then(|| {
+                serde_json::to_string(&super::triage::MessageDetail {
+                    scheduled: true,
+                    ..super::triage::MessageDetail::default()
+                })
+                .ok()
+            });
+            let detail = detail.flatten();
             let journaled = self.cx.store().journal_own_prompt(NewUpdate {
                 update_id: 0,
                 owner: Some(route.profile_key.clone()),
@@ -625,18 +636,7 @@ impl Launches {
                 },
                 message_id: 0,
                 text: prompt,
-                // A schedule's first firing started this launch: its
-                // turn decides approvals as a scheduled one.
-                detail: self
-                    .by_schedule(launch_id)
-                    .then(|| {
-                        serde_json::to_string(&super::triage::MessageDetail {
-                            scheduled: true,
-                            ..super::triage::MessageDetail::default()
-                        })
-                        .ok()
-                    })
-                    .flatten(),
+                detail,
             });
             if let Err(e) = journaled {
                 tracing::error!("cannot hand the launch's first prompt to its session: {e}");
@@ -825,7 +825,7 @@ impl Launches {
                             launch_id: l.id,
                             engine: l.engine,
                             state: l.state.as_str().to_string(),
-                            by: (l.by_user != 0).then(|| self.cx.access.name_of(l.by_user)),
+                            by_user: (l.by_user != 0).then_some(l.by_user),
                         },
                     ))
                 })

@@ -189,9 +189,10 @@ pub struct SessionLaunch {
     pub engine: String,
     /// `starting`, `running`, `ended`, `crashed` or `idle`.
     pub state: String,
-    /// Who started it from the phone, by name.
+    /// Who started it from the phone (the leader that shows the list
+    /// names them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub by: Option<String>,
+    pub by_user: Option<i64>,
 }
 
 /// One machine asks another's `serve` through the cluster (`/new box:…`, a

@@ -85,8 +85,9 @@ test("/new box:… starts pi on box, and /sessions lists every machine's session
 
 	await world.bot.injectMessage(null, "/sessions");
 	const list = await world.bot.said(null, (text) => text.startsWith("Sessions"), { ms: WAIT, what: "the session list" });
-	assert.match(list.plain_text, /box · api — ● live · pi \(launched\) · box/);
-	assert.match(list.plain_text, /laptop · api — ● live · pi \(launched\) · laptop/);
+	// Who started each, named by the machine that shows the list, the other machine's too.
+	assert.match(list.plain_text, /box · api — ● live · pi \(launched\) · by Alice · box/);
+	assert.match(list.plain_text, /laptop · api — ● live · pi \(launched\) · by Alice · laptop/);
 	const ends = (list.reply_markup?.inline_keyboard ?? []).flat().filter((b) => b.text.startsWith("⏹"));
 	assert.equal(ends.length, 2, "an end button for each, wherever it runs");
 });
