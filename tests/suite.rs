@@ -35,5 +35,6 @@ mod routing;
 mod schema;
 mod security;
 mod setup;
+mod steer;
 mod telegram;
 mod tidy;

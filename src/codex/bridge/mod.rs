@@ -15,6 +15,7 @@
 //! | `item/tool/requestUserInput` | `question/ask`, one per question |
 //! | `serverRequest/resolved` of a request the relay did not answer | `approval/resolved` / `question/resolved` (the phone's message closes) |
 //! | ← `turn/start` (joins a running turn) | `agent/sendUserMessage` |
+//! | ← `turn/steer` (into the running turn, `expectedTurnId`) | `agent/sendUserMessage {deliverAs: steer}` |
 //! | ← `turn/interrupt` | `agent/abort` (`/stop`) |
 //!
 //! Where Codex's TUI is the other client ([`Mode::BesideTui`]), the bridge
