@@ -105,25 +105,10 @@ impl CodexBridge {
                     path: a.path.clone(),
                 }),
         );
-        if let Some(expected_turn_id) = turn {
-            let steered: Result<Value, _> = self
-                .codex
-                .request(
-                    codex::TURN_STEER,
-                    &wire::TurnSteerParams {
-                        thread_id: thread_id.clone(),
-                        input: input.clone(),
-                        expected_turn_id,
-                        client_user_message_id: format!("{FROM_PHONE}{update_id}"),
-                    },
-                    QUICK,
-                )
-                .await;
-            match steered {
-                Ok(_) => return Ok(json!({"accepted": true})),
-                // The turn ended meanwhile: the text starts the next.
-                Err(e) => tracing::debug!("turn/steer refused, starting a turn: {e}"),
-            }
+        if let Some(turn) = turn
+            && self.steer(&thread_id, &input, turn, update_id).await
+        {
+            return Ok(json!({"accepted": true}));
         }
         let started: Result<TurnOnly, _> = self
             .codex
@@ -150,6 +135,34 @@ impl CodexBridge {
                 Err((-32000, format!("Codex did not take the message: {e}")))
             }
         }
+    }
+
+    /// `turn/steer`: `input` into `turn`, the thread's running turn (Codex
+    /// refuses it once that turn ended: false, and the caller starts one).
+    async fn steer(
+        &self,
+        thread_id: &str,
+        input: &[wire::UserInput],
+        expected_turn_id: String,
+        update_id: i64,
+    ) -> bool {
+        let steered: Result<Value, _> = self
+            .codex
+            .request(
+                codex::TURN_STEER,
+                &wire::TurnSteerParams {
+                    thread_id: thread_id.to_string(),
+                    input: input.to_vec(),
+                    expected_turn_id,
+                    client_user_message_id: format!("{FROM_PHONE}{update_id}"),
+                },
+                QUICK,
+            )
+            .await;
+        if let Err(e) = &steered {
+            tracing::debug!("turn/steer refused, starting a turn: {e}");
+        }
+        steered.is_ok()
     }
 
     /// `/stop`: the running turn is interrupted.
