@@ -10,10 +10,14 @@ use serde_json::{Value, json};
 use agent_relay::fake_bot_api::{CallbackInject, FakeServer};
 use common::{CHAT, Options, Sidecar, USER, WAIT, connected, inject, prompts, topic, wait_prompt};
 
-/// A session whose host says whether it can steer (`None`: says nothing,
-/// as an older host).
+/// A session in the group whose host says whether it can steer (`None`:
+/// says nothing, as an older host).
 async fn session(home: &std::path::Path, fake: &FakeServer, can_steer: Option<bool>) -> Sidecar {
-    let mut s = Sidecar::spawn(common::accepting(Options::new(home).configured(fake)));
+    started(Options::new(home).configured(fake), can_steer).await
+}
+
+async fn started(options: Options<'_>, can_steer: Option<bool>) -> Sidecar {
+    let mut s = Sidecar::spawn(common::accepting(options));
     let mut params = json!({
         "protocolVersion": 1,
         "host": {"name": "test-host", "version": "1.0"},
@@ -94,7 +98,17 @@ async fn a_message_written_mid_turn_waits_and_steer_now_gives_it_to_the_running_
     let progress = turn_with_progress(&s, &fake, thread).await;
     let sent = fake.api().messages(CHAT, Some(thread)).len();
 
-    inject(&fake, Some(thread), USER, "also check the docs");
+    let written = fake
+        .api()
+        .inject_user_message(agent_relay::fake_bot_api::UserMessage {
+            chat_id: CHAT,
+            thread_id: Some(thread),
+            user_id: USER,
+            text: "also check the docs".into(),
+            ..Default::default()
+        })
+        .expect("posted")
+        .message_id;
     let data = wait_buttons(&fake, thread, progress, 1).await;
     assert_eq!(data, ["steer"]);
     let shown = fake.api().messages(CHAT, Some(thread));
@@ -108,6 +122,10 @@ async fn a_message_written_mid_turn_waits_and_steer_now_gives_it_to_the_running_
         prompts_with(&s, "also check the docs").is_empty(),
         "it waits in the relay, not in the host"
     );
+    assert!(
+        fake.api().reactions(CHAT, written).is_empty(),
+        "not taken yet: no 👀"
+    );
 
     fake.api().inject_callback_query(CallbackInject {
         chat_id: CHAT,
@@ -119,6 +137,14 @@ async fn a_message_written_mid_turn_waits_and_steer_now_gives_it_to_the_running_
     let steered = wait_prompt(&s, "also check the docs").await;
     assert_eq!(steered["params"]["deliverAs"], "steer", "{steered}");
     wait_buttons(&fake, thread, progress, 0).await;
+    // Its receipt: 👀 once the host took it.
+    fake.api()
+        .wait_until(
+            |api| (api.reactions(CHAT, written).last() == Some(&Some("👀".into()))).then_some(()),
+            WAIT,
+        )
+        .await
+        .expect("the steered message marked taken");
 
     // The run ends; what comes next is a turn of its own, and the steered
     // message is not given again.
@@ -205,4 +231,36 @@ async fn a_host_that_cannot_steer_is_offered_no_button_and_steer_says_why() {
         "{:?}",
         message.reply_markup
     );
+}
+
+#[tokio::test]
+async fn in_a_private_chat_the_draft_names_steer_and_steer_gives_what_waits() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = started(Options::new(home.path()).private_chat(&fake), Some(true)).await;
+    let thread = common::Chat::Private.topic(&fake, "api");
+    s.notify("agent/started", json!({}));
+    s.notify(
+        "tool/started",
+        json!({"toolName": "bash", "toolCallId": "c1", "args": {"command": "make"}}),
+    );
+    common::inject_in(&fake, USER, Some(thread), USER, "also the docs");
+    fake.api()
+        .wait_until(
+            |api| {
+                api.drafts().into_iter().find(|d| {
+                    d.thread_id == Some(thread)
+                        && d.texts.iter().any(|t| {
+                            t.contains("📨 1 message waits for the next turn · /steer gives it now")
+                        })
+                })
+            },
+            WAIT,
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no draft names /steer: {:?}", fake.api().drafts()));
+    assert!(prompts_with(&s, "also the docs").is_empty());
+    common::inject_in(&fake, USER, Some(thread), USER, "/steer");
+    let steered = wait_prompt(&s, "also the docs").await;
+    assert_eq!(steered["params"]["deliverAs"], "steer", "{steered}");
 }
