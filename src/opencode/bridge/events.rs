@@ -116,6 +116,10 @@ impl OpenCodeBridge {
             "cwd": cwd,
             "session": profile,
             "hasUI": false,
+            // A prompt sent while the session is busy goes into the loop
+            // that runs: OpenCode 1.18.33 gives it to the model with the
+            // next step's request (docs/OPENCODE.md).
+            "canSteer": true,
         });
         self.session
             .request(method::INITIALIZE, params, SESSION_QUICK)

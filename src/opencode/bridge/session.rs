@@ -1,6 +1,6 @@
 //! What the session asks of its host — a prompt from the topic is a
-//! prompt to the OpenCode session (queued into a running turn, as OpenCode
-//! does), `/stop` aborts the turn — and what the launch engine and the
+//! prompt to the OpenCode session (one sent while a turn runs goes into it:
+//! a steer), `/stop` aborts the turn — and what the launch engine and the
 //! relay's tool ask of the bridge (the models, a file to send, a command).
 
 use std::sync::Arc;
