@@ -386,13 +386,9 @@ async fn answer_session(mut from: mpsc::UnboundedReceiver<Said>, claude: Arc<Cla
 fn prompt(claude: &Claude, params: &Value) -> Value {
     let text = params["text"].as_str().unwrap_or_default();
     let steer = params["deliverAs"].as_str() == Some("steer");
-    let sent = claude.input.send(json!({
-        "type": "user",
-        "message": {"role": "user", "content": text},
-    }));
-    if !sent {
-        return json!({"accepted": false});
-    }
+    // Busy before the line goes: its `result` (read by another task) must
+    // never come before the turn's start, or the session would wait for
+    // an end that came already.
     let starts = {
         let mut state = claude.state();
         if state.busy {
@@ -408,6 +404,20 @@ fn prompt(claude: &Claude, params: &Value) -> Value {
     if starts {
         claude.activity.send_replace(Instant::now());
         claude.tell(method::AGENT_STARTED, json!({}));
+    }
+    let sent = claude.input.send(json!({
+        "type": "user",
+        "message": {"role": "user", "content": text},
+    }));
+    if !sent {
+        if starts {
+            claude.state().busy = false;
+            claude.tell(method::AGENT_ENDED, json!({}));
+        } else if !steer {
+            let mut state = claude.state();
+            state.queued = state.queued.saturating_sub(1);
+        }
+        return json!({"accepted": false});
     }
     json!({"accepted": true})
 }
