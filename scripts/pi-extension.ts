@@ -616,6 +616,9 @@ class Bridge {
 					cwd: ctx.cwd,
 					session: sessionInfo(ctx),
 					hasUI: ctx.hasUI,
+					// pi takes `deliverAs: "steer"` into the turn that runs: its next
+					// model request has it (tests/pi/steer.test.mjs).
+					canSteer: true,
 				},
 				INITIALIZE_TIMEOUT_MS,
 			)) as { protocolVersion?: unknown; sidecar?: { version?: unknown }; commands?: unknown } | null;

@@ -4,7 +4,9 @@
 //! ([`Answerer`]) — by the leader itself (the control place, or about a
 //! session in its topic) or by the session, which gets the command as its
 //! canonical text through the journal, in order with the messages around
-//! it. A draft's stop button is [`PhoneCommand::Stop`] too.
+//! it. A draft's stop button is [`PhoneCommand::Stop`] too, and the
+//! progress message's ⚡ Steer now ([`STEER_BUTTON`]) is a bare
+//! [`PhoneCommand::Steer`].
 //!
 //! The arguments are read by whoever runs the command, with the readers
 //! here: `/new`'s ([`new_args`]), `/every`'s ([`read_every`]) and `/at`'s
@@ -38,7 +40,13 @@ pub enum PhoneCommand {
     Stop,
     /// `/resend`: what did not reach the topic goes again.
     Resend,
+    /// `/steer [text]` (or the ⚡ Steer now button, without text): the text,
+    /// or else what waits for the next turn, goes into the running turn.
+    Steer(String),
 }
+
+/// The `callback_data` of the progress message's ⚡ Steer now button.
+pub const STEER_BUTTON: &str = "steer";
 
 /// Who answers a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +80,7 @@ impl PhoneCommand {
             "status" => Self::Status,
             "stop" => Self::Stop,
             "resend" => Self::Resend,
+            "steer" => Self::Steer(args()),
             _ => return None,
         })
     }
@@ -79,18 +88,20 @@ impl PhoneCommand {
     /// Who answers it.
     pub fn answerer(&self) -> Answerer {
         match self {
-            Self::Status | Self::Stop | Self::Resend => Answerer::Session,
+            Self::Status | Self::Stop | Self::Resend | Self::Steer(_) => Answerer::Session,
             _ => Answerer::Leader,
         }
     }
 
     /// How a session's command travels to it through the journal: its
     /// canonical text (`None` for the leader's commands).
-    pub fn journaled(&self) -> Option<&'static str> {
+    pub fn journaled(&self) -> Option<String> {
         match self {
-            Self::Status => Some("/status"),
-            Self::Stop => Some("/stop"),
-            Self::Resend => Some("/resend"),
+            Self::Status => Some("/status".into()),
+            Self::Stop => Some("/stop".into()),
+            Self::Resend => Some("/resend".into()),
+            Self::Steer(text) if text.is_empty() => Some("/steer".into()),
+            Self::Steer(text) => Some(format!("/steer {text}")),
             _ => None,
         }
     }
@@ -324,6 +335,22 @@ mod tests {
         assert_eq!(delivered(" /status@relay_bot "), Some(PhoneCommand::Status));
         assert_eq!(delivered("/resend"), Some(PhoneCommand::Resend));
         assert_eq!(delivered("/stopper"), None);
+        assert_eq!(
+            delivered("/steer@relay_bot  look at the tests too "),
+            Some(PhoneCommand::Steer("look at the tests too".into()))
+        );
+        assert_eq!(
+            delivered("/steer"),
+            Some(PhoneCommand::Steer(String::new()))
+        );
+        for steer in ["/steer", "/steer not that file\nthe other"] {
+            let command = PhoneCommand::parse(steer).unwrap();
+            assert_eq!(
+                PhoneCommand::delivered(&command.journaled().unwrap()),
+                Some(command),
+                "the journal carries it whole"
+            );
+        }
         assert_eq!(delivered("please /stop"), None);
         assert_eq!(delivered("/start abc"), None, "the leader's");
     }
@@ -390,7 +417,7 @@ mod tests {
             Some(PhoneCommand::Status)
         );
         assert_eq!(PhoneCommand::delivered("/end"), None, "the leader's");
-        assert_eq!(PhoneCommand::Stop.journaled(), Some("/stop"));
+        assert_eq!(PhoneCommand::Stop.journaled().as_deref(), Some("/stop"));
     }
 
     #[test]

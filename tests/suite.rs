@@ -36,5 +36,6 @@ mod routing;
 mod schema;
 mod security;
 mod setup;
+mod steer;
 mod telegram;
 mod tidy;

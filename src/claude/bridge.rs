@@ -214,6 +214,10 @@ impl ClaudeBridge {
             // `agent/abort` is refused: Claude Code at its keyboard is
             // stopped there (Esc), so no stop button is offered.
             "canAbort": false,
+            // Claude Code at its keyboard fetches the topic's messages
+            // itself (`telegram_inbox`) when a turn asks: nothing can go
+            // into the turn that runs, so nothing is offered to steer.
+            "canSteer": false,
         });
         self.session
             .request(method::INITIALIZE, params, QUICK)

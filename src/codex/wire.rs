@@ -21,6 +21,7 @@ pub mod method {
     pub const THREAD_READ: &str = "thread/read";
     pub const TURN_START: &str = "turn/start";
     pub const TURN_INTERRUPT: &str = "turn/interrupt";
+    pub const TURN_STEER: &str = "turn/steer";
     pub const MODEL_LIST: &str = "model/list";
     pub const THREAD_NAME_SET: &str = "thread/name/set";
     pub const HOOKS_LIST: &str = "hooks/list";
@@ -186,6 +187,17 @@ pub struct TurnStartParams {
     pub client_user_message_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+}
+
+/// `turn/steer` params: input into the turn `expected_turn_id`, which must
+/// be the thread's running turn (Codex refuses it otherwise).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSteerParams {
+    pub thread_id: String,
+    pub input: Vec<UserInput>,
+    pub expected_turn_id: String,
+    pub client_user_message_id: String,
 }
 
 /// `turn/interrupt` params.

@@ -42,6 +42,8 @@ pub(super) struct Identity<'a> {
     /// keyboard Claude Code session of the same id has.
     pub session_file: &'a str,
     pub host: &'a str,
+    /// The host's `canSteer`: a prompt can go into its running turn.
+    pub can_steer: bool,
 }
 
 impl Hosted {
@@ -63,6 +65,7 @@ impl Hosted {
             "cwd": id.cwd,
             "session": {"id": id.session_id, "file": id.session_file},
             "hasUI": false,
+            "canSteer": id.can_steer,
         });
         link.request(method::INITIALIZE, params, QUICK)
             .await

@@ -30,7 +30,10 @@ fn needs(command: &PhoneCommand) -> Role {
         | PhoneCommand::Sessions
         | PhoneCommand::Status
         | PhoneCommand::Schedules => Role::Viewer,
-        PhoneCommand::Stop | PhoneCommand::Resend | PhoneCommand::Model => Role::Driver,
+        PhoneCommand::Stop
+        | PhoneCommand::Resend
+        | PhoneCommand::Steer(_)
+        | PhoneCommand::Model => Role::Driver,
         PhoneCommand::New(_)
         | PhoneCommand::Resume(_)
         | PhoneCommand::End

@@ -38,7 +38,15 @@ impl Batch {
         let mut batch = Self::default();
         for (update, first) in updates {
             match triage.triage(&update) {
-                Triaged::Journal(entry) => batch.journaled.push(entry),
+                Triaged::Journal(entry) => {
+                    // A tap journaled (⚡ Steer now) still wants its
+                    // spinner ended, which is the leader's.
+                    if first && matches!(update.kind, crate::telegram::UpdateKind::CallbackQuery(_))
+                    {
+                        batch.others.push(update);
+                    }
+                    batch.journaled.push(entry);
+                }
                 Triaged::Notice(notice) if first => batch.notices.push(notice),
                 Triaged::Command(command) if first => batch.commands.push((update, command)),
                 Triaged::Leader if first => batch.others.push(update),

@@ -212,7 +212,8 @@ impl ControlPlace {
             | PhoneCommand::Start(_)
             | PhoneCommand::Status
             | PhoneCommand::Stop
-            | PhoneCommand::Resend => self
+            | PhoneCommand::Resend
+            | PhoneCommand::Steer(_) => self
                 .sessions_message(place, None, 0, prefix)
                 .await
                 .map(drop),

@@ -562,11 +562,41 @@ impl Leader {
             {
                 self.control.tap(&query)
             }
+            // ⚡ Steer now: the session does it (the triage journaled it
+            // as `/steer`); the leader ends the spinner.
+            UpdateKind::CallbackQuery(query)
+                if query.data.as_deref() == Some(crate::phone::STEER_BUTTON) =>
+            {
+                self.steer_tapped(&query)
+            }
             UpdateKind::CallbackQuery(query) => self.asks.tap(&query),
             // A stop button in no session's topic, or pressed by someone
             // who may not write: there is no turn of theirs to stop.
             UpdateKind::GenerationStopped(_) | UpdateKind::Unknown { .. } => {}
         }
+    }
+
+    /// ⚡ Steer now tapped: its spinner ends. An allowed person's tap in a
+    /// session's topic went to the session as `/steer`, which answers in
+    /// the topic when there is something to say; a stranger's is refused
+    /// (at most once a window).
+    fn steer_tapped(&self, query: &crate::telegram::CallbackQuery) {
+        let allowed = !query.from.is_bot && self.cx.access.is_allowed(query.from.id);
+        let toast = if !allowed {
+            if !self.cx.errands.admit(query.from.id, errands::Refusal::Tap) {
+                return;
+            }
+            "You are not allowed to use these buttons.".to_string()
+        } else if let Some(why) = self.cx.access.refuses(query.from.id, Role::Driver) {
+            // A viewer's tap was not journaled: nothing is steered.
+            why
+        } else {
+            "⚡ Steering the running turn".to_string()
+        };
+        let (speaker, id) = (self.cx.speaker.clone(), query.id.clone());
+        self.cx
+            .errands
+            .run(async move { speaker.toast(&id, &toast).await });
     }
 
     /// A message no session takes and no command: the session list, in the

@@ -1,6 +1,8 @@
 //! What enters the journal: a message from an allowed user in a topic some
-//! session owns, its text or its files with their caption. Everything else
-//! (pairing, strangers, General, button taps) is the leader's to answer
+//! session owns, its text or its files with their caption, and the two
+//! buttons that stand for a session's command (a draft's stop, the progress
+//! message's ⚡ Steer now). Everything else
+//! (pairing, strangers, General, other button taps) is the leader's to answer
 //! itself, and so is a file over Telegram's 20 MB download limit or a kind
 //! of message no agent can take (a sticker): the topic is told, nothing
 //! is downloaded.
@@ -15,7 +17,7 @@ use crate::files::{DOWNLOAD_MAX, describe_against};
 use crate::phone::PhoneCommand;
 use crate::protocol::bus::{AttachmentKind, InboundAttachment};
 use crate::store::{BindingStatus, NewUpdate, Store};
-use crate::telegram::types::MessageGenerationStopped;
+use crate::telegram::types::{CallbackQuery, MessageGenerationStopped};
 use crate::telegram::{FileRef, MediaKind, Message, Update, UpdateKind};
 
 /// What a journaled message keeps besides the columns every entry has.
@@ -178,6 +180,11 @@ impl Triage {
             UpdateKind::Message(message) => (message, false),
             UpdateKind::EditedMessage(message) => (message, true),
             UpdateKind::GenerationStopped(stopped) => return self.stop_button(update, stopped),
+            UpdateKind::CallbackQuery(query)
+                if query.data.as_deref() == Some(crate::phone::STEER_BUTTON) =>
+            {
+                return self.steer_button(update, query);
+            }
             UpdateKind::CallbackQuery(_) | UpdateKind::Unknown { .. } => return Triaged::Leader,
         };
         let Some(user) = message.from.as_ref().filter(|u| !u.is_bot) else {
@@ -206,7 +213,7 @@ impl Triage {
             return match command.journaled() {
                 // The session's own (`/stop`, `/status`, `/resend`): in
                 // order with the messages around it.
-                Some(text) => self.journal(update, message, &owner, text.into(), Vec::new()),
+                Some(text) => self.journal(update, message, &owner, text, Vec::new()),
                 None => Triaged::Command(command),
             };
         }
@@ -292,7 +299,41 @@ impl Triage {
                 thread_id: Some(thread),
                 user_id: person,
                 message_id: 0,
-                text: PhoneCommand::Stop.journaled().unwrap_or_default().into(),
+                text: PhoneCommand::Stop.journaled().unwrap_or_default(),
+                detail: None,
+            },
+            detail: MessageDetail::default(),
+        })
+    }
+}
+
+impl Triage {
+    /// The progress message's ⚡ Steer now, tapped by an allowed user in a
+    /// session's topic: a bare `/steer`, in order with the messages around
+    /// it, naming no message of the person's (message 0). The leader still
+    /// answers the tap's spinner (`Leader::answer`).
+    fn steer_button(&self, update: &Update, query: &CallbackQuery) -> Triaged {
+        let person = query.from.id;
+        let (Some(message), false) = (query.message.as_ref(), query.from.is_bot) else {
+            return Triaged::Leader;
+        };
+        let Some(thread) = message.topic().filter(|_| self.allowed.contains(&person)) else {
+            return Triaged::Leader;
+        };
+        let Some(owner) = self.owners.get(&(message.chat.id, thread)).cloned() else {
+            return Triaged::Leader;
+        };
+        Triaged::Journal(Entry {
+            update: NewUpdate {
+                update_id: update.update_id,
+                owner: Some(owner),
+                chat_id: message.chat.id,
+                thread_id: Some(thread),
+                user_id: person,
+                message_id: 0,
+                text: PhoneCommand::Steer(String::new())
+                    .journaled()
+                    .unwrap_or_default(),
                 detail: None,
             },
             detail: MessageDetail::default(),

@@ -68,6 +68,13 @@ pub struct InitializeParams {
     /// stop button: a button that cannot stop anything is not shown.
     #[serde(default = "can_abort_by_default", rename = "canAbort")]
     pub can_abort: bool,
+    /// Whether a prompt sent `deliverAs: steer` while a turn runs goes into
+    /// that turn (the model's next request has it). Where it can, a message
+    /// written mid-turn waits in the relay for the next turn and the topic
+    /// offers to steer it in; where it cannot (or the host says nothing, as
+    /// an older one), `/steer` says why and nothing is offered.
+    #[serde(default, rename = "canSteer")]
+    pub can_steer: bool,
 }
 
 /// Hosts that said nothing about it (pi's extension, older hosts) can.
@@ -321,7 +328,9 @@ pub struct ConfirmResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum DeliverAs {
-    /// Interrupt the current turn.
+    /// Into the running turn, which goes on with it (`/steer`, the topic's
+    /// ⚡ Steer now): sent only to a host that said `canSteer`. A host whose
+    /// turn has ended meanwhile takes it as a prompt.
     Steer,
     /// Queue after the current turn.
     FollowUp,

@@ -1,7 +1,8 @@
 //! Deliveries from the leader to the host: each user message in this
 //! session's topic becomes an `agent/sendUserMessage` request, once
 //! (deduplicated by `update_id`), acknowledged only after the host took it.
-//! `/status`, `/stop` and `/resend` typed in the topic are answered here.
+//! `/status`, `/stop`, `/resend` and `/steer` typed in the topic are
+//! answered here.
 //!
 //! Prompts are pipelined: up to [`WINDOW`] go out in journal order without
 //! waiting for each answer, so a burst costs one round trip, not one per
@@ -21,6 +22,18 @@
 //! * A message with files waits until they are fetched (and a voice note
 //!   transcribed), and an album until all its parts came (`media.rs`): the
 //!   parts make one prompt, settled together once the host took it.
+//!
+//! Steer or queue (docs/DESIGN.md, "Steering a running turn"): for a host
+//! that can take a prompt into its running turn (`canSteer`), a message
+//! written while a turn runs *waits here* for the next turn, unacknowledged
+//! in the journal (a crash loses nothing), and the topic's progress offers
+//! ⚡ Steer now. When the run ends, what waited goes as one prompt, in
+//! journal order, and starts the next turn; `/steer` (or the button) sends
+//! it into the running turn instead (`deliverAs: steer`), and `/steer
+//! <text>` sends its text there. Either way each message reaches the host
+//! once: the host never holds a follow-up the relay could also steer. A
+//! host that cannot steer gets a mid-turn message as a follow-up at once,
+//! as before, and `/steer` says why it cannot.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -88,6 +101,35 @@ const WINDOW: usize = 64;
 /// host's answer made of it.
 type Answered = Pin<Box<dyn Future<Output = (Vec<Deliver>, Taken)> + Send>>;
 
+/// A prompt that waits for the next turn (see the module docs).
+struct Waiting {
+    parts: Vec<Deliver>,
+    text: String,
+    attachments: Vec<Attachment>,
+}
+
+/// Prompts that waited, as one: their texts in order, a blank line apart,
+/// with all their files.
+fn joined(waiting: Vec<Waiting>) -> Waiting {
+    let mut all = Waiting {
+        parts: Vec::new(),
+        text: String::new(),
+        attachments: Vec::new(),
+    };
+    for one in waiting {
+        if !all.text.is_empty() {
+            all.text.push_str("\n\n");
+        }
+        all.text.push_str(&one.text);
+        all.parts.extend(one.parts);
+        all.attachments.extend(one.attachments);
+    }
+    all
+}
+
+/// What `/steer` says to a session whose host cannot steer.
+const CANNOT_STEER: &str = "⚠️ This agent cannot take a message into a turn that runs";
+
 /// What the host's answer to a prompt means for its deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Taken {
@@ -114,6 +156,7 @@ pub async fn run(
         in_flight: FuturesOrdered::new(),
         on_the_way: HashSet::new(),
         held: VecDeque::new(),
+        waiting: Vec::new(),
     }
     .run()
     .await;
@@ -134,6 +177,9 @@ struct Inbound {
     on_the_way: HashSet<i64>,
     /// A delivery read ahead while an album waited for its parts.
     held: VecDeque<Deliver>,
+    /// Prompts written while a turn ran, waiting for the next turn (their
+    /// update ids are `on_the_way`).
+    waiting: Vec<Waiting>,
 }
 
 /// What came of one delivery.
@@ -161,6 +207,10 @@ impl Inbound {
                     Some(deliver) => self.deliver(deliver).await,
                     None => Step::End,
                 },
+                () = run_ended(&self.session), if !self.waiting.is_empty() => {
+                    self.release().await;
+                    Step::Next
+                }
             };
             if let Step::End = step {
                 break;
@@ -204,11 +254,18 @@ impl Inbound {
             return Step::End;
         };
         let has_files = parts.iter().any(|d| !d.message.attachments.is_empty());
-        if !has_files && PhoneCommand::delivered(&parts[0].message.text).is_some() {
+        let command = (!has_files)
+            .then(|| PhoneCommand::delivered(&parts[0].message.text))
+            .flatten();
+        if let Some(command) = command {
             // A command acts on what came before it: the prompts on their
             // way are answered first.
             while let Some(answered) = self.in_flight.next().await {
                 self.settle(answered);
+            }
+            if let PhoneCommand::Steer(text) = command {
+                self.steer(session, parts, text).await;
+                return Step::Next;
             }
             run_command(&session, &parts[0]).await;
             self.settle((parts, Taken::Yes));
@@ -230,8 +287,96 @@ impl Inbound {
         } else {
             (parts[0].message.text.clone(), Vec::new())
         };
-        self.hand_over(session, parts, text, attachments).await;
+        if session.can_steer() && (session.is_busy() || !self.waiting.is_empty()) {
+            self.wait_for_turn(
+                &session,
+                Waiting {
+                    parts,
+                    text,
+                    attachments,
+                },
+            );
+            // The run ended while this was read: what waited goes now,
+            // this with it.
+            if !session.is_busy() {
+                self.release().await;
+            }
+            return Step::Next;
+        }
+        let deliver_as = session.is_busy().then_some(DeliverAs::FollowUp);
+        self.hand_over(session, parts, text, attachments, deliver_as)
+            .await;
         Step::Next
+    }
+
+    /// Keeps a prompt for the next turn; the topic's progress says how many
+    /// wait (and offers to steer them in).
+    fn wait_for_turn(&mut self, session: &Session, waiting: Waiting) {
+        self.on_the_way
+            .extend(waiting.parts.iter().map(|d| d.update_id));
+        self.waiting.push(waiting);
+        session.send_out(ToTopic::Waiting(self.waiting.len()));
+    }
+
+    /// The run ended: what waited for it goes to the host as one prompt,
+    /// which starts the next turn. Nothing while a run is under way (a
+    /// stale wake-up).
+    async fn release(&mut self) {
+        let Some(session) = self.session.upgrade() else {
+            return;
+        };
+        if session.is_busy() || self.waiting.is_empty() {
+            return;
+        }
+        let all = joined(std::mem::take(&mut self.waiting));
+        session.send_out(ToTopic::Waiting(0));
+        self.hand_over(session, all.parts, all.text, all.attachments, None)
+            .await;
+    }
+
+    /// `/steer [text]` (`parts`: its delivery), or ⚡ Steer now: the text,
+    /// else what waits for the next turn, goes into the running turn. With
+    /// no run under way it is simply a prompt (what waited goes with the
+    /// run's end anyway); a host that cannot steer gets the text as a
+    /// follow-up, and the topic hears why.
+    async fn steer(&mut self, session: Arc<Session>, parts: Vec<Deliver>, text: String) {
+        let busy = session.is_busy();
+        if !session.can_steer() {
+            if text.is_empty() {
+                session.send_out(ToTopic::Plain(format!(
+                    "{CANNOT_STEER}: what you write while it works waits for its next turn."
+                )));
+                self.settle((parts, Taken::Yes));
+                return;
+            }
+            session.send_out(ToTopic::Plain(format!(
+                "{CANNOT_STEER}: it gets this message with its next turn."
+            )));
+            let deliver_as = busy.then_some(DeliverAs::FollowUp);
+            self.hand_over(session, parts, text, Vec::new(), deliver_as)
+                .await;
+            return;
+        }
+        let deliver_as = busy.then_some(DeliverAs::Steer);
+        if !text.is_empty() {
+            self.hand_over(session, parts, text, Vec::new(), deliver_as)
+                .await;
+            return;
+        }
+        // The bare command names no message of its own: settled here; the
+        // messages it steers are settled by the host's answer.
+        self.settle((parts, Taken::Yes));
+        if self.waiting.is_empty() {
+            session.send_out(ToTopic::Plain(
+                "Nothing waits for the next turn. /steer <text> gives the running turn a message."
+                    .into(),
+            ));
+            return;
+        }
+        let all = joined(std::mem::take(&mut self.waiting));
+        session.send_out(ToTopic::Waiting(0));
+        self.hand_over(session, all.parts, all.text, all.attachments, deliver_as)
+            .await;
     }
 
     /// Drops repeats: settled ones are acknowledged again (but for one
@@ -260,10 +405,11 @@ impl Inbound {
         session: Arc<Session>,
         parts: Vec<Deliver>,
         text: String,
-        attachments: Vec<crate::protocol::host::Attachment>,
+        attachments: Vec<Attachment>,
+        deliver_as: Option<DeliverAs>,
     ) {
-        let busy = session.is_busy();
-        let params = prompt(&parts[0], text, attachments, busy);
+        // Whom the turn it starts concerns (`[approvals] by`): the writer
+        // of what starts one.
         let first = &parts[0];
         session.requesters().handed(
             first.update_id,
@@ -271,8 +417,9 @@ impl Inbound {
                 user: first.message.user_id,
                 scheduled: first.message.scheduled,
             },
-            !busy,
+            deliver_as.is_none(),
         );
+        let params = prompt(&parts[0], text, attachments, deliver_as);
         match session.host.send_user_message(&params, HOST_TIMEOUT).await {
             Ok(answer) => {
                 self.on_the_way.extend(parts.iter().map(|d| d.update_id));
@@ -281,10 +428,16 @@ impl Inbound {
                     (parts, settled)
                 }));
             }
-            Err(e) => tracing::warn!(
-                update_id = parts[0].update_id,
-                "the host did not take a message: {e}"
-            ),
+            Err(e) => {
+                // It stays in the journal and comes again.
+                for deliver in &parts {
+                    self.on_the_way.remove(&deliver.update_id);
+                }
+                tracing::warn!(
+                    update_id = parts[0].update_id,
+                    "the host did not take a message: {e}"
+                );
+            }
         }
     }
 }
@@ -319,18 +472,27 @@ async fn gather_album(
     }
 }
 
-/// The prompt for a delivery (the first of an album); a busy agent gets it
-/// as a follow-up.
+/// Resolves when the session's run ends (at once when it ended since the
+/// last time); never when the session is gone.
+async fn run_ended(session: &Weak<Session>) {
+    match session.upgrade() {
+        Some(session) => session.run_ended.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The prompt for a delivery (the first of an album), as the host should
+/// take it while it works: a follow-up, a steer, or (none) a prompt.
 fn prompt(
     first: &Deliver,
     text: String,
     attachments: Vec<Attachment>,
-    busy: bool,
+    deliver_as: Option<DeliverAs>,
 ) -> SendUserMessageParams {
     let message = &first.message;
     SendUserMessageParams {
         text,
-        deliver_as: busy.then_some(DeliverAs::FollowUp),
+        deliver_as,
         origin: MessageOrigin {
             chat_id: message.chat_id,
             thread_id: message.thread_id,

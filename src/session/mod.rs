@@ -61,6 +61,7 @@ struct Identity {
     host_pid: Option<u32>,
     has_ui: bool,
     can_abort: bool,
+    can_steer: bool,
 }
 
 impl Identity {
@@ -120,6 +121,9 @@ pub struct Session {
     stop: CancellationToken,
     /// The agent is working (between `agent/started` and `agent/ended`).
     busy: AtomicBool,
+    /// The run under way ended (`agent/ended`): what waited for it goes to
+    /// the host (`inbound.rs`).
+    run_ended: tokio::sync::Notify,
     /// `/stop` from the topic stopped the run under way: what the run
     /// answers from now on is cut off, whether or not the host says so.
     stopped: AtomicBool,
@@ -286,6 +290,7 @@ impl Session {
             facts,
             stop: CancellationToken::new(),
             busy: AtomicBool::new(false),
+            run_ended: tokio::sync::Notify::new(),
             stopped: AtomicBool::new(false),
             grants: Mutex::default(),
             requesters: Mutex::default(),
@@ -326,6 +331,13 @@ impl Session {
     /// Whether `/stop` (and a draft's stop button) can stop the host's turn.
     fn can_abort(&self) -> bool {
         self.state().identity.as_ref().is_none_or(|i| i.can_abort)
+    }
+
+    /// Whether a prompt can go into the host's running turn (`canSteer`):
+    /// then a message written mid-turn waits here for the next turn, and
+    /// the topic offers to steer it in (`inbound.rs`).
+    fn can_steer(&self) -> bool {
+        self.state().identity.as_ref().is_some_and(|i| i.can_steer)
     }
 
     /// The session's working directory, as the host said.
@@ -905,6 +917,7 @@ impl Session {
     /// (one that was stopped meanwhile said `⏹ Stopped.` already).
     fn agent_ended(&self, ended: &AgentEndedParams) {
         self.busy.store(false, Ordering::Relaxed);
+        self.run_ended.notify_one();
         let stopped = self.stopped.swap(false, Ordering::Relaxed);
         if let Some(error) = &ended.error {
             if !(ended.aborted || stopped) {
@@ -943,6 +956,7 @@ impl Handler for Session {
             host_pid: params.pid,
             has_ui: params.has_ui,
             can_abort: params.can_abort,
+            can_steer: params.can_steer,
         });
         Ok(InitializeResult {
             protocol_version: PROTOCOL_VERSION,

@@ -29,6 +29,13 @@
 //! A draft is kept by nobody: the answer is the turn's one message, with
 //! how the turn went above it (what the agent said on its way included).
 //!
+//! Messages that wait for the next turn (a host that can steer,
+//! `inbound.rs`) are a line of the progress: in a group the progress
+//! message carries ⚡ Steer now while any wait, in a draft (which has no
+//! buttons) the line names `/steer`. Neither costs a message: the line and
+//! the button ride on the edit or the draft the turn shows anyway, and a
+//! turn that shows nothing yet gets them with its first.
+//!
 //! An answer that is mostly one long code block, or a bare diff, goes as
 //! its prose plus the block as a file (`render::long_block`), when
 //! `long_answers_as_file` is on.
@@ -46,7 +53,8 @@ use tokio_util::sync::CancellationToken;
 use super::Session;
 use crate::member::Member;
 use crate::protocol::bus::{
-    BusErrorCode, Draft, EditText, MAX_INLINE_FILE, PostItem, SendText, Target, TextFormat, TopicOp,
+    BusErrorCode, Button, Draft, EditText, Keyboard, MAX_INLINE_FILE, PostItem, SendText, Target,
+    TextFormat, TopicOp,
 };
 use crate::render;
 
@@ -109,6 +117,8 @@ pub enum ToTopic {
     /// Answered once everything queued before it is the leader's (the
     /// host waits for this before it exits).
     Flush(tokio::sync::oneshot::Sender<()>),
+    /// How many messages wait for the next turn (they could be steered in).
+    Waiting(usize),
 }
 
 impl ToTopic {
@@ -248,6 +258,8 @@ struct Progress {
     step: Option<Step>,
     /// What the agent wrote on its way, in order.
     said: Vec<String>,
+    /// Messages waiting for the next turn, which ⚡ Steer now gives this one.
+    waiting: usize,
     last_shown: Option<Instant>,
     /// Something changed since the message was last edited.
     stale: bool,
@@ -267,6 +279,7 @@ impl Progress {
             denied: 0,
             step: None,
             said: Vec::new(),
+            waiting: 0,
             last_shown: None,
             stale: false,
             urgent: false,
@@ -292,7 +305,22 @@ impl Progress {
             text.push('\n');
             text.push_str(&step.shown());
         }
+        match self.waiting {
+            0 => {}
+            1 => text.push_str("\n📨 1 message waits for the next turn"),
+            n => text.push_str(&format!("\n📨 {n} messages wait for the next turn")),
+        }
         text
+    }
+
+    /// The group's progress message's button, while messages wait.
+    fn buttons(&self) -> Option<Keyboard> {
+        (self.waiting > 0).then(|| Keyboard {
+            rows: vec![vec![Button {
+                text: "⚡ Steer now".into(),
+                data: crate::phone::STEER_BUTTON.into(),
+            }]],
+        })
     }
 
     /// A tool call started: it runs, unless it is the call an approval
@@ -347,6 +375,11 @@ impl Progress {
     /// (Telegram HTML).
     fn draft_html(&self) -> String {
         let mut html = render::escape(&self.text());
+        if self.waiting > 0 {
+            // A draft has no buttons: the command, which Telegram makes a
+            // link that sends it.
+            html.push_str(" · /steer gives it now");
+        }
         let writing = self.writing.trim();
         if !writing.is_empty() {
             html.push_str("\n\n");
@@ -576,6 +609,7 @@ impl TopicPoster {
                 ToTopic::Flush(done) => {
                     let _ = done.send(());
                 }
+                ToTopic::Waiting(count) => self.waiting(count),
             }
         }
     }
@@ -629,6 +663,19 @@ impl TopicPoster {
                 self.finish(&done, Ending::Answered).await;
             }
             (false, _) => {}
+        }
+    }
+
+    /// How many messages wait for the next turn: shown with the progress
+    /// at once where it shows already (a person may want to steer now),
+    /// else with its first showing: never a message of its own.
+    fn waiting(&mut self, count: usize) {
+        if let Some(p) = self.progress.as_mut()
+            && p.waiting != count
+        {
+            p.waiting = count;
+            p.stale = true;
+            p.urgent = true;
         }
     }
 
@@ -786,14 +833,14 @@ impl TopicPoster {
             None => TopicOp::SendText(SendText {
                 text,
                 format: TextFormat::Html,
-                buttons: None,
+                buttons: p.buttons(),
                 reply_to: None,
             }),
             Some(message_id) => TopicOp::EditText(EditText {
                 message_id,
                 text,
                 format: TextFormat::Html,
-                buttons: None,
+                buttons: p.buttons(),
             }),
         };
         match self.member.topic_background(op).await {

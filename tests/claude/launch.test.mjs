@@ -174,3 +174,67 @@ test("/stop in a launched Claude Code aborts the running turn, the topic says so
 		"no failure or end said",
 	);
 });
+
+test("⚡ Steer now in a launched Claude Code puts the message into the running turn, once", async (t) => {
+	const { world, telegram } = await launchWorld(t);
+	await telegram.injectMessage(null, "/new project claude first");
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+
+	// A Bash call that runs until the test writes the gate: a turn held open.
+	const gate = join(world.root, "go");
+	const wait = `while [ ! -e ${gate} ]; do sleep 0.1; done; echo released`;
+	await telegram.injectMessage(topic.thread_id, `work [[tool:Bash ${JSON.stringify({ command: wait })}]]`);
+	// Claude Code runs a command it deems read-only without asking; else Allow runs it.
+	const running = await eventually(
+		async () =>
+			(await telegram.messages(topic.thread_id)).find(
+				(m) => (isOpen(m) && m.plain_text.includes("wants to run")) || m.plain_text.startsWith("⚙️ Working"),
+			),
+		WAIT,
+		"the Bash call running or asking",
+	);
+	if (isOpen(running)) {
+		await telegram.tap(topic.thread_id, running.message_id, buttons(running).find((b) => b.text.includes("Allow")).callback_data);
+	}
+
+	const steered = "also mention the weather";
+	const written = await telegram.injectMessage(topic.thread_id, steered);
+	const steer = (m) => buttons(m).find((b) => b.callback_data === "steer");
+	const progress = await eventually(
+		async () => (await telegram.messages(topic.thread_id)).find((m) => steer(m)),
+		WAIT,
+		"the progress message with ⚡ Steer now",
+	);
+	assert.match(progress.plain_text, /📨 1 message waits for the next turn/);
+	await telegram.tap(topic.thread_id, progress.message_id, "steer");
+	// Taken (👀) once Claude Code has the line; then the Bash call may end.
+	await eventually(
+		async () =>
+			(await telegram.calls()).some(
+				(c) => c.method === "setMessageReaction" && c.params.message_id === written.message_id && JSON.stringify(c.params.reaction).includes("👀"),
+			),
+		WAIT,
+		"the steered message taken",
+	);
+	await writeFile(gate, "");
+
+	// Within the turn: the request after the Bash result has the message.
+	const within = await eventually(
+		() => world.fake.turns.find((r) => JSON.stringify(r.body.messages).includes(steered)),
+		WAIT,
+		"the model's request with the steered message",
+	);
+	const last = within.body.messages.at(-1);
+	assert.ok(
+		JSON.stringify(last.content).includes("tool_result"),
+		`with the Bash call's result, in the same turn: ${JSON.stringify(last.content).slice(0, 600)}`,
+	);
+	await telegram.said(topic.thread_id, (text) => text.includes("tool Bash returned"), { ms: WAIT, what: "the turn's answer" });
+
+	// Given once: the next message is a turn of its own, the steered one in its history once.
+	await telegram.injectMessage(topic.thread_id, "and now?");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("and now?"), { ms: WAIT, what: "the next turn" });
+	const history = JSON.stringify(world.fake.turns.at(-1).body.messages);
+	assert.equal(history.split(steered).length - 1, 1, "the steered message is in the history once");
+});

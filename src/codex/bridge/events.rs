@@ -8,6 +8,9 @@ use super::{BASH, CodexBridge, EDIT, FROM_PHONE, Forwarded, key};
 use crate::codex::wire::{self, Item, method as codex};
 use crate::protocol::host::method;
 
+/// How many completed turns the bridge remembers (see `completed`).
+const COMPLETED_KEPT: usize = 16;
+
 impl CodexBridge {
     pub(super) async fn on_notification(&self, method: &str, params: Value) {
         match method {
@@ -65,7 +68,9 @@ impl CodexBridge {
     pub(super) fn turn_started(&self, turn_id: &str) {
         {
             let mut state = self.state();
-            if state.turn.as_deref() == Some(turn_id) {
+            if state.turn.as_deref() == Some(turn_id)
+                || state.completed.iter().any(|done| done == turn_id)
+            {
                 return;
             }
             state.turn = Some(turn_id.to_string());
@@ -82,6 +87,10 @@ impl CodexBridge {
             state.phone_turns.remove(&turn.id);
             state.changes.clear();
             state.turn = None;
+            if state.completed.len() == COMPLETED_KEPT {
+                state.completed.pop_front();
+            }
+            state.completed.push_back(turn.id.clone());
             state.answer.take()
         };
         if turn.status == wire::TurnStatus::Failed {

@@ -15,6 +15,7 @@
 //! | `item/tool/requestUserInput` | `question/ask`, one per question |
 //! | `serverRequest/resolved` of a request the relay did not answer | `approval/resolved` / `question/resolved` (the phone's message closes) |
 //! | ← `turn/start` (joins a running turn) | `agent/sendUserMessage` |
+//! | ← `turn/steer` (into the running turn, `expectedTurnId`) | `agent/sendUserMessage {deliverAs: steer}` |
 //! | ← `turn/interrupt` | `agent/abort` (`/stop`) |
 //!
 //! Where Codex's TUI is the other client ([`Mode::BesideTui`]), the bridge
@@ -112,6 +113,11 @@ struct CodexState {
     subscribed: bool,
     /// The turn running, as far as the bridge saw.
     turn: Option<String>,
+    /// Turns that completed lately: a `turn/start` answered after its turn
+    /// completed (a quick one) must not start it again, or the session
+    /// would wait for its end for ever (and hold what is written meanwhile
+    /// for a turn that never ends).
+    completed: VecDeque<String>,
     /// Turns a prompt from the phone started or joined.
     phone_turns: HashSet<String>,
     /// The last agent message of the running turn: its answer.

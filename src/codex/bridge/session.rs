@@ -13,7 +13,7 @@ use crate::codex::app_server::AppServerError;
 use crate::codex::wire::{self, method as codex};
 use crate::host_client::{FromSidecar, HostError, Said};
 use crate::protocol::host::{
-    AttachmentKind, SendFileParams, SendFileResult, SendUserMessageParams, method,
+    AttachmentKind, DeliverAs, SendFileParams, SendFileResult, SendUserMessageParams, method,
 };
 
 /// The most pages of `model/list` read (a page holds every model Codex
@@ -68,10 +68,11 @@ impl CodexBridge {
     }
 
     /// A prompt from the topic starts a turn on the thread, or joins the
-    /// one running.
+    /// one running; a steer goes into the running turn (`turn/steer`), or,
+    /// when that turn has just ended, starts one.
     async fn prompt(&self, params: SendUserMessageParams) -> Result<Value, (i64, String)> {
         let update_id = params.origin.update_id;
-        let (thread_id, model) = {
+        let (thread_id, model, turn) = {
             let mut state = self.state();
             if !state.seen_set.insert(update_id) {
                 return Ok(json!({"accepted": true}));
@@ -82,7 +83,9 @@ impl CodexBridge {
             {
                 state.seen_set.remove(&old);
             }
-            (state.thread.clone(), state.model.clone())
+            let steer = params.deliver_as == Some(DeliverAs::Steer);
+            let turn = state.turn.clone().filter(|_| steer);
+            (state.thread.clone(), state.model.clone(), turn)
         };
         let forget = || {
             let mut state = self.state();
@@ -102,6 +105,11 @@ impl CodexBridge {
                     path: a.path.clone(),
                 }),
         );
+        if let Some(turn) = turn
+            && self.steer(&thread_id, &input, turn, update_id).await
+        {
+            return Ok(json!({"accepted": true}));
+        }
         let started: Result<TurnOnly, _> = self
             .codex
             .request(
@@ -127,6 +135,34 @@ impl CodexBridge {
                 Err((-32000, format!("Codex did not take the message: {e}")))
             }
         }
+    }
+
+    /// `turn/steer`: `input` into `turn`, the thread's running turn (Codex
+    /// refuses it once that turn ended: false, and the caller starts one).
+    async fn steer(
+        &self,
+        thread_id: &str,
+        input: &[wire::UserInput],
+        expected_turn_id: String,
+        update_id: i64,
+    ) -> bool {
+        let steered: Result<Value, _> = self
+            .codex
+            .request(
+                codex::TURN_STEER,
+                &wire::TurnSteerParams {
+                    thread_id: thread_id.to_string(),
+                    input: input.to_vec(),
+                    expected_turn_id,
+                    client_user_message_id: format!("{FROM_PHONE}{update_id}"),
+                },
+                QUICK,
+            )
+            .await;
+        if let Err(e) = &steered {
+            tracing::debug!("turn/steer refused, starting a turn: {e}");
+        }
+        steered.is_ok()
     }
 
     /// `/stop`: the running turn is interrupted.

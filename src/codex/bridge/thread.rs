@@ -151,6 +151,8 @@ impl CodexBridge {
                 "cwd": cwd,
                 "session": info,
                 "hasUI": false,
+                // `turn/steer` puts a prompt into the turn that runs.
+                "canSteer": true,
             });
             match self
                 .session

@@ -7,8 +7,11 @@
 //! Claude Code runs no relay extension here: its session is hosted in
 //! `serve` (`hosted.rs`) and this engine plays its host. A prompt from the
 //! topic (`agent/sendUserMessage`) becomes a `user` line on Claude Code's
-//! stdin (a line sent while a turn runs joins it or waits for the next, as
-//! Claude Code does); its `assistant`, `user` (tool results) and `result`
+//! stdin; one sent while a turn runs goes into that turn — the pinned
+//! Claude Code hands it to the model with the next tool result, "The user
+//! sent a new message while you were working" (docs/DESIGN.md, "Steering a
+//! running turn") — so the engine says `canSteer`, and the session sends
+//! such a line only to steer. Its `assistant`, `user` (tool results) and `result`
 //! lines become the session's turn and tool events; a `can_use_tool`
 //! control request becomes `approval/request` — the usual approval on the
 //! phone — and its `control_response`. `/stop` is an `interrupt`, `/model`
@@ -126,6 +129,8 @@ pub(crate) async fn start(start: Start, ctx: &Context) -> Result<Agent, EngineEr
         session_id: &session_id,
         session_file: &format!("claude-code:{session_id}"),
         host: "claude-code",
+        // A `user` line written while a turn runs goes into it (see `prompt`).
+        can_steer: true,
     };
     let mut hosted = match Hosted::start(ctx, identity).await {
         Ok(hosted) => hosted,
@@ -377,19 +382,19 @@ async fn answer_session(mut from: mpsc::UnboundedReceiver<Said>, claude: Arc<Cla
 }
 
 /// A prompt from the topic as a `user` line; a turn starts unless one runs.
+/// A steer goes into the turn that runs, which makes no turn of its own.
 fn prompt(claude: &Claude, params: &Value) -> Value {
     let text = params["text"].as_str().unwrap_or_default();
-    let sent = claude.input.send(json!({
-        "type": "user",
-        "message": {"role": "user", "content": text},
-    }));
-    if !sent {
-        return json!({"accepted": false});
-    }
+    let steer = params["deliverAs"].as_str() == Some("steer");
+    // Busy before the line goes: its `result` (read by another task) must
+    // never come before the turn's start, or the session would wait for
+    // an end that came already.
     let starts = {
         let mut state = claude.state();
         if state.busy {
-            state.queued += 1;
+            if !steer {
+                state.queued += 1;
+            }
             false
         } else {
             state.busy = true;
@@ -399,6 +404,20 @@ fn prompt(claude: &Claude, params: &Value) -> Value {
     if starts {
         claude.activity.send_replace(Instant::now());
         claude.tell(method::AGENT_STARTED, json!({}));
+    }
+    let sent = claude.input.send(json!({
+        "type": "user",
+        "message": {"role": "user", "content": text},
+    }));
+    if !sent {
+        if starts {
+            claude.state().busy = false;
+            claude.tell(method::AGENT_ENDED, json!({}));
+        } else if !steer {
+            let mut state = claude.state();
+            state.queued = state.queued.saturating_sub(1);
+        }
+        return json!({"accepted": false});
     }
     json!({"accepted": true})
 }

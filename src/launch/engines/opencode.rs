@@ -7,8 +7,9 @@
 //! opencode` runs beside the TUI, in `serve`'s process, its host played by
 //! the same bridge (`crate::opencode`) alone on the server — one mapping of
 //! OpenCode's sessions, parts and asks for both. A prompt from the topic is
-//! a prompt to the OpenCode session (queued into a turn that runs, as
-//! OpenCode does), `/stop` aborts it, permission asks and questions go to
+//! a prompt to the OpenCode session (one sent while a turn runs goes into
+//! it, so the session sends one then only to steer), `/stop` aborts it,
+//! permission asks and questions go to
 //! the phone. The engine keeps what `serve` asks of it: the session to
 //! resume by (its id: OpenCode keeps its sessions in its own store), the
 //! models (OpenCode's providers and theirs, as its model picker lists

@@ -116,6 +116,10 @@ impl OpenCodeBridge {
             "cwd": cwd,
             "session": profile,
             "hasUI": false,
+            // A prompt sent while the session is busy goes into the loop
+            // that runs: OpenCode 1.18.33 gives it to the model with the
+            // next step's request (docs/OPENCODE.md).
+            "canSteer": true,
         });
         self.session
             .request(method::INITIALIZE, params, SESSION_QUICK)
@@ -178,7 +182,9 @@ impl OpenCodeBridge {
             return;
         }
         match status.status.kind.as_str() {
-            "busy" => self.turn_started(false),
+            "busy" => {
+                self.turn_started(false);
+            }
             "idle" => self.turn_ended(),
             "retry" => self.retrying(&status.status),
             _ => {}
@@ -187,12 +193,13 @@ impl OpenCodeBridge {
 
     /// A turn began (seen, or started by the bridge itself): the session is
     /// busy until it ends. A prompt from the phone joins a running turn.
-    pub(super) fn turn_started(&self, from_phone: bool) {
+    /// True when this began one (none ran).
+    pub(super) fn turn_started(&self, from_phone: bool) -> bool {
         {
             let mut state = self.state();
             if let Some(turn) = &mut state.turn {
                 turn.from_phone |= from_phone;
-                return;
+                return false;
             }
             state.turn = Some(Turn {
                 from_phone,
@@ -201,9 +208,10 @@ impl OpenCodeBridge {
         }
         self.activity.send_replace(std::time::Instant::now());
         self.tell_session(method::AGENT_STARTED, json!({}));
+        true
     }
 
-    fn turn_ended(&self) {
+    pub(super) fn turn_ended(&self) {
         let Some(turn) = self.state().turn.take() else {
             return;
         };

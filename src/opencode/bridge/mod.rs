@@ -15,7 +15,7 @@
 //! | `permission.asked` | `approval/request` → `once` / `reject` (the session keeps "for 30 min" itself) |
 //! | `question.asked` | `question/ask`, one per question → the answers, or `reject` |
 //! | `permission.replied`, `question.replied`/`rejected` of a request the relay did not answer | `approval/resolved` / `question/resolved` (the phone's message closes) |
-//! | ← `POST /session/{id}/prompt_async` (queued into a running turn) | `agent/sendUserMessage` |
+//! | ← `POST /session/{id}/prompt_async` (while busy: into the running turn's next step, so the session sends one then only to steer) | `agent/sendUserMessage` |
 //! | ← `POST /session/{id}/abort` | `agent/abort` (`/stop`) |
 //!
 //! Beside OpenCode's TUI ([`Mode::BesideTui`]) the bridge follows the

@@ -1,6 +1,6 @@
 //! What the session asks of its host — a prompt from the topic is a
-//! prompt to the OpenCode session (queued into a running turn, as OpenCode
-//! does), `/stop` aborts the turn — and what the launch engine and the
+//! prompt to the OpenCode session (one sent while a turn runs goes into it:
+//! a steer), `/stop` aborts the turn — and what the launch engine and the
 //! relay's tool ask of the bridge (the models, a file to send, a command).
 
 use std::sync::Arc;
@@ -94,16 +94,21 @@ impl OpenCodeBridge {
             model,
         };
         let route = format!("{}/{session_id}/prompt_async", wire::route::SESSION);
+        // Busy before the prompt goes: a quick turn may end (its idle come)
+        // before the post is answered, and a turn begun after its end would
+        // never end for the session, which holds what is written meanwhile
+        // for the next turn.
+        let began = self.turn_started(true);
         match self
             .server
             .post::<_, Value>(&route, Some(&prompt), QUICK)
             .await
         {
-            Ok(_) => {
-                self.turn_started(true);
-                Ok(json!({"accepted": true}))
-            }
+            Ok(_) => Ok(json!({"accepted": true})),
             Err(e) => {
+                if began {
+                    self.turn_ended();
+                }
                 forget();
                 Err((-32000, format!("OpenCode did not take the message: {e}")))
             }
