@@ -44,6 +44,27 @@ pub enum LoggingError {
     AlreadyInitialised(#[from] TryInitError),
 }
 
+/// Whether [`milestone`]s are logged: `AGENT_RELAY_LOG` names
+/// `agent_relay::milestone=debug` (as `scripts/bench` does for its
+/// breakdowns). Guards work done only for them.
+pub fn milestones_on() -> bool {
+    tracing::enabled!(target: "agent_relay::milestone", tracing::Level::DEBUG)
+}
+
+/// A step of a failover or of an update's way to its host, with the wall
+/// clock in microseconds, for `scripts/bench`'s breakdowns: `id` is the
+/// update id (0 where there is none). A debug event nobody sees unless
+/// asked for; the clock is read only then.
+pub fn milestone(step: &'static str, id: i64) {
+    tracing::debug!(target: "agent_relay::milestone", step, id, at_us = wall_micros());
+}
+
+fn wall_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
 /// Keeps the background file writer alive; dropping it flushes what is
 /// queued. Hold it until the process ends.
 #[must_use = "dropping the guard stops file logging"]

@@ -13,12 +13,13 @@ use std::time::Duration;
 use agent_relay::cluster::calls::CallError;
 use agent_relay::cluster::claims::ClaimKey;
 use agent_relay::cluster::inbound::RoutedUpdate;
-use agent_relay::cluster::lease::{LEASE_TIME, Leadership, Term};
+use agent_relay::cluster::lease::{LEASE_TIME, Leadership, LeaseKeeper, STEP_DOWN_AFTER, Term};
 use agent_relay::cluster::{
     BotId, Cluster, ClusterConfig, ClusterError, ClusterTlsFile, Link, NatsCredentials, NatsUrl,
     NkeySeed, NodeName,
 };
 use nats::NatsServer;
+use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -237,9 +238,12 @@ async fn a_new_process_of_the_same_node_keeps_the_lease_and_its_term() {
     let term = until(&mut old.leadership(), WAIT, leading).await.term();
     let other = connect(&urls, "b", "machine-b").await.campaign();
     // The local leader dies (the kernel lock of the machine elects another
-    // process of the same node): no release, no expiry waited for.
+    // process of the same node, connected in milliseconds): no release, no
+    // expiry waited for, and the machine absent from NATS for less than
+    // another machine waits before it takes the lease.
+    let successor = connect(&urls, "a", "machine-a").await;
     old.abandon().await;
-    let new = connect(&urls, "a", "machine-a").await.campaign();
+    let new = successor.campaign();
     let adopted = until(
         &mut new.leadership(),
         LEASE_TIME - Duration::from_secs(2),
@@ -252,6 +256,181 @@ async fn a_new_process_of_the_same_node_keeps_the_lease_and_its_term() {
         "nobody else took it"
     );
     drop((new, other));
+}
+
+/// What a machine's connection to NATS does in [`Proxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    Open,
+    /// A partition: both ends stay open and nothing passes.
+    Silent,
+    /// Closed at once, as the kernel closes a dead process's sockets; new
+    /// connections are refused.
+    Closed,
+}
+
+/// A TCP proxy between one machine and NATS, to fail its connection the
+/// way a dead process does or the way a partition does.
+struct Proxy {
+    port: u16,
+    wire: watch::Sender<Wire>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: &str) -> Proxy {
+        let target = upstream.trim_start_matches("nats://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (wire, state) = watch::channel(Wire::Open);
+        let task = tokio::spawn(async move {
+            while let Ok((mut near, _)) = listener.accept().await {
+                if *state.borrow() != Wire::Open {
+                    continue;
+                }
+                let Ok(mut far) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let mut state = state.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut near, &mut far) => return,
+                        _ = state.wait_for(|w| *w != Wire::Open) => {}
+                    }
+                    // Silent until closed (or the proxy goes): both ends held.
+                    let _ = state.wait_for(|w| *w == Wire::Closed).await;
+                });
+            }
+        });
+        Proxy { port, wire, task }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn set(&self, wire: Wire) {
+        self.wire.send_replace(wire);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.wire.send_replace(Wire::Closed);
+        self.task.abort();
+    }
+}
+
+/// Every value `view` takes from now on, with when it was seen.
+fn record(mut view: watch::Receiver<Leadership>) -> Arc<Mutex<Vec<(Instant, Leadership)>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let now = view.borrow_and_update().clone();
+            log.lock().unwrap().push((Instant::now(), now));
+            if view.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    seen
+}
+
+/// When `seen` first satisfied `ok`.
+fn first(seen: &Mutex<Vec<(Instant, Leadership)>>, ok: impl Fn(&Leadership) -> bool) -> Instant {
+    let seen = seen.lock().unwrap();
+    seen.iter()
+        .find(|(_, l)| ok(l))
+        .map(|(at, _)| *at)
+        .unwrap_or_else(|| panic!("never seen: {seen:?}"))
+}
+
+/// A holder `a` behind a proxy and a follower `b`, both settled.
+async fn holder_behind(proxy: &Proxy, server: &NatsServer) -> (LeaseKeeper, LeaseKeeper, Term) {
+    let a = connect(&[proxy.url()], "a", "id-a").await.campaign();
+    let term = until(&mut a.leadership(), WAIT, leading)
+        .await
+        .term()
+        .unwrap();
+    let b = connect(&[server.url()], "b", "id-b").await.campaign();
+    until(&mut b.leadership(), WAIT, |l| {
+        matches!(l, Leadership::Follower { leader: Some(_) })
+    })
+    .await;
+    (a, b, term)
+}
+
+#[tokio::test]
+async fn a_holder_whose_connection_closes_loses_the_lease_without_waiting_for_it() {
+    nats_server!(dir, server);
+    let proxy = Proxy::start(&server.url()).await;
+    let (a, b, first_term) = holder_behind(&proxy, &server).await;
+    let (a_seen, b_seen) = (record(a.leadership()), record(b.leadership()));
+    // A's connection closes as a dead process's does. A itself lives on:
+    // the harder case, since it must stop leading on its own.
+    let closed = Instant::now();
+    proxy.set(Wire::Closed);
+    let second = until(&mut b.leadership(), WAIT, leading)
+        .await
+        .term()
+        .unwrap();
+    let took = closed.elapsed();
+    assert!(
+        second > first_term,
+        "a new term: {second} after {first_term}"
+    );
+    // The lease was renewed at most a second before the close and expires
+    // LEASE_TIME after that: taken before the holder could even step down
+    // on its own, it was not waited out.
+    assert!(
+        took < STEP_DOWN_AFTER,
+        "taken over {took:?} after the close"
+    );
+    let stopped = first(&a_seen, |l| !leading(l));
+    let started = first(&b_seen, leading);
+    assert!(
+        stopped < started,
+        "A led until {stopped:?}, B from {started:?}"
+    );
+    eprintln!(
+        "taken over {took:?} after the close; A stopped leading {:?} after it",
+        stopped - closed
+    );
+    drop((a, b));
+}
+
+#[tokio::test]
+async fn a_holder_cut_off_silently_keeps_its_lease_until_it_expires() {
+    nats_server!(dir, server);
+    let proxy = Proxy::start(&server.url()).await;
+    let (a, b, first_term) = holder_behind(&proxy, &server).await;
+    let (a_seen, b_seen) = (record(a.leadership()), record(b.leadership()));
+    // A partition: A's connection stays open, unanswered. Its machine may
+    // still poll Telegram, so only the lease's expiry may hand it over.
+    let cut = Instant::now();
+    proxy.set(Wire::Silent);
+    let second = until(&mut b.leadership(), LEASE_TIME + MARGIN, leading)
+        .await
+        .term()
+        .unwrap();
+    let took = cut.elapsed();
+    assert!(
+        second > first_term,
+        "a new term: {second} after {first_term}"
+    );
+    assert!(
+        took >= STEP_DOWN_AFTER,
+        "taken over {took:?} after a partition: before the holder's own deadline"
+    );
+    let stopped = first(&a_seen, |l| !leading(l));
+    let started = first(&b_seen, leading);
+    assert!(
+        stopped < started,
+        "A led until {stopped:?}, B from {started:?}"
+    );
+    eprintln!("taken over {took:?} after the partition");
+    drop((a, b));
 }
 
 #[tokio::test]

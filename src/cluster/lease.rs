@@ -7,6 +7,15 @@
 //! The lease belongs to the node (name and node id), not the process: a
 //! new local leader on the same machine adopts it by a compare-and-set
 //! renewal and keeps the term.
+//!
+//! A machine's relay is *present* while its connection to NATS is open:
+//! it answers on its presence subject, and the server answers "no
+//! responders" for it once that connection closed, as it does at once
+//! when the process dies. A holder's machine found absent for
+//! [`GONE_FOR`], its lease unchanged, loses the lease to the first
+//! machine that deletes it at that revision; a holder that is only cut
+//! off stays present (its connection is not closed yet) and its lease is
+//! waited out (docs/CLUSTER.md, *A holder that dies*).
 
 use std::time::Duration;
 
@@ -18,7 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::buckets::{cas, create, delete_at, read, to_bytes};
-use super::{Cluster, ClusterError, Node, NodeName, timed};
+use super::{Cluster, ClusterError, Link, Node, NodeName, timed};
 
 /// The lease bucket's max age: a lease not renewed for this long is gone.
 pub const LEASE_TIME: Duration = Duration::from_secs(6);
@@ -31,6 +40,17 @@ pub const STEP_DOWN_AFTER: Duration = Duration::from_secs(3);
 /// How often a contender tries to take a lease it cannot see go (expiry
 /// by age leaves no marker to watch on NATS 2.9).
 pub const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// How often a follower asks whether the holder's machine is present.
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// How long the holder's machine must stay absent, its lease unchanged,
+/// before another machine takes the lease: long enough for a holder whose
+/// connection closed under it to have stopped polling (it stops on the
+/// client's own disconnect event), and for a new local leader on its
+/// machine to adopt the lease first.
+pub const GONE_FOR: Duration = Duration::from_millis(400);
+/// How long a presence probe waits: no answer at all is no evidence.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The key of the lease in its bucket.
 pub(super) const KEY: &str = "leader";
@@ -99,6 +119,51 @@ impl Cluster {
             }))
     }
 
+    /// Whether the machine `node_id` has a relay connected to NATS now:
+    /// the server's own "no responders" when none is subscribed to its
+    /// presence subject. A probe unanswered (a machine cut off, a server
+    /// slow to answer) says nothing.
+    pub async fn presence(&self, node_id: &str) -> Presence {
+        let request = async_nats::Request::new().timeout(Some(PROBE_TIMEOUT));
+        let asked = self
+            .client
+            .send_request(self.names.presence_subject(node_id), request)
+            .await;
+        match asked {
+            Ok(_) => Presence::Present,
+            Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Presence::Absent,
+            Err(_) => Presence::Unknown,
+        }
+    }
+
+    /// Answers on this machine's presence subject until `stop`. The
+    /// subscription is sent before this returns, so anything this
+    /// connection sends later (a create of the lease) reaches the server
+    /// after it; the client sends it again after each reconnection, before
+    /// anything else.
+    async fn be_present(&self, stop: CancellationToken) -> Result<(), ClusterError> {
+        let subject = self.names.presence_subject(&self.node.id);
+        let mut asked = self
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(ClusterError::unreachable)?;
+        let client = self.client.clone();
+        crate::tasks::spawn(async move {
+            loop {
+                let probe = tokio::select! {
+                    () = stop.cancelled() => break,
+                    probe = asked.next() => probe,
+                };
+                let Some(probe) = probe else { break };
+                if let Some(reply) = probe.reply {
+                    let _ = client.publish(reply, bytes::Bytes::new()).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// Starts campaigning for the lease and, once held, renewing it. The
     /// returned [`LeaseKeeper`] tells who leads; drop or
     /// [`LeaseKeeper::release`] it to stop.
@@ -110,6 +175,7 @@ impl Cluster {
             state,
             stop: stop.clone(),
             held: None,
+            absent: None,
         };
         let task = crate::tasks::spawn(campaign.run());
         LeaseKeeper {
@@ -118,6 +184,18 @@ impl Cluster {
             task: Some(task),
         }
     }
+}
+
+/// Whether a machine has a relay connected to NATS, as the server knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Connected: its relay answered.
+    Present,
+    /// No connection of that machine is subscribed: the server said
+    /// "no responders".
+    Absent,
+    /// No answer in time: a machine cut off looks like this.
+    Unknown,
 }
 
 /// A running campaign for the lease.
@@ -174,6 +252,9 @@ struct Held {
     renewed_at: Instant,
     /// When to send the next renewal.
     next_try: Instant,
+    /// The connection closed since the last renewal: not leading until a
+    /// renewal succeeds over the new one.
+    suspended: bool,
 }
 
 struct Campaign {
@@ -181,6 +262,9 @@ struct Campaign {
     state: watch::Sender<Leadership>,
     stop: CancellationToken,
     held: Option<Held>,
+    /// Another machine's lease, at this revision, whose machine was first
+    /// found absent then.
+    absent: Option<(u64, Instant)>,
 }
 
 impl Campaign {
@@ -201,10 +285,14 @@ impl Campaign {
 
     /// Returns the lease it still holds when stopped, for a release.
     async fn run(mut self) -> Option<Held> {
+        if let Err(e) = self.cluster.be_present(self.stop.clone()).await {
+            tracing::warn!("cannot answer for this machine's presence: {e}");
+        }
+        let mut link = self.cluster.link();
         let mut watch = None;
         while !self.stop.is_cancelled() {
             if self.held.is_some() {
-                self.renew().await;
+                self.renew(&mut link).await;
                 continue;
             }
             if let Err(e) = self.contend().await {
@@ -233,9 +321,15 @@ impl Campaign {
                     None => std::future::pending().await,
                 }
             };
+            // A holder found absent is asked again once it could be gone
+            // for good; a present one every probe period.
+            let retry = match self.absent {
+                Some((_, since)) => tokio::time::sleep_until(since + GONE_FOR),
+                None => tokio::time::sleep(PROBE_EVERY.min(RETRY_EVERY)),
+            };
             tokio::select! {
                 () = self.stop.cancelled() => break,
-                () = tokio::time::sleep(RETRY_EVERY) => {}
+                () = retry => {}
                 next = changed => {
                     if !matches!(next, Some(Ok(_))) {
                         watch = None;
@@ -264,26 +358,67 @@ impl Campaign {
                 tracing::info!(term = %holder.term, "adopted this node's lease");
                 self.hold(holder.term, revision, sent);
             }
-            Some(holder) => self.set(Leadership::Follower {
-                leader: Some((holder.node, holder.term)),
-            }),
-            None => {
-                let record = Record {
-                    node: me.name.clone(),
-                    node_id: me.id.clone(),
-                    term: None,
-                };
-                match create(&self.cluster.lease_kv, KEY, to_bytes(&record)?).await {
-                    Ok(revision) => {
-                        tracing::info!(term = revision, "took the bot-wide lease");
-                        self.hold(Term(revision), revision, sent);
+            Some(holder) => {
+                if !self.gone(&holder).await {
+                    self.set(Leadership::Follower {
+                        leader: Some((holder.node, holder.term)),
+                    });
+                    return Ok(());
+                }
+                match delete_at(&self.cluster.lease_kv, KEY, holder.revision).await {
+                    Ok(()) => {
+                        tracing::warn!(
+                            holder = %holder.node,
+                            term = %holder.term,
+                            "the holder's relay is gone from NATS: taking the lease"
+                        );
+                        self.take(&me, sent).await?;
                     }
-                    Err(ClusterError::Taken { .. }) => {
-                        self.set(Leadership::Follower { leader: None });
-                    }
+                    // Renewed, adopted or taken meanwhile: not gone.
+                    Err(ClusterError::Changed { .. }) => self.set(Leadership::Follower {
+                        leader: Some((holder.node, holder.term)),
+                    }),
                     Err(e) => return Err(e),
                 }
             }
+            None => self.take(&me, sent).await?,
+        }
+        Ok(())
+    }
+
+    /// Whether `holder`'s machine has been absent from NATS for
+    /// [`GONE_FOR`] with its lease at the same revision.
+    async fn gone(&mut self, holder: &Holder) -> bool {
+        if self.cluster.presence(&holder.node_id).await != Presence::Absent {
+            self.absent = None;
+            return false;
+        }
+        match self.absent {
+            Some((revision, since)) if revision == holder.revision => since.elapsed() >= GONE_FOR,
+            _ => {
+                self.absent = Some((holder.revision, Instant::now()));
+                false
+            }
+        }
+    }
+
+    /// Creates the lease if nobody holds it.
+    async fn take(&mut self, me: &Node, sent: Instant) -> Result<(), ClusterError> {
+        self.absent = None;
+        let record = Record {
+            node: me.name.clone(),
+            node_id: me.id.clone(),
+            term: None,
+        };
+        match create(&self.cluster.lease_kv, KEY, to_bytes(&record)?).await {
+            Ok(revision) => {
+                tracing::info!(term = revision, "took the bot-wide lease");
+                self.hold(Term(revision), revision, sent);
+            }
+            Err(ClusterError::Taken { .. }) => {
+                self.set(Leadership::Follower { leader: None });
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }
@@ -295,13 +430,17 @@ impl Campaign {
             revision,
             renewed_at: sent,
             next_try: sent + RENEW_EVERY,
+            suspended: false,
         });
         self.set(Leadership::Leading { term });
     }
 
     /// Waits for the next renewal and sends it; steps down when the lease
-    /// was taken or could not be renewed for [`STEP_DOWN_AFTER`].
-    async fn renew(&mut self) {
+    /// was taken or could not be renewed for [`STEP_DOWN_AFTER`]. While the
+    /// connection is closed it does not lead (another machine may find it
+    /// absent and take the lease), and leads again only once a renewal
+    /// over the new connection found the lease still its own.
+    async fn renew(&mut self, link: &mut watch::Receiver<Link>) {
         let Some(held) = self.held.as_ref() else {
             return;
         };
@@ -310,6 +449,12 @@ impl Campaign {
         tokio::select! {
             () = self.stop.cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
+            changed = link.changed() => {
+                if changed.is_ok() {
+                    self.follow_link(*link.borrow_and_update());
+                }
+                return;
+            }
         }
         let Some(held) = self.held.as_ref() else {
             return;
@@ -329,10 +474,18 @@ impl Campaign {
         };
         match renewed {
             Ok(revision) => {
+                let up = *link.borrow() == Link::Up;
+                let mut resumed = false;
                 if let Some(held) = self.held.as_mut() {
                     held.revision = revision;
                     held.renewed_at = sent;
                     held.next_try = sent + RENEW_EVERY;
+                    resumed = held.suspended && up;
+                    held.suspended &= !up;
+                }
+                if resumed {
+                    tracing::info!(%term, "the lease is still this node's: leading again");
+                    self.set(Leadership::Leading { term });
                 }
             }
             Err(ClusterError::Changed { .. }) => {
@@ -351,6 +504,24 @@ impl Campaign {
                     held.next_try = Instant::now() + RETRY_EVERY;
                 }
             }
+        }
+    }
+
+    /// The connection closed: stop leading at once, since the server no
+    /// longer sees this machine present. Back: renew at once.
+    fn follow_link(&mut self, now: Link) {
+        let Some(held) = self.held.as_mut() else {
+            return;
+        };
+        match now {
+            Link::Down if !held.suspended => {
+                held.suspended = true;
+                let term = held.term;
+                tracing::warn!(%term, "the NATS connection closed: not polling until a renewal over a new one");
+                self.set(Leadership::Unknown);
+            }
+            Link::Up if held.suspended => held.next_try = Instant::now(),
+            _ => {}
         }
     }
 

@@ -152,6 +152,12 @@ impl Names {
     fn call_subject(&self, term: lease::Term) -> String {
         format!("relay.{}.call.{}", self.bot, term.0)
     }
+    /// Answered by the machine's relay while it is connected: how other
+    /// machines learn that a holder's process is gone
+    /// ([`lease::Presence`]).
+    fn presence_subject(&self, node_id: &str) -> String {
+        format!("relay.{}.present.{node_id}", self.bot)
+    }
     fn question_subject(&self, question: nodes::Question) -> String {
         format!("relay.{}.{}", self.bot, question.word())
     }

@@ -89,7 +89,14 @@ pub(super) async fn route_then_flush(
     // already holds everything, so nothing is lost.
     let _ = batches.send(batch).await;
     match tokio::task::spawn_blocking(move || unflushed.flush()).await {
-        Ok(flushed) => flushed.map(|()| true),
+        Ok(flushed) => flushed.map(|()| {
+            if crate::logging::milestones_on() {
+                for id in &inserted {
+                    crate::logging::milestone("synced", *id);
+                }
+            }
+            true
+        }),
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(_) => Ok(false),

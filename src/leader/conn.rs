@@ -99,6 +99,13 @@ async fn write_frames(
             tracing::debug!("bus write failed: {e}");
             break;
         }
+        if crate::logging::milestones_on() {
+            for frame in &burst {
+                if let FromLeader::Deliver(deliver) = frame {
+                    crate::logging::milestone("framed", deliver.update_id);
+                }
+            }
+        }
         burst.clear();
     }
     close.cancel();
@@ -196,6 +203,9 @@ async fn register(leader: Arc<Leader>, conn: ConnId, req: Register) {
     let (id, generation) = (req.id, req.registration_generation);
     let result = leader.registrations.register(conn, req).await;
     let registered = result.is_ok();
+    if registered {
+        crate::logging::milestone("register", 0);
+    }
     cx.registry
         .send(conn, leader.ack::<Register>(Some(id), result));
     if registered {

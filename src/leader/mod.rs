@@ -173,6 +173,10 @@ pub(crate) async fn start(
 ///
 /// Long because a leader starts in one order that must not change: the
 /// cluster, the outbox and the budget, the store, the socket, leader.json.
+/// The store is opened beside the outbox's construction (a failover
+/// waits for the longer of the two, not both), so an outbox that cannot
+/// be built (a bad API URL) still costs an epoch; nothing uses either
+/// before both are there.
 async fn start_with(
     lock: LeaderLock,
     paths: &Paths,
@@ -184,24 +188,35 @@ async fn start_with(
         message: "no bot token".into(),
     })?;
     let store_path: PathBuf = paths.store_file(bot);
+    // The store opens (checked, the epoch written: milliseconds of disk)
+    // on a blocking thread while the outbox builds its HTTP client (the
+    // TLS roots: milliseconds of CPU).
+    let (configured, roles) = (config.allowed_users.clone(), config.roles.clone());
+    let approve_by = config.approvals.by;
+    let opened = store_path.clone();
+    let opening = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let mut store = Store::open(&opened)?;
+        crate::logging::milestone("store-opened", 0);
+        let epoch = store.bump_epoch()?;
+        crate::logging::milestone("epoch", 0);
+        let access = Access::load(&configured, roles, approve_by, &store)?;
+        Ok((store, epoch, access))
+    });
     let cluster = config
         .cluster
         .as_ref()
         .map(|cluster| Arc::new(ClusterNode::new(cluster.clone(), bot, &store_path)));
-    let outbox = Outbox::new(config, cluster.clone())?;
+    let outbox = Outbox::new(config, cluster.clone());
+    crate::logging::milestone("outbox", 0);
+    let (store, epoch, access) = opening
+        .await
+        .map_err(|e| LeaderError::Bind(std::io::Error::other(e)))??;
+    let outbox = outbox?;
     let (budget, spent) = budget::Kept::read(paths.budget_file(bot));
     outbox.go_on_from(&spent);
-    let (configured, roles) = (config.allowed_users.clone(), config.roles.clone());
-    let approve_by = config.approvals.by;
-    let (store, epoch, access) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-        let mut store = Store::open(&store_path)?;
-        let epoch = store.bump_epoch()?;
-        let access = Access::load(&configured, roles, approve_by, &store)?;
-        Ok((store, epoch, access))
-    })
-    .await
-    .map_err(|e| LeaderError::Bind(std::io::Error::other(e)))??;
+    crate::logging::milestone("store", 0);
     let listener = lock.bind().map_err(LeaderError::Bind)?;
+    crate::logging::milestone("bind", 0);
     let since_ms = now_ms();
     if let Err(e) = lock.write_info(&LeaderInfo {
         pid: std::process::id(),
@@ -352,6 +367,7 @@ async fn run(
             () = cx.stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
+                    crate::logging::milestone("accept", 0);
                     conns.spawn(crate::tasks::boxed(conn::serve(leader.clone(), stream)));
                 }
                 Err(e) => {

@@ -134,6 +134,11 @@ impl Journal for LocalJournal {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .journal_batch_unflushed(batch.journaled.iter().map(|e| &e.update), last + 1)?;
+        if crate::logging::milestones_on() {
+            for entry in &batch.journaled {
+                crate::logging::milestone("journaled", entry.update.update_id);
+            }
+        }
         Ok(if route_then_flush(&self.batches, batch, written).await? {
             Step::Confirm
         } else {
@@ -175,9 +180,12 @@ impl<J: Journal> Poller<J> {
     /// fails (the leader must not go on without its journal).
     pub async fn run(mut self) -> Result<(), StoreError> {
         let mut waits = Waits::new();
+        crate::logging::milestone("poller", 0);
         self.delete_webhook(&mut waits.failure).await;
+        crate::logging::milestone("webhook", 0);
         while !self.stop.is_cancelled() {
             let offset = self.journal.offset()?;
+            crate::logging::milestone("poll", offset.unwrap_or(0));
             let asked = Instant::now();
             let Some(polled) = self.poll(offset, &mut waits).await else {
                 return Ok(());
@@ -188,6 +196,11 @@ impl<J: Journal> Poller<J> {
                     None => continue,
                 },
                 Ok(raw) => {
+                    if crate::logging::milestones_on() {
+                        for id in raw.iter().filter_map(update_id_of) {
+                            crate::logging::milestone("polled", id);
+                        }
+                    }
                     waits.heard();
                     self.facts().last_ok = Some(Instant::now());
                     self.health

@@ -245,6 +245,7 @@ impl Actor {
         }
         match self.bus.try_lock() {
             Ok(Some(lock)) => {
+                crate::logging::milestone("lock", 0);
                 let started = leader::start(
                     lock,
                     &self.request.paths,
@@ -575,6 +576,7 @@ impl Actor {
             FromLeader::Ack(ack) => return self.on_ack(ack, waiting, reconcile),
             FromLeader::Deliver(deliver) => match &self.membership {
                 Membership::Session { deliveries } => {
+                    crate::logging::milestone("received", deliver.update_id);
                     if deliveries.send(deliver).await.is_err() {
                         tracing::debug!("no session listens for deliveries");
                     }

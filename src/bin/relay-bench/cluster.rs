@@ -4,7 +4,8 @@
 //!
 //! * failover across machines: SIGKILL every sidecar of the machine that
 //!   polls → a message injected at that moment reaches a session of the
-//!   other machine (the lease's expiry, a takeover, a poll, the stream);
+//!   other machine (the dead relay found gone from NATS, a takeover, a
+//!   poll, the stream);
 //! * inbound latency through JetStream, for a session of the polling
 //!   machine and of the other one;
 //! * NATS traffic per inbound update: messages and bytes in and out of

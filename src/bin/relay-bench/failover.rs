@@ -6,12 +6,19 @@
 //! truth: from the new leader's first poll to the host reading a connected
 //! status line (`● leader` / `● follower`, nothing after it). A line that
 //! was back before the poll counts as no lag.
+//!
+//! The sidecars log their milestones (`milestones.rs`), so each trial is
+//! also broken down: the kill, the survivor that wins the lock, its store
+//! opened (the journal read, the epoch written), the socket bound, its
+//! first connection accepted and registration done, the webhook deleted
+//! and the first `getUpdates`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 
+use crate::milestones::{self, first_after, span};
 use crate::world::{Probe, World};
 
 /// One failover may take this long before the trial counts as failed.
@@ -23,7 +30,43 @@ pub struct Failover {
     pub takeover: Vec<Duration>,
     /// One sample per survivor and trial: its status line after the poll.
     pub status_lag: Vec<Duration>,
+    /// Each step of the new leader (from the milestone before it), with
+    /// one sample per trial that logged both.
+    pub steps: Vec<(&'static str, Vec<Duration>)>,
 }
+
+/// The new leader's milestones, each measured from an earlier one ("kill"
+/// is the bench's own): (step, from, what the span is). Once bound, the
+/// connections and the poller go on side by side.
+pub const STEPS: [(&str, &str, &str); 11] = [
+    ("lock", "kill", "kill → a survivor holds the lock"),
+    (
+        "outbox",
+        "lock",
+        "lock → outbox built (its HTTP client; beside the store)",
+    ),
+    (
+        "store-opened",
+        "lock",
+        "lock → store open (quick_check, WAL, migrations)",
+    ),
+    (
+        "epoch",
+        "store-opened",
+        "store open → epoch written (fsync)",
+    ),
+    ("store", "epoch", "epoch → access list read"),
+    ("bind", "store", "access read → socket bound"),
+    ("accept", "bind", "bound → first connection accepted"),
+    ("register", "accept", "accepted → first registration done"),
+    ("poller", "bind", "bound → the poller starts"),
+    (
+        "webhook",
+        "poller",
+        "poller starts → deleteWebhook answered",
+    ),
+    ("poll", "webhook", "deleteWebhook → first getUpdates sent"),
+];
 
 fn connected(status: &str) -> bool {
     status.ends_with("● leader") || status.ends_with("● follower")
@@ -31,7 +74,7 @@ fn connected(status: &str) -> bool {
 
 /// `trials` failovers of a bus of `sessions` sessions.
 pub async fn measure(relay: &Path, sessions: usize, trials: usize) -> anyhow::Result<Failover> {
-    let mut world = World::start(relay, sessions).await?;
+    let mut world = World::start_traced(relay, sessions).await?;
     let mut probe = Probe::new();
     // Once beforehand, so the probe has a topic to carry into every trial.
     probe
@@ -40,6 +83,7 @@ pub async fn measure(relay: &Path, sessions: usize, trials: usize) -> anyhow::Re
         .context("first probe registration")?;
     let mut samples = Vec::with_capacity(trials);
     let mut lags = Vec::with_capacity(trials * sessions.saturating_sub(1));
+    let mut kills_us = Vec::with_capacity(trials);
     for trial in 0..trials {
         let status = world.settle(sessions).await?;
         let leader = world
@@ -47,6 +91,7 @@ pub async fn measure(relay: &Path, sessions: usize, trials: usize) -> anyhow::Re
             .context("the leader is none of our sidecars")?;
         let api = world.api();
         let calls_before = api.calls().len();
+        kills_us.push(milestones::now_us());
         let killed = world.hosts[leader].sigkill();
         let deadline = killed + TRIAL_TIMEOUT;
         let polled = api.wait_until(
@@ -91,5 +136,30 @@ pub async fn measure(relay: &Path, sessions: usize, trials: usize) -> anyhow::Re
     Ok(Failover {
         takeover: samples,
         status_lag: lags,
+        steps: breakdown(&world, &kills_us),
     })
+}
+
+/// Each trial's steps, from its kill until the next trial's.
+fn breakdown(world: &World, kills_us: &[u128]) -> Vec<(&'static str, Vec<Duration>)> {
+    // The last lines are written by each sidecar's logging thread.
+    std::thread::sleep(Duration::from_millis(200));
+    let all = world.milestones();
+    let mut steps: Vec<(&'static str, Vec<Duration>)> = STEPS
+        .iter()
+        .map(|(_, _, what)| (*what, Vec::new()))
+        .collect();
+    for (i, &kill) in kills_us.iter().enumerate() {
+        let until = kills_us.get(i + 1).copied().unwrap_or(u128::MAX);
+        let at = |step: &str| match step {
+            "kill" => Some(kill),
+            _ => first_after(&all, step, kill, until).map(|m| m.at_us),
+        };
+        for (k, (step, from, _)) in STEPS.iter().enumerate() {
+            if let (Some(from), Some(to)) = (at(from), at(step)) {
+                steps[k].1.push(span(from, to));
+            }
+        }
+    }
+    steps
 }

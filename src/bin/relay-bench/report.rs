@@ -115,6 +115,10 @@ pub enum Goal {
     MemoryAtMost {
         kib: u64,
     },
+    /// A median at most this many times the reference's (same run).
+    MedianTimesReferenceAtMost {
+        times: f64,
+    },
 }
 
 impl Goal {
@@ -127,12 +131,19 @@ impl Goal {
             }
             Goal::RateAtLeast { per_s } => format!("≥ {}", fmt_rate(per_s)),
             Goal::MemoryAtMost { kib } => format!("≤ {}", fmt_kib(kib)),
+            Goal::MedianTimesReferenceAtMost { times } => {
+                format!("median ≤ {times}× the reference")
+            }
         }
     }
 
     /// `None` when there is nothing to judge (no goal, or no measurement).
-    fn met_by(self, value: &Measure) -> Option<bool> {
+    fn met_by(self, value: &Measure, reference: &Measure) -> Option<bool> {
         match (self, value) {
+            (Goal::MedianTimesReferenceAtMost { times }, Measure::Latency(s)) => match reference {
+                Measure::Latency(r) => Some(s.median_ms <= r.median_ms * times),
+                _ => None,
+            },
             (Goal::MedianAtMost { ms }, Measure::Latency(s)) => Some(s.median_ms <= ms),
             (Goal::PercentilesAtMost { p50_ms, p99_ms }, Measure::Latency(s)) => {
                 Some(s.median_ms <= p50_ms && s.p99_ms <= p99_ms)
@@ -179,7 +190,7 @@ impl Row {
 
     pub fn goal(mut self, goal: Goal) -> Row {
         self.goal = goal;
-        self.met = goal.met_by(&self.value);
+        self.met = goal.met_by(&self.value, &self.reference);
         self
     }
 }

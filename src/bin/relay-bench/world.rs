@@ -18,6 +18,7 @@ use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::tokio::Stream as _;
 
 use crate::host::Host;
+use crate::milestones::{ENV, Milestone};
 
 /// How long a whole bus may take to (re)form before the bench gives up.
 pub const SETTLE: Duration = Duration::from_secs(30);
@@ -54,6 +55,8 @@ pub struct World {
     relay: PathBuf,
     bus: BusDir,
     paced: bool,
+    /// The sidecars log their milestones (`milestones.rs`).
+    traced: bool,
     // Last, so the sidecars are killed before their home goes.
     home: TempHome,
 }
@@ -67,6 +70,21 @@ impl World {
     /// [`World::start`]; `paced`: Telegram's limits on, in the fake and in
     /// the relay (the budget figures).
     pub async fn start_with(relay: &Path, sessions: usize, paced: bool) -> anyhow::Result<World> {
+        World::start_as(relay, sessions, paced, false).await
+    }
+
+    /// [`World::start`] whose sidecars log their milestones, for a
+    /// breakdown (a few debug lines per failover or per message).
+    pub async fn start_traced(relay: &Path, sessions: usize) -> anyhow::Result<World> {
+        World::start_as(relay, sessions, false, true).await
+    }
+
+    async fn start_as(
+        relay: &Path,
+        sessions: usize,
+        paced: bool,
+        traced: bool,
+    ) -> anyhow::Result<World> {
         let fake = FakeBotApi::start(FakeConfig {
             rate_limits: paced,
             ..FakeConfig::default()
@@ -83,6 +101,7 @@ impl World {
             relay: relay.to_path_buf(),
             bus,
             paced,
+            traced,
             home,
         };
         for i in 0..sessions {
@@ -115,7 +134,13 @@ impl World {
         .into_iter()
         .filter(|(k, _)| !(self.paced && *k == "AGENT_RELAY_UNLIMITED"))
         .map(|(k, v)| (k.to_string(), v))
+        .chain(self.traced.then(|| (ENV.0.to_string(), ENV.1.to_string())))
         .collect()
+    }
+
+    /// The milestones the sidecars logged so far.
+    pub fn milestones(&self) -> Vec<Milestone> {
+        crate::milestones::read(self.home.path())
     }
 
     /// Spawns (without handshake) a sidecar for the session `cwd`/`name`.
