@@ -202,18 +202,30 @@ mod tests {
     fn a_group_that_ignores_sigterm_is_killed() {
         use std::os::unix::process::CommandExt;
         // A group whose leader ignores SIGTERM and whose member is a child.
+        // It says when it ignores SIGTERM and has its child, so the test
+        // ends a group that needs SIGKILL, not one still starting.
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
         let mut leader = Command::new("/bin/sh")
-            .args(["-c", "trap '' TERM; sleep 600 & wait"])
+            .args(["-c", "trap '' TERM; sleep 600 & : > \"$1\"; wait", "sh"])
+            .arg(&ready)
             .process_group(0)
             .spawn()
             .unwrap();
         let pgid = leader.id();
         let started = Instant::now();
-        while !sys::signal_group(pgid, 0) && started.elapsed() < Duration::from_secs(10) {
+        while !ready.exists() && started.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(LOOK_EVERY);
         }
+        assert!(ready.exists(), "the group started");
         end_groups(&BTreeSet::from([pgid]), Duration::from_millis(300));
         leader.wait().unwrap();
+        // The orphaned `sleep`, killed, is a zombie until init reaps it, and
+        // a zombie still answers signal 0: its reaping is not ours to time.
+        let killed = Instant::now();
+        while sys::signal_group(pgid, 0) && killed.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(LOOK_EVERY);
+        }
         assert!(!sys::signal_group(pgid, 0), "nothing of the group is left");
     }
 }
