@@ -73,6 +73,7 @@ test("/steer puts its text into Codex's running turn; a plain message waits for 
 		"the steered text is in the history once",
 	);
 	await telegram.said(topic.thread_id, (text) => text === "echo: a thought for later", { ms: WAIT, what: "the next turn's answer" });
+	await eventually(() => taken(telegram, waiting.message_id), WAIT, "the waiting message marked once the next turn took it (👀)");
 	assert.equal(
 		fake.turns.slice(turnsBefore).filter((r) => r.lastUserText === "a thought for later").length,
 		1,

@@ -78,4 +78,5 @@ test("/steer puts its text into OpenCode's running turn; a plain message waits f
 		"the steered text is in the history once",
 	);
 	await telegram.said(topic.thread_id, (text) => text === "echo: a thought for later", { ms: WAIT, what: "the next turn's answer" });
+	await eventually(() => taken(telegram, waiting.message_id), WAIT, "the waiting message marked once the next turn took it (👀)");
 });
