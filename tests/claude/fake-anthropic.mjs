@@ -29,9 +29,9 @@
 //    turn held open, for `/stop`; the record gets `aborted: true` when it goes).
 // 5. Otherwise `echo: <last user text>`.
 //
-// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
+// The server, the script and the recording are `tests/model-api/fake-api.mjs`'s.
 
-import { FakeApi, HANG, event, halves, newId, printRequests, send, toolCue } from "../shared/fake-api.mjs";
+import { FakeApi, HANG, event, halves, newId, printRequests, send, toolCue } from "../model-api/fake-api.mjs";
 
 /** The text of a message's content (string or blocks), tool results left out. */
 function textOf(content) {

@@ -28,9 +28,9 @@
 //    `exec_command` call with those arguments.
 // 5. Otherwise `echo: <last user text>`.
 //
-// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
+// The server, the script and the recording are `tests/model-api/fake-api.mjs`'s.
 
-import { FakeApi, event, halves, newId, printRequests, send } from "../shared/fake-api.mjs";
+import { FakeApi, event, halves, newId, printRequests, send } from "../model-api/fake-api.mjs";
 
 const CUE = /\[\[exec\s+(\{[\s\S]*?\})\]\]/;
 

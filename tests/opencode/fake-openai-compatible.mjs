@@ -28,9 +28,9 @@
 //    NAME with those arguments; `[[hang]]` — the `hang` step (`thinking…`).
 // 5. Otherwise `echo: <last user text>`.
 //
-// The server, the script and the record are `tests/shared/fake-api.mjs`'s.
+// The server, the script and the record are `tests/model-api/fake-api.mjs`'s.
 
-import { FakeApi, HANG, halves, newId, printRequests, send, toolCue } from "../shared/fake-api.mjs";
+import { FakeApi, HANG, halves, newId, printRequests, send, toolCue } from "../model-api/fake-api.mjs";
 
 /** The text parts of an OpenAI message's content, joined. */
 function textOf(content) {

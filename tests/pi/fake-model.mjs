@@ -42,9 +42,9 @@
 // last user text, tool results, image parts); `model.prompts` lists the user texts
 // of requests that start a turn (not the follow-ups after tool results).
 //
-// The server, the script and the recording are `tests/shared/fake-api.mjs`'s.
+// The server, the script and the recording are `tests/model-api/fake-api.mjs`'s.
 
-import { FakeApi, HANG, halves, newId, send, toolCue } from "../shared/fake-api.mjs";
+import { FakeApi, HANG, halves, newId, send, toolCue } from "../model-api/fake-api.mjs";
 
 /**
  * The answer when the script has none: what the tools returned, the call a
