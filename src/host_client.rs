@@ -338,6 +338,41 @@ impl Link {
         }))
     }
 
+    /// Answers what the sidecar asks of the host a bridge plays in process,
+    /// until it is gone: each request with `answer`'s result, on a task of
+    /// its own (a prompt may wait on the agent); its notifications (the
+    /// status line, notices) go to the log, such a host having no place
+    /// for them.
+    pub fn answer_requests<F, Fut>(&self, mut from: mpsc::UnboundedReceiver<Said>, answer: F)
+    where
+        F: Fn(String, Value) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Value, (i64, String)>> + Send + 'static,
+    {
+        let link = self.clone();
+        crate::tasks::spawn(async move {
+            while let Some(Said { message, .. }) = from.recv().await {
+                match message {
+                    FromSidecar::Request { id, method, params } => {
+                        let (link, answered) = (link.clone(), answer(method, params));
+                        crate::tasks::spawn(async move {
+                            let sent = match answered.await {
+                                Ok(result) => link.respond(id, result),
+                                Err((code, why)) => link.respond_error(id, code, &why),
+                            };
+                            if let Err(e) = sent {
+                                tracing::debug!("the session is gone: {e}");
+                            }
+                        });
+                    }
+                    FromSidecar::Notification { method, params } => {
+                        tracing::debug!(method, %params, "from the session");
+                    }
+                    FromSidecar::Response(_) | FromSidecar::NotJson(_) => {}
+                }
+            }
+        });
+    }
+
     /// Writes one line as it is (tests send broken ones on purpose).
     pub fn send_line(&self, line: &str) -> Result<(), HostError> {
         if let (Some(traffic), Ok(value)) = (&self.traffic, serde_json::from_str::<Value>(line)) {

@@ -1,7 +1,11 @@
 //! The small value types every layer names: a bot's [`BotId`], a leader's
 //! [`Epoch`], a registration's [`Generation`], a topic [`Slot`], a
 //! [`Target`] (chat and topic) and a [`Place`] (a chat, in a topic or not). They live apart from the wire types so the store and the
-//! topic rules can use them without depending on any protocol.
+//! topic rules can use them without depending on any protocol. And
+//! [`RecentUpdates`], the bounded memory of update ids that drops a
+//! delivery seen twice.
+
+use std::collections::{HashSet, VecDeque};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -181,5 +185,64 @@ impl TryFrom<String> for NodeName {
 impl From<NodeName> for String {
     fn from(n: NodeName) -> String {
         n.0
+    }
+}
+
+/// The update ids seen most recently, at most [`RecentUpdates::KEPT`] of
+/// them: what drops a prompt delivered twice (a leader's failover hands
+/// over what it had not seen acknowledged).
+#[derive(Debug, Default)]
+pub struct RecentUpdates {
+    order: VecDeque<i64>,
+    set: HashSet<i64>,
+}
+
+impl RecentUpdates {
+    /// How many update ids are remembered.
+    pub const KEPT: usize = 4096;
+
+    pub fn contains(&self, id: i64) -> bool {
+        self.set.contains(&id)
+    }
+
+    /// Remembers `id`, forgetting the oldest beyond [`Self::KEPT`]; false
+    /// when it was there already.
+    pub fn insert(&mut self, id: i64) -> bool {
+        if !self.set.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        if self.order.len() > Self::KEPT
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        true
+    }
+
+    /// Forgets `id`: its delivery failed, so the next one must be taken.
+    pub fn remove(&mut self, id: i64) {
+        if self.set.remove(&id) {
+            self.order.retain(|&kept| kept != id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::RecentUpdates;
+
+    #[test]
+    fn recent_updates_are_bounded_forget_the_oldest_and_a_removed_one() {
+        let mut seen = RecentUpdates::default();
+        for id in 0..(RecentUpdates::KEPT as i64 + 10) {
+            assert!(seen.insert(id));
+        }
+        assert!(!seen.insert(20), "a repeat");
+        assert!(!seen.contains(0) && seen.contains(RecentUpdates::KEPT as i64 + 9));
+        assert_eq!(seen.set.len(), RecentUpdates::KEPT);
+        seen.remove(20);
+        assert!(seen.insert(20), "taken again after its delivery failed");
+        assert_eq!(seen.order.len(), seen.set.len());
     }
 }

@@ -33,8 +33,6 @@ const QUICK: Duration = Duration::from_secs(30);
 const CONNECT: Duration = Duration::from_secs(20);
 /// Requests that wait for a person (the session applies its own timeout).
 const PERSON: Duration = Duration::from_secs(24 * 3600);
-/// Update ids remembered to drop a prompt delivered twice.
-const SEEN: usize = 4096;
 /// Messages kept for `telegram_inbox`, at most (the oldest go first, and
 /// the topic is told).
 const INBOX: usize = 256;
@@ -75,8 +73,7 @@ struct ClaudeState {
     /// The topic was told that messages wait for `telegram_inbox` (once
     /// per batch: reset when the inbox is read).
     told_waiting: bool,
-    seen: VecDeque<i64>,
-    seen_set: HashSet<i64>,
+    seen: crate::ids::RecentUpdates,
     /// The current turn came from Telegram (its prompt was a channel message).
     from_telegram: bool,
     /// Approvals waiting for the phone right now.
@@ -357,14 +354,8 @@ impl ClaudeBridge {
         let (channel, dropped, update_id, turn_running) = {
             let mut state = self.state();
             let id = waiting.origin.update_id;
-            if !state.seen_set.insert(id) {
+            if !state.seen.insert(id) {
                 return;
-            }
-            state.seen.push_back(id);
-            if state.seen.len() > SEEN
-                && let Some(old) = state.seen.pop_front()
-            {
-                state.seen_set.remove(&old);
             }
             state.inbox.push_back(waiting.clone());
             let dropped = (state.inbox.len() > INBOX).then(|| state.inbox.pop_front());

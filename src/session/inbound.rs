@@ -51,6 +51,7 @@ use super::Session;
 use super::media::{self, ALBUM_WAIT, Prepared};
 use super::outbound::ToTopic;
 use crate::host::OutboundError;
+use crate::ids::RecentUpdates;
 use crate::member::Member;
 use crate::phone::PhoneCommand;
 use crate::protocol::bus::Deliver;
@@ -60,39 +61,6 @@ use crate::protocol::host::{
 
 /// How long the host may take to accept a prompt.
 const HOST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How many delivered update ids are remembered for deduplication.
-const SEEN: usize = 4096;
-
-/// A bounded set of recently delivered update ids.
-struct Seen {
-    order: VecDeque<i64>,
-    set: HashSet<i64>,
-}
-
-impl Seen {
-    fn new() -> Self {
-        Self {
-            order: VecDeque::with_capacity(SEEN),
-            set: HashSet::with_capacity(SEEN),
-        }
-    }
-
-    fn contains(&self, id: i64) -> bool {
-        self.set.contains(&id)
-    }
-
-    fn insert(&mut self, id: i64) {
-        if self.set.insert(id) {
-            self.order.push_back(id);
-            if self.order.len() > SEEN
-                && let Some(old) = self.order.pop_front()
-            {
-                self.set.remove(&old);
-            }
-        }
-    }
-}
-
 /// Prompts handed to the host and not answered yet, at most. They go out
 /// in journal order without waiting for each answer (see the module docs).
 const WINDOW: usize = 64;
@@ -152,7 +120,7 @@ pub async fn run(
         member,
         deliveries,
         stop,
-        seen: Seen::new(),
+        seen: RecentUpdates::default(),
         in_flight: FuturesOrdered::new(),
         on_the_way: HashSet::new(),
         held: VecDeque::new(),
@@ -170,7 +138,7 @@ struct Inbound {
     deliveries: mpsc::Receiver<Deliver>,
     stop: CancellationToken,
     /// What the host took, by update id: a repeat is dropped.
-    seen: Seen,
+    seen: RecentUpdates,
     /// Prompts handed to the host, waiting for its answer, in order.
     in_flight: FuturesOrdered<Answered>,
     /// The update ids of those prompts.
@@ -559,21 +527,5 @@ async fn run_command(session: &Session, deliver: &Deliver) {
             ))),
         },
         _ => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seen_is_bounded_and_forgets_the_oldest() {
-        let mut seen = Seen::new();
-        for id in 0..(SEEN as i64 + 10) {
-            seen.insert(id);
-        }
-        assert!(!seen.contains(0));
-        assert!(seen.contains(SEEN as i64 + 9));
-        assert_eq!(seen.set.len(), SEEN);
     }
 }

@@ -126,8 +126,7 @@ struct CodexState {
     changes: HashMap<String, Vec<wire::FileUpdate>>,
     /// Requests forwarded to the session, by Codex's request id.
     forwarded: HashMap<String, Forwarded>,
-    seen: VecDeque<i64>,
-    seen_set: HashSet<i64>,
+    seen: crate::ids::RecentUpdates,
     /// The model a turn from the phone is started with (a launched
     /// session's `/model`); none: the thread's.
     model: Option<String>,

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::{CodexBridge, FROM_PHONE, QUICK, SESSION_QUICK};
 use crate::codex::app_server::AppServerError;
 use crate::codex::wire::{self, method as codex};
-use crate::host_client::{FromSidecar, HostError, Said};
+use crate::host_client::{HostError, Said};
 use crate::protocol::host::{
     AttachmentKind, DeliverAs, SendFileParams, SendFileResult, SendUserMessageParams, method,
 };
@@ -19,35 +19,14 @@ use crate::protocol::host::{
 /// The most pages of `model/list` read (a page holds every model Codex
 /// 0.171 knows).
 const MODEL_PAGES: usize = 5;
-/// Update ids remembered to drop a prompt delivered twice.
-const SEEN: usize = 4096;
 
 impl CodexBridge {
     /// Answers what the session asks of its host, until it is gone.
-    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
-        crate::tasks::spawn(async move {
-            while let Some(Said { message, .. }) = from.recv().await {
-                match message {
-                    FromSidecar::Request { id, method, params } => {
-                        let me = self.clone();
-                        crate::tasks::spawn(async move {
-                            let sent = match me.on_session_request(&method, params).await {
-                                Ok(result) => me.session.respond(id, result),
-                                Err((code, why)) => me.session.respond_error(id, code, &why),
-                            };
-                            if let Err(e) = sent {
-                                tracing::debug!("the session is gone: {e}");
-                            }
-                        });
-                    }
-                    FromSidecar::Notification { method, params } => {
-                        // The status line and notices: the TUI has no place
-                        // for them, the log has.
-                        tracing::debug!(method, %params, "from the session");
-                    }
-                    FromSidecar::Response(_) | FromSidecar::NotJson(_) => {}
-                }
-            }
+    pub(super) fn spawn_session_loop(self: Arc<Self>, from: mpsc::UnboundedReceiver<Said>) {
+        let session = self.session.clone();
+        session.answer_requests(from, move |method, params| {
+            let me = self.clone();
+            async move { me.on_session_request(&method, params).await }
         });
     }
 
@@ -74,14 +53,8 @@ impl CodexBridge {
         let update_id = params.origin.update_id;
         let (thread_id, model, turn) = {
             let mut state = self.state();
-            if !state.seen_set.insert(update_id) {
+            if !state.seen.insert(update_id) {
                 return Ok(json!({"accepted": true}));
-            }
-            state.seen.push_back(update_id);
-            if state.seen.len() > SEEN
-                && let Some(old) = state.seen.pop_front()
-            {
-                state.seen_set.remove(&old);
             }
             let steer = params.deliver_as == Some(DeliverAs::Steer);
             let turn = state.turn.clone().filter(|_| steer);
@@ -89,7 +62,7 @@ impl CodexBridge {
         };
         let forget = || {
             let mut state = self.state();
-            state.seen_set.remove(&update_id);
+            state.seen.remove(update_id);
         };
         let Some(thread_id) = thread_id else {
             forget();

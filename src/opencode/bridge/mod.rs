@@ -130,8 +130,7 @@ struct OpenCodeState {
     mirrored: HashSet<String>,
     /// Requests forwarded to the session, by OpenCode's request id.
     forwarded: HashMap<String, Forwarded>,
-    seen: VecDeque<i64>,
-    seen_set: HashSet<i64>,
+    seen: crate::ids::RecentUpdates,
     /// The model a prompt from the phone names (a launched session's
     /// `/model`); none: OpenCode's choice.
     model: Option<wire::ModelRef>,

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::{OpenCodeBridge, QUICK, SESSION_QUICK};
-use crate::host_client::{FromSidecar, HostError, Said};
+use crate::host_client::{HostError, Said};
 use crate::opencode::server::ServerError;
 use crate::opencode::wire;
 use crate::protocol::host::{
@@ -17,35 +17,13 @@ use crate::protocol::host::{
 };
 use crate::protocol::launch::ModelChoice;
 
-/// Update ids remembered to drop a prompt delivered twice.
-const SEEN: usize = 4096;
-
 impl OpenCodeBridge {
     /// Answers what the session asks of its host, until it is gone.
-    pub(super) fn spawn_session_loop(self: Arc<Self>, mut from: mpsc::UnboundedReceiver<Said>) {
-        crate::tasks::spawn(async move {
-            while let Some(Said { message, .. }) = from.recv().await {
-                match message {
-                    FromSidecar::Request { id, method, params } => {
-                        let me = self.clone();
-                        crate::tasks::spawn(async move {
-                            let sent = match me.on_session_request(&method, params).await {
-                                Ok(result) => me.session.respond(id, result),
-                                Err((code, why)) => me.session.respond_error(id, code, &why),
-                            };
-                            if let Err(e) = sent {
-                                tracing::debug!("the session is gone: {e}");
-                            }
-                        });
-                    }
-                    FromSidecar::Notification { method, params } => {
-                        // The status line and notices: the TUI has no place
-                        // for them, the log has.
-                        tracing::debug!(method, %params, "from the session");
-                    }
-                    FromSidecar::Response(_) | FromSidecar::NotJson(_) => {}
-                }
-            }
+    pub(super) fn spawn_session_loop(self: Arc<Self>, from: mpsc::UnboundedReceiver<Said>) {
+        let session = self.session.clone();
+        session.answer_requests(from, move |method, params| {
+            let me = self.clone();
+            async move { me.on_session_request(&method, params).await }
         });
     }
 
@@ -71,19 +49,13 @@ impl OpenCodeBridge {
         let update_id = params.origin.update_id;
         let (session_id, model) = {
             let mut state = self.state();
-            if !state.seen_set.insert(update_id) {
+            if !state.seen.insert(update_id) {
                 return Ok(json!({"accepted": true}));
-            }
-            state.seen.push_back(update_id);
-            if state.seen.len() > SEEN
-                && let Some(old) = state.seen.pop_front()
-            {
-                state.seen_set.remove(&old);
             }
             (state.session.clone(), state.model.clone())
         };
         let forget = || {
-            self.state().seen_set.remove(&update_id);
+            self.state().seen.remove(update_id);
         };
         let Some(session_id) = session_id else {
             forget();
