@@ -635,8 +635,8 @@ pub fn temp_file_for(path: &Path) -> PathBuf {
 
 /// Replaces `path` with `bytes` atomically: a reader sees the old file or
 /// the new one, never a part, and after a crash the new one is there once
-/// this returned. The one file writer of the relay (`leader.json`,
-/// `config.toml`, Claude Code's settings).
+/// this returned. The one file writer of the relay (`config.toml`, Claude
+/// Code's settings; `leader.json` through [`replace_hint_file`]).
 ///
 /// The temp file ([`temp_file_for`]) is created afresh with `O_NOFOLLOW`,
 /// so a link planted there is never written through; a leftover there (of
@@ -645,6 +645,25 @@ pub fn temp_file_for(path: &Path) -> PathBuf {
 /// the relay's private files), is written and synced, renamed over `path`,
 /// and the directory is synced so the rename itself is on disk.
 pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace(path, bytes, mode, Durable::Synced)
+}
+
+/// [`replace_file`] for a file that is a hint, rewritten by whoever comes
+/// next (`leader.json`): atomic for readers all the same, but not synced,
+/// so after a crash of the machine it may hold an earlier version, or be
+/// empty (its readers take that as nothing known). Saves a new leader the
+/// two syncs on its way to serving.
+pub fn replace_hint_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace(path, bytes, mode, Durable::Hint)
+}
+
+#[derive(PartialEq)]
+enum Durable {
+    Synced,
+    Hint,
+}
+
+fn replace(path: &Path, bytes: &[u8], mode: u32, durable: Durable) -> io::Result<()> {
     use std::io::Write;
     let _one_at_a_time = REPLACING
         .lock()
@@ -664,12 +683,17 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
             .map_err(|e| io::Error::from(open_error(&temp, e)))?;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable == Durable::Synced {
+            file.sync_all()?;
+        }
         std::fs::rename(&temp, path)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&temp);
         return Err(e);
+    }
+    if durable == Durable::Hint {
+        return Ok(());
     }
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,

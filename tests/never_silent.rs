@@ -256,6 +256,48 @@ async fn an_answer_the_topic_cannot_take_is_told_to_the_host_and_the_status_line
     s.wait_status(connected).await;
 }
 
+// ------------------------------------------------------------- webhook
+
+/// Polling and a webhook exclude each other. A leader does not delete one
+/// up front (its first request is its poll); a webhook another program
+/// sets is deleted when Telegram refuses the poll for it, with the updates
+/// that wait kept, and nothing typed meanwhile is lost.
+#[tokio::test]
+async fn a_webhook_another_program_sets_is_deleted_and_nothing_waiting_is_lost() {
+    let home = common::home();
+    let fake = common::fake().await;
+    let s = session(home.path(), &fake, "/tmp/api", "api").await;
+    let thread = topic(&fake, "api").thread_id;
+    let deletions = |fake: &FakeServer| {
+        fake.api()
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == "deleteWebhook")
+            .collect::<Vec<_>>()
+    };
+    assert!(deletions(&fake).is_empty(), "no webhook, no deleteWebhook");
+
+    fake.api()
+        .set_webhook_externally("https://example.invalid/other-program");
+    // The poll open now still hears this one; the next is refused.
+    inject(&fake, Some(thread), USER, "before the webhook was noticed");
+    wait_prompt(&s, "before the webhook was noticed").await;
+    inject(&fake, Some(thread), USER, "while the webhook was set");
+    wait_prompt(&s, "while the webhook was set").await;
+
+    let deleted = deletions(&fake);
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(deleted[0].params["drop_pending_updates"], false);
+    let refused = fake
+        .api()
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "getUpdates" && c.seq < deleted[0].seq)
+        .any(|c| c.status == Some(409));
+    assert!(refused, "deleted because Telegram refused a poll for it");
+    s.wait_status(connected).await;
+}
+
 // ------------------------------------------------------------ deafness
 
 /// Item 3: a poll that is alive but hears nothing while updates wait is

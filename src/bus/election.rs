@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::Epoch;
 use crate::paths::{
-    Missing, UntrustedPath, check_dir, open_private_file, open_private_rw, replace_file,
+    Missing, UntrustedPath, check_dir, open_private_file, open_private_rw, replace_hint_file,
 };
 
 /// The files of one bot's bus.
@@ -259,10 +259,11 @@ impl LeaderLock {
             .create_tokio()
     }
 
-    /// Writes `leader.json` atomically and 0600 ([`replace_file`]).
+    /// Writes `leader.json` atomically and 0600 ([`replace_hint_file`]).
     pub fn write_info(&self, info: &LeaderInfo) -> io::Result<()> {
         let text = serde_json::to_vec_pretty(info).map_err(io::Error::other)?;
-        replace_file(&self.dir.leader_file(), &text, 0o600)
+        // Who leads is what the lock says; this file only names it.
+        replace_hint_file(&self.dir.leader_file(), &text, 0o600)
     }
 
     /// Removes the control files before the lock is released on purpose.

@@ -22,8 +22,9 @@ type Answer = Result<Value, ApiError>;
 pub(super) type Uploads = HashMap<String, Upload>;
 
 /// Every method the fake implements, in Telegram's spelling.
-const METHODS: [&str; 26] = [
+const METHODS: [&str; 27] = [
     "getMe",
+    "setWebhook",
     "deleteWebhook",
     "getWebhookInfo",
     "getUpdates",
@@ -72,9 +73,10 @@ pub(super) async fn dispatch(
     }
     api.mutate(|inner| match method {
         "getMe" => Ok(get_me(inner)),
+        "setWebhook" => set_webhook(inner, params),
         "deleteWebhook" => delete_webhook(inner, params),
         "getWebhookInfo" => Ok(json!({
-            "url": "",
+            "url": inner.webhook.clone().unwrap_or_default(),
             "has_custom_certificate": false,
             "pending_update_count": inner.updates.len(),
         })),
@@ -246,7 +248,27 @@ fn get_me(inner: &Inner) -> Value {
     me
 }
 
+/// Another program's webhook: while one is set, `getUpdates` is refused.
+/// An empty `url` removes it, as Telegram's does; any other must be HTTPS.
+fn set_webhook(inner: &mut Inner, params: &Value) -> Answer {
+    let url = string(params, "url").unwrap_or_default();
+    if url.is_empty() {
+        return delete_webhook(inner, params);
+    }
+    if !url.starts_with("https://") {
+        return Err(ApiError::bad_request(
+            "bad webhook: An HTTPS URL must be provided for webhook",
+        ));
+    }
+    inner.webhook = Some(url);
+    if boolean(params, "drop_pending_updates") {
+        inner.updates.clear();
+    }
+    Ok(json!(true))
+}
+
 fn delete_webhook(inner: &mut Inner, params: &Value) -> Answer {
+    inner.webhook = None;
     if boolean(params, "drop_pending_updates") {
         inner.updates.clear();
     }
@@ -266,6 +288,13 @@ pub(super) enum Hearing {
 }
 
 pub(super) async fn get_updates(api: &FakeBotApi, params: &Value, hearing: Hearing) -> Answer {
+    if api.mutate(|inner| inner.webhook.is_some()) {
+        return Err(ApiError::new(
+            409,
+            "Conflict: can't use getUpdates method while webhook is active; \
+             use deleteWebhook to delete the webhook first",
+        ));
+    }
     let offset = int(params, "offset")?.unwrap_or(0);
     let limit = usize::try_from(int(params, "limit")?.unwrap_or(100).clamp(1, 100)).unwrap_or(100);
     let mut timeout = int(params, "timeout")?.unwrap_or(0).clamp(0, 3600);

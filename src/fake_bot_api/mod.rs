@@ -17,7 +17,7 @@
 //!
 //! Wrong token → 401 `Unauthorized`; unknown method → 404 `Not Found`; HTTP status
 //! always equals `error_code`. Method names are case-insensitive, as on Telegram.
-//! Implemented: `getMe`, `deleteWebhook`, `getWebhookInfo`, `getUpdates`,
+//! Implemented: `getMe`, `setWebhook`, `deleteWebhook`, `getWebhookInfo`, `getUpdates`,
 //! `sendMessage`, `editMessageText`, `editMessageReplyMarkup`, `sendPhoto`,
 //! `sendDocument`, `sendVoice`, `sendAudio`, `getFile`, `sendChatAction`,
 //! `sendMessageDraft`, `answerCallbackQuery`, `getChat`, `getChatMember`, `setMyCommands`,
@@ -35,8 +35,12 @@
 //!   getUpdates request; …` and the newer one proceeds. Such overlaps are counted
 //!   ([`PollStats`]); one whose newcomer is a short poll (`timeout` 0, a stepping-down
 //!   leader confirming its offset) is also counted apart.
-//! * `getWebhookInfo` → `{url: "", has_custom_certificate: false,
+//! * `getWebhookInfo` → `{url, has_custom_certificate: false,
 //!   pending_update_count}` (updates not yet confirmed).
+//! * While a webhook is set (`setWebhook` with an HTTPS `url`, as another program
+//!   would), `getUpdates` → 409 `Conflict: can't use getUpdates method while
+//!   webhook is active; use deleteWebhook to delete the webhook first`, Telegram's
+//!   words; `deleteWebhook` (or `setWebhook` with an empty `url`) removes it.
 //! * Thread ids are message ids of the `forum_topic_created` service message, so they
 //!   are never 1. In supergroups thread 1 is the General topic: sending, acting or
 //!   editing there, or in a deleted or never existing thread → 400 `Bad Request:
@@ -754,6 +758,12 @@ impl FakeBotApi {
                 remaining,
             });
         });
+    }
+
+    /// Another program sets a webhook for the bot (`setWebhook`): polls
+    /// are refused with 409 until it is deleted.
+    pub fn set_webhook_externally(&self, url: &str) {
+        self.mutate(|inner| inner.webhook = Some(url.to_owned()));
     }
 
     /// A user deletes a topic in the Telegram app.

@@ -417,6 +417,8 @@ pub(super) struct Inner {
     pub updates: VecDeque<(i64, Value)>,
     pub next_update_id: i64,
     pub allowed_updates: Option<Vec<String>>,
+    /// The webhook another program set (`setWebhook`), if any.
+    pub webhook: Option<String>,
     pub active_poll: Option<ActivePoll>,
     pub next_poll_id: u64,
     pub polls: PollStats,
@@ -457,6 +459,7 @@ impl Inner {
             // unpredictably catches code that assumes they start at 1.
             next_update_id: 100_000_000 + fastrand::i64(0..100_000_000),
             allowed_updates: None,
+            webhook: None,
             active_poll: None,
             next_poll_id: 1,
             polls: PollStats::default(),

@@ -439,6 +439,37 @@ async fn unknown_update_kinds_are_delivered_and_delete_webhook_can_drop_them() {
 }
 
 #[tokio::test]
+async fn a_webhook_refuses_get_updates_until_it_is_deleted() {
+    let h = harness().await;
+    let id = h
+        .api
+        .inject_raw_update(json!({"message": {"text": "kept"}}));
+    let (status, description) = h
+        .error("setWebhook", json!({"url": "http://plain.example/hook"}))
+        .await;
+    assert_eq!(status, 400, "{description}");
+    h.ok("setWebhook", json!({"url": "https://example.invalid/hook"}))
+        .await;
+    let info = h.ok("getWebhookInfo", json!({})).await;
+    assert_eq!(info["url"], "https://example.invalid/hook");
+    let (status, description) = h.error("getUpdates", json!({})).await;
+    assert_eq!(status, 409);
+    assert!(
+        description.contains("can't use getUpdates method while webhook is active"),
+        "{description}"
+    );
+    h.ok("deleteWebhook", json!({"drop_pending_updates": false}))
+        .await;
+    let updates = h.ok("getUpdates", json!({})).await;
+    assert_eq!(updates[0]["update_id"], id, "the update waited: {updates}");
+    // An empty url removes it too.
+    h.ok("setWebhook", json!({"url": "https://example.invalid/hook"}))
+        .await;
+    h.ok("setWebhook", json!({"url": ""})).await;
+    assert_eq!(h.ok("getWebhookInfo", json!({})).await["url"], "");
+}
+
+#[tokio::test]
 async fn topics_are_created_used_and_deleted() {
     let h = harness().await;
     let created = h

@@ -157,6 +157,13 @@ pub(crate) struct LeaderHandle {
 mod drain;
 pub(crate) use drain::drain;
 
+/// Gets what a leader needs ready ahead of time, on a thread of its own,
+/// so that a member elected later leads sooner: its HTTP client's TLS
+/// settings (the system's roots, read once per process).
+pub(crate) fn prepare() {
+    crate::telegram::client::prepare_tls();
+}
+
 /// Starts leading: opens the store, bumps the epoch, binds the socket,
 /// writes `leader.json` and starts polling Telegram. The lock is held until
 /// [`LeaderHandle::stop`].
@@ -281,6 +288,9 @@ const SETTLE_BATCH: usize = 1024;
 /// is pruned sooner after every `KEEP_SETTLED` acknowledgements, so a busy
 /// relay keeps at most twice that many settled entries.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// A leader's first prune: soon (leaders that come and go still keep the
+/// store bounded), but not while it takes over.
+const PRUNE_FIRST: Duration = Duration::from_secs(2);
 
 /// The leader's life, guarded: a panic anywhere on its loop must not leave
 /// this process holding `bus.lock` while nobody leads. The leader steps
@@ -322,14 +332,22 @@ struct Ticks {
 }
 
 impl Ticks {
+    /// Nothing on a clock runs while a new leader takes over: each first
+    /// tick comes a period after the start (the prune's after
+    /// [`PRUNE_FIRST`]), so the first connections and the first poll do
+    /// not wait behind store work on the loop.
     fn new() -> Self {
-        let mut schedules = tokio::time::interval(schedules::TICK);
-        schedules.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let every = |first: Duration, period: Duration| {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + first, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            ticks
+        };
+        let sweep = Duration::from_millis(500);
         Self {
-            sweep: tokio::time::interval(Duration::from_millis(500)),
-            prune: tokio::time::interval(PRUNE_EVERY),
-            schedules,
-            keep_budget: tokio::time::interval(budget::KEEP_EVERY),
+            sweep: every(sweep, sweep),
+            prune: every(PRUNE_FIRST, PRUNE_EVERY),
+            schedules: every(schedules::TICK, schedules::TICK),
+            keep_budget: every(budget::KEEP_EVERY, budget::KEEP_EVERY),
         }
     }
 }

@@ -14,6 +14,13 @@
 //! the connection, a stuck long poll). That shows as [`PollHealth::Deaf`],
 //! and the poll restarts: a fresh HTTP client, `deleteWebhook` again, a new
 //! poll. A long poll that times out gets fresh connections as well.
+//!
+//! A webhook (set by another program) and long polling exclude each other.
+//! The poll does not delete one up front: a new leader's first request is
+//! its `getUpdates`, and only Telegram's 409 "can't use getUpdates method
+//! while webhook is active" makes it call `deleteWebhook` (pending updates
+//! kept) and poll again at once; a webhook that comes back before a poll
+//! got through counts as a conflict and backs off.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -181,8 +188,6 @@ impl<J: Journal> Poller<J> {
     pub async fn run(mut self) -> Result<(), StoreError> {
         let mut waits = Waits::new();
         crate::logging::milestone("poller", 0);
-        self.delete_webhook(&mut waits.failure).await;
-        crate::logging::milestone("webhook", 0);
         while !self.stop.is_cancelled() {
             let offset = self.journal.offset()?;
             crate::logging::milestone("poll", offset.unwrap_or(0));
@@ -209,6 +214,12 @@ impl<J: Journal> Poller<J> {
                         Step::Confirm | Step::Again => {}
                         Step::Stop => self.stop.cancel(),
                     }
+                    continue;
+                }
+                Err(e) if webhook_active(&e) && !waits.webhook_deleted => {
+                    tracing::warn!("a webhook is set for this bot; deleting it to poll ({e})");
+                    self.delete_webhook(&mut waits.failure).await;
+                    waits.webhook_deleted = true;
                     continue;
                 }
                 Err(e) => self.failed(e, &mut waits),
@@ -263,6 +274,7 @@ impl<J: Journal> Poller<J> {
     async fn heard_nothing(&mut self, asked: Instant, waits: &mut Waits) -> Option<Duration> {
         waits.conflict.reset();
         waits.failure.reset();
+        waits.webhook_deleted = false;
         self.facts().last_ok = Some(Instant::now());
         let pending = self.pending().await.unwrap_or(0);
         if pending > 0 {
@@ -305,7 +317,14 @@ impl<J: Journal> Poller<J> {
         let health = match &error {
             TelegramError::RateLimited { retry_after } => return *retry_after,
             TelegramError::Conflict { .. } => {
-                tracing::warn!("409 conflict: another process polls this bot");
+                if webhook_active(&error) {
+                    // Set again before a poll got through: deleted once
+                    // more after the wait (`run`).
+                    tracing::warn!("409: another program keeps setting a webhook for this bot");
+                    waits.webhook_deleted = false;
+                } else {
+                    tracing::warn!("409 conflict: another process polls this bot");
+                }
                 self.health
                     .send_if_modified(|h| set_if_changed(h, PollHealth::Conflict));
                 return waits.conflict.step();
@@ -422,6 +441,8 @@ struct Waits {
     deaf_checks: u32,
     /// When a deaf poll may be restarted again.
     restart_at: Instant,
+    /// A webhook was deleted and no poll got through since.
+    webhook_deleted: bool,
 }
 
 impl Waits {
@@ -433,6 +454,7 @@ impl Waits {
             deafness: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             deaf_checks: 0,
             restart_at: Instant::now(),
+            webhook_deleted: false,
         }
     }
 
@@ -440,6 +462,13 @@ impl Waits {
     fn heard(&mut self) {
         *self = Self::new();
     }
+}
+
+/// Telegram's 409 while a webhook is set: "Conflict: can't use getUpdates
+/// method while webhook is active; use deleteWebhook to delete the webhook
+/// first" (the other 409, another poller, never names a webhook).
+fn webhook_active(error: &TelegramError) -> bool {
+    matches!(error, TelegramError::Conflict { description } if description.contains("webhook"))
 }
 
 /// Sets the health to `new`, saying whether that changed it (the watch then

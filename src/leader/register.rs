@@ -468,7 +468,7 @@ impl Registering<'_> {
             created_ms: binding.map_or(now, |b| b.created_ms),
             updated_ms: now,
         };
-        leader.bind(&record, claim.reclaimed_from.as_ref())?;
+        leader.bind(&record, binding, claim.reclaimed_from.as_ref())?;
         // Deliveries start once the session has its answer (`go_live`).
         leader
             .cx
@@ -582,9 +582,36 @@ impl Registrations {
         }
     }
 
-    /// Writes a session's binding; a binding whose slot it takes over is
-    /// removed, and the messages that waited for it are given up.
-    fn bind(&self, record: &Binding, reclaimed: Option<&Binding>) -> Result<(), BusError> {
+    /// Writes a session's binding (`before`: what was stored); a binding
+    /// whose slot it takes over is removed, and the messages that waited
+    /// for it are given up. A binding written again unchanged (a session
+    /// registering again after a failover) is only stamped, without the
+    /// fsync: a crowd of survivors re-registering at once does not queue
+    /// behind one flush each.
+    fn bind(
+        &self,
+        record: &Binding,
+        before: Option<&Binding>,
+        reclaimed: Option<&Binding>,
+    ) -> Result<(), BusError> {
+        let unchanged = |b: &Binding| {
+            let times = |b: &Binding| Binding {
+                created_ms: 0,
+                updated_ms: 0,
+                ..b.clone()
+            };
+            times(b) == times(record)
+        };
+        if reclaimed.is_none()
+            && before.is_some_and(unchanged)
+            && self
+                .cx
+                .store()
+                .touch_binding(&record.profile_key)
+                .map_err(store_error)?
+        {
+            return Ok(());
+        }
         let mut orphaned = None;
         {
             let mut store = self.cx.store();

@@ -19,8 +19,11 @@ use crate::leader::{self, LeaderHandle};
 use crate::protocol::bus::*;
 
 /// Reconnecting after a lost connection: fast, the leader may be gone and
-/// a new one elected within milliseconds.
-const RECONNECT: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+/// a new one elected within milliseconds. The first waits are short
+/// because a SIGKILLed leader's socket closes before the kernel lets go of
+/// its lock: the first survivors to notice find the lock still held and
+/// its socket refusing, and try again within a millisecond.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(500));
 /// After a refused registration or a bus that cannot be trusted: retrying
 /// at once would only hammer the leader (and Telegram) with the same request.
 const REFUSED: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
@@ -292,6 +295,9 @@ impl Actor {
                 let role = if self.leader.is_some() {
                     Role::Leader
                 } else {
+                    // Ready to lead: a follower elected later polls without
+                    // first reading the system's TLS roots.
+                    leader::prepare();
                     Role::Follower
                 };
                 let leader_pid = self.bus.leader_info().map(|i| i.pid);

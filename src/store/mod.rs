@@ -494,6 +494,19 @@ impl Store {
         })
     }
 
+    /// Stamps a binding that is written again unchanged (its session
+    /// registered again, as after every failover) with the time, without
+    /// flushing it to disk: on power loss only this time goes back to the
+    /// binding's last change. Returns whether the binding exists.
+    pub fn touch_binding(&mut self, profile_key: &str) -> Result<bool> {
+        self.write_unflushed(|tx| {
+            let touched = tx
+                .prepare_cached("UPDATE bindings SET updated_ms = ?2 WHERE profile_key = ?1")?
+                .execute(params![profile_key, now_ms()])?;
+            Ok(touched > 0)
+        })
+    }
+
     /// Sets a binding's status. Returns whether the stored status changed
     /// (false when the binding is missing or already had that status).
     pub fn set_binding_status(&mut self, profile_key: &str, status: BindingStatus) -> Result<bool> {

@@ -539,6 +539,29 @@ fn file_size(path: &std::path::Path) -> u64 {
 }
 
 #[test]
+fn a_touched_binding_changes_only_its_time() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    store.upsert_binding(&binding("api", 'A', Some(7))).unwrap();
+    let before = store.binding("api").unwrap().expect("present");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    assert!(store.touch_binding("api").unwrap());
+    let after = store.binding("api").unwrap().expect("present");
+    assert!(after.updated_ms > before.updated_ms, "{before:?} {after:?}");
+    assert_eq!(
+        Binding {
+            updated_ms: 0,
+            ..after
+        },
+        Binding {
+            updated_ms: 0,
+            ..before
+        }
+    );
+    assert!(!store.touch_binding("gone").unwrap(), "no such binding");
+}
+
+#[test]
 fn bindings_are_stored_updated_listed_and_removed() {
     let (_dir, path) = temp_db();
     let mut store = Store::open(&path).expect("open");

@@ -7,6 +7,7 @@
 //! place for every session.
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -141,11 +142,6 @@ impl BotApi {
                 "a query or fragment cannot be extended with a path",
             ));
         }
-        // reqwest is built without a bundled crypto provider; it builds its
-        // TLS configuration even for plain-http clients, so install ring
-        // before the first client exists. Losing the race to another
-        // installer is fine: any provider will do.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         Ok(Self {
             http: http_client()?,
             endpoint: format!("{base}/bot{}/", token.expose()),
@@ -445,13 +441,55 @@ impl BotApi {
 }
 
 fn http_client() -> Result<reqwest::Client, SetupError> {
+    let tls = tls().map_err(|message| SetupError::Http {
+        message: message.clone(),
+    })?;
     reqwest::Client::builder()
         .user_agent(concat!("agent-relay/", env!("CARGO_PKG_VERSION")))
+        .tls_backend_preconfigured(rustls::ClientConfig::clone(tls))
         .build()
         .map_err(|error| SetupError::Http {
             message: redact(&error.without_url().to_string()).into_owned(),
         })
 }
+
+/// Reads the system's TLS roots now, on a thread of their own, so that a
+/// [`BotApi`] made later (a follower elected leader) does not wait for them.
+pub fn prepare_tls() {
+    if TLS.get().is_none() {
+        std::thread::spawn(|| {
+            let _ = tls();
+        });
+    }
+}
+
+/// What every client of this process trusts: the platform's verifier,
+/// which reads the system's roots when made (milliseconds of CPU), so it is
+/// made once. The same settings reqwest makes for itself (TLS 1.2 and 1.3,
+/// ring, HTTP/1.1 by ALPN); a system whose roots cannot be read fails every
+/// client alike, with why.
+fn tls() -> Result<&'static Arc<rustls::ClientConfig>, &'static String> {
+    TLS.get_or_init(|| {
+        // reqwest is built without a bundled crypto provider: ring, for
+        // the relay and for any client it builds itself. Losing the race to
+        // another installer is fine: any provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
+            .map_err(|e| format!("cannot read the system's TLS roots: {e}"))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS settings: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    })
+    .as_ref()
+}
+
+static TLS: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
 
 /// Refusals that must hold for every call, including the ones followers
 /// proxy through the leader with arbitrary parameters.
