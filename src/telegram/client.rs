@@ -421,10 +421,12 @@ impl BotApi {
         };
         let file_name = shown_text(&params.file_name, false).into_owned();
         let form = form.part(field, part.file_name(file_name));
+        crate::logging::milestone("upload-start", 0);
         let result = self
             .post(method, |request| request.multipart(form), timeout)
-            .await?;
-        parse_result(method, result)
+            .await;
+        crate::logging::milestone("upload-answered", 0);
+        parse_result(method, result?)
     }
 
     pub async fn get_chat(&self, chat: i64) -> Result<Chat, TelegramError> {
