@@ -383,7 +383,7 @@ async fn world_rows(
                 proxied_rows(&mut world, plan, rows, step).await;
             }
             if wanted(Figure::Files) {
-                file_rows(&mut world, plan, rows, step).await;
+                file_rows(relay, &mut world, plan, rows, step).await;
             }
         }
         Err(e) => {
@@ -561,6 +561,7 @@ async fn hop_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl Fn
 }
 
 async fn file_rows(
+    relay: &Path,
     world: &mut world::World,
     plan: &Plan,
     rows: &mut Vec<Row>,
@@ -595,6 +596,26 @@ async fn file_rows(
         .reference("direct upload", direct)
         .goal(Goal::MedianTimesReferenceAtMost { times: 4.0 }),
     );
+    step(&format!(
+        "files: breakdown of {} files out, milestones on",
+        plan.file_trials
+    ));
+    match files::outbound_breakdown(relay, plan.file_trials, plan.upload_bytes).await {
+        Ok(steps) => {
+            for (what, samples) in steps {
+                rows.push(Row::new(
+                    format!("  ↳ {what}"),
+                    "a step of a file/send, from the sidecars' milestones",
+                    Measure::latency(&samples, "not logged"),
+                ));
+            }
+        }
+        Err(e) => rows.push(Row::new(
+            "  file-out steps",
+            "",
+            Measure::na(format!("{e:#}")),
+        )),
+    }
 }
 
 async fn proxied_rows(

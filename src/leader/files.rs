@@ -110,6 +110,7 @@ impl Files {
         target: Target,
         send: &SendFile,
     ) -> Result<TopicDone, BusError> {
+        crate::logging::milestone("file-leader", 0);
         let upload = match &send.source {
             FileSource::Path(path) => self.open_upload(Path::new(path), cwd, send).await?,
             FileSource::Text { name, text } => {
@@ -129,6 +130,7 @@ impl Files {
                 }
             }
         };
+        crate::logging::milestone("file-checked", 0);
         let done = self.cx.outbox.send_file(target, &upload).await;
         self.cx.record(
             profile,

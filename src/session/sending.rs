@@ -87,6 +87,7 @@ impl Session {
         &self,
         params: SendFileParams,
     ) -> Result<SendFileResult, RpcError> {
+        crate::logging::milestone("file-asked", 0);
         let answer_by = Instant::now() + ANSWER_WITHIN;
         let refused = |message: String| RpcError {
             code: FILE_NOT_SENT,
@@ -114,6 +115,7 @@ impl Session {
             caption: params.caption.filter(|c| !c.trim().is_empty()),
             send_as: params.send_as,
         });
+        crate::logging::milestone("file-handed", 0);
         let (id, mut settled) = self.start_upload(&member, op, params.path.clone());
         let outcome = match tokio::time::timeout_at(answer_by, &mut settled).await {
             Ok(outcome) => outcome.ok(),
@@ -184,6 +186,7 @@ impl Session {
             return;
         };
         if let Some(waiter) = upload.waiter {
+            crate::logging::milestone("file-settled", 0);
             let _ = waiter.send(outcome);
             return;
         }

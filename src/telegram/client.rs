@@ -18,6 +18,7 @@ use super::error::{TelegramError, is_idempotent};
 use super::types::{
     BotInfo, Chat, ChatMember, Message, ParseMode, SendMessage, TelegramFile, WebhookInfo,
 };
+use super::upload::{Unsent, file_body};
 use crate::config::BotToken;
 use crate::redact::redact;
 
@@ -390,6 +391,7 @@ impl BotApi {
             };
             form = form.text(key.clone(), text);
         }
+        let mut unsent = None;
         let part = match source {
             // A text the relay made (an answer's code, a whole command) is
             // a message like any other: no token leaves in it. A file from
@@ -402,25 +404,30 @@ impl BotApi {
                 _ => reqwest::multipart::Part::bytes(bytes.clone()),
             },
             UploadSource::File { file, len } => {
-                let unreadable = |_| TelegramError::Refused {
-                    reason: "the file to upload cannot be read",
-                };
-                // Every attempt reads the file from its start, through a
-                // descriptor of its own; `take` keeps the part at the length
-                // announced even if the file grows meanwhile.
-                let mut copy = file.try_clone().map_err(unreadable)?;
-                std::io::Seek::seek(&mut copy, std::io::SeekFrom::Start(0)).map_err(unreadable)?;
-                let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(copy), *len);
-                let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader));
-                reqwest::multipart::Part::stream_with_length(body, *len)
+                // Every attempt reads the file from its start; a file no
+                // longer as checked fails the body before its end.
+                let read = file_body(file, *len).map_err(|_| TelegramError::Refused {
+                    reason: Unsent::Unreadable.as_reason(),
+                })?;
+                unsent = Some(read.failed);
+                reqwest::multipart::Part::stream_with_length(read.body, *len)
             }
         };
         let file_name = shown_text(&params.file_name, false).into_owned();
         let form = form.part(field, part.file_name(file_name));
+        crate::logging::milestone("upload-start", 0);
         let result = self
             .post(method, |request| request.multipart(form), timeout)
-            .await?;
-        parse_result(method, result)
+            .await;
+        crate::logging::milestone("upload-answered", 0);
+        // A body cut off by its own reading never completed: nothing was
+        // posted, and the reason is the file's, not the network's.
+        if let Some(why) = unsent.as_ref().and_then(|failed| failed.get()) {
+            return Err(TelegramError::Refused {
+                reason: why.as_reason(),
+            });
+        }
+        parse_result(method, result?)
     }
 
     pub async fn get_chat(&self, chat: i64) -> Result<Chat, TelegramError> {
@@ -976,6 +983,63 @@ mod tests {
         let path = within(api.call("../getMe", &json!({}))).await.unwrap_err();
         assert!(matches!(path, TelegramError::Refused { .. }));
         assert!(server.calls().is_empty());
+    }
+
+    /// A file that is no longer as its checks found it (another length,
+    /// or rewritten) is refused, and the upload never completes: nothing
+    /// of it reaches the topic, neither cut short nor garbled.
+    #[tokio::test]
+    async fn a_file_that_changed_since_its_check_is_refused_and_never_posted() {
+        use std::io::Write as _;
+
+        use crate::fake_bot_api::{DEFAULT_FORUM_CHAT_ID, FakeBotApi, FakeConfig};
+
+        let fake = FakeBotApi::start(FakeConfig::default()).await.unwrap();
+        fake.api().add_default_chats();
+        let token = BotToken::parse(&fake.api().token()).unwrap();
+        let api = BotApi::new(&fake.url(), &token).unwrap();
+        let params = SendFile {
+            chat_id: DEFAULT_FORUM_CHAT_ID,
+            message_thread_id: None,
+            caption: None,
+            parse_mode: None,
+            as_photo: false,
+            file_name: "report.bin".into(),
+        };
+        let len = 3 * 1024 * 1024 + 17;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        let send = |file: std::fs::File| {
+            let source = UploadSource::File {
+                file,
+                len: len as u64,
+            };
+            let api = api.clone();
+            let params = params.clone();
+            async move { within(api.send_file(&params, &source, TEST_DEADLINE)).await }
+        };
+        let written = || {
+            let mut file = tempfile::tempfile().unwrap();
+            file.write_all(&bytes).unwrap();
+            file
+        };
+
+        send(written()).await.expect("a file as checked goes");
+        let uploads = fake.api().uploads();
+        assert_eq!(uploads.len(), 1);
+        assert!(uploads[0].bytes[..] == bytes[..], "sent other than written");
+
+        let shrunk = written();
+        shrunk.set_len(len as u64 - 1).unwrap();
+        let mut grown = written();
+        grown.write_all(b"more").unwrap();
+        for changed in [shrunk, grown] {
+            let refused = send(changed).await.unwrap_err();
+            assert!(
+                matches!(refused, TelegramError::Refused { reason } if reason.contains("changed")),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(fake.api().uploads().len(), 1, "a changed file was posted");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! * [`client`] — [`BotApi`], a thin reqwest client: one POST per call, no
 //!   retries of its own, client-side refusals (the General topic, negative
 //!   offsets); file downloads streamed to disk under a size limit and
-//!   multipart uploads streamed from disk.
+//!   multipart uploads streamed from disk (`upload`: a file's bytes
+//!   read in large chunks, never sent other than whole and as checked).
 //! * [`error`] — [`TelegramError`], the one classifier of failed calls:
 //!   retryable or not, `commit_unknown` for ambiguous non-idempotent calls,
 //!   `retry_after` for 429s. Every message in it is redacted.
@@ -25,6 +26,7 @@ pub mod client;
 pub mod error;
 pub mod ratelimit;
 pub mod types;
+mod upload;
 
 pub use call::{BotCall, BotReply};
 pub use client::{BotApi, DownloadError, SendFile, SetupError, UploadSource};

@@ -8,8 +8,11 @@
 //! * outbound — `file/send` at a follower's host until its answer (the
 //!   leader checks the path and streams the multipart upload; the fake has
 //!   stored the file then); reference: the bench's own multipart
-//!   `sendDocument` of the same bytes.
+//!   `sendDocument` of the same bytes; and where the relay's time goes,
+//!   step by step ([`OUT_STEPS`]), on a bus whose sidecars log their
+//!   milestones.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_relay::fake_bot_api::{
@@ -18,6 +21,7 @@ use agent_relay::fake_bot_api::{
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
+use crate::milestones::{first_after, now_us, span};
 use crate::report::Measure;
 use crate::world::World;
 
@@ -133,32 +137,14 @@ pub async fn outbound(
     trials: usize,
     size: usize,
 ) -> anyhow::Result<(Measure, Measure)> {
-    let status = world.status().await?;
-    let follower = *world
-        .follower_indices(&status)
-        .first()
-        .context("no follower on the bus")?;
-    let thread = world.thread_of(&status, follower)?;
-    let cwd = std::path::PathBuf::from(&world.hosts[follower].cwd);
+    let (follower, thread) = sender(world).await?;
     let client = reqwest::Client::new();
     let mut relayed = Vec::with_capacity(trials);
     let mut direct = Vec::with_capacity(trials);
     for i in 0..=trials {
         let name = format!("bench-{i}.bin");
         let bytes = picture(size, i as u32 + 100);
-        std::fs::write(cwd.join(&name), &bytes)?;
-        let start = Instant::now();
-        let sent = tokio::time::timeout(
-            TRANSFER_TIMEOUT,
-            world.hosts[follower].call("file/send", json!({"path": name, "as": "document"})),
-        )
-        .await
-        .context("file/send timed out")??;
-        let took = start.elapsed();
-        if sent["size"] != json!(size) {
-            bail!("file/send answered {sent}");
-        }
-        std::fs::remove_file(cwd.join(&name))?;
+        let sent = send_through_relay(world, follower, &name, &bytes).await?;
         let form = reqwest::multipart::Form::new()
             .text("chat_id", DEFAULT_FORUM_CHAT_ID.to_string())
             .text("message_thread_id", thread.to_string())
@@ -179,7 +165,7 @@ pub async fn outbound(
             bail!("the direct sendDocument failed: {answer}");
         }
         if i > 0 {
-            relayed.push(took);
+            relayed.push(sent.took);
             direct.push(took_direct);
         }
     }
@@ -187,4 +173,130 @@ pub async fn outbound(
         Measure::latency(&relayed, "no upload"),
         Measure::latency(&direct, "no upload"),
     ))
+}
+
+/// The steps of a `file/send` (the milestones of the follower's session,
+/// the leader and its Telegram client), each from the one before it: (step,
+/// from, what the span is). "asked" and "answered" are the bench's own.
+pub const OUT_STEPS: [(&str, &str, &str); 7] = [
+    (
+        "file-asked",
+        "asked",
+        "host's file/send → the session has it",
+    ),
+    (
+        "file-handed",
+        "file-asked",
+        "session: registered → handed to its member",
+    ),
+    (
+        "file-leader",
+        "file-handed",
+        "member → over the bus → the leader has it",
+    ),
+    (
+        "file-checked",
+        "file-leader",
+        "leader: path rules, open, ownership, size, kind",
+    ),
+    (
+        "upload-start",
+        "file-checked",
+        "outbox (pacing) → the multipart upload starts",
+    ),
+    (
+        "upload-answered",
+        "upload-start",
+        "upload: the file streamed → Telegram answered",
+    ),
+    (
+        "answered",
+        "upload-answered",
+        "leader's answer → over the bus → the host reads it",
+    ),
+];
+
+/// Where a `file/send`'s time goes, on a bus of two sessions of its own
+/// whose sidecars log their milestones (the figure runs without them):
+/// one sample per trial of each of [`OUT_STEPS`].
+pub async fn outbound_breakdown(
+    relay: &Path,
+    trials: usize,
+    size: usize,
+) -> anyhow::Result<Vec<(&'static str, Vec<Duration>)>> {
+    let mut world = World::start_traced(relay, 2).await?;
+    let (follower, _) = sender(&world).await?;
+    let mut sent = Vec::with_capacity(trials);
+    for i in 0..=trials {
+        let name = format!("bench-traced-{i}.bin");
+        let bytes = picture(size, i as u32 + 300);
+        let one = send_through_relay(&mut world, follower, &name, &bytes).await?;
+        if i > 0 {
+            sent.push(one);
+        }
+    }
+    // The last lines are written by each sidecar's logging thread.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let all = world.milestones();
+    let mut steps: Vec<(&'static str, Vec<Duration>)> = OUT_STEPS
+        .iter()
+        .map(|(_, _, what)| (*what, Vec::new()))
+        .collect();
+    for one in &sent {
+        let until = one.asked_us + one.took.as_micros() + 1;
+        let at = |step: &str| match step {
+            "asked" => Some(one.asked_us),
+            "answered" => Some(until - 1),
+            _ => first_after(&all, step, one.asked_us, until).map(|m| m.at_us),
+        };
+        for (k, (step, from, _)) in OUT_STEPS.iter().enumerate() {
+            if let (Some(from), Some(to)) = (at(from), at(step)) {
+                steps[k].1.push(span(from, to));
+            }
+        }
+    }
+    Ok(steps)
+}
+
+/// One `file/send` through the relay: when it was asked (wall clock) and
+/// how long until the host read its answer.
+struct Sent {
+    asked_us: u128,
+    took: Duration,
+}
+
+/// The follower that sends, and its topic.
+async fn sender(world: &World) -> anyhow::Result<(usize, i64)> {
+    let status = world.status().await?;
+    let follower = *world
+        .follower_indices(&status)
+        .first()
+        .context("no follower on the bus")?;
+    Ok((follower, world.thread_of(&status, follower)?))
+}
+
+/// Writes `bytes` as `name` into the follower's working directory and has
+/// its host send it with `file/send`; the file is gone again afterwards.
+async fn send_through_relay(
+    world: &mut World,
+    follower: usize,
+    name: &str,
+    bytes: &[u8],
+) -> anyhow::Result<Sent> {
+    let path = PathBuf::from(&world.hosts[follower].cwd).join(name);
+    std::fs::write(&path, bytes)?;
+    let asked_us = now_us();
+    let start = Instant::now();
+    let sent = tokio::time::timeout(
+        TRANSFER_TIMEOUT,
+        world.hosts[follower].call("file/send", json!({"path": name, "as": "document"})),
+    )
+    .await
+    .context("file/send timed out")??;
+    let took = start.elapsed();
+    if sent["size"] != json!(bytes.len()) {
+        bail!("file/send answered {sent}");
+    }
+    std::fs::remove_file(&path)?;
+    Ok(Sent { asked_us, took })
 }
