@@ -51,9 +51,10 @@ pub fn milestones_on() -> bool {
     tracing::enabled!(target: "agent_relay::milestone", tracing::Level::DEBUG)
 }
 
-/// A step of a failover, of an update's way to its host or of a file's
-/// way out, with the wall clock in microseconds, for `scripts/bench`'s
-/// breakdowns: `id` is the update id (0 where there is none). A debug event nobody sees unless
+/// A step of a failover, of an update's way to its host, of a file's way
+/// out or of a launch, with the wall clock in microseconds, for
+/// `scripts/bench`'s breakdowns: `id` is the update id, or a launched
+/// agent's pid (0 where there is none). A debug event nobody sees unless
 /// asked for; the clock is read only then.
 pub fn milestone(step: &'static str, id: i64) {
     tracing::debug!(target: "agent_relay::milestone", step, id, at_us = wall_micros());

@@ -10,7 +10,8 @@
 //! (latency and fan-out), `proxied` (follower `sendMessage` through the
 //! leader), `files` (a photo in, a file out), `footprint` (cold start, idle
 //! RSS), `cluster` (one bot across machines over NATS), `turns` (what a
-//! turn costs in Telegram's budget, the limits on); `reference` holds
+//! turn costs in Telegram's budget, the limits on), `launch` (`/new` → first
+//! answer and `serve` restarted, with the real pi); `reference` holds
 //! the same-run floors; `world`, `host`, `stats` and `report` are the
 //! harness.
 
@@ -26,6 +27,8 @@ mod footprint;
 mod host;
 #[path = "relay-bench/inbound.rs"]
 mod inbound;
+#[path = "relay-bench/launch.rs"]
+mod launch;
 #[path = "relay-bench/milestones.rs"]
 mod milestones;
 #[path = "relay-bench/proxied.rs"]
@@ -63,6 +66,7 @@ enum Figure {
     Cold,
     Cluster,
     Turns,
+    Launch,
 }
 
 /// Benchmarks agent-relay against the fake Bot API and prints a table.
@@ -105,6 +109,8 @@ struct Plan {
     cluster_trials: usize,
     cluster_messages: usize,
     turn_rounds: usize,
+    launch_trials: usize,
+    relaunch_rounds: usize,
 }
 
 impl Plan {
@@ -128,6 +134,8 @@ impl Plan {
                 cluster_trials: 1,
                 cluster_messages: 10,
                 turn_rounds: 1,
+                launch_trials: 2,
+                relaunch_rounds: 1,
             }
         } else {
             Plan {
@@ -148,6 +156,8 @@ impl Plan {
                 cluster_trials: 5,
                 cluster_messages: 100,
                 turn_rounds: 3,
+                launch_trials: 10,
+                relaunch_rounds: 2,
             }
         }
     }
@@ -208,6 +218,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     if wanted(Figure::Turns) {
         turn_rows(&relay, &plan, &mut rows, &step).await;
+    }
+
+    if wanted(Figure::Launch) {
+        launch_rows(&relay, &args.out, &plan, &mut rows, &step).await;
     }
 
     if wanted(Figure::Idle) {
@@ -413,6 +427,117 @@ async fn turn_rows(relay: &Path, plan: &Plan, rows: &mut Vec<Row>, step: &impl F
             value,
         ));
     }
+}
+
+/// Launched pi sessions waited on with `serve` restarted: 2 and 6.
+const RELAUNCHED: [usize; 2] = [2, 6];
+
+/// The launch rows, with the real pi: `/new` → first answer (the relay's
+/// share: the same run's pi alone taken off) and where it goes; `serve`
+/// SIGKILLed and started again with 2 and 6 launched sessions.
+async fn launch_rows(
+    relay: &Path,
+    out: &Path,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    step: &impl Fn(&str),
+) {
+    step(&format!(
+        "launch: /new × {} beside pi alone, then serve restarted with {RELAUNCHED:?} sessions × {}",
+        plan.launch_trials, plan.relaunch_rounds
+    ));
+    let figures = match launch::measure(
+        relay,
+        out,
+        plan.launch_trials,
+        &RELAUNCHED,
+        plan.relaunch_rounds,
+    )
+    .await
+    {
+        Ok(figures) => figures,
+        Err(e) => {
+            let why = format!("{e:#}");
+            rows.push(
+                Row::new(
+                    "/new → first answer, the relay's share",
+                    "",
+                    Measure::na(why.clone()),
+                )
+                .goal(Goal::MedianAtMost { ms: 50.0 }),
+            );
+            rows.push(
+                Row::new("serve restarted, launched sessions", "", Measure::na(why))
+                    .goal(Goal::MedianAtMost { ms: 5000.0 }),
+            );
+            return;
+        }
+    };
+    new_rows(&figures.launch, rows);
+    for restart in &figures.restarts {
+        relaunch_rows(restart, rows);
+    }
+}
+
+/// `/new` → first answer: the relay's share, the total, and where it goes
+/// beside where pi alone's goes.
+fn new_rows(new: &launch::Launches, rows: &mut Vec<Row>) {
+    rows.push(
+        Row::new(
+            "/new → first answer, the relay's share",
+            "each trial: `/new <folder> <prompt>` injected → the answer in the new topic, minus pi alone just before (spawned in RPC mode, the same prompt and fake model → agent_end); relay limiter off",
+            new.share(),
+        )
+        .reference("pi alone", new.alone())
+        .goal(Goal::MedianAtMost { ms: 50.0 }),
+    );
+    rows.push(Row::new(
+        "  ↳ the relay's own steps",
+        "each trial: /new injected → pi spawned, + pi answered serve → the prompt at the session's sidecar, + the answer's way from the model to the topic beyond pi alone's from the model to agent_end; pi's start-up is not in it, nor the extension's loading within it",
+        new.own_steps(),
+    ));
+    rows.push(
+        Row::new(
+            "/new → first answer",
+            "`/new <folder> <prompt>` injected → the answer's sendMessage into the new topic answered",
+            new.total(),
+        )
+        .reference("pi alone", new.alone()),
+    );
+    for point in &new.points {
+        rows.push(Row::new(
+            format!("  ↳ {} (since /new)", point.name),
+            point.how.clone(),
+            point.measure(),
+        ));
+    }
+    for point in &new.alone_points {
+        rows.push(Row::new(
+            format!("  ↳ pi alone: {} (since its spawn)", point.name),
+            point.how.clone(),
+            point.measure(),
+        ));
+    }
+}
+
+/// `serve` SIGKILLed and started again with `restart.sessions` launched
+/// sessions, beside a message's answer with `serve` never killed.
+fn relaunch_rows(restart: &launch::Restart, rows: &mut Vec<Row>) {
+    let n = restart.sessions;
+    rows.push(
+        Row::new(
+            format!("serve restarted, {n} launched sessions"),
+            "serve SIGKILLed, a message typed into each topic, serve started again: per session, its sidecar registered again → that message answered in its topic; reference: a message → its answer, serve never killed; relay limiter off",
+            restart.joined_to_answer(),
+        )
+        .reference("serve never killed", restart.reference())
+        .goal(Goal::MedianAtMost { ms: 5000.0 }),
+    );
+    rows.push(Row::new(
+        format!("  ↳ serve started again → answered, {n} sessions"),
+        "per session, from `agent-relay serve` spawned again: what the person waits",
+        restart.serve_to_answer(),
+    ));
 }
 
 /// The idle rows: a follower's and a leader's memory after the idle

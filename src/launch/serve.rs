@@ -289,7 +289,10 @@ impl Serve {
     /// Runs one of the leader's orders and answers it.
     async fn obey(self: Arc<Self>, order: Order) {
         let outcome = match order.op {
-            OrderOp::Start(spec) => self.start(spec, false).await,
+            OrderOp::Start(spec) => {
+                crate::logging::milestone("launch-order", 0);
+                self.start(spec, false).await
+            }
             OrderOp::End { launch_id, by_user } => {
                 self.end(&launch_id, Ending::ordered(by_user)).await
             }

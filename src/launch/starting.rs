@@ -68,6 +68,7 @@ impl Starting {
             stdout,
             stderr,
         } = child::spawn(argv, &start.folder, &start.env)?;
+        crate::logging::milestone("agent-spawned", i64::from(pid));
         let starting = Self {
             engine,
             child,

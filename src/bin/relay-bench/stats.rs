@@ -29,6 +29,21 @@ impl Summary {
         })
     }
 
+    /// Samples in milliseconds, which may be below zero (a difference of
+    /// two measurements); `None` for none.
+    pub fn of_ms(samples: &[f64]) -> Option<Summary> {
+        let mut sorted = samples.to_vec();
+        sorted.sort_unstable_by(f64::total_cmp);
+        let (first, last) = (sorted.first()?, sorted.last()?);
+        Some(Summary {
+            n: sorted.len(),
+            min_ms: *first,
+            median_ms: percentile(&sorted, 50.0),
+            p99_ms: percentile(&sorted, 99.0),
+            max_ms: *last,
+        })
+    }
+
     /// The same distribution with every sample multiplied by `factor`.
     pub fn scaled(&self, factor: f64) -> Summary {
         Summary {
@@ -43,7 +58,7 @@ impl Summary {
 
 /// Nearest-rank percentile of sorted, non-empty samples: with 20 trials
 /// p99 is the worst one, which is the honest reading of so few samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
@@ -52,13 +67,15 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// A duration in milliseconds with a unit and a sensible precision.
+/// A duration in milliseconds with a unit and a sensible precision (a
+/// difference may be below zero).
 pub fn fmt_ms(ms: f64) -> String {
-    if ms >= 1000.0 {
+    let size = ms.abs();
+    if size >= 1000.0 {
         format!("{:.2} s", ms / 1000.0)
-    } else if ms >= 10.0 {
+    } else if size >= 10.0 {
         format!("{ms:.1} ms")
-    } else if ms >= 1.0 {
+    } else if size >= 1.0 {
         format!("{ms:.2} ms")
     } else {
         format!("{:.0} µs", ms * 1000.0)

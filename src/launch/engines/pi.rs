@@ -160,7 +160,10 @@ async fn run(start: &Start, extension: Option<&Path>) -> Result<Ran, EngineError
     let (activity_tx, activity) = watch::channel(Instant::now());
     crate::tasks::spawn(read(child::reader(stdout), rpc.clone(), activity_tx));
     let state = match tokio::time::timeout(STARTUP, rpc.call(json!({"type": "get_state"}))).await {
-        Ok(Ok(state)) => state,
+        Ok(Ok(state)) => {
+            crate::logging::milestone("agent-answered", i64::from(agent.pid()));
+            state
+        }
         Ok(Err(why)) => return Err(agent.failed(why).await),
         Err(_) => {
             let why = format!("did not answer within {} s", STARTUP.as_secs());
