@@ -57,7 +57,7 @@ enum Cmd {
         /// Whose hook it is.
         #[arg(long, value_enum, default_value = "claude-code")]
         host: HookHost,
-        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
+        /// The event: SessionStart, UserPromptSubmit, PreToolUse, PostToolUse, PermissionRequest, Notification, Stop, StopFailure, SessionEnd (Codex: SessionStart, PermissionRequest, Stop).
         event: String,
     },
     /// The MCP server the relay names on Codex's command line: its `send_file` tool goes to the

@@ -462,6 +462,35 @@ async fn hooks_bind_the_session_post_the_answer_and_decide_permissions() {
 }
 
 #[tokio::test]
+async fn a_turn_claude_code_gave_up_on_is_said_failed_once_with_its_error() {
+    let fake = common::fake().await;
+    let home = common::home();
+    let mut s = mcp(home.path(), &fake, "8", "s-failed", "/tmp/app");
+    handshake(&mut s).await;
+    let start = hook_input("SessionStart", "s-failed", "/tmp/app");
+    run_hook(home.path(), &fake, "8", "SessionStart", &start).await;
+    let thread = wait_topic(&fake, "app").await;
+    let prompt = hook_input("UserPromptSubmit", "s-failed", "/tmp/app");
+    run_hook(home.path(), &fake, "8", "UserPromptSubmit", &prompt).await;
+
+    // StopFailure comes instead of Stop: its text is Claude Code's error
+    // line, never the answer.
+    let failed = hook_input("StopFailure", "s-failed", "/tmp/app");
+    let (out, _) = run_hook(home.path(), &fake, "8", "StopFailure", &failed).await;
+    assert_eq!(out, "", "StopFailure decides nothing");
+    let texts = wait_topic_text(&fake, thread, "The turn failed").await;
+    let said: Vec<&String> = texts
+        .iter()
+        .filter(|t| t.contains("503") || t.contains("API Error"))
+        .collect();
+    assert_eq!(
+        said,
+        [&"⚠️ The turn failed: 503 still down. This is a server-side issue, usually temporary — try again in a moment. If it persists, check your inference gateway (127.0.0.1:44159). No answer came of it.".to_string()],
+        "{texts:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_hook_without_its_mcp_server_decides_nothing_and_says_why() {
     let fake = common::fake().await;
     let home = common::home();

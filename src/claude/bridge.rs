@@ -81,6 +81,8 @@ struct ClaudeState {
     /// A turn runs at Claude Code's terminal (UserPromptSubmit to Stop): a
     /// message from the phone waits for its Stop hook, which hands it over.
     turn_running: bool,
+    /// Claude Code's transcript of the session (every hook names it).
+    transcript: Option<std::path::PathBuf>,
 }
 
 /// The host of Claude Code's session, played between Claude Code (its MCP
@@ -421,6 +423,7 @@ impl ClaudeBridge {
     /// relay keeps it for this session, which gets it when it is resumed.
     pub(super) async fn finish(&self) {
         self.stop.cancel();
+        self.failed_unseen().await;
         let unread: Vec<Unread> = {
             let mut state = self.state();
             state.inbox.drain(..).collect()
@@ -521,6 +524,9 @@ impl ClaudeBridge {
         let session_id = (!input.session_id.is_empty()).then_some(input.session_id.as_str());
         let cwd = (!input.cwd.is_empty()).then_some(input.cwd.as_str());
         let event = call.event.as_str();
+        if !input.transcript_path.is_empty() {
+            self.state().transcript = Some(input.transcript_path.clone().into());
+        }
         if event != "SessionStart" && self.state().session_id.as_deref() != session_id {
             // A hook of a session the relay session is not (yet): say which.
             if let Err(e) = self.ensure_session(session_id, cwd, "resume", false).await {
@@ -567,6 +573,7 @@ impl ClaudeBridge {
                 HookAnswer::default()
             }
             "Stop" => self.stop(input.last_assistant_message).await,
+            "StopFailure" => self.stop_failed(&input).await,
             "SessionEnd" => HookAnswer::default(),
             other => note(format!(
                 "agent-relay: the {other} hook is not one the relay uses"
@@ -665,6 +672,71 @@ impl ClaudeBridge {
         }
     }
 
+    /// The turn ended on an API error after Claude Code's own retries
+    /// (StopFailure fires instead of Stop; a try Claude Code made again is
+    /// no hook at all): the topic is told once, with the error, and its
+    /// text is no answer. Claude Code waits for no answer here, so messages
+    /// from the phone cannot go on with the turn: they wait, and the topic
+    /// hears where.
+    async fn stop_failed(&self, input: &HookInput) -> HookAnswer {
+        let said = [
+            &input.last_assistant_message,
+            &input.error_details,
+            &input.error,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|said| failure(said))
+        .find(|said| !said.is_empty());
+        self.turn_failed(said.unwrap_or_else(|| "an API error".into()))
+            .await;
+        let tell = {
+            let mut state = self.state();
+            !state.inbox.is_empty() && !std::mem::replace(&mut state.told_waiting, true)
+        };
+        if tell {
+            self.tell_session(method::AGENT_NOTICE, json!({"text": WAITING_NOTICE}));
+        }
+        HookAnswer::default()
+    }
+
+    /// A print-mode run that an API error ended leaves before its
+    /// StopFailure hook is served (Claude Code stops the MCP server at
+    /// once): a turn still running at the end whose transcript ends in an
+    /// API error is told as failed now.
+    async fn failed_unseen(&self) {
+        let Some(transcript) = ({
+            let state = self.state();
+            state.transcript.clone().filter(|_| state.turn_running)
+        }) else {
+            return;
+        };
+        if let Some(said) = super::transcript::api_error(&transcript) {
+            self.turn_failed(failure(&said)).await;
+        }
+    }
+
+    /// The turn failed for good with `error`: said once (whichever of the
+    /// hook and the transcript tells it first).
+    async fn turn_failed(&self, error: String) {
+        {
+            let mut state = self.state();
+            state.from_telegram = false;
+            if !std::mem::replace(&mut state.turn_running, false) {
+                return;
+            }
+        }
+        // Asked, not told, as at Stop: it is the relay's before Claude
+        // Code exits.
+        let ended = self
+            .session
+            .request(method::AGENT_ENDED, json!({"error": error}), QUICK)
+            .await;
+        if let Err(e) = ended {
+            tracing::warn!("the failure may not have reached the relay: {e}");
+        }
+    }
+
     /// Whether `prompt` is a channel message of ours; the messages it
     /// carries leave the inbox.
     fn took_from_inbox(&self, prompt: &str) -> bool {
@@ -684,6 +756,16 @@ impl ClaudeBridge {
         self.taken(ids.into_iter().collect());
         true
     }
+}
+
+/// An API error as the topic quotes it: Claude Code's line for it
+/// (`API Error: 503 overloaded. …`) without its prefix.
+fn failure(said: &str) -> String {
+    let said = said.trim();
+    said.strip_prefix("API Error:")
+        .unwrap_or(said)
+        .trim()
+        .to_string()
 }
 
 fn note(text: String) -> HookAnswer {

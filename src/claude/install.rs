@@ -23,7 +23,8 @@ use crate::settings_file::{check_target, read_object, write_object};
 /// The hooks the relay uses, and how long each may take (seconds):
 /// a permission waits for a person (the relay's own timeout denies
 /// first, at `[approvals] timeout_s`, 300 by default).
-pub const HOOKS: [(&str, u32); 8] = [
+/// StopFailure takes the place of Stop when an API error ended the turn.
+pub const HOOKS: [(&str, u32); 9] = [
     ("SessionStart", 30),
     ("UserPromptSubmit", 10),
     ("PreToolUse", 10),
@@ -31,6 +32,7 @@ pub const HOOKS: [(&str, u32); 8] = [
     ("PermissionRequest", 3600),
     ("Notification", 10),
     ("Stop", 30),
+    ("StopFailure", 30),
     ("SessionEnd", 5),
 ];
 

@@ -19,12 +19,14 @@
 //!
 //! [`tools`] are its tools on the relay's MCP server (`crate::mcp`);
 //! [`install`] writes the MCP entry and the hooks into the user's Claude
-//! Code settings.
+//! Code settings; [`transcript`] reads how a turn an API error ended
+//! when the StopFailure hook came too late to tell it.
 
 mod bridge;
 pub mod hook;
 pub mod install;
 mod tools;
+mod transcript;
 
 use crate::config::{Config, ConfigError};
 use crate::paths::Paths;

@@ -109,13 +109,14 @@ pub struct ErrorInfo {
 pub const ABORTED: &str = "MessageAbortedError";
 
 impl ErrorInfo {
-    /// What a person reads of it.
+    /// What a person reads of it: a provider's HTTP status before its
+    /// message (`503 overloaded`), as the other hosts say it.
     pub fn message(&self) -> String {
         let said = self.data["message"].as_str().unwrap_or_default().trim();
-        if said.is_empty() {
-            self.name.clone()
-        } else {
-            said.to_string()
+        let said = if said.is_empty() { &self.name } else { said };
+        match self.data["statusCode"].as_u64() {
+            Some(status) if !said.starts_with(&status.to_string()) => format!("{status} {said}"),
+            _ => said.to_string(),
         }
     }
 }
@@ -347,6 +348,27 @@ pub struct Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_providers_error_reads_with_its_status_as_the_other_hosts_say_it() {
+        let error = |data: Value| ErrorInfo {
+            name: "APIError".into(),
+            data,
+        };
+        // As OpenCode 1.18.33 said a 503 after its last try.
+        let said = error(
+            serde_json::json!({"message": "still down", "statusCode": 503, "isRetryable": true}),
+        );
+        assert_eq!(said.message(), "503 still down");
+        let said =
+            error(serde_json::json!({"message": "503 Service Unavailable", "statusCode": 503}));
+        assert_eq!(said.message(), "503 Service Unavailable");
+        assert_eq!(error(serde_json::json!({})).message(), "APIError");
+        assert_eq!(
+            error(serde_json::json!({"message": "terminated"})).message(),
+            "terminated"
+        );
+    }
 
     #[test]
     fn a_model_is_named_provider_slash_model() {

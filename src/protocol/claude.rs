@@ -67,9 +67,17 @@ pub struct HookInput {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notification_type: Option<String>,
-    /// Stop: the turn's final text.
+    /// Stop: the turn's final text. StopFailure: the API error as Claude
+    /// Code shows it (`API Error: 503 …`), never an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_assistant_message: Option<String>,
+    /// StopFailure: what kind of API error ended the turn (`server_error`,
+    /// `rate_limit`, `overloaded`, …), after Claude Code's own retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// StopFailure: more about it, when Claude Code has more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_details: Option<String>,
     /// Stop: Claude Code goes on because a Stop hook said so before.
     #[serde(default)]
     pub stop_hook_active: bool,

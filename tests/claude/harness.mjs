@@ -44,7 +44,7 @@ function killGroup(pid, signal) {
 }
 
 /** The hook events `agent-relay install claude-code` writes. */
-export const RELAY_EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "SessionEnd"];
+export const RELAY_EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PermissionRequest", "Stop", "StopFailure", "SessionEnd"];
 
 /**
  * The relay as `install claude-code` configures it, for `world`'s Claude Code:

@@ -182,3 +182,36 @@ test("two sessions ending together both get their answers, Telegram slow", async
 	}
 	await telegram.control("POST", "clear_faults");
 });
+
+test("Claude Code's own retries: a 503 it tries again is no failure; a turn whose every try fails is said once, with the error", async (t) => {
+	const { world, telegram } = await relayWorld(t);
+	const relay = await relayConfig(world, { ...telegramIds, token: telegram.token, url: telegram.url }, SIDECAR);
+	// One more try after a failure (Claude Code's default is ten, over minutes).
+	const env = { ...relay.env, CLAUDE_CODE_MAX_RETRIES: "1" };
+	const run = (prompt, args = []) => world.run(prompt, { args: [...relay.args, ...args], env });
+	const down = { error: { status: 503, type: "overloaded_error", message: "still down" } };
+
+	world.fake.queue(down, { text: "the real answer" });
+	const first = await run("hello");
+	assert.equal(first.code, 0, first.stderr);
+	const topic = await topicOf(telegram);
+	await telegram.said(topic.thread_id, (text) => text === "the real answer", { what: "the answer after Claude Code tried again" });
+
+	world.fake.queue(down, down);
+	const failed = await run("and now?", ["--resume", first.result.session_id]);
+	assert.equal(failed.result?.is_error, true, "Claude Code gave up after its one more try");
+	assert.equal(world.fake.turns.length, 4, "two tries a turn");
+	const said = await telegram.said(topic.thread_id, (text) => text.startsWith("⚠️ The turn failed:"), { what: "the failure in the topic" });
+	assert.match(said.plain_text, /^⚠️ The turn failed: 503 still down\. .*No answer came of it\.$/s);
+	// Settled: a third turn's answer is in the topic after everything of the second.
+	world.fake.queue({ text: "the third answer" });
+	const third = await run("and again?", ["--resume", first.result.session_id]);
+	assert.equal(third.code, 0, third.stderr);
+	await telegram.said(topic.thread_id, (text) => text === "the third answer", { what: "the next turn's answer" });
+	const texts = (await telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	assert.deepEqual(
+		texts.filter((text) => !/^(🟢|🧑‍💻)/u.test(text)),
+		["the real answer", said.plain_text, "the third answer"],
+		`the answer once, the failure once, never Claude Code's error line as an answer: ${JSON.stringify(texts)}`,
+	);
+});

@@ -19,7 +19,8 @@
 //    (Codex's `tool_search`, which finds the tools it defers, MCP servers' among them;
 //    a `call` may name the `namespace` it found one in), `{ hold: promise,
 //    …step }` (answered when the promise settles: a turn that runs until the test
-//    lets it end), `{ error: { status, message } }`, or a function of the request
+//    lets it end), `{ error: { status, message } }`, `{ cut: text }` (the answer
+//    starts, says `text` and the connection drops before it ends), or a function of the request
 //    returning one of these.
 // 3. When the input ends in a tool's output — a text naming it: `tool exec_command
 //    returned: <output>` (the tool's name as it was called), so a test sees whether
@@ -110,6 +111,13 @@ export class FakeOpenAI extends FakeApi {
 			const { status = 500, message = "fake error" } = step.error;
 			return send(res, status, "application/json", JSON.stringify({ error: { message, type: "server_error" } }));
 		}
+		if (step.cut !== undefined) {
+			// The answer starts, then the connection drops before it ends.
+			res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+			res.write(sse({ text: step.cut }, body.model ?? "fake", { cut: true }));
+			setTimeout(() => res.destroy(), 50);
+			return;
+		}
 		return send(res, 200, "text/event-stream", sse(step, body.model ?? "fake"), { "cache-control": "no-cache" });
 	}
 
@@ -150,7 +158,7 @@ function unscripted(record) {
 }
 
 /** One step as the server-sent events of a streamed Responses API answer. */
-function sse(step, model) {
+function sse(step, model, { cut = false } = {}) {
 	const responseId = newId("resp");
 	const events = [];
 	const say = (type, data) => events.push(event(type, data));
@@ -165,6 +173,7 @@ function sse(step, model) {
 		for (const part of halves(step.text)) {
 			if (part) say("response.output_text.delta", { output_index: index, item_id: id, content_index: 0, delta: part });
 		}
+		if (cut) return events.join("");
 		const done = { ...item, status: "completed", content: [{ type: "output_text", text: step.text, annotations: [] }] };
 		say("response.output_item.done", { output_index: index, item: done });
 		output.push(done);

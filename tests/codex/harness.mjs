@@ -81,8 +81,11 @@ export function relaySendFile(t, args) {
 }
 
 export class World {
-	/** `features`: lines added to `[features]` of Codex's config.toml. */
-	static async create(t, { features = [] } = {}) {
+	/**
+	 * `features`: lines added to `[features]` of Codex's config.toml; `provider`:
+	 * lines added to the fake model's `[model_providers.fake]` (its retries).
+	 */
+	static async create(t, { features = [], provider = [] } = {}) {
 		assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 		assert.ok(existsSync(CODEX), `${CODEX} is missing: run \`npm ci --prefix tests/codex\` first`);
 		const world = new World();
@@ -108,6 +111,7 @@ export class World {
 				`base_url = "${world.fake.url}/v1"`,
 				'wire_api = "responses"',
 				'env_key = "FAKE_OPENAI_KEY"',
+				...provider,
 				"[features]",
 				"plugins = false",
 				"apps = false",

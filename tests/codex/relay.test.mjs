@@ -202,6 +202,33 @@ test("/stop interrupts the running turn", async (t) => {
 	assert.ok(!messages.some((m) => m.plain_text.includes("too late")), "the interrupted turn's answer is not posted");
 });
 
+test("Codex's own retries: a stream cut it tries again is no answer; a turn whose every try fails is said once, with the error", async (t) => {
+	// One more try of a request and of a stream (Codex's defaults are 4 and 5).
+	const world = await World.create(t, { provider: ["request_max_retries = 1", "stream_max_retries = 1"] });
+	await world.wrapper();
+	const topic = await world.topic();
+	const texts = async () => (await world.telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	const before = (await texts()).length;
+
+	world.fake.queue({ cut: "Half an answer that" }, { text: "the real answer" });
+	await world.telegram.injectMessage(topic.thread_id, "hello");
+	await world.telegram.said(topic.thread_id, (text) => text === "the real answer", { what: "the answer after Codex tried again" });
+
+	const down = { error: { status: 503, message: "still down" } };
+	// Two tries of the stream, each of two requests.
+	world.fake.queue(down, down, down, down);
+	await world.telegram.injectMessage(topic.thread_id, "and now?");
+	const said = await world.telegram.said(topic.thread_id, (text) => text.startsWith("⚠️ The turn failed:"), { what: "the failure in the topic" });
+	assert.equal(said.plain_text, `⚠️ The turn failed: unexpected status 503 Service Unavailable: still down, url: ${world.fake.url}/v1/responses. No answer came of it.`);
+	assert.equal(world.fake.turns.length, 6, "two tries, then four");
+
+	await world.telegram.injectMessage(topic.thread_id, "and again?");
+	await world.telegram.said(topic.thread_id, (text) => text === "echo: and again?", { what: "the next turn's answer" });
+	// The connected line may land after the topic is seen.
+	const all = (await texts()).slice(before).filter((text) => !text.startsWith("🟢"));
+	assert.deepEqual(all, ["the real answer", said.plain_text, "echo: and again?"], "the answer once, the failure once, nothing of the tries");
+});
+
 test("resume keeps the topic", async (t) => {
 	const world = await World.create(t);
 	await world.wrapper();

@@ -3,7 +3,9 @@
 //
 // * a turn from the phone shows as one draft that follows its tool calls and the
 //   answer as OpenCode writes it, and lands as one message that takes its place;
-// * the draft's stop button aborts the turn (the bridge can: OpenCode's abort).
+// * the draft's stop button aborts the turn (the bridge can: OpenCode's abort);
+// * a stream cut OpenCode tries again leaves the draft (turn/ended {error}) and is
+//   no part of the answer.
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -63,4 +65,21 @@ test("the draft's stop button aborts the turn", async (t) => {
 	await telegram.pressStop(topic.thread_id, draft.draft_id);
 	await eventually(() => held.aborted, 30_000, "the model's request given up");
 	await world.shows(/interrupted/i, 30_000, "the TUI to show the interrupt");
+});
+
+test("a stream cut OpenCode tries again: its text leaves the draft and is no part of the answer", async (t) => {
+	const { world, topic } = await privateSession(t);
+	const { telegram } = world;
+	world.fake.queue({ cut: "Half an answer that" });
+	await telegram.injectPrivate(topic.thread_id, "when the line drops");
+	const answer = await eventually(
+		async () => (await telegram.privateMessages(topic.thread_id)).find((m) => m.plain_text.includes("echo: when the line drops")),
+		60_000,
+		"the answer after the cut",
+	);
+	assert.ok(!answer.plain_text.includes("Half an answer"), `the answer alone: ${JSON.stringify(answer.plain_text)}`);
+	const [draft] = (await telegram.draftsIn(topic.thread_id)).filter((d) => d.replaced_by === answer.message_id);
+	assert.ok(draft, "the answer took the draft's place");
+	t.diagnostic(`the draft showed: ${JSON.stringify([...new Set(draft.texts)])}`);
+	assert.ok(!draft.texts.at(-1).includes("Half an answer"), `the draft stopped showing the cut try: ${JSON.stringify(draft.texts)}`);
 });

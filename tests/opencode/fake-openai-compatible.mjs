@@ -142,8 +142,9 @@ export class FakeOpenAICompatible extends FakeApi {
 		}
 		record.answer = step;
 		if (step.error) {
-			const { status = 500, message = "fake error" } = step.error;
-			return send(res, status, "application/json", this.errorBody(message));
+			const { status = 500, message = "fake error", retryAfterMs } = step.error;
+			const headers = retryAfterMs === undefined ? {} : { "retry-after-ms": String(retryAfterMs) };
+			return send(res, status, "application/json", this.errorBody(message), headers);
 		}
 		const id = newId("chatcmpl");
 		const frames = [];

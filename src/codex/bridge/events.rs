@@ -94,15 +94,17 @@ impl CodexBridge {
             state.answer.take()
         };
         if turn.status == wire::TurnStatus::Failed {
+            // Failed for good: Codex tried the model again itself first
+            // (`error` notifications with `willRetry`, which say nothing
+            // of the turn's end and are not told), and no answer comes of
+            // it, whatever the turn had written.
             let why = turn
                 .error
                 .map(|e| e.message)
                 .filter(|m| !m.trim().is_empty())
                 .unwrap_or_else(|| "no reason given".into());
-            self.tell_session(
-                method::AGENT_NOTICE,
-                json!({"text": format!("⚠️ Codex could not finish this turn: {why}")}),
-            );
+            self.tell_session(method::AGENT_ENDED, json!({"error": why}));
+            return;
         }
         self.tell_session(
             method::AGENT_ENDED,

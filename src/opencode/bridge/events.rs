@@ -216,11 +216,11 @@ impl OpenCodeBridge {
             return;
         };
         self.activity.send_replace(std::time::Instant::now());
-        if let Some(why) = &turn.failed {
-            self.tell_session(
-                method::AGENT_NOTICE,
-                json!({"text": format!("⚠️ OpenCode could not finish this turn: {why}")}),
-            );
+        if let Some(why) = turn.failed.as_ref().filter(|_| !turn.aborted) {
+            // Failed for good (OpenCode's own retries are over): no answer
+            // comes of it, whatever the turn had written.
+            self.tell_session(method::AGENT_ENDED, json!({"error": why}));
+            return;
         }
         self.tell_session(
             method::AGENT_ENDED,
@@ -228,19 +228,25 @@ impl OpenCodeBridge {
         );
     }
 
+    /// OpenCode tries a failed model call again itself (up to five more
+    /// times, after a delay): that is no failure of the turn, and nothing
+    /// is told of it, but what the failed try wrote (a stream cut
+    /// mid-answer) is broken: never the answer, and gone from the draft.
     fn retrying(&self, status: &wire::Status) {
-        let first = {
+        let broken = {
             let mut state = self.state();
             let Some(turn) = &mut state.turn else { return };
-            !std::mem::replace(&mut turn.retry_told, true)
+            turn.answer_message = None;
+            std::mem::take(&mut turn.answer)
         };
-        if first {
-            let why = status.message.as_deref().unwrap_or("the model failed");
-            self.tell_session(
-                method::AGENT_NOTICE,
-                json!({"text": format!("⏳ OpenCode tries again: {why}")}),
-            );
+        if broken.is_empty() {
+            return;
         }
+        let why = status.message.as_deref().unwrap_or("the model failed");
+        self.tell_session(
+            method::TURN_ENDED,
+            json!({"assistantText": "", "error": why}),
+        );
     }
 
     fn on_error(&self, error: wire::SessionError) {

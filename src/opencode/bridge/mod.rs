@@ -7,8 +7,8 @@
 //! | OpenCode (`opencode serve`) | the session (host protocol) |
 //! |---|---|
 //! | `session.created` (no parent), or the first activity of a session opened elsewhere | `initialize` (first) or `session/started` (a switch), profile `file:opencode:<session id>` |
-//! | `session.status` `busy`; `idle` | `agent/started`; `agent/ended {lastAssistantText, aborted}` (+ a notice when `session.error` said why it failed) |
-//! | `session.status` `retry` | a notice, once a turn (the provider failed; OpenCode tries again) |
+//! | `session.status` `busy`; `idle` | `agent/started`; `agent/ended {lastAssistantText, aborted}`, or `agent/ended {error}` when `session.error` said why it failed (after OpenCode's own retries) |
+//! | `session.status` `retry` | `turn/ended {error}` when the failed try had written (its text is no answer); nothing else is told of a retry |
 //! | a user's text part typed at the terminal | `input/received` (mirrored into the topic) |
 //! | an assistant's text part, and its deltas | `turn/text` (the draft), the turn's answer kept for `agent/ended` |
 //! | a tool part `running`; `completed`/`error` | `tool/started`; `tool/ended` (the progress message) |
@@ -89,8 +89,6 @@ struct Turn {
     aborted: bool,
     /// Why it failed, as `session.error` said.
     failed: Option<String>,
-    /// A retry was told already.
-    retry_told: bool,
     /// The assistant message with the latest text, and its text parts.
     answer_message: Option<String>,
     answer: Vec<(String, String)>,
