@@ -760,7 +760,7 @@ impl ClaudeBridge {
 
 /// An API error as the topic quotes it: Claude Code's line for it
 /// (`API Error: 503 overloaded. …`) without its prefix.
-fn failure(said: &str) -> String {
+pub(crate) fn failure(said: &str) -> String {
     let said = said.trim();
     said.strip_prefix("API Error:")
         .unwrap_or(said)

@@ -23,6 +23,7 @@
 //! when the StopFailure hook came too late to tell it.
 
 mod bridge;
+pub(crate) use bridge::failure as api_error;
 pub mod hook;
 pub mod install;
 mod tools;

@@ -26,7 +26,7 @@ function buttons(message) {
 }
 
 /** A world with the fake Telegram, and `agent-relay serve` launching Claude Code. */
-async function launchWorld(t) {
+async function launchWorld(t, extraEnv = {}) {
 	assert.ok(existsSync(SIDECAR), `${SIDECAR} is missing: run \`cargo build --bins\` first`);
 	const world = await World.create(t);
 	const telegram = await FakeBotApi.start();
@@ -58,7 +58,7 @@ async function launchWorld(t) {
 		].join("\n"),
 		{ mode: 0o600 },
 	);
-	const env = world.env({ AGENT_RELAY_HOME: relayHome, AGENT_RELAY_LOG: "debug", AGENT_RELAY_BIN: SIDECAR });
+	const env = world.env({ AGENT_RELAY_HOME: relayHome, AGENT_RELAY_LOG: "debug", AGENT_RELAY_BIN: SIDECAR, ...extraEnv });
 	const child = spawn(SIDECAR, ["serve"], { cwd: world.root, stdio: ["ignore", "pipe", "pipe"], env });
 	const serve = new Serve(child);
 	// The world's folders go only once serve and its Claude Code are gone: a Claude
@@ -172,6 +172,29 @@ test("/stop in a launched Claude Code aborts the running turn, the topic says so
 		said.filter((text) => /Could not stop|ended|stopped by itself/.test(text)),
 		[],
 		"no failure or end said",
+	);
+});
+
+test("a launched Claude Code's turn that fails for good is said once, with its error, never as an answer", async (t) => {
+	// One more try after a failure (Claude Code's default is ten, over minutes).
+	const { world, telegram } = await launchWorld(t, { CLAUDE_CODE_MAX_RETRIES: "1" });
+	await telegram.injectMessage(null, "/new project claude first");
+	const topic = await eventually(async () => (await telegram.topics()).find((x) => x.name.endsWith(" · project")), WAIT, "the topic");
+	await telegram.said(topic.thread_id, (text) => text === "echo: first", { ms: WAIT, what: "the first answer" });
+
+	const down = { error: { status: 503, type: "overloaded_error", message: "still down" } };
+	world.fake.queue(down, down);
+	await telegram.injectMessage(topic.thread_id, "and now?");
+	const said = await telegram.said(topic.thread_id, (text) => text.startsWith("⚠️ The turn failed:"), { ms: WAIT, what: "the failure in the topic" });
+	assert.match(said.plain_text, /^⚠️ The turn failed: 503 still down\. .*No answer came of it\.$/s);
+
+	await telegram.injectMessage(topic.thread_id, "and again?");
+	await telegram.said(topic.thread_id, (text) => text.endsWith("and again?"), { ms: WAIT, what: "the next turn's answer" });
+	const texts = (await telegram.messages(topic.thread_id)).map((m) => m.plain_text);
+	assert.deepEqual(
+		texts.filter((text) => /API Error|The turn failed/.test(text)),
+		[said.plain_text],
+		`the failure once, never Claude Code's error line as an answer: ${JSON.stringify(texts)}`,
 	);
 });
 

@@ -244,6 +244,9 @@ async fn read(mut events: mpsc::UnboundedReceiver<Value>, claude: Arc<Claude>) {
             Some("system") if event["subtype"].as_str() == Some("init") => {
                 claude.state().model = event["model"].as_str().map(str::to_string);
             }
+            // Claude Code's line for a failed API call, not an answer: the
+            // `result` after its last try says the failure.
+            Some("assistant") if event["is_api_error_message"].as_bool() == Some(true) => {}
             Some("assistant") => assistant(&claude, &event["message"]),
             Some("user") => tool_results(&claude, &event["message"]),
             Some("result") => turn_ended(&claude, &event),
@@ -284,12 +287,24 @@ fn tool_results(claude: &Claude, message: &Value) {
 }
 
 /// A `result` line ends the turn; prompts written meanwhile are its next.
+/// A turn Claude Code gave up on after its own retries (`is_error`,
+/// `terminal_reason: "api_error"` and `api_error_status`, its `result` the
+/// error line, as 2.1.332 writes it) ended failed: its line is the error,
+/// never an answer.
 fn turn_ended(claude: &Claude, result: &Value) {
     let aborted = result["subtype"].as_str() == Some("error_during_execution");
-    claude.tell(
-        method::AGENT_ENDED,
-        json!({"lastAssistantText": result["result"], "aborted": aborted}),
-    );
+    let failed = result["is_error"].as_bool() == Some(true)
+        && (result["terminal_reason"].as_str() == Some("api_error")
+            || !result["api_error_status"].is_null());
+    let ended = if failed {
+        let said = result["result"]
+            .as_str()
+            .unwrap_or("the model's API failed");
+        json!({"error": crate::claude::api_error(said)})
+    } else {
+        json!({"lastAssistantText": result["result"], "aborted": aborted})
+    };
+    claude.tell(method::AGENT_ENDED, ended);
     claude.activity.send_replace(Instant::now());
     let next = {
         let mut state = claude.state();
