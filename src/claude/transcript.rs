@@ -20,7 +20,7 @@ const TAIL_BYTES: u64 = 256 * 1024;
 /// wrote it, or None when that turn ended otherwise (an answer, a tool
 /// result still to be answered, a stop) or the file cannot be read.
 pub(super) fn api_error(path: &Path) -> Option<String> {
-    let mut file = std::fs::File::open(path).ok()?;
+    let mut file = open_transcript(path)?;
     let len = file.metadata().ok()?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
         .ok()?;
@@ -49,6 +49,21 @@ pub(super) fn api_error(path: &Path) -> Option<String> {
         "" => last["error"].as_str().unwrap_or("an API error").to_string(),
         _ => said.to_string(),
     })
+}
+
+/// The path is the hook's word: only a regular file of this user's is
+/// read, never through a link, and a FIFO put there cannot hang the open.
+/// (Its mode is Claude Code's affair: a group-writable transcript, under a
+/// umask of 002, is read all the same.)
+fn open_transcript(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(crate::sys::O_NOFOLLOW | crate::sys::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && meta.uid() == crate::sys::euid()).then_some(file)
 }
 
 #[cfg(test)]
@@ -95,6 +110,16 @@ mod tests {
         let waiting = transcript(&[json!({"type": "user", "message": {"content": "hi"}})]);
         assert_eq!(api_error(waiting.path()), None);
         assert_eq!(api_error(Path::new("/nonexistent/transcript.jsonl")), None);
+        // Not through a link, whatever it points at.
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("transcript.jsonl");
+        std::os::unix::fs::symlink(failed.path(), &link).unwrap();
+        assert_eq!(api_error(&link), None, "a link is not read");
+        let fifo = dir.path().join("fifo.jsonl");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid, NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert_eq!(api_error(&fifo), None, "a FIFO neither hangs nor is read");
     }
 
     #[test]

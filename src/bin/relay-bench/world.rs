@@ -308,7 +308,8 @@ impl Probe {
     }
 
     /// Retries [`Probe::register`] until it succeeds; returns when it did.
-    /// Polls every 200 µs: a finer grain than the figure's resolution.
+    /// Polls every 200 µs as asked, which tokio's timer makes a millisecond:
+    /// the figure may be up to that pessimistic.
     pub async fn register_until(
         &mut self,
         world: &World,
